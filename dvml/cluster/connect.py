@@ -1,0 +1,174 @@
+"""Attaching to a running cluster and discovering its worker ↔ vineyard mapping."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.workers import WorkerInfo, describe_this_worker
+from dvml.exceptions import ClusterError, NoClusterError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from distributed import Client
+
+__all__ = ["Cluster", "connect", "current_client", "discover_workers"]
+
+
+def current_client(client: Client | None = None) -> Client:
+    """Return ``client``, else the default Dask client, else raise :class:`NoClusterError`."""
+    if client is not None:
+        return client
+    from distributed import default_client
+
+    try:
+        return default_client()
+    except ValueError:
+        raise NoClusterError(
+            "No Dask client is available. Start one with `with dvml.LocalCluster() as "
+            "cluster:`, attach with `dvml.connect('tcp://scheduler:8786')`, or pass client=."
+        ) from None
+
+
+def _natural_key(text: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def discover_workers(client: Client | None = None) -> list[WorkerInfo]:
+    """Ask every worker for its host, vineyard socket and instance, and GPUs.
+
+    Returns the workers sorted by name (``worker-2`` before ``worker-10``).
+    """
+    client = current_client(client)
+    answers = client.run(describe_this_worker)
+    infos = [WorkerInfo.from_dict(d) for d in answers.values()]
+    return sorted(infos, key=lambda w: _natural_key(w.name))
+
+
+def _probe_vineyard() -> dict[str, Any]:
+    """Run on a worker: can its vineyardd be reached, and how full is it?"""
+    import os
+
+    import vineyard
+
+    sock = os.environ.get("VINEYARD_IPC_SOCKET")
+    if not sock:
+        return {"vineyardd": "not configured", "memory_used": None, "memory_limit": None}
+    if not os.path.exists(sock):
+        return {"vineyardd": "socket missing", "memory_used": None, "memory_limit": None}
+    os.environ.setdefault("VINEYARD_IPC_SKIP_RETRY", "1")
+    try:
+        c = vineyard.connect(sock)
+        st = c.status
+        c.close()
+    except Exception as exc:
+        return {"vineyardd": f"unreachable ({type(exc).__name__})", "memory_used": None,
+                "memory_limit": None}  # fmt: skip
+    return {"vineyardd": "running", "memory_used": int(st.memory_usage),
+            "memory_limit": int(st.memory_limit)}  # fmt: skip
+
+
+class Cluster:
+    """A handle on a running Dask + vineyard cluster.
+
+    Obtained from :func:`connect` (a cluster started elsewhere) or as the base of
+    :class:`~dvml.LocalCluster`. ``client`` is a connected :class:`distributed.Client`.
+    """
+
+    client: Client
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._workers: list[WorkerInfo] | None = None
+
+    @property
+    def scheduler_address(self) -> str:
+        return str(self.client.scheduler.address)
+
+    @property
+    def dashboard_link(self) -> str:
+        return str(self.client.dashboard_link)
+
+    @property
+    def workers(self) -> list[WorkerInfo]:
+        """Every worker with its host, vineyard socket and instance id, and GPUs."""
+        if self._workers is None:
+            self._workers = discover_workers(self.client)
+        return self._workers
+
+    def refresh(self) -> list[WorkerInfo]:
+        """Discover the workers again (after workers joined or left)."""
+        self._workers = None
+        return self.workers
+
+    def worker_table(self) -> pd.DataFrame:
+        """The workers as a table: address, name, host, vineyard socket and id, GPU count."""
+        import pandas as pd
+
+        return pd.DataFrame([w.as_row() for w in self.workers])
+
+    def status(self) -> pd.DataFrame:
+        """The worker table plus the state of each worker's vineyardd and its memory."""
+        import pandas as pd
+
+        table = self.worker_table()
+        probes = self.client.run(_probe_vineyard)
+        extra = pd.DataFrame([probes.get(a, {"vineyardd": "worker gone"}) for a in table.address])
+        return pd.concat([table.reset_index(drop=True), extra], axis=1)
+
+    def gpu_configuration(self) -> pd.DataFrame:
+        """See :func:`dvml.gpu_configuration`."""
+        from dvml.cluster.gpu import gpu_configuration
+
+        return gpu_configuration(self.client)
+
+    def close(self) -> None:
+        """Close the client; a cluster attached with :func:`connect` keeps running."""
+        self.client.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        n = len(self._workers) if self._workers is not None else "?"
+        return f"<{type(self).__name__} {self.scheduler_address} workers={n}>"
+
+
+def connect(address: str, timeout: float = 30) -> Cluster:
+    """Attach to a running cluster and discover its worker ↔ vineyard mapping.
+
+    Parameters
+    ----------
+    address : str
+        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"``.
+    timeout : float
+        Seconds to wait for the scheduler.
+
+    Returns
+    -------
+    Cluster
+        Whose ``client`` is set as the default client.
+    """
+    from distributed import Client
+
+    try:
+        client = Client(address, timeout=timeout, set_as_default=True)
+    except OSError as exc:
+        raise ClusterError(
+            f"Cannot reach the Dask scheduler at {address!r} within {timeout}s: {exc}. "
+            "Check the address and that the scheduler is running (`dvml cluster status`)."
+        ) from exc
+    cluster = Cluster(client)
+    missing = [w.name for w in cluster.workers if w.vineyard_instance_id is None]
+    if missing:
+        import warnings
+
+        warnings.warn(
+            f"Workers {missing} have no reachable vineyardd (VINEYARD_IPC_SOCKET unset or "
+            "its daemon down); dvml will not place data on them. See cluster/README.md.",
+            stacklevel=2,
+        )
+    return cluster

@@ -1,0 +1,121 @@
+"""Child processes that dvml starts and stops by pid: etcd and vineyardd."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+
+__all__ = ["ManagedProcess", "free_port", "poll_for", "port_is_free"]
+
+
+def poll_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Call ``condition`` until it returns True or ``timeout`` seconds pass; return the result."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port on ``host`` that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``port`` on ``host`` can be bound now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class ManagedProcess:
+    """A child process with its log file, stopped by its own pid (never by name).
+
+    Parameters
+    ----------
+    name : str
+        A label used in error messages, e.g. ``"vineyardd of worker-0"``.
+    argv : sequence of str
+        The command line.
+    log_path : str
+        File that receives the process's stdout and stderr.
+    env : dict, optional
+        Environment of the child; the parent's when None.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            # A new session: a Ctrl-C in the user's terminal reaches dvml, which then stops
+            # the daemons in order, instead of killing them under running workers.
+            self.popen = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return int(self.popen.pid)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def log_tail(self, n_lines: int = 15) -> str:
+        """The last lines of the process's log, for error messages."""
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n_lines:]).strip()
+        except OSError:
+            return ""
+
+    def terminate(self) -> None:
+        """Send SIGTERM without waiting (see :meth:`stop`)."""
+        if self.popen.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds; always reaps the child."""
+        if self.popen.poll() is not None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.pid, signal.SIGKILL)
+            self.popen.wait(5)
+        except ProcessLookupError:
+            self.popen.poll()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive() else f"exited({self.returncode()})"
+        return f"<ManagedProcess {self.name} pid={self.pid} {state}>"

@@ -1,0 +1,100 @@
+"""What dvml knows about each worker, discovered from the workers themselves.
+
+A worker tells its simulated or real host (``DVML_HOST``, else its hostname), its vineyard
+socket (``VINEYARD_IPC_SOCKET``), the instance id of that vineyardd and its GPUs (declared in
+``DVML_GPUS`` for a simulated cluster, else found with ``nvidia-smi -L``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+from typing import Any
+
+__all__ = ["WorkerInfo", "describe_this_worker", "detect_gpus", "parse_nvidia_smi_list"]
+
+HOST_ENV = "DVML_HOST"
+GPUS_ENV = "DVML_GPUS"
+SOCKET_ENV = "VINEYARD_IPC_SOCKET"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    """One Dask worker and the vineyard instance and GPUs that belong to it."""
+
+    address: str
+    name: str
+    host: str
+    vineyard_socket: str | None
+    vineyard_instance_id: int | None
+    gpus: tuple[str, ...]
+    pid: int
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.gpus)
+
+    def as_row(self) -> dict[str, Any]:
+        row = dataclasses.asdict(self)
+        row["gpus"] = len(self.gpus)
+        return row
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WorkerInfo:
+        return cls(**{**d, "gpus": tuple(d.get("gpus", ()))})
+
+
+_NVIDIA_SMI_LINE = re.compile(r"^GPU\s+(\d+):\s*(.+?)(?:\s+\(UUID:\s*([^)]+)\))?\s*$")
+
+
+def parse_nvidia_smi_list(text: str) -> list[str]:
+    """Parse the output of ``nvidia-smi -L`` into one description per GPU.
+
+    ``"GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)"`` becomes ``"GPU 0: NVIDIA H100 80GB
+    HBM3"``. MIG lines (indented) and blank lines are ignored.
+    """
+    gpus = []
+    for line in text.splitlines():
+        m = _NVIDIA_SMI_LINE.match(line.strip()) if not line.startswith((" ", "\t")) else None
+        if m:
+            gpus.append(f"GPU {m.group(1)}: {m.group(2)}")
+    return gpus
+
+
+def detect_gpus() -> tuple[str, ...]:
+    """GPUs of this process's host: declared ones first, else ``nvidia-smi -L``.
+
+    Never initialises CUDA or TensorFlow, so no GPU memory is taken.
+    """
+    declared = os.environ.get(GPUS_ENV)
+    if declared is not None:
+        return tuple(json.loads(declared))
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ()
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(parse_nvidia_smi_list(out.stdout)) if out.returncode == 0 else ()
+
+
+def describe_this_worker(dask_worker: Any) -> dict[str, Any]:
+    """Run on a worker (through ``client.run``): describe it as a :class:`WorkerInfo` dict."""
+    from dvml.cluster.daemons import vineyard_instance_id
+
+    sock = os.environ.get(SOCKET_ENV)
+    return {
+        "address": dask_worker.address,
+        "name": str(dask_worker.name),
+        "host": os.environ.get(HOST_ENV) or socket.gethostname(),
+        "vineyard_socket": sock,
+        "vineyard_instance_id": vineyard_instance_id(sock) if sock else None,
+        "gpus": list(detect_gpus()),
+        "pid": os.getpid(),
+    }

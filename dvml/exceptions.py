@@ -1,0 +1,123 @@
+"""The one exception tree of dvml.
+
+Every error dvml raises on purpose is a :class:`DvmlError`. Errors about bad input also derive
+from the matching builtin (``ValueError``, ``TypeError``, ``LookupError``), so code written
+against the builtins keeps working. Messages follow one form: what went wrong, what was
+received, and what to do next.
+
+::
+
+    DvmlError
+    ├── ConfigError (ValueError)            a configuration value or file is invalid
+    ├── ClusterError                        the cluster cannot do what was asked
+    │   ├── ClusterStartError               a LocalCluster failed to start (and was cleaned up)
+    │   ├── DaemonDiedError                 an etcd or vineyardd process is not running
+    │   └── NoClusterError                  no Dask client is available
+    ├── PlacementError (ValueError)         distribution rules resolve to nothing usable
+    ├── DataError (ValueError)              the input data cannot be preprocessed
+    ├── StoreError                          vineyard storage failed
+    │   ├── DatasetNotFoundError (LookupError)
+    │   ├── DatasetExistsError
+    │   └── VineyardMemoryError             a vineyardd has no room for a buffer
+    ├── ParameterError (ValueError)         a compile/fit parameter string or dict is invalid
+    ├── RegistryError                       the model registry failed
+    │   └── RegistryNotFoundError (LookupError)
+    ├── ModelMismatchError (ValueError)     data and architecture do not fit each other
+    └── TrainingError                       a trainer failed
+        └── TrainerFailedError              one trainer process died or raised
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClusterError",
+    "ClusterStartError",
+    "ConfigError",
+    "DaemonDiedError",
+    "DataError",
+    "DatasetExistsError",
+    "DatasetNotFoundError",
+    "DvmlError",
+    "ModelMismatchError",
+    "NoClusterError",
+    "ParameterError",
+    "PlacementError",
+    "RegistryError",
+    "RegistryNotFoundError",
+    "StoreError",
+    "TrainerFailedError",
+    "TrainingError",
+    "VineyardMemoryError",
+]
+
+
+class DvmlError(Exception):
+    """Base class of every error that dvml raises on purpose."""
+
+
+class ConfigError(DvmlError, ValueError):
+    """A configuration value or file is invalid."""
+
+
+class ClusterError(DvmlError):
+    """The cluster cannot do what was asked."""
+
+
+class ClusterStartError(ClusterError):
+    """A cluster failed to start; everything it had started was stopped again."""
+
+
+class DaemonDiedError(ClusterError):
+    """An etcd or vineyardd process that dvml needs is not running."""
+
+
+class NoClusterError(ClusterError):
+    """No Dask client was given and none is set as the default."""
+
+
+class PlacementError(DvmlError, ValueError):
+    """Distribution rules do not resolve to a usable list of workers."""
+
+
+class DataError(DvmlError, ValueError):
+    """The input data cannot be preprocessed as asked."""
+
+
+class StoreError(DvmlError):
+    """Storing or reading an object in vineyard failed."""
+
+
+class DatasetNotFoundError(StoreError, LookupError):
+    """No dataset or feature cache of that name exists."""
+
+
+class DatasetExistsError(StoreError):
+    """A dataset of that name exists and ``overwrite=True`` was not given."""
+
+
+class VineyardMemoryError(StoreError):
+    """A vineyardd has no room for a buffer; nothing was put elsewhere."""
+
+
+class ParameterError(DvmlError, ValueError):
+    """A compile or fit parameter is malformed, unknown or unsafe."""
+
+
+class RegistryError(DvmlError):
+    """The model registry failed."""
+
+
+class RegistryNotFoundError(RegistryError, LookupError):
+    """No architecture or model of that id or name exists in the registry."""
+
+
+class ModelMismatchError(DvmlError, ValueError):
+    """A dataset and a model architecture do not fit each other."""
+
+
+class TrainingError(DvmlError):
+    """Training, evaluation or prediction failed."""
+
+
+class TrainerFailedError(TrainingError):
+    """A trainer process died or raised; the message names its worker."""
