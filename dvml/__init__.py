@@ -21,20 +21,35 @@ _EXPORTS: dict[str, str] = {
     "connect": "dvml.cluster",
     "gpu_configuration": "dvml.cluster",
     "DvmlError": "dvml.exceptions",
+    "DistributionRules": "dvml.placement",
+    "Dataset": "dvml.store.datasets",
+    "training_preprocessor": "dvml.preprocess.api",
+    "validation_preprocessor": "dvml.preprocess.api",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+# public sub-namespaces, imported on first use: dvml.datasets.list(), ...
+_MODULES: dict[str, str] = {
+    "datasets": "dvml.store.datasets",
+}
+
+__all__ = sorted([*_EXPORTS, *_MODULES, "__version__"])
 
 if TYPE_CHECKING:
     from dvml.cluster import Cluster, LocalCluster, WorkerInfo, connect, gpu_configuration
     from dvml.exceptions import DvmlError
+    from dvml.placement import DistributionRules
+    from dvml.preprocess.api import training_preprocessor, validation_preprocessor
+    from dvml.store import datasets
+    from dvml.store.datasets import Dataset
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
         raise AttributeError(f"module 'dvml' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

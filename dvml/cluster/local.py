@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -120,7 +121,7 @@ class LocalCluster(Cluster):
         return os.path.join(self.directory, "sockets", spec.socket_name)
 
     def _start(self, scheduler_port: int, dashboard_address: str | None) -> None:
-        from distributed import Client, Nanny, Scheduler, SpecCluster
+        from distributed import Client, Nanny, Scheduler
 
         os.makedirs(os.path.join(self.directory, "sockets"), mode=0o700)
         os.makedirs(os.path.join(self.directory, "logs"), mode=0o700)
@@ -134,16 +135,22 @@ class LocalCluster(Cluster):
         self.etcd_endpoint = f"http://127.0.0.1:{client_port}"
         # A fresh prefix per cluster: vineyard instances never see another cluster's objects.
         prefix = f"/dvml/{uuid.uuid4().hex[:12]}"
-        # The first vineyardd joins alone: daemons that register concurrently in an empty
-        # etcd prefix race for rank 0 and crash (SIGTRAP, vineyard 0.24.2). Later ones may
-        # join together.
-        first, *rest = self.specs
-        self._start_vineyardd(first, prefix)
-        self._wait_for_vineyardd(first, self.vineyardds[0])
-        for spec in rest:
-            self._start_vineyardd(spec, prefix)
+        # vineyardds join one at a time: daemons that register concurrently race for their
+        # instance rank and crash (SIGTRAP, vineyard 0.24.2). Dask starts meanwhile, in this
+        # thread; workers need their socket only when they run tasks.
+        errors: list[BaseException] = []
 
-        # Dask starts while the vineyard daemons boot: workers need their socket only for tasks.
+        def start_daemons() -> None:
+            try:
+                for spec in self.specs:
+                    self._start_vineyardd(spec, prefix)
+                    self._wait_for_vineyardd(spec, self.vineyardds[-1])
+            except BaseException as exc:  # re-raised in the main thread
+                errors.append(exc)
+
+        daemons = threading.Thread(target=start_daemons, name="dvml-vineyardd-start")
+        daemons.start()
+
         workers = {spec.name: self._worker_spec(spec, Nanny) for spec in self.specs}
         scheduler = {
             "cls": Scheduler,
@@ -154,7 +161,18 @@ class LocalCluster(Cluster):
                 "dashboard_address": dashboard_address,
             },
         }
+        try:
+            self._start_dask(workers, scheduler)
+        finally:
+            daemons.join()  # never leave the thread starting daemons behind
+        if errors:
+            raise errors[0]
+        self._client = Client(self._state.dask, set_as_default=self._set_as_default)
+        self._client.wait_for_workers(len(self.specs), timeout=self._timeout)
+
+    def _start_dask(self, workers: dict[str, Any], scheduler: dict[str, Any]) -> None:
         import dask
+        from distributed import SpecCluster
 
         # A task pinned to a worker that is gone fails after this timeout instead of waiting.
         with dask.config.set({"distributed.scheduler.no-workers-timeout": "60s"}):
@@ -162,10 +180,6 @@ class LocalCluster(Cluster):
                 workers=workers, scheduler=scheduler, silence_logs=logging.WARNING,
                 name="dvml-local",
             )  # fmt: skip
-        for spec, proc in zip(self.specs[1:], self.vineyardds[1:], strict=True):
-            self._wait_for_vineyardd(spec, proc)
-        self._client = Client(self._state.dask, set_as_default=self._set_as_default)
-        self._client.wait_for_workers(len(self.specs), timeout=self._timeout)
 
     @property
     def etcd(self) -> ManagedProcess | None:

@@ -1,0 +1,75 @@
+"""Helpers shared by the command modules: groups, the state directory, plain-text tables."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["add_command", "add_group", "add_state_dir_argument", "format_table", "state_dir_of"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_group(
+    subparsers: Any, name: str, help: str, description: str | None = None
+) -> tuple[argparse.ArgumentParser, Any]:
+    """Add the command group ``dvml <name>``; return its parser and its subparsers.
+
+    ``dvml <name>`` alone prints the group's help.
+    """
+    group = subparsers.add_parser(name, help=help, description=description or help)
+    group.set_defaults(handler=None, group_parser=group)
+    return group, group.add_subparsers(title="commands", dest="command", metavar="<command>")
+
+
+def add_command(
+    subparsers: Any, name: str, handler: Handler, help: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """Add one command to a group; ``handler(args)`` returns the exit code."""
+    parser = subparsers.add_parser(name, help=help, description=description or help)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def add_state_dir_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="where the cluster's state file (cluster.json) and log live "
+        "(default: config cluster.state-dir, ~/.dvml).",
+    )
+
+
+def state_dir_of(args: argparse.Namespace) -> pathlib.Path:
+    """The state directory given with ``--state-dir``, else the configured one."""
+    if getattr(args, "state_dir", None):
+        return pathlib.Path(args.state_dir).expanduser()
+    from dvml import config
+
+    return config.state_dir()
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return str(value)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows of dicts as a left-aligned plain-text table with a header line.
+
+    ``None`` and NaN show as ``-``; ``columns`` picks and orders the columns (default: the
+    keys of the first row).
+    """
+    if not rows:
+        return "(none)"
+    cols = list(columns) if columns is not None else list(rows[0])
+    cells = [[_cell(row.get(c)) for c in cols] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)

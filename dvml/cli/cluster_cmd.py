@@ -1,0 +1,389 @@
+"""``dvml cluster up|status|down``: a LocalCluster that outlives the command that started it.
+
+``up`` runs :mod:`dvml.cluster.serve` in a new session and waits for the state file it writes;
+``status`` attaches to the recorded scheduler; ``down`` stops the recorded processes by pid
+(each checked against its recorded start time, so a reused pid is never signalled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from dvml.cli._common import (
+    add_command,
+    add_group,
+    add_state_dir_argument,
+    format_table,
+    state_dir_of,
+)
+
+__all__ = ["register"]
+
+# Columns of the worker table printed by `up` and `status`, in this order.
+_WORKER_COLUMNS = ["name", "host", "address", "vineyard_instance_id", "gpus", "pid"]
+_STATUS_COLUMNS = ["name", "host", "address", "vineyard_instance_id", "gpus", "vineyardd", "memory"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``cluster`` group to the top-level ``dvml`` parser."""
+    from dvml.cluster.serve import add_cluster_arguments
+
+    _, commands = add_group(
+        subparsers,
+        "cluster",
+        help="start, inspect and stop a local dvml cluster (etcd, vineyardd, Dask).",
+    )
+    up = add_command(
+        commands,
+        "up",
+        _up,
+        help="start a LocalCluster in the background and record it in the state directory.",
+        description="Start etcd, one vineyardd per worker and a Dask cluster in a background "
+        "process, wait until it is ready, then print the scheduler address, the dashboard "
+        "link and the worker table. Refuses when a running cluster is already recorded.",
+    )
+    add_cluster_arguments(up)
+    add_state_dir_argument(up)
+    up.add_argument(
+        "--wait", type=float, default=None, metavar="SECONDS",
+        help="how long to wait for the cluster to be ready (default: 4 x start timeout + 30).",
+    )  # fmt: skip
+
+    status = add_command(
+        commands,
+        "status",
+        _status,
+        help="show every worker with its vineyardd state and memory.",
+        description="Attach to the recorded (or given) scheduler and print one row per worker "
+        "with its host, vineyard instance, GPUs, vineyardd state and memory. Exits with 1 when "
+        "no cluster runs or a vineyardd is not running.",
+    )
+    add_state_dir_argument(status)
+    status.add_argument(
+        "--scheduler", default=None, metavar="ADDR",
+        help="a scheduler address such as tcp://10.0.0.5:8786, instead of the recorded one.",
+    )  # fmt: skip
+    status.add_argument(
+        "--timeout", type=float, default=10.0, metavar="SECONDS",
+        help="seconds to wait for the scheduler (default 10).",
+    )  # fmt: skip
+
+    down = add_command(
+        commands,
+        "down",
+        _down,
+        help="stop the recorded cluster and every process it started.",
+        description="Send SIGTERM to the recorded serve process, wait until it and every "
+        "process it started are gone (SIGKILL by pid after --timeout), remove the state file.",
+    )
+    add_state_dir_argument(down)
+    down.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS",
+        help="seconds to wait for a clean stop before SIGKILL (default 60).",
+    )  # fmt: skip
+
+
+# -- up ------------------------------------------------------------------------------------
+
+
+def _validate_up(args: argparse.Namespace) -> None:
+    """Check the arguments here, so that a mistake is reported before any process starts."""
+    from dvml import config
+    from dvml.cluster.processes import port_is_free
+    from dvml.cluster.serve import cluster_kwargs
+    from dvml.cluster.spec import check_shared_memory, parse_memory, plan_workers
+    from dvml.exceptions import ClusterStartError
+
+    config.validate()
+    kwargs = cluster_kwargs(args)
+    specs = plan_workers(
+        config.get("cluster.n-workers", kwargs["n_workers"]), kwargs["gpus"], kwargs["hosts"]
+    )
+    memory = parse_memory(config.get("cluster.vineyard-memory", kwargs["vineyard_memory"]))
+    check_shared_memory(memory, len(specs))
+    port = args.scheduler_port
+    if port and not port_is_free(port):
+        raise ClusterStartError(
+            f"The scheduler port {port} on 127.0.0.1 is already taken. Received: "
+            f"--scheduler-port={port}. Choose another port, or leave it out for a free one."
+        )
+
+
+def _serve_argv(args: argparse.Namespace, state_dir: pathlib.Path, log: pathlib.Path) -> list[str]:
+    argv = [sys.executable, "-m", "dvml.cluster.serve", "--state-dir", str(state_dir)]
+    argv += ["--log", str(log)]
+    options = {
+        "--n-workers": args.n_workers,
+        "--hosts": args.hosts,
+        "--gpus": args.gpus,
+        "--vineyard-memory": args.vineyard_memory,
+        "--scheduler-port": args.scheduler_port,
+        "--dashboard-address": args.dashboard_address,
+        "--start-timeout": args.start_timeout,
+    }
+    for flag, value in options.items():
+        if value is not None:
+            argv.append(f"{flag}={value}")
+    return argv
+
+
+def _refuse_running(state_dir: pathlib.Path) -> None:
+    from dvml.cluster.state import read_state, remove_state, same_process, state_path
+    from dvml.exceptions import ClusterError
+
+    state = read_state(state_dir)
+    if state is None:
+        return
+    if same_process(int(state["pid"]), state.get("start_time")):
+        raise ClusterError(
+            f"A cluster is already running at {state['scheduler_address']} (serve pid "
+            f"{state['pid']}), recorded in {state_path(state_dir)}. Stop it with `dvml cluster "
+            "down`, or give another --state-dir."
+        )
+    _refuse_leftovers(state, state_dir)
+    print(
+        f"dvml: note: removed the stale state file {state_path(state_dir)} (serve pid "
+        f"{state['pid']} is gone).",
+        file=sys.stderr,
+    )
+    remove_state(state_dir)
+
+
+def _refuse_leftovers(state: dict[str, Any], state_dir: pathlib.Path) -> None:
+    """Keep a stale state file while processes it records still run: `down` needs it."""
+    from dvml.cluster.state import recorded_processes, same_process, state_path
+    from dvml.exceptions import ClusterError
+
+    left = [f"{n} (pid {p})" for n, (p, t) in recorded_processes(state).items() if same_process(p, t)]
+    if left:
+        raise ClusterError(
+            f"The serve process (pid {state['pid']}) of the cluster recorded in "
+            f"{state_path(state_dir)} is gone, but {', '.join(left)} still run. Stop them with "
+            "`dvml cluster down`."
+        )
+
+
+def _log_tail(path: pathlib.Path, n_lines: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n_lines:]).rstrip()
+    except OSError:
+        return "(no log)"
+
+
+def _stop_child(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Stop the serve process we started: SIGTERM (it aborts its start), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from dvml import config
+    from dvml.cluster.state import LOG_FILE, read_state, state_path
+    from dvml.exceptions import ClusterStartError
+
+    state_dir = state_dir_of(args)
+    _validate_up(args)
+    _refuse_running(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log = state_dir / LOG_FILE
+    wait = args.wait
+    if wait is None:
+        # etcd, the first vineyardd, the others and the workers each get the start timeout.
+        wait = 4 * float(config.get("cluster.start-timeout", args.start_timeout)) + 30
+
+    with open(log, "wb") as log_file:
+        # A new session: closing the terminal or Ctrl-C there does not reach the cluster.
+        proc = subprocess.Popen(
+            _serve_argv(args, state_dir, log),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    state: dict[str, Any] | None = None
+    deadline = time.monotonic() + wait
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise ClusterStartError(
+                    f"The cluster process exited with code {proc.returncode} before it was "
+                    f"ready. Its log ({log}) ends with:\n{_log_tail(log)}"
+                )
+            state = read_state(state_dir)
+            if state is not None and state.get("pid") == proc.pid:
+                break
+            if time.monotonic() > deadline:
+                _stop_child(proc)
+                raise ClusterStartError(
+                    f"The cluster was not ready within {wait:.0f}s and was stopped. Received: "
+                    f"--wait={args.wait}. Its log ({log}) ends with:\n{_log_tail(log)}"
+                )
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        _stop_child(proc)
+        raise
+
+    print(f"dvml cluster is up (serve pid {proc.pid}).")
+    print(f"  scheduler: {state['scheduler_address']}")
+    print(f"  dashboard: {state.get('dashboard_link') or '(off)'}")
+    print(f"  state:     {state_path(state_dir)}")
+    print(f"  log:       {log}")
+    print(format_table(state.get("workers", []), _WORKER_COLUMNS))
+    print(f"Attach with dvml.connect({state['scheduler_address']!r}); stop with `dvml cluster down`.")
+    return 0
+
+
+# -- status --------------------------------------------------------------------------------
+
+
+def _recorded_live_state(state_dir: pathlib.Path) -> dict[str, Any]:
+    from dvml.cluster.state import read_state, remove_state, same_process, state_path
+    from dvml.exceptions import ClusterError, NoClusterError
+
+    state = read_state(state_dir)
+    path = state_path(state_dir)
+    if state is None:
+        raise NoClusterError(
+            f"No cluster is recorded in {path}. Start one with `dvml cluster up`, or pass "
+            "--scheduler ADDR."
+        )
+    if not same_process(int(state["pid"]), state.get("start_time")):
+        _refuse_leftovers(state, state_dir)
+        remove_state(state_dir)
+        raise ClusterError(
+            f"The cluster recorded in {path} is not running: its serve process (pid "
+            f"{state['pid']}) is gone, so the stale state file was removed. Run `dvml cluster "
+            "down` if its daemons may remain, then `dvml cluster up`."
+        )
+    return state
+
+
+def _memory(row: dict[str, Any]) -> str | None:
+    from dask.utils import format_bytes
+
+    used, limit = row.get("memory_used"), row.get("memory_limit")
+    if used is None or limit is None or used != used or limit != limit:  # None or NaN
+        return None
+    return f"{format_bytes(int(used))} / {format_bytes(int(limit))}"
+
+
+def _status(args: argparse.Namespace) -> int:
+    import warnings
+
+    from dvml.cluster.connect import connect
+    from dvml.cluster.state import recorded_processes, same_process
+
+    state: dict[str, Any] | None = None
+    address = args.scheduler
+    if address is None:
+        state = _recorded_live_state(state_dir_of(args))
+        address = state["scheduler_address"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unreachable vineyardd shows in the table instead
+        cluster = connect(address, timeout=args.timeout)
+    try:
+        rows = cluster.status().to_dict(orient="records")
+        dashboard = cluster.dashboard_link
+    finally:
+        cluster.close()
+    for row in rows:
+        row["memory"] = _memory(row)
+        iid = row.get("vineyard_instance_id")  # a float column when one worker has none
+        row["vineyard_instance_id"] = None if iid is None or iid != iid else int(iid)
+
+    print(f"scheduler: {address}")
+    print(f"dashboard: {dashboard}")
+    print(format_table(rows, _STATUS_COLUMNS))
+    if state is not None:
+        procs = [
+            {"process": name, "pid": pid, "state": "running" if same_process(pid, t) else "gone"}
+            for name, (pid, t) in recorded_processes(state).items()
+        ]
+        print()
+        print(format_table(procs))
+    bad = [f"{r['name']} ({r['vineyardd']})" for r in rows if r.get("vineyardd") != "running"]
+    if not rows:
+        print("dvml: error: the scheduler has no workers.", file=sys.stderr)
+        return 1
+    if bad:
+        print(f"dvml: error: vineyardd not running on: {', '.join(bad)}.", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- down ----------------------------------------------------------------------------------
+
+
+def _down(args: argparse.Namespace) -> int:
+    from dvml.cluster.processes import poll_for
+    from dvml.cluster.state import (
+        read_state,
+        recorded_processes,
+        remove_state,
+        same_process,
+        signal_process,
+        state_path,
+    )
+    from dvml.exceptions import ClusterError, NoClusterError
+
+    state_dir = state_dir_of(args)
+    state = read_state(state_dir)
+    if state is None:
+        raise NoClusterError(
+            f"No cluster is recorded in {state_path(state_dir)}; nothing to stop. Give the "
+            "--state-dir that `dvml cluster up` used."
+        )
+    procs = recorded_processes(state)
+    serve_pid, serve_time = procs["serve"]
+    if signal_process(serve_pid, serve_time, signal.SIGTERM):
+        stopping = f"serve pid {serve_pid}"
+    else:
+        # The serve process is gone (killed?): stop what it left, workers before daemons.
+        stopping = f"the processes left by serve pid {serve_pid}"
+        for name in sorted(procs, key=lambda n: (n == "etcd", n.startswith("vineyardd"))):
+            signal_process(*procs[name], signal.SIGTERM)
+
+    def all_gone() -> bool:
+        return not any(same_process(pid, t) for pid, t in procs.values())
+
+    killed = []
+    if not poll_for(all_gone, args.timeout, interval=0.2):
+        for name, (pid, t) in procs.items():
+            if signal_process(pid, t, signal.SIGKILL):
+                killed.append(f"{name} (pid {pid})")
+        poll_for(all_gone, 10, interval=0.1)
+    left = [f"{n} (pid {pid})" for n, (pid, t) in procs.items() if same_process(pid, t)]
+    if left:
+        raise ClusterError(
+            f"Could not stop {', '.join(left)} of the cluster at {state['scheduler_address']}. "
+            f"The state file {state_path(state_dir)} is kept; stop them by pid, then run "
+            "`dvml cluster down` again."
+        )
+    remove_state(state_dir)
+    directory = state.get("directory")
+    # Only our own private directory: a SIGKILLed serve process could not remove it.
+    if directory and pathlib.Path(directory).name.startswith("dvml-cluster-"):
+        shutil.rmtree(directory, ignore_errors=True)
+
+    print(f"Stopped the cluster at {state['scheduler_address']} ({stopping}):")
+    print(format_table([{"process": n, "pid": p} for n, (p, _) in procs.items()]))
+    if killed:
+        print(
+            f"dvml: warning: killed with SIGKILL after {args.timeout:.0f}s: {', '.join(killed)}.",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,30 @@
+"""Placement: which workers hold a dataset, and which rows go into which buffer.
+
+This package owns the distribution rules (MADlib's ``distribution_rules``: keywords, worker or
+host lists, tables) and the pure planner that maps input partitions to packed buffers on the
+target workers. It takes plain values (row counts, :class:`~dvml.cluster.WorkerInfo` lists) and
+returns plain values; it never talks to Dask or vineyard. Discovering workers is left to
+:mod:`dvml.cluster`, running the plan to :mod:`dvml.preprocess`.
+"""
+
+from dvml.placement.planner import (
+    BufferPlan,
+    Layout,
+    default_buffer_size,
+    partition_seed,
+    plan_layout,
+    split_partition,
+)
+from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
+
+__all__ = [
+    "BufferPlan",
+    "DistributionRules",
+    "Layout",
+    "default_buffer_size",
+    "describe_resolution",
+    "partition_seed",
+    "plan_layout",
+    "resolve_rules",
+    "split_partition",
+]

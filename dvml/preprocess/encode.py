@@ -1,0 +1,360 @@
+"""Encoders for one partition: class values, one-hot labels, x arrays, finiteness, scaling.
+
+Plain values in, plain values out (numpy and pandas only), so the partition tasks of the
+preprocessing graph stay thin and these rules are tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dvml.exceptions import DataError
+
+__all__ = ["check_finite", "class_values_of", "normalize", "one_hot", "x_to_array"]
+
+_MAX_SHOWN = 5
+
+
+def _as_series(labels: Any, name: str = "labels") -> pd.Series:
+    if isinstance(labels, pd.Series):
+        return labels
+    if isinstance(labels, str | bytes) or np.ndim(labels) != 1:
+        raise ValueError(
+            f"{name} must be 1-D (one label per row). Received: {type(labels).__name__} with "
+            f"shape {np.shape(labels)}. Pass a list, 1-D array or pandas Series."
+        )
+    return pd.Series(labels, dtype=None if isinstance(labels, np.ndarray) else object)
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, bool | np.bool_):
+        return "bool"
+    if isinstance(value, int | np.integer):
+        return "int"
+    if isinstance(value, float | np.floating):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    return type(value).__name__
+
+
+def _python_values(series: pd.Series, name: str) -> tuple[list[Any], str]:
+    """The distinct values of ``series`` as Python scalars, and their kind (bool/int/str)."""
+    nulls = int(series.isna().sum())
+    if nulls:
+        raise DataError(
+            f"{name} contain missing values. Received: {nulls} of {len(series)} rows are "
+            f"None/NaN. Drop or fill those rows before preprocessing."
+        )
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        series = series.astype(object)
+    if pd.api.types.is_bool_dtype(series.dtype):
+        kinds = {"bool"}
+    elif pd.api.types.is_integer_dtype(series.dtype):
+        kinds = {"int"}
+    elif pd.api.types.is_float_dtype(series.dtype):
+        kinds = {"float"}
+    else:
+        kinds = {_kind_of(v) for v in series.to_numpy(dtype=object)}
+    if "float" in kinds and kinds <= {"float", "int"}:
+        values = series.to_numpy(dtype=np.float64)
+        fractional = values[~np.isfinite(values) | (values != np.round(values))]
+        if fractional.size:
+            shown = [float(v) for v in pd.unique(fractional)[:_MAX_SHOWN]]
+            raise DataError(
+                f"{name} must be class values (int, str or bool), not measurements. Received: "
+                f"{fractional.size} float labels that are not whole numbers, e.g. {shown}. "
+                f"Bin or round them, or train a regression model instead."
+            )
+        return sorted({int(v) for v in pd.unique(values)}), "int"
+    if len(kinds) > 1:
+        raise DataError(
+            f"{name} mix value types. Received: types {sorted(kinds)}. Convert the labels to "
+            f"one type (for example all str) first."
+        )
+    kind = next(iter(kinds)) if kinds else "int"
+    if kind not in ("bool", "int", "str"):
+        raise DataError(
+            f"{name} must be int, str or bool. Received: values of type {kind}. Convert them."
+        )
+    uniques = [v.item() if isinstance(v, np.generic) else v for v in pd.unique(series)]
+    if kind == "str":
+        uniques = [str(v) for v in uniques]
+    return sorted(set(uniques)), kind
+
+
+def class_values_of(labels: Any) -> list[Any]:
+    """The sorted distinct class values of ``labels`` (MADlib's ``class_values``).
+
+    Parameters
+    ----------
+    labels : array-like, 1-D
+        int, str or bool labels; floats are accepted when they are whole numbers.
+
+    Returns
+    -------
+    list
+        Sorted Python scalars (int, str or bool), so the list is JSON-able.
+
+    Raises
+    ------
+    DataError
+        For missing labels (with their count), fractional floats, or mixed types.
+    """
+    values, _ = _python_values(_as_series(labels), "labels")
+    return values
+
+
+def one_hot(labels: Any, class_values: Sequence[Any], num_classes: int | None = None) -> np.ndarray:
+    """One-hot encode ``labels`` against ``class_values``.
+
+    Parameters
+    ----------
+    labels : array-like, 1-D
+    class_values : sequence
+        The class of column ``i`` is ``class_values[i]``.
+    num_classes : int, optional
+        Width of the encoding (MADlib pads with zero columns); at least ``len(class_values)``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float32 of shape ``(n, num_classes or len(class_values))``.
+
+    Raises
+    ------
+    DataError
+        When ``num_classes`` is smaller than the number of class values, or a label is not
+        one of ``class_values`` (the message lists up to 5 of them and their count).
+    """
+    classes = list(class_values)
+    if not classes:
+        raise ValueError(
+            "class_values is empty. Received: class_values=[]. Pass the classes, for example "
+            "class_values_of(labels)."
+        )
+    width = len(classes)
+    if num_classes is not None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
+            raise TypeError(f"num_classes must be an int. Received: num_classes={num_classes!r}.")
+        if num_classes < len(classes):
+            raise DataError(
+                f"num_classes is smaller than the number of class values. Received: "
+                f"num_classes={num_classes}, {len(classes)} class values {classes[:10]}. "
+                f"Raise num_classes or leave it as None."
+            )
+        width = int(num_classes)
+    class_kind = _python_values(pd.Series(classes, dtype=object), "class_values")[1]
+    if len(set(classes)) != len(classes):
+        raise ValueError(f"class_values must be distinct. Received: class_values={classes}.")
+    series = _as_series(labels)
+    n = len(series)
+    out = np.zeros((n, width), dtype=np.float32)
+    if n == 0:
+        return out
+    _, label_kind = _python_values(series, "labels")
+    if label_kind != class_kind:
+        raise DataError(
+            f"labels and class_values differ in type. Received: {label_kind} labels, "
+            f"{class_kind} class_values {classes[:10]}. Convert the labels to {class_kind}."
+        )
+    codes, uniques = pd.factorize(series)
+    lookup = {v: i for i, v in enumerate(classes)}
+    as_python = [u.item() if isinstance(u, np.generic) else u for u in uniques]
+    if class_kind == "int":
+        as_python = [int(u) for u in as_python]
+    table = np.array([lookup.get(u, -1) for u in as_python], dtype=np.int64)
+    unknown = [u for u, i in zip(as_python, table, strict=True) if i < 0]
+    if unknown:
+        rows = int(np.isin(codes, np.flatnonzero(table < 0)).sum())
+        raise DataError(
+            f"labels hold values that are not in class_values. Received: {len(unknown)} "
+            f"unknown value(s) in {rows} row(s), e.g. {sorted(unknown)[:_MAX_SHOWN]}; "
+            f"class_values={classes[:10]}{' ...' if len(classes) > 10 else ''}. Drop those "
+            f"rows, or build the dataset with the class_values of the training data."
+        )
+    out[np.arange(n), table[codes]] = 1.0
+    return out
+
+
+def _is_array_cell(value: Any) -> bool:
+    return isinstance(value, list | tuple | np.ndarray)
+
+
+def x_to_array(frame: pd.DataFrame, x_cols: Sequence[str]) -> np.ndarray:
+    """Turn the columns of ONE x input into an array.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+    x_cols : sequence of str
+        Either one column whose cells are arrays or lists (stacked into ``(n, *shape)``, the
+        cell dtype kept), or one or more numeric columns (``(n, k)`` float). A frame without
+        rows gives shape ``(0,)`` for an object column, whose cell shape is unknown.
+
+    Returns
+    -------
+    numpy.ndarray
+
+    Raises
+    ------
+    DataError
+        For missing columns, ragged or non-numeric array cells, non-numeric columns or array
+        cells mixed with other columns.
+    """
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"frame must be a pandas DataFrame. Received: {type(frame).__name__}.")
+    cols = [x_cols] if isinstance(x_cols, str) else list(x_cols)
+    if not cols:
+        raise ValueError("x_cols is empty. Received: x_cols=[]. Name at least one column.")
+    missing = [c for c in cols if c not in frame.columns]
+    if missing:
+        raise DataError(
+            f"x columns are missing from the data. Received: missing {missing}; available "
+            f"columns {[str(c) for c in frame.columns]}. Fix the column names."
+        )
+    if len(frame) == 0 and len(cols) == 1 and frame[cols[0]].dtype == object:
+        # Without a cell the shape of an array column is unknown; an empty part adds no rows.
+        return np.zeros((0,), dtype=np.float32)
+    array_cols = [c for c in cols if frame[c].dtype == object and _has_array_cells(frame[c])]
+    if array_cols and len(cols) > 1:
+        raise DataError(
+            f"A column of arrays must be the only column of its x input. Received: array "
+            f"column(s) {array_cols} among x_cols={cols}. Give it its own x input."
+        )
+    if array_cols:
+        return _stack_cells(frame[cols[0]], cols[0])
+    for c in cols:
+        dtype = frame[c].dtype
+        if not pd.api.types.is_numeric_dtype(dtype):
+            raise DataError(
+                f"x column {c!r} is not numeric. Received: dtype {dtype}. Encode it as numbers "
+                f"(for example one-hot) or leave it out of the x columns."
+            )
+    out_dtype = np.result_type(*[np.dtype(_numpy_dtype(frame[c].dtype)) for c in cols], np.float32)
+    if not np.issubdtype(out_dtype, np.floating):
+        out_dtype = np.dtype(np.float64)
+    return frame[cols].to_numpy(dtype=out_dtype, na_value=np.nan)
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    # pandas extension dtypes (Int64, Float32, boolean) expose their numpy equivalent.
+    return getattr(dtype, "numpy_dtype", dtype)
+
+
+def _has_array_cells(column: pd.Series) -> bool:
+    for cell in column:
+        if cell is not None:
+            return _is_array_cell(cell)
+    return False
+
+
+def _stack_cells(column: pd.Series, name: str) -> np.ndarray:
+    cells = column.tolist()
+    empty = [i for i, c in enumerate(cells) if not _is_array_cell(c)]
+    if empty:
+        raise DataError(
+            f"x column {name!r} mixes arrays with other cells. Received: {len(empty)} rows "
+            f"without an array, e.g. row {empty[0]} = {cells[empty[0]]!r}. Drop or fix them."
+        )
+    arrays = [np.asarray(c) for c in cells]
+    shapes = list(dict.fromkeys(a.shape for a in arrays))
+    if len(shapes) > 1:
+        shown = " and ".join(str(s) for s in shapes[:_MAX_SHOWN])
+        raise DataError(
+            f"x column {name!r} holds arrays of different shapes: rows have shapes {shown}"
+            f"{' ...' if len(shapes) > _MAX_SHOWN else ''}. Resize or pad them to one shape."
+        )
+    stacked = np.stack(arrays)
+    if not (np.issubdtype(stacked.dtype, np.number) or stacked.dtype == np.bool_):
+        raise DataError(
+            f"x column {name!r} holds non-numeric arrays. Received: dtype {stacked.dtype}. "
+            f"Convert the cells to numbers."
+        )
+    return stacked
+
+
+def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.ndarray:
+    """Find the rows of ``x`` whose values are all finite.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Shape ``(n, ...)``.
+    column : str
+        Name used in the error message.
+    on_invalid : {"raise", "drop"}
+        ``"raise"``: a row with NaN or inf is an error. ``"drop"``: return the mask, and let
+        the caller drop and count the rows.
+
+    Returns
+    -------
+    numpy.ndarray
+        bool mask of shape ``(n,)``, True for valid rows.
+
+    Raises
+    ------
+    DataError
+        With ``on_invalid="raise"``, counting the rows and the NaN and inf values.
+    """
+    if on_invalid not in ("raise", "drop"):
+        raise ValueError(
+            f"on_invalid must be 'raise' or 'drop'. Received: on_invalid={on_invalid!r}."
+        )
+    arr = np.asarray(x)
+    if arr.ndim == 0:
+        raise ValueError(f"x must have one row per sample. Received: a scalar for {column!r}.")
+    n = arr.shape[0]
+    if not np.issubdtype(arr.dtype, np.inexact):
+        return np.ones(n, dtype=bool)
+    finite = np.isfinite(arr)
+    mask = finite.reshape(n, -1).all(axis=1) if n else np.ones(0, dtype=bool)
+    if on_invalid == "raise" and not mask.all():
+        n_nan = int(np.isnan(arr).sum())
+        n_inf = int((~finite).sum()) - n_nan
+        raise DataError(
+            f"Column {column!r} holds values that are not finite. Received: {int(n - mask.sum())}"
+            f" of {n} rows with NaN or inf ({n_nan} NaN, {n_inf} inf values). Clean the data, "
+            f"or pass on_invalid='drop' to drop those rows."
+        )
+    return mask
+
+
+def normalize(x: np.ndarray, normalizing_const: float) -> np.ndarray:
+    """Divide ``x`` by ``normalizing_const`` (MADlib's name), as float32.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Numeric; not modified.
+    normalizing_const : float
+        Positive and finite, for example 255.0 for 8-bit images.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new float32 array.
+    """
+    if isinstance(normalizing_const, bool) or not isinstance(
+        normalizing_const, int | float | np.integer | np.floating
+    ):
+        raise TypeError(
+            f"normalizing_const must be a number. Received: "
+            f"normalizing_const={normalizing_const!r}."
+        )
+    if not math.isfinite(normalizing_const) or normalizing_const <= 0:
+        raise ValueError(
+            f"normalizing_const must be a positive finite number. Received: "
+            f"normalizing_const={normalizing_const!r}. Use 1.0 to leave x as it is."
+        )
+    arr = np.asarray(x)
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise TypeError(f"x must be numeric to normalize. Received: dtype {arr.dtype}.")
+    out = arr.astype(np.float32, copy=True)
+    out /= np.float32(normalizing_const)
+    return out

@@ -1,0 +1,237 @@
+"""The pack graph: prepared parts → split pieces → buffers pinned to their target workers.
+
+::
+
+    prepare(part p)  ─► split(p) ─► take(p, b) ─┐
+                                                 ├─► pack(b) on target worker of b ─► vineyardd
+    prepare(part q)  ─► split(q) ─► take(q, b) ─┘
+
+Data moves worker to worker; the client sees only row counts, label sets and object ids.
+Every put is staged under a per-attempt name, so objects of a failed or retried pack are
+found and deleted: a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.workers import WorkerInfo
+from dvml.preprocess import tasks
+from dvml.store import catalog
+from dvml.store.datasets import delete_by_instance, delete_layout, run_on
+from dvml.store.local import STAGING_PREFIX
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+__all__ = ["compute_stats", "pack_and_publish"]
+
+logger = logging.getLogger("dvml.preprocess")
+
+PACK_ATTEMPTS = 3  # a pack whose worker died is resubmitted to the restarted worker
+
+
+def compute_stats(client: Client, parts: Sequence[Any]) -> tuple[list[Future], list[dict]]:
+    """Prepare every part on the workers; return the part futures and their small stats."""
+    futures = client.compute(list(parts))
+    stats_futures = client.map(tasks.part_stats, futures, pure=False)
+    return futures, client.gather(stats_futures)
+
+
+def pack_and_publish(
+    client: Client,
+    prepared: list[Future],
+    counts: Any,
+    buffer_targets: Sequence[WorkerInfo],
+    split_args: dict[str, Any],
+    seed: int,
+    name: str,
+    kind: str,
+    summary: dict[str, Any],
+    overwrite: bool,
+) -> dict[str, Any]:
+    """Split, pack and publish; on any failure delete every object this run put."""
+    run_id = uuid.uuid4().hex[:16]
+    try:
+        buffers = _pack(client, prepared, counts, buffer_targets, split_args, seed, run_id)
+        fields = {k: {"shape": _total_shape(buffers, k)} for k in buffers[0]["fields"]}
+        layout = {"fields": fields, "buffers": buffers}
+        summary = {**summary, **_placement_summary(buffers)}
+        staging = [n for n, _, _ in run_on(client, buffer_targets[0], catalog.staging_objects,
+                                           run_id)]  # fmt: skip
+        published = run_on(
+            client, buffer_targets[0], catalog.publish, name, kind, summary, layout, overwrite,
+            staging,
+        )  # fmt: skip
+    except BaseException:
+        _cleanup_run(client, run_id, keep=None)
+        raise
+    _cleanup_run(client, run_id, keep=layout)
+    replaced = published["replaced"]
+    if replaced is not None:
+        delete_layout(client, replaced["layout"])
+        run_on(client, None, catalog.drop_metadata, replaced, False)
+    return {**published, "layout": layout, "summary": summary}
+
+
+def _pack(
+    client: Client,
+    prepared: list[Future],
+    counts: Any,
+    buffer_targets: Sequence[WorkerInfo],
+    split_args: dict[str, Any],
+    seed: int,
+    run_id: str,
+) -> list[dict[str, Any]]:
+    n_parts, n_buffers = counts.shape
+    splits = [
+        client.submit(tasks.split_part, prepared[p], counts[p].tolist(), seed + 7919 * (p + 1),
+                      pure=False, **split_args)
+        for p in range(n_parts)
+    ]  # fmt: skip
+    pieces: list[list[Future]] = [
+        [client.submit(tasks.take_piece, splits[p], b, pure=False)
+         for p in range(n_parts) if counts[p, b] > 0]
+        for b in range(n_buffers)
+    ]  # fmt: skip
+    return _run_packs(client, pieces, buffer_targets, seed, run_id)
+
+
+def _submit_pack(client: Client, b: int, worker: str, pieces: list[Future], seed: int,
+                 run_id: str) -> Future:  # fmt: skip
+    staging = f"{STAGING_PREFIX}{run_id}/{b}/{uuid.uuid4().hex[:8]}"
+    return client.submit(
+        tasks.pack_buffer, b, seed, staging, *pieces,
+        workers=[worker], allow_other_workers=False, pure=False, retries=0,
+    )  # fmt: skip
+
+
+def _run_packs(
+    client: Client,
+    pieces: list[list[Future]],
+    buffer_targets: Sequence[WorkerInfo],
+    seed: int,
+    run_id: str,
+) -> list[dict[str, Any]]:
+    """Run the pinned pack tasks; resubmit those whose worker died to its restarted self.
+
+    A task pinned to a worker that left would wait for the scheduler's no-workers timeout;
+    instead, a pack whose target address is gone is resubmitted to the worker of the same name
+    once the Nanny has restarted it (its vineyardd, and so the placement, is unchanged).
+    """
+    from distributed import wait
+
+    addresses = [w.address for w in buffer_targets]
+    futures = {
+        b: _submit_pack(client, b, addresses[b], pieces[b], seed, run_id)
+        for b in range(len(pieces))
+    }
+    attempts = dict.fromkeys(futures, 1)
+    results: dict[int, dict[str, Any]] = {}
+    while len(results) < len(futures):
+        wait(list(futures.values()), timeout=1, return_when="FIRST_COMPLETED")
+        live = _live_workers(client)
+        for b, fut in futures.items():
+            if b in results:
+                continue
+            if fut.status == "finished":
+                results[b] = fut.result()
+                continue
+            if fut.status == "pending" and addresses[b] in live.values():
+                continue
+            error = fut.exception() if fut.status == "error" else None
+            if fut.status == "error" and addresses[b] in live.values():
+                raise error  # a real failure (bad data, no room): not a lost worker
+            # The target worker is gone: wait for its restart under the same name.
+            name = buffer_targets[b].name
+            if attempts[b] >= PACK_ATTEMPTS:
+                raise RuntimeError(
+                    f"Packing buffer {b} failed {attempts[b]} times because its worker {name} "
+                    f"left the cluster (last error: {error!r}). Check the worker's logs and "
+                    "memory, then run the preprocessor again."
+                )
+            new_address = _wait_for_worker(client, name, timeout=60)
+            fut.cancel()
+            logger.warning("worker %s restarted as %s: repacking buffer %d", name, new_address, b)
+            addresses[b] = new_address
+            attempts[b] += 1
+            futures[b] = _submit_pack(client, b, new_address, pieces[b], seed, run_id)
+    return [results[b] for b in range(len(futures))]
+
+
+def _live_workers(client: Client) -> dict[str, str]:
+    """Worker name → address of the workers connected right now."""
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    return {str(w["name"]): addr for addr, w in info.items()}
+
+
+def _wait_for_worker(client: Client, name: str, timeout: float) -> str:
+    from dvml.exceptions import ClusterError
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        address = _live_workers(client).get(name)
+        if address is not None:
+            return address
+        time.sleep(0.5)
+    raise ClusterError(
+        f"Worker {name} left the cluster during packing and did not come back within "
+        f"{timeout:.0f}s. Its buffers cannot be placed as the rules require; check the worker "
+        "and run the preprocessor again."
+    )
+
+
+def _cleanup_run(client: Client, run_id: str, keep: dict[str, Any] | None) -> None:
+    """Delete every staged object of ``run_id`` that is not in ``keep``; drop staging names."""
+    try:
+        staged = run_on(client, None, catalog.staging_objects, run_id)
+    except Exception:  # the cluster itself is failing: nothing more can be cleaned
+        logger.warning("could not list staged objects of run %s", run_id, exc_info=True)
+        return
+    kept = set()
+    if keep is not None:
+        kept = {f["id"] for b in keep["buffers"] for f in b["fields"].values()}
+    ids: dict[int, list[int]] = {}
+    names: dict[int, list[str]] = {}
+    for staging_name, oid, iid in staged:
+        names.setdefault(iid, []).append(staging_name)
+        if oid not in kept:
+            ids.setdefault(iid, []).append(oid)
+    delete_by_instance(client, ids, names)
+    orphan_names = names.get(-1, [])
+    if orphan_names:
+        run_on(client, None, _drop_names, orphan_names)
+
+
+def _drop_names(names: list[str]) -> None:
+    from dvml.store.local import delete_objects
+
+    delete_objects([], names)
+
+
+def _total_shape(buffers: list[dict[str, Any]], field: str) -> list[int]:
+    shape = list(buffers[0]["fields"][field]["shape"])
+    shape[0] = sum(b["fields"][field]["shape"][0] for b in buffers)
+    return shape
+
+
+def _placement_summary(buffers: list[dict[str, Any]]) -> dict[str, Any]:
+    rows: dict[str, int] = {}
+    nbytes: dict[str, int] = {}
+    for b in buffers:
+        rows[b["worker_name"]] = rows.get(b["worker_name"], 0) + b["rows"]
+        size = sum(f["nbytes"] for f in b["fields"].values())
+        nbytes[b["worker_name"]] = nbytes.get(b["worker_name"], 0) + size
+    return {
+        "rows_per_worker": rows,
+        "bytes_per_worker": nbytes,
+        "buffers": [
+            {"buffer": b["index"], "worker": b["worker"], "worker_name": b["worker_name"],
+             "host": b["host"], "vineyard_instance_id": b["instance_id"], "rows": b["rows"]}
+            for b in buffers
+        ],
+    }  # fmt: skip

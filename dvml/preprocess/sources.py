@@ -1,0 +1,214 @@
+"""Turn what the user gives into a list of Dask delayed *prepared parts*.
+
+Accepted sources: a Dask or pandas DataFrame, Parquet/CSV paths, a dict of Dask/numpy arrays,
+a folder of images (labels from sub-folder names), and WebDataset tar shards
+(``shards-{0000..0147}.tar``). Only file names and small metadata are read on the client;
+decoding happens in the Dask tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from dvml.exceptions import DataError
+
+__all__ = ["SourceParts", "describe_source", "normalize_x", "source_parts"]
+
+IMAGE_CHUNK = 256  # images decoded per task
+
+
+@dataclasses.dataclass
+class SourceParts:
+    """The delayed prepared parts of a source and the names the summary records."""
+
+    parts: list[Any]
+    x_names: list[list[str]]
+    y: str
+    description: str
+    image_size: tuple[int, int] | None = None
+
+
+def normalize_x(x: str | Sequence[str | Sequence[str]]) -> list[list[str]]:
+    """x as input groups: ``"px"`` → ``[["px"]]``; ``["a", "b"]`` → two inputs ``[["a"],
+    ["b"]]`` (a multi-input model); ``[["a", "b"]]`` → one input made of columns a and b."""
+    if isinstance(x, str):
+        return [[x]]
+    if not isinstance(x, Sequence) or not x:
+        raise TypeError(
+            f"x must be a column name, a list of names (one input each) or a list of lists "
+            f"(columns of one input). Received: x={x!r}."
+        )
+    groups = []
+    for item in x:
+        group = [item] if isinstance(item, str) else list(item)
+        if not group or not all(isinstance(c, str) for c in group):
+            raise TypeError(f"x entries must be column names. Received: x={x!r}.")
+        groups.append(group)
+    return groups
+
+
+def describe_source(source: Any) -> str:
+    """A short text for the summary's ``source_table``."""
+    import pandas as pd
+
+    if isinstance(source, str):
+        return source
+    if isinstance(source, pd.DataFrame):
+        return f"pandas.DataFrame({len(source)} rows)"
+    if isinstance(source, dict):
+        return "arrays(" + ", ".join(sorted(source)) + ")"
+    name = type(source).__module__.split(".")[0] + "." + type(source).__name__
+    n = getattr(source, "npartitions", None)
+    return f"{name}({n} partitions)" if n else name
+
+
+def source_parts(
+    source: Any,
+    y: str | None,
+    x: Any,
+    n_targets: int,
+    on_invalid: str,
+    image_size: tuple[int, int] | None,
+    channels: int,
+) -> SourceParts:
+    """Build the delayed prepared parts of ``source`` (nothing is computed here)."""
+    import dask.dataframe as dd
+    import pandas as pd
+
+    if on_invalid not in ("raise", "drop"):
+        raise ValueError(f"on_invalid must be 'raise' or 'drop'. Received: {on_invalid!r}.")
+    desc = describe_source(source)
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        if os.path.isdir(path):
+            return _image_folder(path, image_size, channels, desc)
+        if ".tar" in path:
+            return _tar_shards(path, image_size, channels, desc)
+        source = _read_table(path)
+    if isinstance(source, pd.DataFrame):
+        if len(source) == 0:
+            raise DataError("The source DataFrame is empty: there is nothing to preprocess.")
+        import dask
+
+        # Dask would turn object columns (array-valued cells) into strings.
+        with dask.config.set({"dataframe.convert-string": False}):
+            source = dd.from_pandas(source, npartitions=max(1, min(2 * n_targets, len(source))))
+    if isinstance(source, dd.DataFrame):
+        return _table(source, y, x, on_invalid, desc)
+    if isinstance(source, dict):
+        return _arrays(source, y, x, on_invalid, desc)
+    raise TypeError(
+        "source must be a Dask or pandas DataFrame, a Parquet/CSV path, a dict of arrays, an "
+        f"image folder or a tar-shard pattern. Received: {type(source).__name__}."
+    )
+
+
+def _need(value: Any, what: str) -> Any:
+    if value is None:
+        raise ValueError(f"{what} is required for this kind of source. Received: None.")
+    return value
+
+
+def _table(ddf: Any, y: str | None, x: Any, on_invalid: str, desc: str) -> SourceParts:
+    from dask import delayed
+
+    from dvml.preprocess.tasks import prepare_table
+
+    y = _need(y, "y (the label column)")
+    groups = normalize_x(_need(x, "x (the feature column or columns)"))
+    columns = list(ddf.columns)
+    missing = [c for c in [y, *(c for g in groups for c in g)] if c not in columns]
+    if missing:
+        raise DataError(f"Columns {missing} are missing from the source. Available: {columns}.")
+    parts = [delayed(prepare_table)(p, groups, y, on_invalid) for p in ddf.to_delayed()]
+    return SourceParts(parts, groups, y, desc)
+
+
+def _read_table(path: str) -> Any:
+    import dask.dataframe as dd
+
+    lower = path.lower()
+    matches = glob.glob(path) if any(ch in path for ch in "*?[") else [path]
+    if not matches or not all(os.path.exists(m) for m in matches):
+        raise DataError(f"No file matches the source path {path!r}. Check the path.")
+    if ".parquet" in lower or ".pq" in lower:
+        return dd.read_parquet(path)
+    if ".csv" in lower:
+        return dd.read_csv(path)
+    raise DataError(
+        f"Cannot tell the format of {path!r}: use a .parquet or .csv path, an image folder, "
+        "or a tar-shard pattern."
+    )
+
+
+def _arrays(source: dict[str, Any], y: str | None, x: Any, on_invalid: str,
+            desc: str) -> SourceParts:  # fmt: skip
+    import dask.array as da
+    from dask import delayed
+
+    from dvml.preprocess.tasks import prepare_arrays
+
+    y = _need(y, "y (the key of the label array)")
+    groups = normalize_x(_need(x, "x (the key of the feature array)"))
+    names = [g[0] for g in groups]
+    if any(len(g) != 1 for g in groups):
+        raise TypeError(f"For a dict of arrays, x names arrays, one per input. Received: x={x!r}.")
+    missing = [k for k in [y, *names] if k not in source]
+    if missing:
+        raise DataError(f"Arrays {missing} are missing. Available: {sorted(source)}.")
+    labels = da.asarray(source[y])
+    xs = [da.asarray(source[n]) for n in names]
+    for n, arr in zip(names, xs, strict=True):
+        if arr.shape[0] != labels.shape[0]:
+            raise DataError(f"Array {n!r} has {arr.shape[0]} rows but {y!r} has {labels.shape[0]}.")
+    if labels.shape[0] == 0:
+        raise DataError("The source arrays are empty: there is nothing to preprocess.")
+    chunks = labels.chunks[0]
+    xs = [a.rechunk({0: chunks, **{i: -1 for i in range(1, a.ndim)}}) for a in xs]
+    x_blocks = [a.to_delayed().reshape(len(chunks), -1)[:, 0] for a in xs]
+    y_blocks = labels.rechunk({0: chunks}).to_delayed().ravel()
+    parts = [
+        delayed(prepare_arrays)([xb[i] for xb in x_blocks], y_blocks[i], names, y, on_invalid)
+        for i in range(len(chunks))
+    ]
+    return SourceParts(parts, groups, y, desc)
+
+
+def _image_folder(path: str, image_size: tuple[int, int] | None, channels: int,
+                  desc: str) -> SourceParts:  # fmt: skip
+    from dask import delayed
+
+    from dvml.preprocess.images import list_image_folder
+    from dvml.preprocess.tasks import prepare_image_files
+
+    size = _need(image_size, "image_size=(height, width)")
+    paths, labels = list_image_folder(path)
+    parts = [
+        delayed(prepare_image_files)(
+            paths[i : i + IMAGE_CHUNK], labels[i : i + IMAGE_CHUNK], tuple(size), channels
+        )
+        for i in range(0, len(paths), IMAGE_CHUNK)
+    ]
+    return SourceParts(parts, [["image"]], "label", desc, tuple(size))
+
+
+def _tar_shards(pattern: str, image_size: tuple[int, int] | None, channels: int,
+                desc: str) -> SourceParts:  # fmt: skip
+    from dask import delayed
+
+    from dvml.preprocess.shards import expand_braces
+    from dvml.preprocess.tasks import prepare_tar_shard
+
+    size = _need(image_size, "image_size=(height, width)")
+    shards = expand_braces(pattern)
+    missing = [s for s in shards if not os.path.exists(s)]
+    if missing:
+        raise DataError(
+            f"{len(missing)} of {len(shards)} tar shards do not exist, e.g. {missing[0]!r}."
+        )
+    parts = [delayed(prepare_tar_shard)(s, tuple(size), channels) for s in shards]
+    return SourceParts(parts, [["image"]], "label", desc, tuple(size))

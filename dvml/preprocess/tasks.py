@@ -1,0 +1,182 @@
+"""Worker-side steps of the pack graph: prepare a partition, split it, pack a buffer.
+
+Top-level functions only (Dask pickles them by reference). Each takes and returns plain
+values; the graph that wires them together is in :mod:`dvml.preprocess.graph`.
+
+A *prepared part* is ``{"x": [array per input], "labels": ndarray, "dropped": int,
+"invalid": {column: count}}``: raw features of one source partition, validated but not yet
+normalized or encoded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "pack_buffer",
+    "part_stats",
+    "prepare_arrays",
+    "prepare_image_files",
+    "prepare_table",
+    "prepare_tar_shard",
+    "split_part",
+]
+
+
+def _finish(xs: list[np.ndarray], labels: np.ndarray, masks: dict[str, np.ndarray],
+            on_invalid: str) -> dict[str, Any]:  # fmt: skip
+    invalid = {col: int((~m).sum()) for col, m in masks.items() if (~m).any()}
+    keep = np.ones(len(labels), dtype=bool)
+    for m in masks.values():
+        keep &= m
+    dropped = int((~keep).sum())
+    if dropped:
+        xs = [x[keep] for x in xs]
+        labels = labels[keep]
+    return {"x": xs, "labels": labels, "dropped": dropped, "invalid": invalid}
+
+
+def _label_mask(labels: np.ndarray, y: str) -> np.ndarray:
+    import pandas as pd
+
+    from dvml.exceptions import DataError
+
+    missing = pd.isna(labels)
+    if missing.any():
+        raise DataError(
+            f"Column {y!r} has {int(missing.sum())} missing labels (None/NaN) in a partition. "
+            "Fill or drop them before preprocessing."
+        )
+    return np.ones(len(labels), dtype=bool)
+
+
+def prepare_table(
+    frame: Any, x_groups: Sequence[Sequence[str]], y: str, on_invalid: str
+) -> dict[str, Any]:
+    """Prepare one pandas partition: x arrays per input group, labels, invalid rows."""
+    from dvml.exceptions import DataError
+    from dvml.preprocess.encode import check_finite, x_to_array
+
+    if y not in frame.columns:
+        raise DataError(
+            f"The label column {y!r} is missing. Available columns: {list(frame.columns)}."
+        )
+    xs = [x_to_array(frame, list(group)) for group in x_groups]
+    labels = frame[y].to_numpy()
+    _label_mask(labels, y)
+    masks = {
+        ",".join(group): check_finite(x, ",".join(group), on_invalid)
+        for group, x in zip(x_groups, xs, strict=True)
+    }
+    return _finish(xs, labels, masks, on_invalid)
+
+
+def prepare_arrays(xs: Sequence[np.ndarray], labels: np.ndarray, x_names: Sequence[str],
+                   y: str, on_invalid: str) -> dict[str, Any]:  # fmt: skip
+    """Prepare one block of array sources (dask or numpy arrays aligned on axis 0)."""
+    from dvml.exceptions import DataError
+    from dvml.preprocess.encode import check_finite
+
+    labels = np.asarray(labels)
+    arrays = []
+    for name, x in zip(x_names, xs, strict=True):
+        x = np.asarray(x)
+        if x.dtype.kind not in "biuf":
+            raise DataError(f"Input {name!r} has non-numeric dtype {x.dtype}; x must be numeric.")
+        if len(x) != len(labels):
+            raise DataError(
+                f"Input {name!r} has {len(x)} rows in a block where {y!r} has {len(labels)}."
+            )
+        arrays.append(x)
+    _label_mask(labels, y)
+    masks = {n: check_finite(x, n, on_invalid) for n, x in zip(x_names, arrays, strict=True)}
+    return _finish(arrays, labels, masks, on_invalid)
+
+
+def prepare_image_files(paths: Sequence[str], labels: Sequence[str], size: tuple[int, int],
+                        channels: int) -> dict[str, Any]:  # fmt: skip
+    """Decode and resize a chunk of image files (runs on a worker)."""
+    from dvml.preprocess.images import decode_image
+
+    images = []
+    for path in paths:
+        with open(path, "rb") as f:
+            images.append(decode_image(f.read(), size, channels, source=path))
+    shape = (0, size[0], size[1], channels)
+    x = np.stack(images) if images else np.zeros(shape, np.uint8)
+    return {"x": [x], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
+
+
+def prepare_tar_shard(path: str, size: tuple[int, int], channels: int) -> dict[str, Any]:
+    """Decode the samples of one WebDataset-style tar shard (runs on a worker)."""
+    from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
+
+    images, labels = samples_to_images_labels(read_tar_samples(path), size, channels=channels)
+    return {"x": [images], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
+
+
+def part_stats(part: dict[str, Any]) -> dict[str, Any]:
+    """Small facts about a prepared part, gathered by the client to plan the layout."""
+    labels = part["labels"]
+    uniques = np.unique(labels) if len(labels) else np.array([])
+    return {
+        "rows": len(labels),
+        "labels": [u.item() if isinstance(u, np.generic) else u for u in uniques],
+        "label_kind": labels.dtype.kind if len(labels) else None,
+        "x_shapes": [list(x.shape[1:]) for x in part["x"]],
+        "x_dtypes": [str(x.dtype) for x in part["x"]],
+        "dropped": part["dropped"],
+        "invalid": part["invalid"],
+    }
+
+
+def split_part(part: dict[str, Any], counts_row: Sequence[int], seed: int,
+               class_values: list[Any], num_classes: int,
+               normalizing_const: float) -> list[dict[str, np.ndarray] | None]:  # fmt: skip
+    """Normalize and one-hot encode a part, then cut it into one piece per buffer."""
+    from dvml.placement.planner import split_partition
+    from dvml.preprocess.encode import normalize, one_hot
+
+    xs = [normalize(x, normalizing_const) for x in part["x"]]
+    y = one_hot(part["labels"], class_values, num_classes)
+    pieces: list[dict[str, np.ndarray] | None] = []
+    for idx in split_partition(len(y), np.asarray(counts_row), seed):
+        if len(idx) == 0:
+            pieces.append(None)
+            continue
+        piece = {f"x_{i}": x[idx] for i, x in enumerate(xs)}
+        piece["y"] = y[idx]
+        pieces.append(piece)
+    return pieces
+
+
+def take_piece(pieces: list[dict[str, np.ndarray] | None], index: int) -> Any:
+    """One buffer's piece of a split part (a separate task, so only it moves)."""
+    return pieces[index]
+
+
+def pack_buffer(index: int, seed: int, staging_name: str, *pieces: Any) -> dict[str, Any]:
+    """Concatenate pieces, shuffle rows and put the buffer into THIS worker's vineyardd."""
+    from distributed import get_worker
+
+    from dvml.store.local import put_arrays
+
+    parts = [p for p in pieces if p is not None]
+    fields = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    order = np.random.default_rng(seed + index).permutation(len(fields["y"]))
+    fields = {k: np.ascontiguousarray(v[order]) for k, v in fields.items()}
+    record = put_arrays(fields, staging_name=staging_name)
+    worker = get_worker()
+    return {
+        "index": index,
+        "rows": len(order),
+        "instance_id": record["instance_id"],
+        "worker": worker.address,
+        "worker_name": str(worker.name),
+        "host": os.environ.get("DVML_HOST") or worker.address,
+        "fields": record["fields"],
+    }

@@ -1,0 +1,153 @@
+"""Custom loss and metric functions kept as Python source, never as pickled bytes.
+
+A custom function is code that a registry user registers on purpose: the trust boundary is who
+may write to the registry, as for any code repository. Weights, in contrast, are data and load
+without running anything (:mod:`dvml.registry.weights`).
+
+The source is checked with :mod:`ast` when it is registered and again before it is compiled, so
+that running the module's top level does nothing but two allowed imports and one ``def``: no
+decorators, default values or annotations, which Python would evaluate at definition time.
+"""
+
+from __future__ import annotations
+
+import ast
+import keyword
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["KINDS", "MAX_SOURCE_LENGTH", "check_name", "check_source", "compile_function"]
+
+KINDS = ("loss", "metric")
+"""The kinds of custom function the registry keeps."""
+
+MAX_SOURCE_LENGTH = 100_000
+"""Longest source accepted, in characters."""
+
+_ALLOWED_IMPORTS = {("tensorflow", "tf"), ("numpy", "np")}
+_ARGUMENTS = ["y_true", "y_pred"]
+
+
+def check_name(name: Any) -> str:
+    """Check that ``name`` can name a custom function (a Python identifier).
+
+    Raises
+    ------
+    TypeError, ValueError
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string. Received: {type(name).__name__} {name!r}.")
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(
+            f"name must be a Python identifier, the name of the function defined in the "
+            f"source. Received: name={name!r}. Use letters, digits and underscores."
+        )
+    return name
+
+
+def _refuse(name: str, what: str, line: int | None = None) -> ValueError:
+    where = f" (line {line})" if line else ""
+    return ValueError(
+        f"The source of custom function {name!r} is refused. Received: source that {what}"
+        f"{where}. The source must be exactly `def {name}(y_true, y_pred): ...`, optionally "
+        "after `import tensorflow as tf` and `import numpy as np`, with nothing else at top "
+        "level; put helpers inside the function."
+    )
+
+
+def check_source(name: str, source: Any) -> ast.Module:
+    """Check that ``source`` defines exactly one function ``name(y_true, y_pred)``.
+
+    Parameters
+    ----------
+    name : str
+        The function's name.
+    source : str
+        Python source text.
+
+    Returns
+    -------
+    ast.Module
+        The parsed source.
+
+    Raises
+    ------
+    TypeError
+        When ``source`` is not a string.
+    ValueError
+        When it does not parse or contains anything beyond the allowed imports and the one
+        ``def``.
+    """
+    check_name(name)
+    if not isinstance(source, str):
+        raise TypeError(
+            f"source must be Python source text. Received: {type(source).__name__}. Pass the "
+            f"text of `def {name}(y_true, y_pred): ...` (inspect.getsource gives it)."
+        )
+    if len(source) > MAX_SOURCE_LENGTH:
+        raise _refuse(name, f"is {len(source)} characters long, over {MAX_SOURCE_LENGTH}")
+    try:
+        tree = ast.parse(source, filename=f"<custom function {name}>", mode="exec")
+    except SyntaxError as exc:
+        raise _refuse(name, f"does not parse: {exc.msg}", exc.lineno) from None
+    except (RecursionError, MemoryError, ValueError) as exc:
+        raise _refuse(name, f"cannot be parsed ({type(exc).__name__})") from None
+    functions = 0
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                if (alias.name, alias.asname) not in _ALLOWED_IMPORTS:
+                    raise _refuse(name, f"imports {alias.name!r}", stmt.lineno)
+        elif isinstance(stmt, ast.FunctionDef) and stmt.name == name:
+            _check_function(name, stmt)
+            functions += 1
+        elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            raise _refuse(name, f"defines {stmt.name!r} at top level", stmt.lineno)
+        else:
+            raise _refuse(name, f"has a top-level {type(stmt).__name__} statement", stmt.lineno)
+    if functions != 1:
+        raise _refuse(name, f"defines {name!r} {functions} times")
+    return tree
+
+
+def _check_function(name: str, node: ast.FunctionDef) -> None:
+    args = node.args
+    if node.decorator_list:
+        raise _refuse(name, "has a decorator", node.lineno)
+    if getattr(node, "type_params", None):
+        raise _refuse(name, "has type parameters", node.lineno)
+    if node.returns is not None or any(arg.annotation is not None for arg in args.args):
+        raise _refuse(name, "has annotations", node.lineno)
+    plain = (
+        not args.posonlyargs
+        and args.vararg is None
+        and not args.kwonlyargs
+        and args.kwarg is None
+        and not args.defaults
+        and [arg.arg for arg in args.args] == _ARGUMENTS
+    )
+    if not plain:
+        raise _refuse(name, "does not take exactly (y_true, y_pred)", node.lineno)
+
+
+def compile_function(
+    name: str, source: str, namespace: dict[str, Any] | None = None
+) -> Callable[..., Any]:
+    """Run checked ``source`` in a fresh namespace and return the function ``name``.
+
+    This runs registered code: call it only on source from a registry you trust to write.
+
+    Parameters
+    ----------
+    name, source : str
+        As given to :func:`check_source`, which runs again first.
+    namespace : dict, optional
+        Globals the function sees besides builtins, for example ``{"tf": tf, "np": np}``.
+    """
+    tree = check_source(name, source)
+    scope: dict[str, Any] = {"__name__": f"dvml_custom_{name}", **(namespace or {})}
+    exec(compile(tree, f"<dvml custom function {name}>", "exec"), scope)
+    function = scope[name]
+    if not callable(function):  # pragma: no cover - check_source guarantees a def
+        raise ValueError(f"Custom function {name!r} did not define a function.")
+    return function

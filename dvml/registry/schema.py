@@ -1,0 +1,76 @@
+"""The registry's tables (SQLAlchemy Core), portable across SQLite, PostgreSQL and MySQL.
+
+JSON values are stored as TEXT written by :mod:`json`, so every backend reads them the same.
+Times are UTC. ``models.arch_id`` has no foreign key on purpose: an architecture may be deleted
+while models trained from it remain (their ``arch_id`` then names nothing); architecture ids
+are never reused (``AUTOINCREMENT`` on SQLite), so a dangling id never points to another one.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+__all__ = ["custom_functions", "metadata", "model_arch", "model_iterations", "models"]
+
+metadata = sa.MetaData()
+
+_NAME = sa.String(255)
+
+model_arch = sa.Table(
+    "model_arch",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", _NAME, nullable=True),
+    sa.Column("description", sa.Text, nullable=True),
+    sa.Column("model_json", sa.Text, nullable=False),
+    sa.Column("weights", sa.LargeBinary, nullable=True),
+    sa.Column("weights_format", sa.String(32), nullable=True),
+    sa.Column("input_shapes", sa.Text, nullable=True),
+    sa.Column("output_shape", sa.Text, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sqlite_autoincrement=True,
+)
+
+models = sa.Table(
+    "models",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", _NAME, nullable=False, unique=True),
+    sa.Column("arch_id", sa.Integer, nullable=False),
+    sa.Column("weights", sa.LargeBinary, nullable=False),
+    sa.Column("weights_format", sa.String(32), nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sqlite_autoincrement=True,
+)
+
+model_iterations = sa.Table(
+    "model_iterations",
+    metadata,
+    sa.Column(
+        "model_id",
+        sa.Integer,
+        sa.ForeignKey("models.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("iteration", sa.Integer, primary_key=True),
+    sa.Column("training_loss", sa.Float, nullable=True),
+    sa.Column("training_metrics", sa.Text, nullable=True),
+    sa.Column("validation_loss", sa.Float, nullable=True),
+    sa.Column("validation_metrics", sa.Text, nullable=True),
+    sa.Column("elapsed_s", sa.Float, nullable=True),
+)
+
+custom_functions = sa.Table(
+    "custom_functions",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", _NAME, nullable=False, unique=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("description", sa.Text, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.CheckConstraint("kind IN ('loss', 'metric')", name="custom_functions_kind"),
+)

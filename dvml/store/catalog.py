@@ -1,0 +1,210 @@
+"""The catalog of named datasets in vineyard: publish, read, list and drop.
+
+A dataset named ``digits`` is one global vineyard object, ``put_name``d as ``digits`` once
+every buffer is in place (so the name never points at a partial dataset)::
+
+    dvml::Dataset (global)     dvml_kind, dvml_summary (JSON), dvml_layout (JSON),
+    │                          dvml_global_tensors (JSON: field -> id of its GlobalTensor)
+    ├── x_0-0 … x_0-N: vineyard::Tensor<float>     buffer i of input 0
+    └── y-0 … y-N:     vineyard::Tensor<float>     buffer i of the one-hot labels
+
+    vineyard::GlobalTensor per field (global)  partitions_-0 … partitions_-N: the same tensors
+
+Buffer ``i`` of every field lives on the same vineyard instance. Every member is a standard
+``vineyard::Tensor``, so a plain vineyard client on that instance reads it by id, and each
+field is also a standard ``vineyard::GlobalTensor``. (Vineyard forbids a global object inside
+another, so the per-field GlobalTensors sit beside the root, referenced by id.)
+
+The functions here run inside a worker (they talk to its local vineyardd); the client-side
+API is :mod:`dvml.store.datasets`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dvml.exceptions import DatasetExistsError, DatasetNotFoundError
+from dvml.store.local import STAGING_PREFIX, local_client
+
+__all__ = [
+    "DATASET_TYPENAME",
+    "drop_metadata",
+    "find_record",
+    "list_records",
+    "not_found",
+    "publish",
+    "staging_objects",
+]
+
+DATASET_TYPENAME = "dvml::Dataset"
+
+
+def _lookup(client: Any, name: str) -> Any | None:
+    try:
+        return client.get_name(name)
+    except Exception:  # vineyard raises ObjectNotExistsException for an unknown name
+        return None
+
+
+def find_record(name: str) -> dict[str, Any] | None:
+    """A dataset's id, kind, summary and layout by name, or None (no tensor data is read)."""
+    client = local_client()
+    try:
+        oid = _lookup(client, name)
+        return None if oid is None else _record_from_meta(client.get_meta(oid), name)
+    finally:
+        client.close()
+
+
+def not_found(name: str) -> DatasetNotFoundError:
+    return DatasetNotFoundError(
+        f"No dataset named {name!r} in vineyard. List datasets with dvml.datasets.list() or "
+        "`dvml datasets list`."
+    )
+
+
+def _record_from_meta(meta: Any, name: str) -> dict[str, Any]:
+    if meta.typename != DATASET_TYPENAME:
+        raise DatasetNotFoundError(
+            f"The vineyard name {name!r} points at a {meta.typename}, not a dvml dataset. "
+            "Choose another name or drop that object with a vineyard client."
+        )
+    return {
+        "name": name,
+        "id": int(meta.id),
+        "kind": meta["dvml_kind"],
+        "summary": json.loads(meta["dvml_summary"]),
+        "layout": json.loads(meta["dvml_layout"]),
+        "global_tensors": json.loads(meta["dvml_global_tensors"]),
+    }
+
+
+def list_records() -> list[dict[str, Any]]:
+    """Every named dvml dataset and feature cache, sorted by name."""
+    client = local_client()
+    try:
+        records = []
+        for name, oid in sorted(client.ipc_client.list_names("*", limit=100000).items()):
+            if name.startswith(STAGING_PREFIX):
+                continue
+            try:
+                meta = client.get_meta(oid)
+            except Exception:  # dropped between the listing and this read
+                continue
+            if meta.typename == DATASET_TYPENAME:
+                records.append(_record_from_meta(meta, name))
+        return records
+    finally:
+        client.close()
+
+
+def publish(
+    name: str,
+    kind: str,
+    summary: dict[str, Any],
+    layout: dict[str, Any],
+    overwrite: bool,
+    staging_names: list[str],
+) -> dict[str, Any]:
+    """Create the global objects of a dataset and name it; return ``{"id", "replaced"}``.
+
+    ``replaced`` is the record of a dataset that had the name before (its objects are
+    deleted by the caller on the workers that own them), or None.
+    """
+    import vineyard
+
+    client = local_client()
+    try:
+        old = _lookup(client, name)
+        replaced = None
+        if old is not None:
+            replaced = _record_from_meta(client.get_meta(old), name)
+            if not overwrite:
+                raise DatasetExistsError(
+                    f"A dataset named {name!r} already exists. Pass overwrite=True to "
+                    "replace it, or choose another name."
+                )
+        global_tensors = {}
+        for field, spec in layout["fields"].items():
+            gmeta = vineyard.ObjectMeta()
+            gmeta["typename"] = "vineyard::GlobalTensor"
+            gmeta.set_global(True)
+            gmeta["shape_"] = json.dumps(spec["shape"])
+            gmeta["partition_shape_"] = json.dumps([b["rows"] for b in layout["buffers"]])
+            gmeta["partitions_-size"] = len(layout["buffers"])
+            for i, buf in enumerate(layout["buffers"]):
+                gmeta.add_member(f"partitions_-{i}", vineyard.ObjectID(buf["fields"][field]["id"]))
+            gid = client.create_metadata(gmeta).id
+            client.persist(gid)
+            global_tensors[field] = int(gid)
+        root = vineyard.ObjectMeta()
+        root["typename"] = DATASET_TYPENAME
+        root.set_global(True)
+        root["dvml_kind"] = kind
+        root["dvml_summary"] = json.dumps(summary, default=_json_default)
+        root["dvml_layout"] = json.dumps(layout)
+        root["dvml_global_tensors"] = json.dumps(global_tensors)
+        for i, buf in enumerate(layout["buffers"]):
+            for field, obj in buf["fields"].items():
+                root.add_member(f"{field}-{i}", vineyard.ObjectID(obj["id"]))
+        root_id = client.create_metadata(root).id
+        client.persist(root_id)
+        # The name appears last and in one step: readers never see a partial dataset.
+        client.put_name(root_id, name)
+        for staging in staging_names:
+            try:
+                client.drop_name(staging)
+            except Exception:
+                pass
+        return {"id": int(root_id), "replaced": replaced, "global_tensors": global_tensors}
+    finally:
+        client.close()
+
+
+def drop_metadata(record: dict[str, Any], drop_name: bool) -> None:
+    """Delete the global metadata of a dataset (its tensors are deleted by their owners)."""
+    import vineyard
+
+    client = local_client()
+    try:
+        if drop_name:
+            current = _lookup(client, record["name"])
+            if current is not None and int(current) == record["id"]:
+                client.drop_name(record["name"])
+        ids = [record["id"], *record["global_tensors"].values()]
+        for oid in map(vineyard.ObjectID, ids):
+            try:
+                client.delete(oid, force=False, deep=False)
+            except Exception:
+                pass
+    finally:
+        client.close()
+
+
+def staging_objects(run_id: str | None = None) -> list[tuple[str, int, int]]:
+    """Staging names (of one run, or of all runs): ``(name, object id, instance id)``."""
+    client = local_client()
+    try:
+        prefix = STAGING_PREFIX + (f"{run_id}/" if run_id else "")
+        found = []
+        for name, oid in client.ipc_client.list_names(f"{prefix}*", limit=100000).items():
+            if not name.startswith(prefix):
+                continue
+            try:
+                found.append((name, int(oid), int(client.get_meta(oid).instance_id)))
+            except Exception:  # object deleted already: the name is stale
+                found.append((name, int(oid), -1))
+        return found
+    finally:
+        client.close()
+
+
+def _json_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"Summary value of type {type(value).__name__} is not JSON-serialisable.")

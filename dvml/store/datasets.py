@@ -1,0 +1,211 @@
+"""Datasets as first-class objects: list, describe, exists, drop, and a handle that shows them.
+
+Every call runs small tasks on the workers (which own the vineyard instances); no tensor data
+reaches the client.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.connect import current_client, discover_workers
+from dvml.cluster.workers import WorkerInfo
+from dvml.exceptions import ClusterError
+from dvml.store import catalog
+from dvml.store.local import delete_objects
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from distributed import Client
+
+__all__ = ["Dataset", "describe", "drop", "exists", "list", "run_on", "vineyard_workers"]
+
+
+def vineyard_workers(client: Client) -> dict[int, WorkerInfo]:
+    """Workers that have a reachable vineyardd, by vineyard instance id."""
+    return {
+        w.vineyard_instance_id: w
+        for w in discover_workers(client)
+        if w.vineyard_instance_id is not None
+    }
+
+
+def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn`` on ``worker`` (any vineyard worker when None) and return its result."""
+    if worker is None:
+        workers = vineyard_workers(client)
+        if not workers:
+            raise ClusterError(
+                "No worker has a reachable vineyardd. Check `dvml cluster status`; workers need "
+                "VINEYARD_IPC_SOCKET pointing at a running vineyardd."
+            )
+        worker = workers[min(workers)]
+    future = client.submit(
+        fn, *args, workers=[worker.address], allow_other_workers=False, pure=False, **kwargs
+    )
+    return future.result()
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A named dataset (or feature cache) in vineyard: its summary and where its buffers live."""
+
+    name: str
+    id: int
+    kind: str
+    summary: dict[str, Any]
+    layout: dict[str, Any]
+    global_tensors: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Dataset:
+        return cls(**record)
+
+    @property
+    def rows(self) -> int:
+        return int(sum(b["rows"] for b in self.layout["buffers"]))
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(f["nbytes"] for b in self.layout["buffers"] for f in b["fields"].values()))
+
+    def placement(self) -> pd.DataFrame:
+        """One row per buffer: worker, host, vineyard instance, rows, bytes and object ids."""
+        import pandas as pd
+
+        rows = []
+        for b in self.layout["buffers"]:
+            row = {
+                "buffer": b["index"],
+                "worker": b["worker"],
+                "worker_name": b["worker_name"],
+                "host": b["host"],
+                "vineyard_instance_id": b["instance_id"],
+                "rows": b["rows"],
+                "nbytes": sum(f["nbytes"] for f in b["fields"].values()),
+            }
+            row.update({f"{k}_id": v["id"] for k, v in b["fields"].items()})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def distribution(self) -> pd.DataFrame:
+        """Rows, bytes and buffers per worker (and host)."""
+        table = self.placement()
+        return (
+            table.groupby(["worker_name", "host", "worker", "vineyard_instance_id"], sort=False)
+            .agg(buffers=("buffer", "count"), rows=("rows", "sum"), nbytes=("nbytes", "sum"))
+            .reset_index()
+        )
+
+    def plot_placement(self, ax: Any = None) -> Any:
+        """Bar chart of rows per worker, coloured by host; returns the matplotlib Axes."""
+        import matplotlib.pyplot as plt
+
+        dist = self.distribution()
+        if ax is None:
+            _, ax = plt.subplots(figsize=(max(4, 1.2 * len(dist)), 3))
+        hosts = builtins.list(dict.fromkeys(dist["host"]))
+        colors = {h: plt.cm.tab10(i % 10) for i, h in enumerate(hosts)}
+        ax.bar(dist["worker_name"], dist["rows"], color=[colors[h] for h in dist["host"]])
+        for h in hosts:
+            ax.bar([], [], color=colors[h], label=h)
+        ax.set_ylabel("rows")
+        ax.set_title(f"{self.name}: rows per worker")
+        ax.legend(title="host")
+        return ax
+
+    def drop(self, client: Client | None = None) -> None:
+        """Free this dataset's vineyard memory on every worker and remove its name."""
+        drop(self.name, client=client)
+
+    def __repr__(self) -> str:
+        workers = len({b["worker_name"] for b in self.layout["buffers"]})
+        return (
+            f"<dvml.Dataset {self.name!r} kind={self.kind} rows={self.rows} "
+            f"buffers={len(self.layout['buffers'])} workers={workers} bytes={self.nbytes}>"
+        )
+
+
+def read_record(client: Client, name: str) -> dict[str, Any]:
+    """The catalog record of ``name`` (raises DatasetNotFoundError)."""
+    record = run_on(client, None, catalog.find_record, name)
+    if record is None:
+        raise catalog.not_found(name)
+    return dict(record)
+
+
+def describe(name: str, client: Client | None = None) -> Dataset:
+    """The dataset called ``name``: summary and placement (raises DatasetNotFoundError)."""
+    return Dataset.from_record(read_record(current_client(client), name))
+
+
+def exists(name: str, client: Client | None = None) -> bool:
+    """Whether a dataset or feature cache called ``name`` exists."""
+    return run_on(current_client(client), None, catalog.find_record, name) is not None
+
+
+def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:  # noqa: A001
+    """Every dataset (and feature cache): name, kind, rows, buffers, workers, bytes."""
+    import pandas as pd
+
+    records = run_on(current_client(client), None, catalog.list_records)
+    rows = []
+    for r in records:
+        if kind is not None and r["kind"] != kind:
+            continue
+        ds = Dataset.from_record(r)
+        rows.append(
+            {
+                "name": ds.name,
+                "kind": ds.kind,
+                "rows": ds.rows,
+                "buffers": len(ds.layout["buffers"]),
+                "workers": len({b["worker_name"] for b in ds.layout["buffers"]}),
+                "nbytes": ds.nbytes,
+                "created": ds.summary.get("created_at"),
+            }
+        )
+    return pd.DataFrame(rows, columns=["name", "kind", "rows", "buffers", "workers", "nbytes",
+                                       "created"])  # fmt: skip
+
+
+def drop(name: str, client: Client | None = None) -> None:
+    """Remove the name and free the dataset's vineyard memory on every worker."""
+    client = current_client(client)
+    record = read_record(client, name)
+    delete_layout(client, record["layout"])
+    run_on(client, None, catalog.drop_metadata, record, True)
+
+
+def delete_layout(client: Client, layout: dict[str, Any], names: dict[int, Any] | None = None) -> int:
+    """Delete the tensors of a layout on the workers that own them; return how many."""
+    by_instance: dict[int, builtins.list[int]] = {}
+    for b in layout["buffers"]:
+        by_instance.setdefault(b["instance_id"], []).extend(f["id"] for f in b["fields"].values())
+    return delete_by_instance(client, by_instance, names or {})
+
+
+def delete_by_instance(
+    client: Client,
+    ids_by_instance: dict[int, builtins.list[int]],
+    names_by_instance: dict[int, builtins.list[str]],
+) -> int:
+    """Delete objects and drop names, each on the worker of its vineyard instance.
+
+    Objects on an instance that no live worker serves are lost with their daemon; they are
+    skipped.
+    """
+    workers = vineyard_workers(client)
+    futures = []
+    for iid in set(ids_by_instance) | set(names_by_instance):
+        if iid not in workers:
+            continue
+        futures.append(
+            client.submit(
+                delete_objects, ids_by_instance.get(iid, []), names_by_instance.get(iid, []),
+                workers=[workers[iid].address], allow_other_workers=False, pure=False,
+            )
+        )  # fmt: skip
+    return int(sum(client.gather(futures)))

@@ -1,0 +1,118 @@
+"""Fixtures shared by the whole suite: real clusters and a check that no process leaks.
+
+``cluster4`` (4 workers on 2 simulated hosts, GPUs declared on the first two) and ``cluster2``
+(2 workers) start once per session with ``set_as_default=False``: pass
+``client=cluster.client`` explicitly. A test that needs to break or stop a cluster starts its
+own ``dvml.LocalCluster`` instead.
+
+Every test is checked for leaked child processes: a child of the test process that appears
+during the test and still runs after it (a few seconds of grace) fails the test. The session
+clusters' processes and multiprocessing's resource tracker are not counted. The helpers are
+importable (``from conftest import poll_for, assert_no_new_processes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import psutil
+import pytest
+
+from dvml.cluster.processes import poll_for
+
+if TYPE_CHECKING:
+    import dvml
+
+__all__ = [
+    "assert_no_new_processes",
+    "child_processes",
+    "pid_gone",
+    "poll_for",
+]
+
+# Session clusters, whose processes are excluded from the leak check.
+_SESSION_CLUSTERS: list[dvml.LocalCluster] = []
+
+
+def pid_gone(pid: int) -> bool:
+    """Whether ``pid`` no longer runs (a zombie counts as gone: it holds nothing but its pid)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _excluded_pids() -> set[int]:
+    pids: set[int] = set()
+    for cluster in _SESSION_CLUSTERS:
+        pids.update(cluster.processes().values())
+    return pids
+
+
+def child_processes() -> dict[int, str]:
+    """Running descendants of the test process: ``{pid: command line}``.
+
+    Zombies, multiprocessing's resource tracker (it lives as long as the interpreter) and the
+    session clusters' processes are left out.
+    """
+    excluded = _excluded_pids()
+    found = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.pid in excluded or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(proc.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "multiprocessing.resource_tracker" in cmdline:
+            continue
+        found[proc.pid] = cmdline
+    return found
+
+
+def assert_no_new_processes(before: dict[int, str], timeout: float = 10.0) -> None:
+    """Fail when a child process not in ``before`` still runs after ``timeout`` seconds."""
+    new: dict[int, str] = {}
+
+    def none_new() -> bool:
+        nonlocal new
+        new = {p: c for p, c in child_processes().items() if p not in before}
+        return not new
+
+    if not poll_for(none_new, timeout, interval=0.1):
+        lines = "\n".join(f"  pid {p}: {c[:200]}" for p, c in sorted(new.items()))
+        pytest.fail(f"{len(new)} child process(es) started by this test still run:\n{lines}")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_processes() -> Iterator[None]:
+    before = child_processes()
+    yield
+    assert_no_new_processes(before)
+
+
+def _start(**kwargs: object) -> dvml.LocalCluster:
+    import dvml
+
+    cluster = dvml.LocalCluster(set_as_default=False, **kwargs)  # type: ignore[arg-type]
+    _SESSION_CLUSTERS.append(cluster)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def cluster4() -> Iterator[dvml.LocalCluster]:
+    """4 workers on 2 simulated hosts (host-0: worker-0/1, host-1: worker-2/3), GPUs [1,1,0,0]."""
+    cluster = _start(n_workers=4, hosts=2, gpus=[1, 1, 0, 0], vineyard_memory="256MiB")
+    yield cluster
+    cluster.close()
+    _SESSION_CLUSTERS.remove(cluster)
+
+
+@pytest.fixture(scope="session")
+def cluster2() -> Iterator[dvml.LocalCluster]:
+    """2 workers, one simulated host each, no GPUs."""
+    cluster = _start(n_workers=2, vineyard_memory="256MiB")
+    yield cluster
+    cluster.close()
+    _SESSION_CLUSTERS.remove(cluster)
