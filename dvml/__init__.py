@@ -25,6 +25,21 @@ _EXPORTS: dict[str, str] = {
     "Dataset": "dvml.store.datasets",
     "training_preprocessor": "dvml.preprocess.api",
     "validation_preprocessor": "dvml.preprocess.api",
+    "fit": "dvml.train.fit",
+    "evaluate": "dvml.train.predict",
+    "predict": "dvml.train.predict",
+    "predict_byom": "dvml.train.predict",
+    "Model": "dvml.train.model",
+    "plot_history": "dvml.train.model",
+    "load_keras_model": "dvml.registry",
+    "list_architectures": "dvml.registry",
+    "show_architecture": "dvml.registry",
+    "delete_architecture": "dvml.registry",
+    "list_models": "dvml.registry",
+    "show_model": "dvml.registry",
+    "delete_model": "dvml.registry",
+    "register_custom_function": "dvml.registry",
+    "Registry": "dvml.registry",
 }
 
 # public sub-namespaces, imported on first use: dvml.datasets.list(), ...
@@ -38,6 +53,20 @@ if TYPE_CHECKING:
     from dvml.cluster import Cluster, LocalCluster, WorkerInfo, connect, gpu_configuration
     from dvml.exceptions import DvmlError
     from dvml.placement import DistributionRules
+    from dvml.registry import (
+        Registry,
+        delete_architecture,
+        delete_model,
+        list_architectures,
+        list_models,
+        load_keras_model,
+        register_custom_function,
+        show_architecture,
+        show_model,
+    )
+    from dvml.train.fit import fit
+    from dvml.train.model import Model, plot_history
+    from dvml.train.predict import evaluate, predict, predict_byom
     from dvml.preprocess.api import training_preprocessor, validation_preprocessor
     from dvml.store import datasets
     from dvml.store.datasets import Dataset

@@ -206,6 +206,7 @@ class LocalCluster(Cluster):
             # A dead vineyardd must fail a task at once, not after vineyard's 10 retries.
             "VINEYARD_IPC_SKIP_RETRY": "1",
             "TF_CPP_MIN_LOG_LEVEL": "2",
+            "TF_USE_LEGACY_KERAS": "1",  # tf-keras: MultiWorkerMirroredStrategy needs it
         }
         options: dict[str, Any] = {
             "name": spec.name,

@@ -37,6 +37,8 @@ def parse_memory(value: int | str, what: str = "vineyard_memory") -> int:
     if isinstance(value, bool):
         raise TypeError(f"{what} must be a byte count or a size string. Received: {value!r}.")
     try:
+        if not str(value).strip():  # dask's parse_bytes reads "" as 1 byte
+            raise ValueError("empty size")
         nbytes = int(value) if isinstance(value, int) else parse_bytes(str(value))
     except (ValueError, TypeError) as exc:
         raise ValueError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -147,8 +148,6 @@ def _item_to_str(item: object, *, position: int) -> str:
 
 def _is_dataframe(value: object) -> bool:
     # Only check pandas when it is loaded already: a DataFrame cannot exist otherwise.
-    import sys
-
     pd = sys.modules.get("pandas")
     return pd is not None and isinstance(value, pd.DataFrame)
 
@@ -380,8 +379,11 @@ def describe_resolution(rules: object, targets: Sequence[WorkerInfo]) -> dict[st
         "vineyard_instance_id"}, ...]}``.
     """
     parsed = DistributionRules.parse(rules)
+    given = parsed.given
+    if given is None:  # built directly rather than parsed from what a user gave
+        given = list(parsed.items) if parsed.items else parsed.kind
     return {
-        "given": _jsonable_given(parsed.given),
+        "given": _jsonable_given(given),
         "kind": parsed.kind,
         "resolved": [
             {

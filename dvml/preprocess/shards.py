@@ -129,6 +129,9 @@ def _brace_error(pattern: str, what: str) -> str:
 
 
 def _key_and_ext(member_name: str) -> tuple[str, str] | None:
+    # Shards made with `tar cf shard.tar .` name their members "./0001.jpg".
+    while member_name.startswith("./"):
+        member_name = member_name[2:]
     directory, base = posixpath.split(member_name)
     if base.startswith(".") or "." not in base:
         return None
@@ -154,6 +157,8 @@ def read_tar_samples(path: str) -> list[tuple[str, dict[str, bytes]]]:
     ------
     DataError
         When the file is not a readable tar, or a sample has the same extension twice.
+    OSError
+        When the file cannot be opened (for example FileNotFoundError).
     """
     samples: dict[str, dict[str, bytes]] = {}
     try:

@@ -183,8 +183,9 @@ def output_shape(model: dict[str, Any]) -> list[int] | None:
             return None
         if layer.get("class_name") == "Dense":
             units = (layer.get("config") or {}).get("units")
-            ok = isinstance(units, int) and not isinstance(units, bool) and units > 0
-            return [units] if ok else None
+            if isinstance(units, int) and not isinstance(units, bool) and units > 0:
+                return [units]
+            return None
         if layer.get("class_name") not in _SHAPE_KEEPING:
             return None
         if _is_sequential(model):

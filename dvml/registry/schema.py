@@ -9,12 +9,16 @@ are never reused (``AUTOINCREMENT`` on SQLite), so a dangling id never points to
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
 __all__ = ["custom_functions", "metadata", "model_arch", "model_iterations", "models"]
 
 metadata = sa.MetaData()
 
 _NAME = sa.String(255)
+# MySQL's plain BLOB and TEXT stop at 64 KiB: weights and model JSON are larger.
+_BLOB = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+_TEXT = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 model_arch = sa.Table(
     "model_arch",
@@ -22,8 +26,8 @@ model_arch = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("name", _NAME, nullable=True),
     sa.Column("description", sa.Text, nullable=True),
-    sa.Column("model_json", sa.Text, nullable=False),
-    sa.Column("weights", sa.LargeBinary, nullable=True),
+    sa.Column("model_json", _TEXT, nullable=False),
+    sa.Column("weights", _BLOB, nullable=True),
     sa.Column("weights_format", sa.String(32), nullable=True),
     sa.Column("input_shapes", sa.Text, nullable=True),
     sa.Column("output_shape", sa.Text, nullable=True),
@@ -37,9 +41,9 @@ models = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("name", _NAME, nullable=False, unique=True),
     sa.Column("arch_id", sa.Integer, nullable=False),
-    sa.Column("weights", sa.LargeBinary, nullable=False),
+    sa.Column("weights", _BLOB, nullable=False),
     sa.Column("weights_format", sa.String(32), nullable=False),
-    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("summary", _TEXT, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("version", sa.Integer, nullable=False),
@@ -69,7 +73,7 @@ custom_functions = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("name", _NAME, nullable=False, unique=True),
     sa.Column("kind", sa.String(16), nullable=False),
-    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("source", _TEXT, nullable=False),
     sa.Column("description", sa.Text, nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.CheckConstraint("kind IN ('loss', 'metric')", name="custom_functions_kind"),

@@ -101,7 +101,12 @@ def weights_from_bytes(data: bytes) -> list[npt.NDArray[Any]]:
                 indices[int(match.group(1))] = member
             if sorted(indices) != list(range(len(indices))):
                 raise ValueError(f"members are not arr_0 ... arr_n: {sorted(archive.files)}")
-            return [archive[indices[i]] for i in range(len(indices))]
+            arrays = [archive[indices[i]] for i in range(len(indices))]
+        for index, array in enumerate(arrays):
+            # NpzFile hands back raw bytes for a member that is not an .npy file.
+            if not isinstance(array, np.ndarray):
+                raise ValueError(f"member arr_{index} is not an .npy array")
+        return arrays
     except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise RegistryError(
             f"Stored weights cannot be read as an {WEIGHTS_FORMAT!r} archive: {exc}. Received: "

@@ -199,7 +199,8 @@ def test_plan_layout_refuses_negative_seed() -> None:
 
 
 def test_numpy_ints_are_accepted() -> None:
-    layout = plan_layout(np.array([5, 7]), TARGETS[:2], np.int64(4), 8, BIG, np.int64(3))
+    rows = np.array([5, 7])
+    layout = plan_layout(rows, TARGETS[:2], np.int64(4), 8, BIG, np.int64(3))  # type: ignore[arg-type]
     _check_invariants(layout, [5, 7], TARGETS[:2])
 
 

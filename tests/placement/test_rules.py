@@ -97,7 +97,7 @@ def test_parse_refuses(value: object, error: type[Exception], match: str) -> Non
 
 
 def test_type_error_lists_accepted_forms() -> None:
-    with pytest.raises(TypeError, match="all_segments.*gpu_configuration"):
+    with pytest.raises(TypeError, match=r"all_segments.*gpu_configuration"):
         DistributionRules.parse(1.5)
 
 
@@ -201,6 +201,17 @@ def test_describe_resolution(value: object, given: object) -> None:
     assert set(first) == {"worker", "name", "host", "vineyard_instance_id"}
     assert first["vineyard_instance_id"] == targets[0].vineyard_instance_id
     assert json.loads(json.dumps(record)) == record
+
+
+@pytest.mark.parametrize(
+    ("rules", "given"),
+    [
+        (DistributionRules("all_workers"), "all_workers"),
+        (DistributionRules("hosts", ("host-a",)), ["host-a"]),
+    ],
+)
+def test_describe_rules_built_directly(rules: DistributionRules, given: object) -> None:
+    assert describe_resolution(rules, resolve_rules(rules, WORKERS))["given"] == given
 
 
 def test_describe_table_with_nan_is_json() -> None:

@@ -82,7 +82,13 @@ def test_one_hot(
     ("labels", "class_values", "num_classes", "error", "match"),
     [
         ([0, 1], [0, 1, 2], 2, DataError, r"num_classes=2, 3 class values"),
-        ([0, 7, 8, 7], [0, 1], None, DataError, r"2 unknown value\(s\) in 3 row\(s\), e.g. \[7, 8\]"),
+        (
+            [0, 7, 8, 7],
+            [0, 1],
+            None,
+            DataError,
+            r"2 unknown value\(s\) in 3 row\(s\), e.g. \[7, 8\]",
+        ),
         (
             list(range(20)),
             [0],

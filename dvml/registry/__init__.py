@@ -1,0 +1,157 @@
+"""The model registry: architectures, trained models, their summaries and custom functions.
+
+This package owns the registry database (SQLAlchemy 2; an SQLite file under ``~/.dvml`` by
+default, any URL allowed): Keras architectures as JSON with optional initial weights, trained
+models with their MADlib-style summary and per-iteration metrics, and custom loss/metric
+functions as Python source. It never imports TensorFlow except to compile custom functions
+(:meth:`Registry.load_custom_objects`). Training lives in :mod:`dvml.train`.
+
+Weights are data, stored as ``.npz`` bytes and loaded without pickle. Custom functions are code
+registered on purpose: whoever may write to the registry may run code where they are loaded.
+
+The module-level functions use MADlib's names; each takes ``registry=`` (a :class:`Registry`,
+a URL string, or None for the configured default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy.typing as npt
+import pandas as pd
+
+from dvml.registry.store import Registry
+from dvml.registry.weights import weights_from_bytes, weights_to_bytes
+
+__all__ = [
+    "Registry",
+    "delete_architecture",
+    "delete_custom_function",
+    "delete_model",
+    "list_architectures",
+    "list_custom_functions",
+    "list_models",
+    "load_keras_model",
+    "register_custom_function",
+    "show_architecture",
+    "show_model",
+    "weights_from_bytes",
+    "weights_to_bytes",
+]
+
+
+@contextlib.contextmanager
+def _opened(registry: Registry | str | None) -> Iterator[Registry]:
+    if isinstance(registry, Registry):
+        yield registry
+        return
+    if registry is not None and not isinstance(registry, str):
+        raise TypeError(
+            f"registry must be a Registry, a URL string or None. Received: "
+            f"{type(registry).__name__}."
+        )
+    opened = Registry(registry)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def load_keras_model(
+    model_json: Any,
+    weights: Sequence[npt.NDArray[Any]] | None = None,
+    name: str | None = None,
+    description: str | None = None,
+    registry: Registry | str | None = None,
+) -> int:
+    """Add a Keras architecture to the registry (MADlib's ``load_keras_model``).
+
+    Parameters
+    ----------
+    model_json : str or tf-keras model
+        ``model.to_json()``, or the model itself: then its JSON is stored and, when
+        ``weights`` is None, its current weights too (pass ``model.to_json()`` to store the
+        architecture alone).
+    weights : list of numpy.ndarray, optional
+        Initial weights, for example pre-trained ones.
+    name, description : str, optional
+    registry : Registry, str or None
+
+    Returns
+    -------
+    int
+        The architecture id, for fit's ``arch_id``.
+    """
+    if not isinstance(model_json, str) and callable(getattr(model_json, "to_json", None)):
+        model = model_json
+        model_json = model.to_json()
+        if weights is None and callable(getattr(model, "get_weights", None)):
+            weights = list(model.get_weights())
+    with _opened(registry) as reg:
+        return reg.add_architecture(model_json, weights, name=name, description=description)
+
+
+def list_architectures(registry: Registry | str | None = None) -> pd.DataFrame:
+    """The architectures in the registry, without JSON or weights."""
+    with _opened(registry) as reg:
+        return reg.list_architectures()
+
+
+def show_architecture(arch_id: int, registry: Registry | str | None = None) -> dict[str, Any]:
+    """Everything stored about one architecture (:meth:`Registry.get_architecture`)."""
+    with _opened(registry) as reg:
+        return reg.get_architecture(arch_id)
+
+
+def delete_architecture(arch_id: int, registry: Registry | str | None = None) -> None:
+    """Delete an architecture; models trained from it stay."""
+    with _opened(registry) as reg:
+        reg.delete_architecture(arch_id)
+
+
+def list_models(registry: Registry | str | None = None) -> pd.DataFrame:
+    """The trained models in the registry, without weights."""
+    with _opened(registry) as reg:
+        return reg.list_models()
+
+
+def show_model(name: str, registry: Registry | str | None = None) -> dict[str, Any]:
+    """Everything stored about one model (:meth:`Registry.get_model`)."""
+    with _opened(registry) as reg:
+        return reg.get_model(name)
+
+
+def delete_model(name: str, registry: Registry | str | None = None) -> None:
+    """Delete a model and its iteration records."""
+    with _opened(registry) as reg:
+        reg.delete_model(name)
+
+
+def register_custom_function(
+    name: str,
+    source: str,
+    kind: str = "loss",
+    description: str | None = None,
+    replace: bool = False,
+    registry: Registry | str | None = None,
+) -> int:
+    """Register the source of ``def name(y_true, y_pred)`` as a custom loss or metric.
+
+    The code runs wherever it is later loaded; see :meth:`Registry.register_custom_function`.
+    """
+    with _opened(registry) as reg:
+        return reg.register_custom_function(name, source, kind, description, replace)
+
+
+def list_custom_functions(registry: Registry | str | None = None) -> pd.DataFrame:
+    """The custom functions in the registry, with their source."""
+    with _opened(registry) as reg:
+        return reg.list_custom_functions()
+
+
+def delete_custom_function(name: str, registry: Registry | str | None = None) -> None:
+    """Delete a custom function."""
+    with _opened(registry) as reg:
+        reg.delete_custom_function(name)

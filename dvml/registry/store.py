@@ -1,0 +1,559 @@
+"""The :class:`Registry`: model architectures, trained models and custom functions in SQL.
+
+Every write runs in one transaction, so a writer that dies mid-write leaves nothing behind. On
+SQLite (the default) the database runs in WAL mode with a busy timeout, and write transactions
+start with ``BEGIN IMMEDIATE``: concurrent writers from several processes queue for the write
+lock instead of failing or corrupting the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import sqlalchemy as sa
+
+from dvml import config
+from dvml.exceptions import RegistryError, RegistryNotFoundError
+from dvml.registry import custom, keras_json
+from dvml.registry import values as v
+from dvml.registry.schema import custom_functions, metadata, model_arch, model_iterations, models
+from dvml.registry.weights import WEIGHTS_FORMAT, weights_from_bytes, weights_to_bytes
+
+__all__ = ["Registry"]
+
+BUSY_TIMEOUT_S = 60.0
+"""How long an SQLite connection waits for another process's write lock before failing."""
+
+_BEGIN_OPTION = "dvml_sqlite_begin"
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite's own transaction handling skips BEGIN before SELECT and DDL; emit it ourselves
+    # (the "begin" listener) so that every transaction is a real one.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(connection: sa.Connection) -> None:
+    # IMMEDIATE takes the write lock up front: a deferred transaction that reads and then
+    # writes can fail at once with SQLITE_BUSY instead of waiting for the busy timeout.
+    mode = connection.get_execution_options().get(_BEGIN_OPTION, "DEFERRED")
+    connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _create_engine(url: sa.URL) -> sa.Engine:
+    if url.get_backend_name() != "sqlite":
+        return sa.create_engine(url, pool_pre_ping=True)
+    database = url.database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        path = pathlib.Path(database).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        url = url.set(database=str(path))
+    engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
+    sa.event.listen(engine, "connect", _sqlite_on_connect)
+    sa.event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _insert_iterations(conn: sa.Connection, model_id: int, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        conn.execute(sa.insert(model_iterations), [{**row, "model_id": model_id} for row in rows])
+
+
+def _new_id(result: sa.CursorResult[Any]) -> int:
+    key = result.inserted_primary_key
+    if key is None:  # pragma: no cover - every insert here has an integer primary key
+        raise RegistryError("The database returned no id for a new row. Received: None.")
+    return int(key[0])
+
+
+def _tensorflow() -> Any:
+    import os
+
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    return tf
+
+
+class Registry:
+    """A model registry in any SQLAlchemy database; an SQLite file by default.
+
+    Parameters
+    ----------
+    url : str, optional
+        SQLAlchemy URL such as ``"sqlite:////data/registry.db"`` or
+        ``"postgresql+psycopg://user@host/db"``. None uses ``dvml.config.registry_url()``
+        (``sqlite:///~/.dvml/registry.db`` unless configured); the directory of an SQLite
+        file is created. The tables are created when missing.
+
+    Notes
+    -----
+    Weights are data: they are stored as ``.npz`` bytes and loaded without pickle. Custom
+    functions are code: their Python source is stored and run by :meth:`load_custom_objects`,
+    so whoever may write to the registry may run code in the processes that load them.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        raw = config.registry_url() if url is None else url
+        if not isinstance(raw, str) or not raw:
+            raise TypeError(
+                f"url must be an SQLAlchemy URL string or None. Received: {raw!r}. For "
+                "example 'sqlite:////tmp/registry.db'."
+            )
+        try:
+            self._url = sa.make_url(raw)
+        except sa.exc.ArgumentError as exc:
+            raise ValueError(
+                f"url is not an SQLAlchemy URL: {exc}. Received: url={raw!r}. For example "
+                "'sqlite:////tmp/registry.db'."
+            ) from None
+        self._engine = _create_engine(self._url)
+        self._writer = self._engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+        try:
+            with self._transaction(write=True) as conn:
+                metadata.create_all(conn)
+        except BaseException:
+            self._engine.dispose()
+            raise
+
+    @property
+    def url(self) -> str:
+        """The database URL, with any password hidden."""
+        return self._url.render_as_string(hide_password=True)
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The SQLAlchemy engine (for inspection; write through the methods)."""
+        return self._engine
+
+    def close(self) -> None:
+        """Close the database connections. The registry can still be used afterwards."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Registry({self.url!r})"
+
+    @contextlib.contextmanager
+    def _transaction(self, write: bool = False) -> Iterator[sa.Connection]:
+        try:
+            with (self._writer if write else self._engine).begin() as conn:
+                yield conn
+        except sa.exc.SQLAlchemyError as exc:
+            raise RegistryError(
+                f"The model registry at {self.url} failed: {type(exc).__name__}: "
+                f"{getattr(exc, 'orig', None) or exc}. Received: a "
+                f"{'write' if write else 'read'} transaction. Check that the database is "
+                "reachable and writable; a locked SQLite file means another process held the "
+                f"write lock for over {BUSY_TIMEOUT_S:.0f} s."
+            ) from exc
+
+    def _not_found(self, what: str, received: str, lister: str) -> RegistryNotFoundError:
+        return RegistryNotFoundError(
+            f"No {what} in the registry at {self.url}. Received: {received}. See what exists "
+            f"with dvml.registry.{lister}() or Registry.{lister}()."
+        )
+
+    # ------------------------------------------------------------------- architectures
+
+    def add_architecture(
+        self,
+        model_json: str,
+        weights: Sequence[npt.NDArray[Any]] | None = None,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> int:
+        """Store a Keras architecture (``model.to_json()``), optionally with initial weights.
+
+        The input shapes and the number of output units are read from the JSON without
+        TensorFlow and shown by :meth:`list_architectures` (None where they are not plain).
+
+        Returns
+        -------
+        int
+            The new architecture's id; ids are never reused.
+        """
+        model = keras_json.parse_model_json(model_json)
+        row = {
+            "name": v.check_text(name, "name", 255),
+            "description": v.check_text(description, "description"),
+            "model_json": model_json,
+            "weights": None if weights is None else weights_to_bytes(weights),
+            "weights_format": None if weights is None else WEIGHTS_FORMAT,
+            "input_shapes": v.dumps(keras_json.input_shapes(model), "input_shapes"),
+            "output_shape": v.dumps(keras_json.output_shape(model), "output_shape"),
+            "created_at": v.now(),
+        }
+        with self._transaction(write=True) as conn:
+            result = conn.execute(sa.insert(model_arch).values(**row))
+            return _new_id(result)
+
+    def list_architectures(self) -> pd.DataFrame:
+        """One row per architecture: id, name, description, shapes, has_weights, created_at."""
+        t = model_arch
+        has_weights = sa.case((t.c.weights.is_(None), False), else_=True).label("has_weights")
+        query = sa.select(
+            t.c.id,
+            t.c.name,
+            t.c.description,
+            t.c.input_shapes,
+            t.c.output_shape,
+            has_weights,
+            t.c.created_at,
+        ).order_by(t.c.id)
+        with self._transaction() as conn:
+            rows = [dict(row._mapping) for row in conn.execute(query)]
+        for row in rows:
+            row["input_shapes"] = v.loads(row["input_shapes"])
+            row["output_shape"] = v.loads(row["output_shape"])
+            row["has_weights"] = bool(row["has_weights"])
+            row["created_at"] = v.utc(row["created_at"])
+        columns = ["id", "name", "description", "input_shapes", "output_shape", "has_weights"]
+        return pd.DataFrame(rows, columns=[*columns, "created_at"])
+
+    def get_architecture(self, arch_id: int) -> dict[str, Any]:
+        """Everything stored about one architecture, weights as a list of arrays or None.
+
+        Raises
+        ------
+        RegistryNotFoundError
+            When no architecture has this id.
+        """
+        arch_id = v.check_id(arch_id, "arch_id")
+        with self._transaction() as conn:
+            row = conn.execute(sa.select(model_arch).where(model_arch.c.id == arch_id)).first()
+        if row is None:
+            raise self._not_found(
+                f"architecture with id {arch_id}", f"arch_id={arch_id}", "list_architectures"
+            )
+        result = dict(row._mapping)
+        result["weights"] = self._weights(result["weights"], result["weights_format"])
+        result["input_shapes"] = v.loads(result["input_shapes"])
+        result["output_shape"] = v.loads(result["output_shape"])
+        result["created_at"] = v.utc(result["created_at"])
+        return result
+
+    def delete_architecture(self, arch_id: int) -> None:
+        """Delete an architecture.
+
+        Models trained from it stay: their ``arch_id`` then names nothing, and their weights
+        can still be read with :meth:`get_model`.
+        """
+        arch_id = v.check_id(arch_id, "arch_id")
+        with self._transaction(write=True) as conn:
+            result = conn.execute(sa.delete(model_arch).where(model_arch.c.id == arch_id))
+            if result.rowcount == 0:
+                raise self._not_found(
+                    f"architecture with id {arch_id}", f"arch_id={arch_id}", "list_architectures"
+                )
+
+    def _weights(self, blob: bytes | None, fmt: str | None) -> list[npt.NDArray[Any]] | None:
+        if blob is None:
+            return None
+        if fmt != WEIGHTS_FORMAT:
+            raise RegistryError(
+                f"Stored weights have format {fmt!r}, which this dvml cannot read. Received: "
+                f"weights_format={fmt!r}, expected {WEIGHTS_FORMAT!r}. Upgrade dvml or save "
+                "the weights again."
+            )
+        return weights_from_bytes(blob)
+
+    # ------------------------------------------------------------------- models
+
+    def save_model(
+        self,
+        name: str,
+        arch_id: int,
+        weights: Sequence[npt.NDArray[Any]],
+        summary: Mapping[str, Any] | None = None,
+        iterations: Sequence[Mapping[str, Any]] | None = None,
+        replace: bool = False,
+    ) -> int:
+        """Store a trained model and its per-iteration metrics in one transaction.
+
+        Parameters
+        ----------
+        name : str
+            Unique model name.
+        arch_id : int
+            The architecture it was built from; it must exist.
+        weights : list of numpy.ndarray
+            ``model.get_weights()``.
+        summary : dict, optional
+            MADlib-style summary; numpy scalars are stored as plain numbers.
+        iterations : list of dict, optional
+            Per-iteration records (see :func:`dvml.registry.values.iteration_rows`).
+        replace : bool
+            Replace a model of the same name (keeping its id, bumping its ``version``)
+            instead of failing.
+
+        Returns
+        -------
+        int
+            The model's id.
+
+        Raises
+        ------
+        RegistryError
+            When a model of this name exists and ``replace`` is False.
+        RegistryNotFoundError
+            When the architecture does not exist.
+        """
+        name = v.check_model_name(name)
+        arch_id = v.check_id(arch_id, "arch_id")
+        if summary is not None and not isinstance(summary, Mapping):
+            raise TypeError(f"summary must be a dict or None. Received: {type(summary).__name__}.")
+        blob = weights_to_bytes(weights)
+        summary_text = v.dumps(dict(summary or {}), "summary")
+        rows = v.iteration_rows(iterations)
+        now = v.now()
+        values = {"arch_id": arch_id, "weights": blob, "weights_format": WEIGHTS_FORMAT}
+        values.update(summary=summary_text, updated_at=now)
+        with self._transaction(write=True) as conn:
+            arch = sa.select(model_arch.c.id).where(model_arch.c.id == arch_id)
+            if conn.execute(arch).first() is None:
+                raise self._not_found(
+                    f"architecture with id {arch_id}", f"arch_id={arch_id}", "list_architectures"
+                )
+            query = sa.select(models.c.id, models.c.version).where(models.c.name == name)
+            existing = conn.execute(query).first()
+            if existing is not None and not replace:
+                raise RegistryError(
+                    f"A model named {name!r} exists in the registry at {self.url}. Received: "
+                    f"name={name!r}, replace=False. Pass replace=True to overwrite it, or "
+                    "choose another name."
+                )
+            if existing is not None:
+                model_id = int(existing.id)
+                conn.execute(
+                    sa.delete(model_iterations).where(model_iterations.c.model_id == model_id)
+                )
+                update = sa.update(models).where(models.c.id == model_id)
+                conn.execute(update.values(**values, version=existing.version + 1))
+            else:
+                insert = sa.insert(models).values(name=name, created_at=now, version=1, **values)
+                model_id = _new_id(conn.execute(insert))
+            _insert_iterations(conn, model_id, rows)
+        return model_id
+
+    def _model_row(self, conn: sa.Connection, name: Any, *columns: Any) -> sa.Row[Any]:
+        name = v.check_model_name(name)
+        row = conn.execute(sa.select(*(columns or (models,))).where(models.c.name == name)).first()
+        if row is None:
+            raise self._not_found(f"model named {name!r}", f"name={name!r}", "list_models")
+        return row
+
+    def get_model(self, name: str) -> dict[str, Any]:
+        """A model: id, name, arch_id, weights (list of arrays), summary, version and times."""
+        with self._transaction() as conn:
+            result = dict(self._model_row(conn, name)._mapping)
+        result["weights"] = self._weights(result["weights"], result["weights_format"])
+        result["summary"] = v.loads(result["summary"])
+        result["created_at"] = v.utc(result["created_at"])
+        result["updated_at"] = v.utc(result["updated_at"])
+        return result
+
+    def model_exists(self, name: str) -> bool:
+        """Whether a model of this name exists."""
+        name = v.check_model_name(name)
+        with self._transaction() as conn:
+            query = sa.select(models.c.id).where(models.c.name == name)
+            return conn.execute(query).first() is not None
+
+    def list_models(self) -> pd.DataFrame:
+        """One row per model: id, name, arch_id, version, n_iterations, created_at, updated_at."""
+        counts = (
+            sa.select(model_iterations.c.model_id, sa.func.count().label("n_iterations"))
+            .group_by(model_iterations.c.model_id)
+            .subquery()
+        )
+        n_iterations = sa.func.coalesce(counts.c.n_iterations, 0).label("n_iterations")
+        query = (
+            sa.select(
+                models.c.id,
+                models.c.name,
+                models.c.arch_id,
+                models.c.version,
+                n_iterations,
+                models.c.created_at,
+                models.c.updated_at,
+            )
+            .select_from(models.outerjoin(counts, counts.c.model_id == models.c.id))
+            .order_by(models.c.id)
+        )
+        with self._transaction() as conn:
+            rows = [dict(row._mapping) for row in conn.execute(query)]
+        for row in rows:
+            row["created_at"] = v.utc(row["created_at"])
+            row["updated_at"] = v.utc(row["updated_at"])
+        columns = ["id", "name", "arch_id", "version", "n_iterations", "created_at", "updated_at"]
+        return pd.DataFrame(rows, columns=columns)
+
+    def model_summary(self, name: str) -> dict[str, Any]:
+        """The summary dict saved with the model."""
+        with self._transaction() as conn:
+            row = self._model_row(conn, name, models.c.summary)
+        return dict(v.loads(row.summary) or {})
+
+    def model_iterations(self, name: str) -> pd.DataFrame:
+        """The per-iteration records of a model, ordered by iteration; metrics are dicts."""
+        with self._transaction() as conn:
+            model_id = self._model_row(conn, name, models.c.id).id
+            t = model_iterations
+            query = sa.select(*(t.c[c] for c in v.ITERATION_COLUMNS)).where(
+                t.c.model_id == model_id
+            )
+            rows = [dict(row._mapping) for row in conn.execute(query.order_by(t.c.iteration))]
+        for row in rows:
+            row["training_metrics"] = v.loads(row["training_metrics"])
+            row["validation_metrics"] = v.loads(row["validation_metrics"])
+        return pd.DataFrame(rows, columns=list(v.ITERATION_COLUMNS))
+
+    def delete_model(self, name: str) -> None:
+        """Delete a model and its iteration records in one transaction."""
+        with self._transaction(write=True) as conn:
+            model_id = self._model_row(conn, name, models.c.id).id
+            conn.execute(sa.delete(model_iterations).where(model_iterations.c.model_id == model_id))
+            conn.execute(sa.delete(models).where(models.c.id == model_id))
+
+    # ------------------------------------------------------------------- custom functions
+
+    def register_custom_function(
+        self,
+        name: str,
+        source: str,
+        kind: str = "loss",
+        description: str | None = None,
+        replace: bool = False,
+    ) -> int:
+        """Store the Python source of a custom loss or metric ``def name(y_true, y_pred)``.
+
+        The source is checked with :mod:`ast` (see :mod:`dvml.registry.custom`) and stored as
+        text; nothing is run here. Registering is a trust decision: the code runs in every
+        process that later calls :meth:`load_custom_objects` with this name.
+
+        Returns
+        -------
+        int
+            The function's id.
+        """
+        custom.check_source(name, source)
+        if kind not in custom.KINDS:
+            raise ValueError(f"kind must be one of {list(custom.KINDS)}. Received: kind={kind!r}.")
+        row = {
+            "name": name,
+            "kind": kind,
+            "source": source,
+            "description": v.check_text(description, "description"),
+            "created_at": v.now(),
+        }
+        t = custom_functions
+        with self._transaction(write=True) as conn:
+            existing = conn.execute(sa.select(t.c.id).where(t.c.name == name)).first()
+            if existing is not None and not replace:
+                raise RegistryError(
+                    f"A custom function named {name!r} exists in the registry at {self.url}. "
+                    f"Received: name={name!r}, replace=False. Pass replace=True to overwrite "
+                    "it, or choose another name."
+                )
+            if existing is not None:
+                conn.execute(sa.update(t).where(t.c.id == existing.id).values(**row))
+                return int(existing.id)
+            return _new_id(conn.execute(sa.insert(t).values(**row)))
+
+    def list_custom_functions(self) -> pd.DataFrame:
+        """One row per custom function: id, name, kind, description, created_at, source."""
+        t = custom_functions
+        columns = ["id", "name", "kind", "description", "created_at", "source"]
+        with self._transaction() as conn:
+            query = sa.select(*(t.c[c] for c in columns)).order_by(t.c.id)
+            rows = [dict(row._mapping) for row in conn.execute(query)]
+        for row in rows:
+            row["created_at"] = v.utc(row["created_at"])
+        return pd.DataFrame(rows, columns=columns)
+
+    def delete_custom_function(self, name: str) -> None:
+        """Delete a custom function."""
+        name = custom.check_name(name)
+        t = custom_functions
+        with self._transaction(write=True) as conn:
+            if conn.execute(sa.delete(t).where(t.c.name == name)).rowcount == 0:
+                raise self._not_found(
+                    f"custom function named {name!r}", f"name={name!r}", "list_custom_functions"
+                )
+
+    def custom_function_sources(self, names: Iterable[str]) -> dict[str, str]:
+        """The stored source text of custom functions, by name (for trainer processes).
+
+        Raises
+        ------
+        RegistryNotFoundError
+            Naming every requested function that does not exist.
+        """
+        wanted = list(names)
+        for name in wanted:
+            custom.check_name(name)
+        if not wanted:
+            return {}
+        t = custom_functions
+        with self._transaction() as conn:
+            query = sa.select(t.c.name, t.c.source).where(t.c.name.in_(wanted))
+            sources = {row.name: row.source for row in conn.execute(query)}
+        missing = [name for name in wanted if name not in sources]
+        if missing:
+            raise self._not_found(
+                f"custom function named {', '.join(map(repr, missing))}",
+                f"names={wanted!r}",
+                "list_custom_functions",
+            )
+        return sources
+
+    def load_custom_objects(self, names: str | Iterable[str]) -> dict[str, Callable[..., Any]]:
+        """Compile stored custom functions, for ``custom_objects=`` and ``model.compile``.
+
+        Each source runs with :func:`exec` in a fresh namespace holding ``tf`` (TensorFlow,
+        imported here with ``TF_USE_LEGACY_KERAS=1``) and ``np``. This runs code that a
+        registry user registered on purpose: the trust boundary is who may write to the
+        registry. Weights, in contrast, are data and never run anything.
+
+        Raises
+        ------
+        RegistryNotFoundError
+            Naming every requested function that does not exist.
+        """
+        wanted = [names] if isinstance(names, str) else list(names)
+        for name in wanted:
+            custom.check_name(name)
+        if not wanted:
+            return {}
+        t = custom_functions
+        with self._transaction() as conn:
+            query = sa.select(t.c.name, t.c.source).where(t.c.name.in_(wanted))
+            sources = {row.name: row.source for row in conn.execute(query)}
+        missing = [name for name in wanted if name not in sources]
+        if missing:
+            raise self._not_found(
+                f"custom function named {', '.join(map(repr, missing))}",
+                f"names={wanted!r}",
+                "list_custom_functions",
+            )
+        namespace = {"tf": _tensorflow(), "np": np}
+        return {name: custom.compile_function(name, sources[name], namespace) for name in wanted}

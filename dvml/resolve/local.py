@@ -1,0 +1,115 @@
+"""Open the local partitions of a named dataset through the local vineyardd (zero-copy).
+
+Only members whose vineyard instance is the local one are resolved, through the IPC client:
+``vineyard.Client.get`` of a global object would fetch every remote blob over RPC and hand
+the trainer the WHOLE dataset, copied (see COMPAT.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+
+from dvml.exceptions import DatasetNotFoundError, TrainingError
+from dvml.store.local import local_client, this_worker_name
+
+__all__ = ["LocalPartitions", "open_local"]
+
+
+@dataclasses.dataclass
+class LocalPartitions:
+    """The local buffers of one dataset: per field, a list of read-only shared-memory views."""
+
+    name: str
+    summary: dict[str, Any]
+    instance_id: int
+    buffer_indices: list[int]
+    fields: dict[str, list[np.ndarray]]
+    _client: Any = dataclasses.field(repr=False, default=None)
+
+    @property
+    def x_fields(self) -> list[str]:
+        return sorted((f for f in self.fields if f.startswith("x_")), key=lambda f: int(f[2:]))
+
+    @property
+    def buffer_rows(self) -> tuple[int, ...]:
+        return tuple(len(a) for a in self.fields["y"])
+
+    @property
+    def rows(self) -> int:
+        return int(sum(self.buffer_rows))
+
+    def take(self, pieces: list[tuple[int, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Gather one batch: ONE copy of just the rows asked for, from the views."""
+        return {
+            field: np.concatenate([arrays[b][idx] for b, idx in pieces])
+            if len(pieces) > 1
+            else arrays[pieces[0][0]][pieces[0][1]]
+            for field, arrays in self.fields.items()
+        }
+
+    def close(self) -> None:
+        """Release the views' vineyard connection (the views must not be used afterwards)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def open_local(name: str, require: bool = True, socket: str | None = None) -> LocalPartitions:
+    """Resolve the buffers of dataset ``name`` that live on this process's vineyardd.
+
+    Parameters
+    ----------
+    name : str
+        The dataset (or feature cache) name.
+    require : bool
+        Raise when this instance holds no buffer of the dataset (a trainer with nothing to
+        train on), instead of returning empty fields.
+
+    Raises
+    ------
+    DatasetNotFoundError
+        No dataset of that name.
+    TrainingError
+        ``require`` and no local buffer: names the worker and where the buffers are.
+    """
+    import vineyard
+
+    client = local_client(socket)
+    try:
+        try:
+            root = client.get_meta(client.get_name(name))
+        except Exception:
+            raise DatasetNotFoundError(
+                f"No dataset named {name!r} in vineyard (looked up from {this_worker_name()}). "
+                "List datasets with dvml.datasets.list()."
+            ) from None
+        layout = json.loads(root["dvml_layout"])
+        summary = json.loads(root["dvml_summary"])
+        me = int(client.instance_id)
+        local = [b for b in layout["buffers"] if b["instance_id"] == me]
+        if require and not local:
+            where = sorted({b["worker_name"] for b in layout["buffers"]})
+            raise TrainingError(
+                f"{this_worker_name()} (vineyard instance {me}) holds no partition of dataset "
+                f"{name!r}; its buffers are on {where}. Train on the workers that hold the data "
+                "(dvml.fit does so), or preprocess with distribution_rules naming this worker."
+            )
+        ipc = client.ipc_client
+        fields: dict[str, list[np.ndarray]] = {f: [] for f in layout["fields"]}
+        for buf in local:
+            for field, obj in buf["fields"].items():
+                oid = vineyard.ObjectID(obj["id"])
+                if not ipc.get_meta(oid).islocal:  # never expected: the layout says local
+                    raise TrainingError(f"Buffer {buf['index']} of {name!r} is not local.")
+                fields[field].append(ipc.get(oid))
+        return LocalPartitions(
+            name=name, summary=summary, instance_id=me,
+            buffer_indices=[b["index"] for b in local], fields=fields, _client=client,
+        )  # fmt: skip
+    except BaseException:
+        client.close()
+        raise

@@ -1,0 +1,174 @@
+"""``dvml.evaluate``, ``dvml.predict`` and ``dvml.predict_byom``: run on the workers."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.connect import current_client
+from dvml.exceptions import DataError, TrainingError
+from dvml.store.datasets import Dataset, vineyard_workers
+from dvml.train import inference
+from dvml.train.fit import open_registry, resolve_dataset
+from dvml.train.summary import aggregate
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from dvml.registry import Registry
+
+__all__ = ["evaluate", "model_spec", "predict", "predict_byom"]
+
+
+def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a worker needs to rebuild a registered model, and the model's summary."""
+    from dvml.registry.weights import weights_to_bytes
+
+    entry = registry.get_model(model)
+    arch = registry.get_architecture(entry["arch_id"])
+    summary = entry["summary"]
+    from dvml.train.params import parse_compile_params
+
+    blob = weights_to_bytes(entry["weights"])
+    spec = {
+        "key": f"{model}:{entry['version']}:{hashlib.sha256(blob).hexdigest()[:16]}",
+        "model_json": arch["model_json"],
+        "weights": blob,
+        "compile_params": parse_compile_params(summary["compile_params"]),
+        "custom_objects": registry.custom_function_sources(summary.get("custom_objects", [])),
+    }
+    return spec, summary
+
+
+def evaluate(model: str, dataset: str | Dataset, batch_size: int = 256,
+             registry: Registry | str | None = None,
+             client: Client | None = None) -> dict[str, Any]:  # fmt: skip
+    """Loss and metric of a registered model on a packed dataset, computed where it lives.
+
+    Returns
+    -------
+    dict
+        ``loss``, ``metric`` (the first compiled metric), ``metrics`` (all), ``metrics_type``,
+        ``loss_type`` and ``rows``.
+    """
+    client = current_client(client)
+    reg = open_registry(registry)
+    spec, summary = model_spec(reg, model)
+    ds = resolve_dataset(dataset, client)
+    if ds.summary["class_values"] != summary["class_values"]:
+        raise DataError(
+            f"Dataset {ds.name!r} has class values {ds.summary['class_values']} but model "
+            f"{model!r} was trained on {summary['class_values']}. Preprocess it with "
+            "dvml.validation_preprocessor(..., training=<the model's training set>)."
+        )
+    workers = vineyard_workers(client)
+    instances = sorted({b["instance_id"] for b in ds.layout["buffers"]})
+    missing = [i for i in instances if i not in workers]
+    if missing:
+        raise TrainingError(
+            f"Dataset {ds.name!r} has buffers on vineyard instances {missing} that no live "
+            "worker serves; preprocess it again."
+        )
+    spec_future = client.scatter(spec, broadcast=True, hash=False)
+    futures = [client.submit(inference.evaluate_local, ds.name, spec_future, batch_size,
+                             workers=[workers[i].address], allow_other_workers=False, pure=False)
+               for i in instances]  # fmt: skip
+    values = aggregate([r for r in client.gather(futures) if r["rows"]])
+    metrics = {k: v for k, v in values.items() if k != "loss"}
+    types = summary.get("metrics_type") or []
+    return {
+        "loss": values.get("loss"),
+        "metric": metrics.get(types[0]) if types else None,
+        "metrics": metrics,
+        "metrics_type": types,
+        "loss_type": summary.get("loss_type"),
+        "rows": sum(b["rows"] for b in ds.layout["buffers"]),
+    }
+
+
+def _predict(spec: dict[str, Any], data: Any, id_col: str, x: Any, pred_type: Any,
+             class_values: list[Any], normalizing_const: float, class_name: str,
+             client: Client) -> Any:  # fmt: skip
+    import dask.dataframe as dd
+    import pandas as pd
+
+    from dvml.preprocess.sources import normalize_x
+
+    _check_pred_type(pred_type)
+    groups = normalize_x(x)
+    if isinstance(data, pd.DataFrame):
+        import dask
+
+        with dask.config.set({"dataframe.convert-string": False}):
+            data = dd.from_pandas(data, npartitions=max(1, min(len(data) // 500 + 1, 16)))
+    if not isinstance(data, dd.DataFrame):
+        raise TypeError(f"data must be a pandas or Dask DataFrame. Received: {type(data).__name__}.")
+    missing = [c for c in [id_col, *(c for g in groups for c in g)] if c not in data.columns]
+    if missing:
+        raise DataError(f"Columns {missing} are missing from data. Available: {list(data.columns)}.")
+    spec_future = client.scatter(spec, broadcast=True, hash=False)
+    meta = inference.format_predictions(
+        data._meta[id_col].to_numpy(), __import__("numpy").zeros((0, 1)), class_values,
+        class_name, pred_type,
+    )  # fmt: skip
+    parts = [client.submit(inference.predict_partition, part, spec_future, groups, id_col,
+                           float(normalizing_const), list(class_values), class_name, pred_type,
+                           pure=False)
+             for part in client.compute(data.to_delayed())]  # fmt: skip
+    return dd.from_delayed(parts, meta=meta, verify_meta=False)
+
+
+def _check_pred_type(pred_type: Any) -> None:
+    ok = (pred_type in ("response", "prob")
+          or (isinstance(pred_type, int) and not isinstance(pred_type, bool) and pred_type >= 1)
+          or (isinstance(pred_type, float) and 0.0 < pred_type <= 1.0))  # fmt: skip
+    if not ok:
+        raise ValueError(
+            "pred_type must be 'response', 'prob', an int k >= 1 (top k) or a float p in (0, 1] "
+            f"(classes with probability >= p). Received: pred_type={pred_type!r}."
+        )
+
+
+def predict(model: str, data: Any, id_col: str, x: str | Sequence[Any], pred_type: Any = "response",
+            registry: Registry | str | None = None, client: Client | None = None) -> Any:  # fmt: skip
+    """Predict raw (not packed) rows with a registered model, on the workers.
+
+    The training set's normalization and class values are applied. Returns a Dask DataFrame
+    with MADlib's columns ``id, class_name, class_value, prob, rank``.
+    """
+    client = current_client(client)
+    spec, summary = model_spec(open_registry(registry), model)
+    return _predict(spec, data, id_col, x, pred_type, summary["class_values"],
+                    summary["normalizing_const"], summary["dependent_varname"], client)  # fmt: skip
+
+
+def predict_byom(arch_id: int, data: Any, id_col: str, x: str | Sequence[Any],
+                 pred_type: Any = "response", class_values: Sequence[Any] | None = None,
+                 normalizing_const: float = 1.0, class_name: str = "class",
+                 registry: Registry | str | None = None,
+                 client: Client | None = None) -> Any:  # fmt: skip
+    """Predict with a model trained elsewhere: an architecture with its weights (BYOM).
+
+    ``class_values`` name the model's outputs (default: 0..n-1).
+    """
+    client = current_client(client)
+    reg = open_registry(registry)
+    arch = reg.get_architecture(arch_id)
+    if arch["weights"] is None:
+        raise TrainingError(
+            f"Architecture {arch_id} has no weights to predict with. Load it with "
+            "dvml.load_keras_model(model_json, weights=...)."
+        )
+    from dvml.registry.weights import weights_to_bytes
+
+    n_out = (arch.get("output_shape") or [None])[-1]
+    values = list(class_values) if class_values is not None else list(range(n_out or 0))
+    if n_out is not None and len(values) > n_out:
+        raise DataError(f"{len(values)} class_values given but architecture {arch_id} has {n_out} outputs.")
+    blob = weights_to_bytes(arch["weights"])
+    spec = {"key": f"byom:{arch_id}:{hashlib.sha256(blob).hexdigest()[:16]}",
+            "model_json": arch["model_json"], "weights": blob}  # fmt: skip
+    if normalizing_const <= 0:
+        raise ValueError(f"normalizing_const must be positive. Received: {normalizing_const!r}.")
+    return _predict(spec, data, id_col, x, pred_type, values, normalizing_const, class_name, client)

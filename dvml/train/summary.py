@@ -1,0 +1,157 @@
+"""Pure pieces of fit: shape checks, metric aggregation over workers, MADlib's summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dvml.exceptions import ModelMismatchError
+
+__all__ = ["aggregate", "build_summary", "check_shapes", "iteration_record", "metric_names"]
+
+
+def check_shapes(arch: dict[str, Any], dataset_summary: dict[str, Any], dataset: str) -> None:
+    """Refuse an architecture whose inputs or outputs do not fit the dataset.
+
+    Shapes the registry could not read from the JSON (None) are not checked here; Keras
+    checks them when the trainers build the model.
+    """
+    x_shapes = [list(s) for s in dataset_summary["x_shapes"]]
+    inputs = arch.get("input_shapes")
+    if inputs is not None:
+        model_shapes = [list(s) for s in inputs]  # without the batch dimension
+        if len(model_shapes) != len(x_shapes):
+            raise ModelMismatchError(
+                f"Architecture {arch['id']} has {len(model_shapes)} inputs but dataset "
+                f"{dataset!r} has {len(x_shapes)} x inputs. Received: input shapes "
+                f"{model_shapes}, dataset x shapes {x_shapes}."
+            )
+        for i, (m, d) in enumerate(zip(model_shapes, x_shapes, strict=True)):
+            if len(m) != len(d) or any(a is not None and a != b for a, b in zip(m, d, strict=True)):
+                raise ModelMismatchError(
+                    f"Input {i} of architecture {arch['id']} expects shape {m} but dataset "
+                    f"{dataset!r} has x shape {d}. Preprocess with matching shapes or change "
+                    "the model's input layer."
+                )
+    output = arch.get("output_shape")
+    n_classes = int(dataset_summary["num_classes"])
+    if output is not None and output and output[-1] is not None and output[-1] != n_classes:
+        raise ModelMismatchError(
+            f"Architecture {arch['id']} outputs {output[-1]} units but dataset {dataset!r} has "
+            f"{n_classes} classes (class values {dataset_summary['class_values']}). Make the "
+            "last layer match, or preprocess with num_classes."
+        )
+
+
+def metric_names(compile_params: dict[str, Any]) -> tuple[list[str], str]:
+    """The metric names and the loss name as Keras reports them."""
+    metrics = [m if isinstance(m, str) else str(m) for m in compile_params.get("metrics", [])]
+    loss = compile_params.get("loss")
+    return metrics, loss if isinstance(loss, str) else str(loss)
+
+
+def aggregate(per_worker: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Combine workers' ``{"rows", "values"}`` into row-weighted means (exact for means)."""
+    total = sum(int(p["rows"]) for p in per_worker)
+    if total == 0:
+        return {}
+    keys = per_worker[0]["values"].keys()
+    return {k: sum(p["values"][k] * p["rows"] for p in per_worker) / total for k in keys}
+
+
+def iteration_record(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One iteration's records from every trainer → the registry's iteration row."""
+    row: dict[str, Any] = {
+        "iteration": records[0]["iteration"],
+        "elapsed_s": max(r["elapsed"] for r in records),
+    }
+    for part in ("training", "validation"):
+        found = [r[part] for r in records if part in r]
+        if found:
+            values = aggregate(found)
+            row[f"{part}_loss"] = values.pop("loss", None)
+            row[f"{part}_metrics"] = values
+    return row
+
+
+def build_summary(
+    *,
+    training: Any,
+    validation: Any | None,
+    model: str,
+    arch_id: int,
+    compile_params: dict[str, Any],
+    fit_params: dict[str, Any],
+    compile_text: str,
+    fit_text: str,
+    num_iterations: int,
+    metrics_compute_frequency: int,
+    name: str | None,
+    description: str | None,
+    start: str,
+    end: str,
+    iterations: list[dict[str, Any]],
+    model_size_kb: float,
+    trainers: list[str],
+    weights_identical: bool,
+    warm_start: bool,
+    version: str,
+) -> dict[str, Any]:
+    """Every field of MADlib's ``madlib_keras_fit`` summary table, plus dvml's own."""
+    metrics, loss = metric_names(compile_params)
+    evaluated = [r for r in iterations if r.get("training_loss") is not None]
+    first_metric = metrics[0] if metrics else None
+
+    def series(part: str) -> tuple[list[Any], list[Any]]:
+        losses = [r.get(f"{part}_loss") for r in evaluated]
+        values = [(r.get(f"{part}_metrics") or {}).get(first_metric) for r in evaluated]
+        return values, losses
+
+    t_metrics, t_loss = series("training")
+    v_metrics, v_loss = series("validation")
+    ts = training.summary
+    return {
+        "source_table": training.name,
+        "model": model,
+        "dependent_varname": ts["dependent_varname"],
+        "independent_varname": ts["independent_varname"],
+        "model_arch_table": "model_arch",
+        "model_id": arch_id,
+        "compile_params": compile_text,
+        "fit_params": fit_text,
+        "num_iterations": num_iterations,
+        "validation_table": validation.name if validation is not None else None,
+        "object_table": "custom_functions",
+        "metrics_compute_frequency": metrics_compute_frequency,
+        "name": name,
+        "description": description,
+        "model_type": "dvml_keras",
+        "model_size": model_size_kb,
+        "start_training_time": start,
+        "end_training_time": end,
+        "metrics_elapsed_time": [r["elapsed_s"] for r in evaluated],
+        "version": version,
+        "num_classes": ts["num_classes"],
+        "class_values": ts["class_values"],
+        "dependent_vartype": ts["dependent_vartype"],
+        "normalizing_const": ts["normalizing_const"],
+        "metrics_type": metrics,
+        "loss_type": loss,
+        "training_metrics_final": t_metrics[-1] if t_metrics else None,
+        "training_loss_final": t_loss[-1] if t_loss else None,
+        "training_metrics": t_metrics,
+        "training_loss": t_loss,
+        "validation_metrics_final": v_metrics[-1] if validation is not None and v_metrics else None,
+        "validation_loss_final": v_loss[-1] if validation is not None and v_loss else None,
+        "validation_metrics": v_metrics if validation is not None else None,
+        "validation_loss": v_loss if validation is not None else None,
+        "metrics_iters": [r["iteration"] for r in evaluated],
+        # dvml's own fields
+        "x_shapes": ts["x_shapes"],
+        "image_size": ts.get("image_size"),
+        "channels": ts.get("channels"),
+        "training_dataset_id": ts["dataset_id"],
+        "trainers": trainers,
+        "weights_identical_on_all_trainers": weights_identical,
+        "warm_start": warm_start,
+    }
