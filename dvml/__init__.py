@@ -47,12 +47,41 @@ _MODULES: dict[str, str] = {
     "datasets": "dvml.store.datasets",
 }
 
-__all__ = sorted([*_EXPORTS, *_MODULES, "__version__"])
+__all__ = [
+    "Cluster",
+    "Dataset",
+    "DistributionRules",
+    "DvmlError",
+    "LocalCluster",
+    "Model",
+    "Registry",
+    "WorkerInfo",
+    "__version__",
+    "connect",
+    "datasets",
+    "delete_architecture",
+    "delete_model",
+    "evaluate",
+    "fit",
+    "gpu_configuration",
+    "list_architectures",
+    "list_models",
+    "load_keras_model",
+    "plot_history",
+    "predict",
+    "predict_byom",
+    "register_custom_function",
+    "show_architecture",
+    "show_model",
+    "training_preprocessor",
+    "validation_preprocessor",
+]
 
 if TYPE_CHECKING:
     from dvml.cluster import Cluster, LocalCluster, WorkerInfo, connect, gpu_configuration
     from dvml.exceptions import DvmlError
     from dvml.placement import DistributionRules
+    from dvml.preprocess.api import training_preprocessor, validation_preprocessor
     from dvml.registry import (
         Registry,
         delete_architecture,
@@ -64,12 +93,11 @@ if TYPE_CHECKING:
         show_architecture,
         show_model,
     )
+    from dvml.store import datasets
+    from dvml.store.datasets import Dataset
     from dvml.train.fit import fit
     from dvml.train.model import Model, plot_history
     from dvml.train.predict import evaluate, predict, predict_byom
-    from dvml.preprocess.api import training_preprocessor, validation_preprocessor
-    from dvml.store import datasets
-    from dvml.store.datasets import Dataset
 
 
 def __getattr__(name: str) -> Any:

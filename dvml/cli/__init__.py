@@ -20,7 +20,7 @@ from collections.abc import Sequence
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 # Add a group by adding its module here; its register(subparsers) does the rest.
-COMMAND_MODULES: tuple[str, ...] = ("dvml.cli.cluster_cmd",)
+COMMAND_MODULES: tuple[str, ...] = ("dvml.cli.cluster_cmd", "dvml.cli.demo_cmd")
 
 _EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError)
 

@@ -284,7 +284,7 @@ def _memory(row: dict[str, Any]) -> str | None:
 def _status(args: argparse.Namespace) -> int:
     import warnings
 
-    from dvml.cluster.connect import connect
+    from dvml.cluster.attach import connect
     from dvml.cluster.state import recorded_processes, same_process
 
     state: dict[str, Any] | None = None

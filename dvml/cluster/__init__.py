@@ -5,7 +5,7 @@ workers), the worker ↔ vineyard instance mapping and the GPU inventory. It lea
 :mod:`dvml.placement` and storage to :mod:`dvml.store`.
 """
 
-from dvml.cluster.connect import Cluster, connect, current_client
+from dvml.cluster.attach import Cluster, connect, current_client
 from dvml.cluster.gpu import gpu_configuration
 from dvml.cluster.local import LocalCluster
 from dvml.cluster.workers import WorkerInfo

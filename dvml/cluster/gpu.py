@@ -32,7 +32,7 @@ def gpu_configuration(client: Client | None = None) -> pd.DataFrame:
     """
     import pandas as pd
 
-    from dvml.cluster.connect import discover_workers
+    from dvml.cluster.attach import discover_workers
 
     rows: list[dict[str, Any]] = []
     for info in discover_workers(client):

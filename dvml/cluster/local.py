@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
-from dvml.cluster.connect import Cluster
+from dvml.cluster.attach import Cluster
 from dvml.cluster.daemons import start_etcd, start_vineyardd, vineyard_instance_id
 from dvml.cluster.processes import ManagedProcess, free_port, poll_for, port_is_free
 from dvml.cluster.spec import LocalWorkerSpec, check_shared_memory, parse_memory, plan_workers
@@ -129,9 +129,12 @@ class LocalCluster(Cluster):
 
         client_port, peer_port = free_port(), free_port()
         self._state.etcd = start_etcd(
-            os.path.join(self.directory, "etcd"), client_port, peer_port,
-            os.path.join(log, "etcd.log"), self._timeout,
-        )  # fmt: skip
+            os.path.join(self.directory, "etcd"),
+            client_port,
+            peer_port,
+            os.path.join(log, "etcd.log"),
+            self._timeout,
+        )
         self.etcd_endpoint = f"http://127.0.0.1:{client_port}"
         # A fresh prefix per cluster: vineyard instances never see another cluster's objects.
         prefix = f"/dvml/{uuid.uuid4().hex[:12]}"
@@ -177,9 +180,11 @@ class LocalCluster(Cluster):
         # A task pinned to a worker that is gone fails after this timeout instead of waiting.
         with dask.config.set({"distributed.scheduler.no-workers-timeout": "60s"}):
             self._state.dask = SpecCluster(
-                workers=workers, scheduler=scheduler, silence_logs=logging.WARNING,
+                workers=workers,
+                scheduler=scheduler,
+                silence_logs=logging.WARNING,
                 name="dvml-local",
-            )  # fmt: skip
+            )
 
     @property
     def etcd(self) -> ManagedProcess | None:
@@ -193,10 +198,14 @@ class LocalCluster(Cluster):
         log = os.path.join(self.directory, "logs", f"vineyardd-{spec.index}.log")
         self.vineyardds.append(
             start_vineyardd(
-                f"vineyardd of {spec.name}", self.socket_path(spec), self.vineyard_memory,
-                self.etcd_endpoint, prefix, log,
+                f"vineyardd of {spec.name}",
+                self.socket_path(spec),
+                self.vineyard_memory,
+                self.etcd_endpoint,
+                prefix,
+                log,
             )
-        )  # fmt: skip
+        )
 
     def _worker_spec(self, spec: LocalWorkerSpec, nanny_cls: Any) -> dict[str, Any]:
         env = {

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
-from dvml.cluster.connect import current_client, discover_workers
+from dvml.cluster.attach import current_client, discover_workers
 from dvml.exceptions import DataError, DatasetExistsError
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
@@ -91,12 +91,23 @@ def training_preprocessor(
         The published dataset; ``.summary`` holds MADlib's summary fields and the placement.
     """
     return _preprocess(
-        kind="training", source=source, y=y, x=x, buffer_size=buffer_size,
-        normalizing_const=normalizing_const, num_classes=num_classes,
-        distribution_rules=distribution_rules, name=name, overwrite=overwrite,
-        on_invalid=on_invalid, image_size=image_size, channels=channels, seed=seed,
-        client=client, training=None,
-    )  # fmt: skip
+        kind="training",
+        source=source,
+        y=y,
+        x=x,
+        buffer_size=buffer_size,
+        normalizing_const=normalizing_const,
+        num_classes=num_classes,
+        distribution_rules=distribution_rules,
+        name=name,
+        overwrite=overwrite,
+        on_invalid=on_invalid,
+        image_size=image_size,
+        channels=channels,
+        seed=seed,
+        client=client,
+        training=None,
+    )
 
 
 def validation_preprocessor(
@@ -128,13 +139,23 @@ def validation_preprocessor(
     s = train.summary
     image = s.get("image_size")
     return _preprocess(
-        kind="validation", source=source, y=y, x=x, buffer_size=buffer_size,
-        normalizing_const=s["normalizing_const"], num_classes=s["num_classes"],
-        distribution_rules=distribution_rules or s["distribution_rules"]["given"], name=name,
-        overwrite=overwrite, on_invalid=on_invalid,
-        image_size=tuple(image) if image else None, channels=s.get("channels") or 3,
-        seed=seed, client=client, training=train,
-    )  # fmt: skip
+        kind="validation",
+        source=source,
+        y=y,
+        x=x,
+        buffer_size=buffer_size,
+        normalizing_const=s["normalizing_const"],
+        num_classes=s["num_classes"],
+        distribution_rules=distribution_rules or s["distribution_rules"]["given"],
+        name=name,
+        overwrite=overwrite,
+        on_invalid=on_invalid,
+        image_size=tuple(image) if image else None,
+        channels=s.get("channels") or 3,
+        seed=seed,
+        client=client,
+        training=train,
+    )
 
 
 def _preprocess(
@@ -192,8 +213,9 @@ def _preprocess(
         )
     row_bytes = 4 * (sum(math.prod(s) for s in x_shapes) + n_classes)
     max_bytes = _max_buffer_bytes()
-    layout = plan_layout(rows, [t.address for t in targets], buffer_size, row_bytes, max_bytes,
-                         seed)  # fmt: skip
+    layout = plan_layout(
+        rows, [t.address for t in targets], buffer_size, row_bytes, max_bytes, seed
+    )
     by_address = {t.address: t for t in targets}
     buffer_targets = [by_address[b.worker] for b in layout.buffers]
 
@@ -232,18 +254,31 @@ def _preprocess(
         "normalizing_const": float(normalizing_const),
     }
     result = pack_and_publish(
-        client, prepared, layout.counts, buffer_targets, split_args, seed, name, "dataset",
-        summary, overwrite,
-    )  # fmt: skip
+        client,
+        prepared,
+        layout.counts,
+        buffer_targets,
+        split_args,
+        seed,
+        name,
+        "dataset",
+        summary,
+        overwrite,
+    )
     client.cancel(prepared)
     return Dataset(
-        name=name, id=result["id"], kind="dataset", summary=result["summary"],
-        layout=result["layout"], global_tensors=result["global_tensors"],
-    )  # fmt: skip
+        name=name,
+        id=result["id"],
+        kind="dataset",
+        summary=result["summary"],
+        layout=result["layout"],
+        global_tensors=result["global_tensors"],
+    )
 
 
-def _check_arguments(name: Any, buffer_size: Any, normalizing_const: Any, num_classes: Any,
-                     channels: Any) -> str:  # fmt: skip
+def _check_arguments(
+    name: Any, buffer_size: Any, normalizing_const: Any, num_classes: Any, channels: Any
+) -> str:
     if not isinstance(name, str) or not name or name.startswith("__"):
         raise ValueError(
             f"name must be a non-empty string not starting with '__'. Received: name={name!r}."
@@ -286,8 +321,9 @@ def _common_shapes(stats: list[dict[str, Any]], x_names: list[list[str]]) -> lis
     return shapes
 
 
-def _check_like_training(training: Dataset, labels: list[Any], x_shapes: list[list[int]],
-                         class_values: list[Any]) -> None:  # fmt: skip
+def _check_like_training(
+    training: Dataset, labels: list[Any], x_shapes: list[list[int]], class_values: list[Any]
+) -> None:
     unseen = sorted({v for v in labels if v not in class_values}, key=repr)
     if unseen:
         raise DataError(

@@ -61,12 +61,20 @@ def pack_and_publish(
         fields = {k: {"shape": _total_shape(buffers, k)} for k in buffers[0]["fields"]}
         layout = {"fields": fields, "buffers": buffers}
         summary = {**summary, **_placement_summary(buffers)}
-        staging = [n for n, _, _ in run_on(client, buffer_targets[0], catalog.staging_objects,
-                                           run_id)]  # fmt: skip
+        staging = [
+            n for n, _, _ in run_on(client, buffer_targets[0], catalog.staging_objects, run_id)
+        ]
         published = run_on(
-            client, buffer_targets[0], catalog.publish, name, kind, summary, layout, overwrite,
+            client,
+            buffer_targets[0],
+            catalog.publish,
+            name,
+            kind,
+            summary,
+            layout,
+            overwrite,
             staging,
-        )  # fmt: skip
+        )
     except BaseException:
         _cleanup_run(client, run_id, keep=None)
         raise
@@ -89,25 +97,42 @@ def _pack(
 ) -> list[dict[str, Any]]:
     n_parts, n_buffers = counts.shape
     splits = [
-        client.submit(tasks.split_part, prepared[p], counts[p].tolist(), seed + 7919 * (p + 1),
-                      pure=False, **split_args)
+        client.submit(
+            tasks.split_part,
+            prepared[p],
+            counts[p].tolist(),
+            seed + 7919 * (p + 1),
+            pure=False,
+            **split_args,
+        )
         for p in range(n_parts)
-    ]  # fmt: skip
+    ]
     pieces: list[list[Future]] = [
-        [client.submit(tasks.take_piece, splits[p], b, pure=False)
-         for p in range(n_parts) if counts[p, b] > 0]
+        [
+            client.submit(tasks.take_piece, splits[p], b, pure=False)
+            for p in range(n_parts)
+            if counts[p, b] > 0
+        ]
         for b in range(n_buffers)
-    ]  # fmt: skip
+    ]
     return _run_packs(client, pieces, buffer_targets, seed, run_id)
 
 
-def _submit_pack(client: Client, b: int, worker: str, pieces: list[Future], seed: int,
-                 run_id: str) -> Future:  # fmt: skip
+def _submit_pack(
+    client: Client, b: int, worker: str, pieces: list[Future], seed: int, run_id: str
+) -> Future:
     staging = f"{STAGING_PREFIX}{run_id}/{b}/{uuid.uuid4().hex[:8]}"
     return client.submit(
-        tasks.pack_buffer, b, seed, staging, *pieces,
-        workers=[worker], allow_other_workers=False, pure=False, retries=0,
-    )  # fmt: skip
+        tasks.pack_buffer,
+        b,
+        seed,
+        staging,
+        *pieces,
+        workers=[worker],
+        allow_other_workers=False,
+        pure=False,
+        retries=0,
+    )
 
 
 def _run_packs(
@@ -133,7 +158,9 @@ def _run_packs(
     attempts = dict.fromkeys(futures, 1)
     results: dict[int, dict[str, Any]] = {}
     while len(results) < len(futures):
-        wait(list(futures.values()), timeout=1, return_when="FIRST_COMPLETED")
+        # distributed.wait looks up the default client; ours may not be the default one.
+        with client.as_current():
+            wait(list(futures.values()), timeout=1, return_when="FIRST_COMPLETED")
         live = _live_workers(client)
         for b, fut in futures.items():
             if b in results:
@@ -144,7 +171,7 @@ def _run_packs(
             if fut.status == "pending" and addresses[b] in live.values():
                 continue
             error = fut.exception() if fut.status == "error" else None
-            if fut.status == "error" and addresses[b] in live.values():
+            if error is not None and addresses[b] in live.values():
                 raise error  # a real failure (bad data, no room): not a lost worker
             # The target worker is gone: wait for its restart under the same name.
             name = buffer_targets[b].name
@@ -230,8 +257,14 @@ def _placement_summary(buffers: list[dict[str, Any]]) -> dict[str, Any]:
         "rows_per_worker": rows,
         "bytes_per_worker": nbytes,
         "buffers": [
-            {"buffer": b["index"], "worker": b["worker"], "worker_name": b["worker_name"],
-             "host": b["host"], "vineyard_instance_id": b["instance_id"], "rows": b["rows"]}
+            {
+                "buffer": b["index"],
+                "worker": b["worker"],
+                "worker_name": b["worker_name"],
+                "host": b["host"],
+                "vineyard_instance_id": b["instance_id"],
+                "rows": b["rows"],
+            }
             for b in buffers
         ],
-    }  # fmt: skip
+    }

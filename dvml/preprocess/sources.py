@@ -145,8 +145,9 @@ def _read_table(path: str) -> Any:
     )
 
 
-def _arrays(source: dict[str, Any], y: str | None, x: Any, on_invalid: str,
-            desc: str) -> SourceParts:  # fmt: skip
+def _arrays(
+    source: dict[str, Any], y: str | None, x: Any, on_invalid: str, desc: str
+) -> SourceParts:
     import dask.array as da
     from dask import delayed
 
@@ -178,8 +179,9 @@ def _arrays(source: dict[str, Any], y: str | None, x: Any, on_invalid: str,
     return SourceParts(parts, groups, y, desc)
 
 
-def _image_folder(path: str, image_size: tuple[int, int] | None, channels: int,
-                  desc: str) -> SourceParts:  # fmt: skip
+def _image_folder(
+    path: str, image_size: tuple[int, int] | None, channels: int, desc: str
+) -> SourceParts:
     from dask import delayed
 
     from dvml.preprocess.images import list_image_folder
@@ -196,8 +198,9 @@ def _image_folder(path: str, image_size: tuple[int, int] | None, channels: int,
     return SourceParts(parts, [["image"]], "label", desc, tuple(size))
 
 
-def _tar_shards(pattern: str, image_size: tuple[int, int] | None, channels: int,
-                desc: str) -> SourceParts:  # fmt: skip
+def _tar_shards(
+    pattern: str, image_size: tuple[int, int] | None, channels: int, desc: str
+) -> SourceParts:
     from dask import delayed
 
     from dvml.preprocess.shards import expand_braces

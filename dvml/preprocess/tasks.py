@@ -27,8 +27,9 @@ __all__ = [
 ]
 
 
-def _finish(xs: list[np.ndarray], labels: np.ndarray, masks: dict[str, np.ndarray],
-            on_invalid: str) -> dict[str, Any]:  # fmt: skip
+def _finish(
+    xs: list[np.ndarray], labels: np.ndarray, masks: dict[str, np.ndarray], on_invalid: str
+) -> dict[str, Any]:
     invalid = {col: int((~m).sum()) for col, m in masks.items() if (~m).any()}
     keep = np.ones(len(labels), dtype=bool)
     for m in masks.values():
@@ -75,8 +76,9 @@ def prepare_table(
     return _finish(xs, labels, masks, on_invalid)
 
 
-def prepare_arrays(xs: Sequence[np.ndarray], labels: np.ndarray, x_names: Sequence[str],
-                   y: str, on_invalid: str) -> dict[str, Any]:  # fmt: skip
+def prepare_arrays(
+    xs: Sequence[np.ndarray], labels: np.ndarray, x_names: Sequence[str], y: str, on_invalid: str
+) -> dict[str, Any]:
     """Prepare one block of array sources (dask or numpy arrays aligned on axis 0)."""
     from dvml.exceptions import DataError
     from dvml.preprocess.encode import check_finite
@@ -97,8 +99,9 @@ def prepare_arrays(xs: Sequence[np.ndarray], labels: np.ndarray, x_names: Sequen
     return _finish(arrays, labels, masks, on_invalid)
 
 
-def prepare_image_files(paths: Sequence[str], labels: Sequence[str], size: tuple[int, int],
-                        channels: int) -> dict[str, Any]:  # fmt: skip
+def prepare_image_files(
+    paths: Sequence[str], labels: Sequence[str], size: tuple[int, int], channels: int
+) -> dict[str, Any]:
     """Decode and resize a chunk of image files (runs on a worker)."""
     from dvml.preprocess.images import decode_image
 
@@ -134,9 +137,14 @@ def part_stats(part: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def split_part(part: dict[str, Any], counts_row: Sequence[int], seed: int,
-               class_values: list[Any], num_classes: int,
-               normalizing_const: float) -> list[dict[str, np.ndarray] | None]:  # fmt: skip
+def split_part(
+    part: dict[str, Any],
+    counts_row: Sequence[int],
+    seed: int,
+    class_values: list[Any],
+    num_classes: int,
+    normalizing_const: float,
+) -> list[dict[str, np.ndarray] | None]:
     """Normalize and one-hot encode a part, then cut it into one piece per buffer."""
     from dvml.placement.planner import split_partition
     from dvml.preprocess.encode import normalize, one_hot

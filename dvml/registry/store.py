@@ -59,7 +59,14 @@ def _create_engine(url: sa.URL) -> sa.Engine:
     database = url.database
     if database and database != ":memory:" and not database.startswith("file:"):
         path = pathlib.Path(database).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RegistryError(
+                f"Cannot create the directory of the registry file: {exc}. Received: "
+                f"url={url.render_as_string(hide_password=True)!r}. Pass a URL whose directory "
+                "can be created, or set dvml.registry.url."
+            ) from None
         url = url.set(database=str(path))
     engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
     sa.event.listen(engine, "connect", _sqlite_on_connect)
@@ -500,44 +507,18 @@ class Registry:
                     f"custom function named {name!r}", f"name={name!r}", "list_custom_functions"
                 )
 
-    def custom_function_sources(self, names: Iterable[str]) -> dict[str, str]:
-        """The stored source text of custom functions, by name (for trainer processes).
+    def custom_function_sources(self, names: str | Iterable[str]) -> dict[str, str]:
+        """The stored source of each named custom function, checked again but not run.
+
+        For processes that compile the functions elsewhere (trainers) with
+        :func:`dvml.registry.custom.compile_function`.
 
         Raises
         ------
         RegistryNotFoundError
             Naming every requested function that does not exist.
-        """
-        wanted = list(names)
-        for name in wanted:
-            custom.check_name(name)
-        if not wanted:
-            return {}
-        t = custom_functions
-        with self._transaction() as conn:
-            query = sa.select(t.c.name, t.c.source).where(t.c.name.in_(wanted))
-            sources = {row.name: row.source for row in conn.execute(query)}
-        missing = [name for name in wanted if name not in sources]
-        if missing:
-            raise self._not_found(
-                f"custom function named {', '.join(map(repr, missing))}",
-                f"names={wanted!r}",
-                "list_custom_functions",
-            )
-        return sources
-
-    def load_custom_objects(self, names: str | Iterable[str]) -> dict[str, Callable[..., Any]]:
-        """Compile stored custom functions, for ``custom_objects=`` and ``model.compile``.
-
-        Each source runs with :func:`exec` in a fresh namespace holding ``tf`` (TensorFlow,
-        imported here with ``TF_USE_LEGACY_KERAS=1``) and ``np``. This runs code that a
-        registry user registered on purpose: the trust boundary is who may write to the
-        registry. Weights, in contrast, are data and never run anything.
-
-        Raises
-        ------
-        RegistryNotFoundError
-            Naming every requested function that does not exist.
+        ValueError
+            When a stored source no longer passes the checks (it was edited in the database).
         """
         wanted = [names] if isinstance(names, str) else list(names)
         for name in wanted:
@@ -555,5 +536,27 @@ class Registry:
                 f"names={wanted!r}",
                 "list_custom_functions",
             )
+        for name in wanted:
+            custom.check_source(name, sources[name])
+        return {name: sources[name] for name in wanted}
+
+    def load_custom_objects(self, names: str | Iterable[str]) -> dict[str, Callable[..., Any]]:
+        """Compile stored custom functions, for ``custom_objects=`` and ``model.compile``.
+
+        Each source runs with :func:`exec` in a fresh namespace holding ``tf`` (TensorFlow,
+        imported here with ``TF_USE_LEGACY_KERAS=1``) and ``np``. This runs code that a
+        registry user registered on purpose: the trust boundary is who may write to the
+        registry. Weights, in contrast, are data and never run anything.
+
+        Raises
+        ------
+        RegistryNotFoundError
+            Naming every requested function that does not exist.
+        """
+        sources = self.custom_function_sources(names)
+        if not sources:
+            return {}
         namespace = {"tf": _tensorflow(), "np": np}
-        return {name: custom.compile_function(name, sources[name], namespace) for name in wanted}
+        return {
+            name: custom.compile_function(name, src, namespace) for name, src in sources.items()
+        }

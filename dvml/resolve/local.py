@@ -107,9 +107,13 @@ def open_local(name: str, require: bool = True, socket: str | None = None) -> Lo
                     raise TrainingError(f"Buffer {buf['index']} of {name!r} is not local.")
                 fields[field].append(ipc.get(oid))
         return LocalPartitions(
-            name=name, summary=summary, instance_id=me,
-            buffer_indices=[b["index"] for b in local], fields=fields, _client=client,
-        )  # fmt: skip
+            name=name,
+            summary=summary,
+            instance_id=me,
+            buffer_indices=[b["index"] for b in local],
+            fields=fields,
+            _client=client,
+        )
     except BaseException:
         client.close()
         raise

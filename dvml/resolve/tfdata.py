@@ -21,8 +21,9 @@ def _signature(parts: LocalPartitions) -> tuple[Any, Any]:
     import tensorflow as tf
 
     def spec(field: str) -> Any:
-        shape = tuple(parts.summary["y_shape"] if field == "y" else
-                      parts.summary["x_shapes"][int(field[2:])])  # fmt: skip
+        shape = tuple(
+            parts.summary["y_shape"] if field == "y" else parts.summary["x_shapes"][int(field[2:])]
+        )
         return tf.TensorSpec(shape=(None, *shape), dtype=tf.float32)
 
     xs = tuple(spec(f) for f in parts.x_fields)
@@ -43,8 +44,9 @@ def _no_autoshard(dataset: Any) -> Any:
     return dataset.with_options(options)
 
 
-def training_dataset(parts: LocalPartitions, batch_size: int, steps: int, seed: int,
-                     shuffle: bool = True) -> Any:  # fmt: skip
+def training_dataset(
+    parts: LocalPartitions, batch_size: int, steps: int, seed: int, shuffle: bool = True
+) -> Any:
     """An endless dataset of ``steps`` batches per epoch, reshuffled by index every epoch."""
     import tensorflow as tf
 

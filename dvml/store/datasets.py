@@ -10,7 +10,7 @@ import builtins
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from dvml.cluster.connect import current_client, discover_workers
+from dvml.cluster.attach import current_client, discover_workers
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ClusterError
 from dvml.store import catalog
@@ -146,7 +146,7 @@ def exists(name: str, client: Client | None = None) -> bool:
     return run_on(current_client(client), None, catalog.find_record, name) is not None
 
 
-def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:  # noqa: A001
+def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:
     """Every dataset (and feature cache): name, kind, rows, buffers, workers, bytes."""
     import pandas as pd
 
@@ -167,8 +167,9 @@ def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:
                 "created": ds.summary.get("created_at"),
             }
         )
-    return pd.DataFrame(rows, columns=["name", "kind", "rows", "buffers", "workers", "nbytes",
-                                       "created"])  # fmt: skip
+    return pd.DataFrame(
+        rows, columns=["name", "kind", "rows", "buffers", "workers", "nbytes", "created"]
+    )
 
 
 def drop(name: str, client: Client | None = None) -> None:
@@ -179,7 +180,9 @@ def drop(name: str, client: Client | None = None) -> None:
     run_on(client, None, catalog.drop_metadata, record, True)
 
 
-def delete_layout(client: Client, layout: dict[str, Any], names: dict[int, Any] | None = None) -> int:
+def delete_layout(
+    client: Client, layout: dict[str, Any], names: dict[int, Any] | None = None
+) -> int:
     """Delete the tensors of a layout on the workers that own them; return how many."""
     by_instance: dict[int, builtins.list[int]] = {}
     for b in layout["buffers"]:
@@ -204,8 +207,12 @@ def delete_by_instance(
             continue
         futures.append(
             client.submit(
-                delete_objects, ids_by_instance.get(iid, []), names_by_instance.get(iid, []),
-                workers=[workers[iid].address], allow_other_workers=False, pure=False,
+                delete_objects,
+                ids_by_instance.get(iid, []),
+                names_by_instance.get(iid, []),
+                workers=[workers[iid].address],
+                allow_other_workers=False,
+                pure=False,
             )
-        )  # fmt: skip
+        )
     return int(sum(client.gather(futures)))

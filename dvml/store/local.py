@@ -96,7 +96,7 @@ def put_arrays(
         When the daemon lacks room: names the worker, the bytes needed and free. Objects put
         by this call before the failure are deleted.
     """
-    from vineyard._C import NotEnoughMemoryException
+    from vineyard._C import NotEnoughMemoryException  # type: ignore[attr-defined]
     from vineyard.core.builder import put as builder_put
 
     own = client is None

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
-from dvml.cluster.connect import current_client
+from dvml.cluster.attach import current_client
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import (
     ModelMismatchError,
@@ -79,9 +79,11 @@ def _check_validation(train: Dataset, valid: Dataset, workers: list[WorkerInfo])
             f"{origin['name']!r}, not for {train.name!r} (or {train.name!r} was replaced since). "
             f"Run dvml.validation_preprocessor(..., training={train.name!r}) again."
         )
-    same = (valid.summary["class_values"] == train.summary["class_values"]
-            and valid.summary["normalizing_const"] == train.summary["normalizing_const"]
-            and valid.summary["x_shapes"] == train.summary["x_shapes"])  # fmt: skip
+    same = (
+        valid.summary["class_values"] == train.summary["class_values"]
+        and valid.summary["normalizing_const"] == train.summary["normalizing_const"]
+        and valid.summary["x_shapes"] == train.summary["x_shapes"]
+    )
     if not same:
         raise ModelMismatchError(
             f"Validation set {valid.name!r} differs from training set {train.name!r} in class "
@@ -89,8 +91,13 @@ def _check_validation(train: Dataset, valid: Dataset, workers: list[WorkerInfo])
             f"..., training={train.name!r})."
         )
     trainer_instances = {w.vineyard_instance_id for w in workers}
-    elsewhere = sorted({b["worker_name"] for b in valid.layout["buffers"]
-                        if b["instance_id"] not in trainer_instances})  # fmt: skip
+    elsewhere = sorted(
+        {
+            b["worker_name"]
+            for b in valid.layout["buffers"]
+            if b["instance_id"] not in trainer_instances
+        }
+    )
     if elsewhere:
         raise PlacementError(
             f"Validation set {valid.name!r} has buffers on {elsewhere}, where no trainer runs "
@@ -213,11 +220,21 @@ def fit(
     seed = int(config.get("preprocess.seed", seed))
     timeout = float(config.get("train.trainer-timeout", timeout))
 
-    key = _job_key(train.summary["dataset_id"], valid.summary["dataset_id"] if valid else None,
-                   arch_id, compile_parsed, fit_parsed, num_iterations, freq, seed, warm_start,
-                   len(workers))  # fmt: skip
+    key = _job_key(
+        train.summary["dataset_id"],
+        valid.summary["dataset_id"] if valid else None,
+        arch_id,
+        compile_parsed,
+        fit_parsed,
+        num_iterations,
+        freq,
+        seed,
+        warm_start,
+        len(workers),
+    )
     ckpt_dir = str(config.state_dir() / "checkpoints" / f"{model}-{key}")
-    start_iteration, history = 1, []
+    start_iteration, history = 1, list[dict[str, Any]]()
+    weights_blob: bytes | None = None
     if resume:
         resumed = _find_checkpoint(client, workers, ckpt_dir, key)
         if resumed is not None:
@@ -228,34 +245,60 @@ def fit(
     if start_iteration == 1:
         weights_blob = weights_to_bytes(weights) if weights is not None else None
 
-    addresses = [client.submit(launch.reserve_port, workers=[w.address],
-                               allow_other_workers=False, pure=False) for w in workers]  # fmt: skip
+    addresses = [
+        client.submit(
+            launch.reserve_port, workers=[w.address], allow_other_workers=False, pure=False
+        )
+        for w in workers
+    ]
     endpoints = [f"{h}:{p}" for h, p in client.gather(addresses)]
     job_id = uuid.uuid4().hex[:12]
     topic, abort_name = f"dvml-fit-{job_id}", f"dvml-fit-abort-{job_id}"
     base_job = {
-        "job_key": key, "model_json": arch["model_json"], "compile_params": compile_parsed,
-        "fit_params": fit_parsed, "num_iterations": num_iterations,
-        "start_iteration": start_iteration, "history": history,
-        "metrics_compute_frequency": freq, "training": train.name,
-        "validation": valid.name if valid else None, "per_worker_batch": per_worker,
-        "steps_per_epoch": steps, "seed": seed, "custom_objects": custom_sources,
-        "checkpoint_dir": ckpt_dir, "tensorboard_dir": tensorboard_dir, "use_gpus": use_gpus,
+        "job_key": key,
+        "model_json": arch["model_json"],
+        "compile_params": compile_parsed,
+        "fit_params": fit_parsed,
+        "num_iterations": num_iterations,
+        "start_iteration": start_iteration,
+        "history": history,
+        "metrics_compute_frequency": freq,
+        "training": train.name,
+        "validation": valid.name if valid else None,
+        "per_worker_batch": per_worker,
+        "steps_per_epoch": steps,
+        "seed": seed,
+        "custom_objects": custom_sources,
+        "checkpoint_dir": ckpt_dir,
+        "tensorboard_dir": tensorboard_dir,
+        "use_gpus": use_gpus,
         "peer_timeout": config.get("train.peer-timeout"),
-    }  # fmt: skip
+    }
     collector = _Progress(len(workers), model, num_iterations, on_iteration, progress)
     client.subscribe_topic(topic, collector)
     abort = Event(abort_name, client=client)
     start = _now()
     futures = []
     for i, w in enumerate(workers):
-        job = {**base_job,
-               "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}}}  # fmt: skip
-        futures.append(client.submit(
-            launch.run_trainer, job, weights_blob, topic, abort_name, timeout,
-            workers=[w.address], allow_other_workers=False, pure=False, retries=0,
-            key=f"dvml-trainer-{job_id}-{w.name}",
-        ))  # fmt: skip
+        job = {
+            **base_job,
+            "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
+        }
+        futures.append(
+            client.submit(
+                launch.run_trainer,
+                job,
+                weights_blob,
+                topic,
+                abort_name,
+                timeout,
+                workers=[w.address],
+                allow_other_workers=False,
+                pure=False,
+                retries=0,
+                key=f"dvml-trainer-{job_id}-{w.name}",
+            )
+        )
     try:
         results = _wait_trainers(client, futures, workers, abort)
     finally:
@@ -272,26 +315,58 @@ def fit(
     from dvml.registry.weights import weights_from_bytes
 
     summary = build_summary(
-        training=train, validation=valid, model=model, arch_id=arch_id,
-        compile_params=compile_parsed, fit_params=fit_parsed,
-        compile_text=format_params(compile_parsed), fit_text=format_params(fit_parsed),
-        num_iterations=num_iterations, metrics_compute_frequency=freq, name=name,
-        description=description, start=start, end=end, iterations=iterations,
-        model_size_kb=len(final_blob) / 1024, trainers=[w.name for w in workers],
-        weights_identical=len(shas) == 1, warm_start=warm_start, version=_version(),
-    )  # fmt: skip
+        training=train,
+        validation=valid,
+        model=model,
+        arch_id=arch_id,
+        compile_params=compile_parsed,
+        fit_params=fit_parsed,
+        compile_text=format_params(compile_parsed),
+        fit_text=format_params(fit_parsed),
+        num_iterations=num_iterations,
+        metrics_compute_frequency=freq,
+        name=name,
+        description=description,
+        start=start,
+        end=end,
+        iterations=iterations,
+        model_size_kb=len(final_blob) / 1024,
+        trainers=[w.name for w in workers],
+        weights_identical=len(shas) == 1,
+        warm_start=warm_start,
+        version=_version(),
+    )
     summary["custom_objects"] = sorted(custom_sources)
-    reg.save_model(model, arch_id, weights_from_bytes(final_blob), summary, iterations,
-                   replace=True)  # fmt: skip
-    client.gather([client.submit(launch.clear_checkpoint, ckpt_dir, workers=[w.address],
-                                 pure=False) for w in workers])  # fmt: skip
+    summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None
+    # What each trainer read: its vineyard instance and the buffers it resolved locally.
+    summary["trainer_partitions"] = {
+        r["worker"]: {
+            "instance_id": r["resolved"].get("instance_id"),
+            "buffers": r["resolved"].get("buffers"),
+            "rows": r["local_rows"],
+        }
+        for r in results
+    }
+    reg.save_model(
+        model, arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
+    )
+    client.gather(
+        [
+            client.submit(launch.clear_checkpoint, ckpt_dir, workers=[w.address], pure=False)
+            for w in workers
+        ]
+    )
     return Model(model, reg)
 
 
 def _check_fit_args(model: Any, num_iterations: Any, freq: Any) -> None:
     if not isinstance(model, str) or not model:
         raise ValueError(f"model must be a non-empty name. Received: model={model!r}.")
-    if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or num_iterations < 1:
+    if (
+        isinstance(num_iterations, bool)
+        or not isinstance(num_iterations, int)
+        or num_iterations < 1
+    ):
         raise ValueError(f"num_iterations must be a positive int. Received: {num_iterations!r}.")
     if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
         raise ValueError(
@@ -308,28 +383,47 @@ def _warm_start_weights(reg: Registry, model: str, arch_id: int) -> Any:
             "with warm_start=False, or check the name with dvml.list_models()."
         ) from None
     if existing["arch_id"] != arch_id:
-        old = reg.get_architecture(existing["arch_id"]) if existing["arch_id"] else {}
-        new = reg.get_architecture(arch_id)
-        if (old.get("input_shapes"), old.get("output_shape")) != (
-            new.get("input_shapes"), new.get("output_shape"),
-        ):  # fmt: skip
+        # Same input/output shapes are not enough: every weight must fit its variable.
+        expected = weight_shapes(reg.get_architecture(arch_id)["model_json"])
+        found = [list(w.shape) for w in existing["weights"]]
+        if expected != found:
             raise ModelMismatchError(
-                f"warm_start=True but model {model!r} was trained with architecture "
-                f"{existing['arch_id']} (inputs {old.get('input_shapes')}, output "
-                f"{old.get('output_shape')}), whose shapes differ from architecture {arch_id}'s "
-                f"({new.get('input_shapes')}, {new.get('output_shape')})."
+                f"warm_start=True but the weights of model {model!r} (architecture "
+                f"{existing['arch_id']}) do not fit architecture {arch_id}. Received weight "
+                f"shapes {found}, expected {expected}. Warm-start with the model's own "
+                "architecture, or train from scratch."
             )
     return existing["weights"]
 
 
-def _find_checkpoint(client: Client, workers: list[WorkerInfo], directory: str,
-                     key: str) -> tuple[int, bytes, list[dict[str, Any]]] | None:  # fmt: skip
+def weight_shapes(model_json: str) -> list[list[int]]:
+    """Shapes of a Keras model's weights, built from its JSON (loads TensorFlow)."""
+    import os
+
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as keras
+
+    model = keras.models.model_from_json(model_json)
+    return [list(w.shape) for w in model.get_weights()]
+
+
+def _find_checkpoint(
+    client: Client, workers: list[WorkerInfo], directory: str, key: str
+) -> tuple[int, bytes, list[dict[str, Any]]] | None:
     """The last iteration every trainer checkpointed for this job, with its weights."""
-    states = client.gather([
-        client.submit(launch.checkpoint_state, directory, w.name, workers=[w.address],
-                      allow_other_workers=False, pure=False)
-        for w in workers
-    ])  # fmt: skip
+    states = client.gather(
+        [
+            client.submit(
+                launch.checkpoint_state,
+                directory,
+                w.name,
+                workers=[w.address],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for w in workers
+        ]
+    )
     if any(s is None or s.get("job_id") != key for s in states):
         return None
     done = min(s["iteration"] for s in states)
@@ -338,35 +432,53 @@ def _find_checkpoint(client: Client, workers: list[WorkerInfo], directory: str,
     return done + 1, state["weights"], history
 
 
-def _wait_trainers(client: Client, futures: list[Any], workers: list[WorkerInfo],
-                   abort: Any) -> list[dict[str, Any]]:  # fmt: skip
-    """Wait for every trainer; on the first failure, stop the others and raise."""
+def _wait_trainers(
+    client: Client, futures: list[Any], workers: list[WorkerInfo], abort: Any
+) -> list[dict[str, Any]]:
+    """Wait for every trainer; on the first failure (or an interrupt here) stop them all."""
     from distributed import as_completed
 
-    for future in as_completed(futures):
-        if future.status == "error":
-            abort.set()
-            worker = workers[futures.index(future)].name
-            exc = future.exception()
-            for other in futures:  # the others stop within a few seconds of the abort event
-                try:
-                    other.result(timeout=120)
-                except Exception:
-                    pass
-            if isinstance(exc, TrainerFailedError):
-                raise exc
-            raise TrainerFailedError(
-                f"The trainer on worker {worker} failed: {type(exc).__name__}: {exc}. If the "
-                "worker died, run fit again: it resumes from the last completed iteration."
-            ) from exc
-    return [f.result() for f in futures]
+    try:
+        for future in as_completed(futures, loop=client.loop):
+            if future.status == "error":
+                worker = workers[futures.index(future)].name
+                exc = future.exception()
+                if isinstance(exc, TrainerFailedError):
+                    raise exc
+                raise TrainerFailedError(
+                    f"The trainer on worker {worker} failed: {type(exc).__name__}: {exc}. If "
+                    "the worker died, run fit again: it resumes from the last completed "
+                    "iteration."
+                ) from exc
+        return [f.result() for f in futures]
+    except BaseException:
+        # The others would block in collectives until the peer timeout: stop them now. Each
+        # launcher polls the abort event and kills its trainer process within a second.
+        abort.set()
+        _settle(futures, timeout=120)
+        raise
+
+
+def _settle(futures: list[Any], timeout: float) -> None:
+    """Wait (bounded) until every future is done, ignoring its outcome."""
+    for future in futures:
+        try:
+            future.result(timeout=timeout)
+        except BaseException:
+            pass
 
 
 class _Progress:
     """Collects trainers' progress events; reports each iteration once all trainers sent it."""
 
-    def __init__(self, n_trainers: int, model: str, total: int,
-                 callback: Callable[[dict[str, Any]], None] | None, echo: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        n_trainers: int,
+        model: str,
+        total: int,
+        callback: Callable[[dict[str, Any]], None] | None,
+        echo: bool,
+    ) -> None:
         self.n, self.model, self.total = n_trainers, model, total
         self.callback, self.echo = callback, echo
         self.pending: dict[int, list[dict[str, Any]]] = {}
@@ -386,10 +498,13 @@ class _Progress:
             extra = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
             if record.get("validation_loss") is not None:
                 extra += f" val_loss={record['validation_loss']:.4f}"
-                extra += "".join(f" val_{k}={v:.4f}"
-                                 for k, v in (record.get("validation_metrics") or {}).items())  # fmt: skip
-            line = (f"[dvml.fit {self.model}] iteration {record['iteration']}/{self.total} "
-                    f"loss={record['fit_loss']:.4f} {extra} ({record['elapsed_s']:.1f}s)")  # fmt: skip
+                extra += "".join(
+                    f" val_{k}={v:.4f}" for k, v in (record.get("validation_metrics") or {}).items()
+                )
+            line = (
+                f"[dvml.fit {self.model}] iteration {record['iteration']}/{self.total} "
+                f"loss={record['fit_loss']:.4f} {extra} ({record['elapsed_s']:.1f}s)"
+            )
             logger.info(line)
             print(line, flush=True)
         if self.callback is not None:

@@ -56,15 +56,15 @@ def evaluate_local(dataset: str, spec: dict[str, Any], batch_size: int) -> dict[
         if parts.rows == 0:
             return {"rows": 0, "values": {}}
         model = model_for(spec)
-        result = model.evaluate(evaluation_dataset(parts, batch_size), verbose=0,
-                                return_dict=True)  # fmt: skip
+        result = model.evaluate(evaluation_dataset(parts, batch_size), verbose=0, return_dict=True)
         return {"rows": parts.rows, "values": {k: float(v) for k, v in result.items()}}
     finally:
         parts.close()
 
 
-def format_predictions(ids: np.ndarray, probs: np.ndarray, class_values: list[Any],
-                       class_name: str, pred_type: Any) -> Any:  # fmt: skip
+def format_predictions(
+    ids: np.ndarray, probs: np.ndarray, class_values: list[Any], class_name: str, pred_type: Any
+) -> Any:
     """MADlib's prediction table: id, class_name, class_value, prob, rank.
 
     ``pred_type``: ``"response"`` (the top class), ``"prob"`` (every class), an int k (the top
@@ -94,15 +94,28 @@ def format_predictions(ids: np.ndarray, probs: np.ndarray, class_values: list[An
             rows_value.append(values[c])
             rows_prob.append(p)
             rows_rank.append(rank + 1)
-    return pd.DataFrame({
-        "id": rows_id, "class_name": class_name, "class_value": rows_value,
-        "prob": np.asarray(rows_prob, dtype="float64"), "rank": np.asarray(rows_rank, dtype="int64"),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "id": rows_id,
+            "class_name": class_name,
+            "class_value": rows_value,
+            "prob": np.asarray(rows_prob, dtype="float64"),
+            "rank": np.asarray(rows_rank, dtype="int64"),
+        }
+    )
 
 
-def predict_partition(frame: Any, spec: dict[str, Any], x_groups: list[list[str]], id_col: str,
-                      normalizing_const: float, class_values: list[Any], class_name: str,
-                      pred_type: Any, batch_size: int = 256) -> Any:  # fmt: skip
+def predict_partition(
+    frame: Any,
+    spec: dict[str, Any],
+    x_groups: list[list[str]],
+    id_col: str,
+    normalizing_const: float,
+    class_values: list[Any],
+    class_name: str,
+    pred_type: Any,
+    batch_size: int = 256,
+) -> Any:
     """Predict one raw (unpacked) partition with the training normalization applied."""
     from dvml.exceptions import DataError
     from dvml.preprocess.encode import normalize, x_to_array
@@ -110,10 +123,16 @@ def predict_partition(frame: Any, spec: dict[str, Any], x_groups: list[list[str]
     if id_col not in frame.columns:
         raise DataError(f"The id column {id_col!r} is missing. Available: {list(frame.columns)}.")
     if len(frame) == 0:
-        return format_predictions(np.array([]), np.zeros((0, max(1, len(class_values)))),
-                                  class_values, class_name, pred_type)  # fmt: skip
+        return format_predictions(
+            np.array([]),
+            np.zeros((0, max(1, len(class_values)))),
+            class_values,
+            class_name,
+            pred_type,
+        )
     xs = [normalize(x_to_array(frame, group), normalizing_const) for group in x_groups]
     model = model_for(spec)
     probs = model.predict(xs[0] if len(xs) == 1 else xs, batch_size=batch_size, verbose=0)
-    return format_predictions(frame[id_col].to_numpy(), np.asarray(probs), class_values,
-                              class_name, pred_type)  # fmt: skip
+    return format_predictions(
+        frame[id_col].to_numpy(), np.asarray(probs), class_values, class_name, pred_type
+    )

@@ -99,11 +99,11 @@ def run_trainer(
     job["output_weights_path"] = os.path.join(workdir, "weights.npz")
     if weights is not None:
         job["weights_path"] = os.path.join(workdir, "initial.npz")
-        with open(job["weights_path"], "wb") as f:
-            f.write(weights)
+        with open(job["weights_path"], "wb") as initial:
+            initial.write(weights)
     job_path = os.path.join(workdir, "job.json")
-    with open(job_path, "w") as f:
-        json.dump(job, f)
+    with open(job_path, "w") as job_file:
+        json.dump(job, job_file)
 
     env = dict(os.environ)
     env["TF_CONFIG"] = json.dumps(job["tf_config"])
@@ -113,15 +113,21 @@ def run_trainer(
         env["CUDA_VISIBLE_DEVICES"] = "-1"  # hide GPUs: TF must not take their memory
 
     records: list[dict[str, Any]] = []
+    resolved: dict[str, Any] = {}
     done: dict[str, Any] = {}
     error: dict[str, Any] = {}
     tail: deque[str] = deque(maxlen=30)
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "dvml.train.trainer", job_path],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=env, text=True, start_new_session=True, cwd=workdir,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        text=True,
+        start_new_session=True,
+        cwd=workdir,
+    )
 
     def read_output() -> None:
         for line in proc.stdout or ():
@@ -133,6 +139,8 @@ def run_trainer(
             message["worker"] = job["worker_name"]
             if kind == "iteration":
                 records.append(message)
+            elif kind == "resolved":
+                resolved.update(message)
             elif kind == "done":
                 done.update(message)
             elif kind == "error":
@@ -171,11 +179,12 @@ def run_trainer(
             "weights_sha256": done["weights_sha256"],
             "local_rows": done["local_rows"],
             "iterations": records,
+            "resolved": resolved,
             "weights": None,
         }
         if job["tf_config"]["task"]["index"] == 0:
-            with open(done["weights_path"], "rb") as f:
-                result["weights"] = f.read()
+            with open(done["weights_path"], "rb") as final:
+                result["weights"] = final.read()
         return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

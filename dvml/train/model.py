@@ -40,17 +40,20 @@ class Model:
 
         return evaluate(self.name, dataset, registry=self.registry, **kwargs)
 
-    def predict(self, data: Any, id_col: str, x: Any, pred_type: Any = "response",
-                **kwargs: Any) -> Any:  # fmt: skip
+    def predict(
+        self, data: Any, id_col: str, x: Any, pred_type: Any = "response", **kwargs: Any
+    ) -> Any:
         from dvml.train.predict import predict
 
         return predict(self.name, data, id_col, x, pred_type, registry=self.registry, **kwargs)
 
     def __repr__(self) -> str:
         s = self.summary
-        return (f"<dvml.Model {self.name!r} iterations={s.get('num_iterations')} "
-                f"loss={s.get('training_loss_final')} metric={s.get('training_metrics_final')} "
-                f"val_metric={s.get('validation_metrics_final')}>")  # fmt: skip
+        return (
+            f"<dvml.Model {self.name!r} iterations={s.get('num_iterations')} "
+            f"loss={s.get('training_loss_final')} metric={s.get('training_metrics_final')} "
+            f"val_metric={s.get('validation_metrics_final')}>"
+        )
 
 
 def plot_history(history: pd.DataFrame, title: str = "", ax: Any = None) -> Any:

@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dvml.cluster.connect import current_client
+from dvml.cluster.attach import current_client
 from dvml.exceptions import DataError, TrainingError
 from dvml.store.datasets import Dataset, vineyard_workers
 from dvml.train import inference
@@ -41,9 +41,13 @@ def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str
     return spec, summary
 
 
-def evaluate(model: str, dataset: str | Dataset, batch_size: int = 256,
-             registry: Registry | str | None = None,
-             client: Client | None = None) -> dict[str, Any]:  # fmt: skip
+def evaluate(
+    model: str,
+    dataset: str | Dataset,
+    batch_size: int = 256,
+    registry: Registry | str | None = None,
+    client: Client | None = None,
+) -> dict[str, Any]:
     """Loss and metric of a registered model on a packed dataset, computed where it lives.
 
     Returns
@@ -71,9 +75,18 @@ def evaluate(model: str, dataset: str | Dataset, batch_size: int = 256,
             "worker serves; preprocess it again."
         )
     spec_future = client.scatter(spec, broadcast=True, hash=False)
-    futures = [client.submit(inference.evaluate_local, ds.name, spec_future, batch_size,
-                             workers=[workers[i].address], allow_other_workers=False, pure=False)
-               for i in instances]  # fmt: skip
+    futures = [
+        client.submit(
+            inference.evaluate_local,
+            ds.name,
+            spec_future,
+            batch_size,
+            workers=[workers[i].address],
+            allow_other_workers=False,
+            pure=False,
+        )
+        for i in instances
+    ]
     values = aggregate([r for r in client.gather(futures) if r["rows"]])
     metrics = {k: v for k, v in values.items() if k != "loss"}
     types = summary.get("metrics_type") or []
@@ -87,9 +100,17 @@ def evaluate(model: str, dataset: str | Dataset, batch_size: int = 256,
     }
 
 
-def _predict(spec: dict[str, Any], data: Any, id_col: str, x: Any, pred_type: Any,
-             class_values: list[Any], normalizing_const: float, class_name: str,
-             client: Client) -> Any:  # fmt: skip
+def _predict(
+    spec: dict[str, Any],
+    data: Any,
+    id_col: str,
+    x: Any,
+    pred_type: Any,
+    class_values: list[Any],
+    normalizing_const: float,
+    class_name: str,
+    client: Client,
+) -> Any:
     import dask.dataframe as dd
     import pandas as pd
 
@@ -103,26 +124,46 @@ def _predict(spec: dict[str, Any], data: Any, id_col: str, x: Any, pred_type: An
         with dask.config.set({"dataframe.convert-string": False}):
             data = dd.from_pandas(data, npartitions=max(1, min(len(data) // 500 + 1, 16)))
     if not isinstance(data, dd.DataFrame):
-        raise TypeError(f"data must be a pandas or Dask DataFrame. Received: {type(data).__name__}.")
+        raise TypeError(
+            f"data must be a pandas or Dask DataFrame. Received: {type(data).__name__}."
+        )
     missing = [c for c in [id_col, *(c for g in groups for c in g)] if c not in data.columns]
     if missing:
-        raise DataError(f"Columns {missing} are missing from data. Available: {list(data.columns)}.")
+        raise DataError(
+            f"Columns {missing} are missing from data. Available: {list(data.columns)}."
+        )
     spec_future = client.scatter(spec, broadcast=True, hash=False)
     meta = inference.format_predictions(
-        data._meta[id_col].to_numpy(), __import__("numpy").zeros((0, 1)), class_values,
-        class_name, pred_type,
-    )  # fmt: skip
-    parts = [client.submit(inference.predict_partition, part, spec_future, groups, id_col,
-                           float(normalizing_const), list(class_values), class_name, pred_type,
-                           pure=False)
-             for part in client.compute(data.to_delayed())]  # fmt: skip
+        data._meta[id_col].to_numpy(),
+        __import__("numpy").zeros((0, 1)),
+        class_values,
+        class_name,
+        pred_type,
+    )
+    parts = [
+        client.submit(
+            inference.predict_partition,
+            part,
+            spec_future,
+            groups,
+            id_col,
+            float(normalizing_const),
+            list(class_values),
+            class_name,
+            pred_type,
+            pure=False,
+        )
+        for part in client.compute(data.to_delayed())
+    ]
     return dd.from_delayed(parts, meta=meta, verify_meta=False)
 
 
 def _check_pred_type(pred_type: Any) -> None:
-    ok = (pred_type in ("response", "prob")
-          or (isinstance(pred_type, int) and not isinstance(pred_type, bool) and pred_type >= 1)
-          or (isinstance(pred_type, float) and 0.0 < pred_type <= 1.0))  # fmt: skip
+    ok = (
+        pred_type in ("response", "prob")
+        or (isinstance(pred_type, int) and not isinstance(pred_type, bool) and pred_type >= 1)
+        or (isinstance(pred_type, float) and 0.0 < pred_type <= 1.0)
+    )
     if not ok:
         raise ValueError(
             "pred_type must be 'response', 'prob', an int k >= 1 (top k) or a float p in (0, 1] "
@@ -130,8 +171,15 @@ def _check_pred_type(pred_type: Any) -> None:
         )
 
 
-def predict(model: str, data: Any, id_col: str, x: str | Sequence[Any], pred_type: Any = "response",
-            registry: Registry | str | None = None, client: Client | None = None) -> Any:  # fmt: skip
+def predict(
+    model: str,
+    data: Any,
+    id_col: str,
+    x: str | Sequence[Any],
+    pred_type: Any = "response",
+    registry: Registry | str | None = None,
+    client: Client | None = None,
+) -> Any:
     """Predict raw (not packed) rows with a registered model, on the workers.
 
     The training set's normalization and class values are applied. Returns a Dask DataFrame
@@ -139,15 +187,31 @@ def predict(model: str, data: Any, id_col: str, x: str | Sequence[Any], pred_typ
     """
     client = current_client(client)
     spec, summary = model_spec(open_registry(registry), model)
-    return _predict(spec, data, id_col, x, pred_type, summary["class_values"],
-                    summary["normalizing_const"], summary["dependent_varname"], client)  # fmt: skip
+    return _predict(
+        spec,
+        data,
+        id_col,
+        x,
+        pred_type,
+        summary["class_values"],
+        summary["normalizing_const"],
+        summary["dependent_varname"],
+        client,
+    )
 
 
-def predict_byom(arch_id: int, data: Any, id_col: str, x: str | Sequence[Any],
-                 pred_type: Any = "response", class_values: Sequence[Any] | None = None,
-                 normalizing_const: float = 1.0, class_name: str = "class",
-                 registry: Registry | str | None = None,
-                 client: Client | None = None) -> Any:  # fmt: skip
+def predict_byom(
+    arch_id: int,
+    data: Any,
+    id_col: str,
+    x: str | Sequence[Any],
+    pred_type: Any = "response",
+    class_values: Sequence[Any] | None = None,
+    normalizing_const: float = 1.0,
+    class_name: str = "class",
+    registry: Registry | str | None = None,
+    client: Client | None = None,
+) -> Any:
     """Predict with a model trained elsewhere: an architecture with its weights (BYOM).
 
     ``class_values`` name the model's outputs (default: 0..n-1).
@@ -165,10 +229,15 @@ def predict_byom(arch_id: int, data: Any, id_col: str, x: str | Sequence[Any],
     n_out = (arch.get("output_shape") or [None])[-1]
     values = list(class_values) if class_values is not None else list(range(n_out or 0))
     if n_out is not None and len(values) > n_out:
-        raise DataError(f"{len(values)} class_values given but architecture {arch_id} has {n_out} outputs.")
+        raise DataError(
+            f"{len(values)} class_values given but architecture {arch_id} has {n_out} outputs."
+        )
     blob = weights_to_bytes(arch["weights"])
-    spec = {"key": f"byom:{arch_id}:{hashlib.sha256(blob).hexdigest()[:16]}",
-            "model_json": arch["model_json"], "weights": blob}  # fmt: skip
+    spec = {
+        "key": f"byom:{arch_id}:{hashlib.sha256(blob).hexdigest()[:16]}",
+        "model_json": arch["model_json"],
+        "weights": blob,
+    }
     if normalizing_const <= 0:
         raise ValueError(f"normalizing_const must be positive. Received: {normalizing_const!r}.")
     return _predict(spec, data, id_col, x, pred_type, values, normalizing_const, class_name, client)

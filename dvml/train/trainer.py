@@ -58,12 +58,14 @@ def compile_model(model: Any, job: dict[str, Any], custom_objects: dict[str, Any
 
 def custom_objects_from_sources(sources: dict[str, str]) -> dict[str, Any]:
     """Compile the custom losses and metrics the launcher read from the registry."""
+    _keras()  # TF_USE_LEGACY_KERAS=1 before TensorFlow loads: tf.keras is tf-keras
     import tensorflow as tf
 
     from dvml.registry.custom import compile_function
 
-    return {name: compile_function(name, src, {"tf": tf, "np": np})
-            for name, src in sources.items()}  # fmt: skip
+    return {
+        name: compile_function(name, src, {"tf": tf, "np": np}) for name, src in sources.items()
+    }
 
 
 def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
@@ -82,8 +84,9 @@ def _checkpoint_path(job: dict[str, Any]) -> str | None:
     return os.path.join(directory, f"{job['worker_name']}.npz")
 
 
-def save_checkpoint(job: dict[str, Any], iteration: int, weights: list[np.ndarray],
-                    history: list[dict[str, Any]]) -> None:  # fmt: skip
+def save_checkpoint(
+    job: dict[str, Any], iteration: int, weights: list[np.ndarray], history: list[dict[str, Any]]
+) -> None:
     """Write this trainer's weights after ``iteration`` (atomically: tmp file + rename)."""
     from dvml.registry.weights import weights_to_bytes
 
@@ -115,15 +118,25 @@ def run(job: dict[str, Any]) -> None:
 
     train = open_local(job["training"])
     valid = open_local(job["validation"], require=False) if job.get("validation") else None
-    emit("resolved", rows=train.rows, buffers=train.buffer_indices, instance_id=train.instance_id,
-         validation_rows=valid.rows if valid else 0)  # fmt: skip
+    emit(
+        "resolved",
+        rows=train.rows,
+        buffers=train.buffer_indices,
+        instance_id=train.instance_id,
+        validation_rows=valid.rows if valid else 0,
+    )
 
     per_worker_batch = int(job["per_worker_batch"])
     steps = int(job["steps_per_epoch"])
 
     def dataset_fn(context: Any) -> Any:
-        return training_dataset(train, per_worker_batch, steps, job["seed"] + context.input_pipeline_id,
-                                shuffle=job["fit_params"].get("shuffle", True))  # fmt: skip
+        return training_dataset(
+            train,
+            per_worker_batch,
+            steps,
+            job["seed"] + context.input_pipeline_id,
+            shuffle=job["fit_params"].get("shuffle", True),
+        )
 
     with strategy.scope():
         model = build_model(keras, job, custom_objects)
@@ -137,8 +150,11 @@ def run(job: dict[str, Any]) -> None:
         log_dir = os.path.join(job["tensorboard_dir"], job["worker_name"])
         callbacks.append(keras.callbacks.TensorBoard(log_dir=log_dir))
     creator = keras.utils.experimental.DatasetCreator(dataset_fn)
-    fit_kwargs = {k: v for k, v in job["fit_params"].items()
-                  if k not in ("batch_size", "shuffle", "steps_per_epoch")}  # fmt: skip
+    fit_kwargs = {
+        k: v
+        for k, v in job["fit_params"].items()
+        if k not in ("batch_size", "shuffle", "steps_per_epoch")
+    }
     fit_kwargs.setdefault("epochs", 1)
     fit_kwargs["verbose"] = 0
 
@@ -172,8 +188,12 @@ def run(job: dict[str, Any]) -> None:
         f.write(blob)
     import hashlib
 
-    emit("done", weights_path=job["output_weights_path"],
-         weights_sha256=hashlib.sha256(blob).hexdigest(), local_rows=train.rows)  # fmt: skip
+    emit(
+        "done",
+        weights_path=job["output_weights_path"],
+        weights_sha256=hashlib.sha256(blob).hexdigest(),
+        local_rows=train.rows,
+    )
     train.close()
     if valid is not None:
         valid.close()

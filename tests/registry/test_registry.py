@@ -130,7 +130,9 @@ def test_in_memory_url_works():
         assert registry.model_exists("m")
 
 
-@pytest.mark.parametrize(("bad", "error"), [(42, TypeError), ("", TypeError), ("::nope", ValueError)])
+@pytest.mark.parametrize(
+    ("bad", "error"), [(42, TypeError), ("", TypeError), ("::nope", ValueError)]
+)
 def test_bad_url(bad, error):
     with pytest.raises(error, match="url"):
         Registry(bad)
@@ -145,11 +147,14 @@ def test_repr_hides_password():
     assert "secret" not in registry.url
 
 
-def test_unreachable_database_is_a_registry_error(tmp_path):
+def test_unusable_path_is_a_registry_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises((RegistryError, OSError)):
+    with pytest.raises(RegistryError, match="directory"):
         Registry(f"sqlite:///{blocker / 'sub' / 'registry.db'}")
+    (tmp_path / "dir.db").mkdir()
+    with pytest.raises(RegistryError, match="failed"):
+        Registry(f"sqlite:///{tmp_path / 'dir.db'}")
 
 
 # ----------------------------------------------------------------------------- architectures
@@ -238,7 +243,9 @@ def test_bad_architecture_arguments(reg):
 # ----------------------------------------------------------------------------- Keras JSON
 
 
-def _functional(inputs: list[tuple[str, list[Any]]], layers: list[dict], outputs: list[str]) -> dict:
+def _functional(
+    inputs: list[tuple[str, list[Any]]], layers: list[dict], outputs: list[str]
+) -> dict:
     input_layers = [
         {"class_name": "InputLayer", "name": n, "config": {"name": n, "batch_input_shape": s}}
         for n, s in inputs
@@ -259,7 +266,10 @@ def _functional(inputs: list[tuple[str, list[Any]]], layers: list[dict], outputs
         (json.loads(sequential_json(5, 7)), [[5]], [7]),
         # first layer carries the shape (older Keras 2)
         (
-            {"class_name": "Sequential", "config": {"layers": [_dense(2, batch_input_shape=[None, 3])]}},
+            {
+                "class_name": "Sequential",
+                "config": {"layers": [_dense(2, batch_input_shape=[None, 3])]},
+            },
             [[3]],
             [2],
         ),
@@ -279,10 +289,17 @@ def _functional(inputs: list[tuple[str, list[Any]]], layers: list[dict], outputs
             [10],
         ),
         # very old Keras: config is the list of layers
-        ({"class_name": "Sequential", "config": [_dense(4, batch_input_shape=[None, 6])]}, [[6]], [4]),
+        (
+            {"class_name": "Sequential", "config": [_dense(4, batch_input_shape=[None, 6])]},
+            [[6]],
+            [4],
+        ),
         # build_input_shape only
         (
-            {"class_name": "Sequential", "config": {"layers": [_dense(1)], "build_input_shape": [None, 9]}},
+            {
+                "class_name": "Sequential",
+                "config": {"layers": [_dense(1)], "build_input_shape": [None, 9]},
+            },
             [[9]],
             [1],
         ),
@@ -292,7 +309,12 @@ def _functional(inputs: list[tuple[str, list[Any]]], layers: list[dict], outputs
         (
             {
                 "class_name": "Sequential",
-                "config": {"layers": [_dense(4, batch_input_shape=[None, 2]), {"class_name": "Reshape", "config": {}}]},
+                "config": {
+                    "layers": [
+                        _dense(4, batch_input_shape=[None, 2]),
+                        {"class_name": "Reshape", "config": {}},
+                    ]
+                },
             },
             [[2]],
             None,
@@ -301,7 +323,10 @@ def _functional(inputs: list[tuple[str, list[Any]]], layers: list[dict], outputs
         ({"config": {}}, None, None),
         # variable-length input dimension
         (
-            {"class_name": "Sequential", "config": {"layers": [_dense(3, batch_input_shape=[None, None, 8])]}},
+            {
+                "class_name": "Sequential",
+                "config": {"layers": [_dense(3, batch_input_shape=[None, None, 8])]},
+            },
             [[None, 8]],
             [3],
         ),
@@ -340,7 +365,11 @@ def test_shapes_from_keras3_functional_json():
         "class_name": "Functional",
         "config": {
             "layers": [
-                {"class_name": "InputLayer", "name": "x", "config": {"name": "x", "batch_shape": [None, 6]}},
+                {
+                    "class_name": "InputLayer",
+                    "name": "x",
+                    "config": {"name": "x", "batch_shape": [None, 6]},
+                },
                 {**_dense(3, "head"), "name": "head"},
                 {
                     "class_name": "Activation",
@@ -393,7 +422,11 @@ ITERATIONS = [
         "validation_metrics": {"accuracy": 0.4},
         "elapsed_s": 1.5,
     },
-    {"iteration": 2, "training_loss": np.float32(0.5), "training_metrics": {"accuracy": np.float64(0.8)}},
+    {
+        "iteration": 2,
+        "training_loss": np.float32(0.5),
+        "training_metrics": {"accuracy": np.float64(0.8)},
+    },
 ]
 
 
@@ -605,6 +638,17 @@ def test_register_list_load_delete_custom_function(reg, url, monkeypatch):
         reg.delete_custom_function("scaled_mae")
 
 
+def test_custom_function_sources(reg):
+    reg.register_custom_function("scaled_mae", GOOD_SOURCE)
+    assert reg.custom_function_sources(["scaled_mae"]) == {"scaled_mae": GOOD_SOURCE}
+    assert reg.custom_function_sources("scaled_mae") == {"scaled_mae": GOOD_SOURCE}
+    assert reg.custom_function_sources([]) == {}
+    with pytest.raises(RegistryNotFoundError, match="'other'"):
+        reg.custom_function_sources(["other"])
+    with pytest.raises(ValueError, match="identifier"):
+        reg.custom_function_sources(["no such"])
+
+
 def test_load_missing_custom_functions_names_them(reg, monkeypatch):
     reg.register_custom_function("scaled_mae", GOOD_SOURCE)
     monkeypatch.setattr(store, "_tensorflow", lambda: pytest.fail("TF must not load"))
@@ -785,10 +829,12 @@ def test_importing_the_registry_does_not_import_tensorflow():
 # ----------------------------------------------------------------------------- processes
 
 
-def _write_models(url: str, prefix: str, count: int) -> None:
+def _write_models(url: str, prefix: str, count: int, ready: Any, go: Any) -> None:
     """Child process: save ``count`` models with iterations, one transaction each."""
     with Registry(url) as registry:
         arch = registry.add_architecture(sequential_json(), name=prefix)
+        ready.release()
+        go.wait(timeout=120)  # both writers start writing together
         for i in range(count):
             registry.save_model(
                 f"{prefix}-{i}",
@@ -802,9 +848,15 @@ def _write_models(url: str, prefix: str, count: int) -> None:
 def test_two_processes_write_at_once(url):
     Registry(url).close()  # create the file and tables first, as a deployment would
     context = multiprocessing.get_context("spawn")
-    writers = [context.Process(target=_write_models, args=(url, f"p{n}", 30)) for n in range(2)]
+    ready, go = context.Semaphore(0), context.Event()
+    writers = [
+        context.Process(target=_write_models, args=(url, f"p{n}", 30, ready, go)) for n in range(2)
+    ]
     for writer in writers:
         writer.start()
+    for _ in writers:
+        assert ready.acquire(timeout=120)
+    go.set()
     for writer in writers:
         writer.join(timeout=240)
     assert [writer.exitcode for writer in writers] == [0, 0]

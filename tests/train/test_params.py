@@ -84,7 +84,7 @@ def test_whitespace_newlines_trailing_comma_and_comment():
         ("optimizer='adam'", "adam"),
         ("optimizer='Adam'", "Adam"),
         (
-            "optimizer=\"SGD(lr=0.1, nesterov=True, clipnorm=1.0)\"",
+            'optimizer="SGD(lr=0.1, nesterov=True, clipnorm=1.0)"',
             {
                 "class_name": "SGD",
                 "config": {"learning_rate": 0.1, "nesterov": True, "clipnorm": 1.0},
@@ -138,7 +138,10 @@ def test_dict_input_is_checked_the_same():
     parsed = parse_compile_params(
         {"loss": "mse", "optimizer": {"class_name": "sgd", "config": {"lr": np.float64(0.1)}}}
     )
-    assert parsed == {"loss": "mse", "optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}}
+    assert parsed == {
+        "loss": "mse",
+        "optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}},
+    }
     fit = parse_fit_params({"batch_size": np.int64(16), "epochs": 1})
     assert fit == {"batch_size": 16, "epochs": 1}
     assert type(fit["batch_size"]) is int
@@ -181,13 +184,13 @@ HOSTILE = [
     "loss=__import__('os')",
     "loss=open('{m}', 'w')",
     "loss='mse', optimizer=__import__('subprocess').call(['touch', '{m}'])",
-    "optimizer='__import__(\"os\").system(\"touch {m}\")'",
-    "optimizer='SGD(lr=__import__(\"os\").system(\"touch {m}\"))'",
+    'optimizer=\'__import__("os").system("touch {m}")\'',
+    'optimizer=\'SGD(lr=__import__("os").system("touch {m}"))\'',
     "optimizer='SGD(lr=0.1).__class__'",
     "loss=(lambda: __import__('os').system('touch {m}'))()",
     "loss=lambda y, p: 0",
     "loss=os.path",
-    "loss=f'{{__import__(\"os\").system(\"touch {m}\")}}'",
+    'loss=f\'{{__import__("os").system("touch {m}")}}\'',
     "loss='a' + 'b'",
     "epochs=[x for x in range(3)]",
     "epochs=(yield)",

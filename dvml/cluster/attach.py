@@ -62,10 +62,16 @@ def _probe_vineyard() -> dict[str, Any]:
         st = c.status
         c.close()
     except Exception as exc:
-        return {"vineyardd": f"unreachable ({type(exc).__name__})", "memory_used": None,
-                "memory_limit": None}  # fmt: skip
-    return {"vineyardd": "running", "memory_used": int(st.memory_usage),
-            "memory_limit": int(st.memory_limit)}  # fmt: skip
+        return {
+            "vineyardd": f"unreachable ({type(exc).__name__})",
+            "memory_used": None,
+            "memory_limit": None,
+        }
+    return {
+        "vineyardd": "running",
+        "memory_used": int(st.memory_usage),
+        "memory_limit": int(st.memory_limit),
+    }
 
 
 class Cluster:
@@ -83,7 +89,7 @@ class Cluster:
 
     @property
     def scheduler_address(self) -> str:
-        return str(self.client.scheduler.address)
+        return str(getattr(self.client.scheduler, "address", ""))
 
     @property
     def dashboard_link(self) -> str:

@@ -1,0 +1,218 @@
+"""The benchmark registry, the alternating timing loop and the result table.
+
+A benchmark is one module listed in :data:`MODULES` that calls :func:`register` with a
+:class:`Benchmark`: two sides (dvml and a baseline) that each run once and return one figure,
+and a target on the ratio ``dvml / baseline``. The sides alternate, and the side that goes first
+alternates too, so that drift (a warming cache, another process) hits both alike. Everything
+except :func:`run_benchmark` and :func:`load` is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "MODULES",
+    "REGISTRY",
+    "Benchmark",
+    "Measurement",
+    "load",
+    "register",
+    "render_table",
+    "run_benchmark",
+    "schedule",
+    "select",
+    "summarize",
+]
+
+# One module per benchmark; importing it registers it. B1-B7 are added here as they land.
+MODULES: tuple[str, ...] = ("benchmarks.b8_cluster_start",)
+
+SIDES = ("dvml", "baseline")
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """One side-by-side measurement.
+
+    Parameters
+    ----------
+    key : str
+        Short id used by ``--only``, e.g. ``"B8"``.
+    title : str
+        What is compared, in a few words.
+    unit : str
+        Unit of the figures the sides return, e.g. ``"s"`` or ``"images/s"``.
+    dvml, baseline : callable
+        ``side(context) -> float``: run once and return the figure.
+    target : float
+        Bound on the ratio ``dvml / baseline``.
+    target_op : {"<=", ">="}
+        ``"<="`` when smaller figures are better (times), ``">="`` for rates.
+    prepare : callable, optional
+        ``prepare(quick) -> context``: build inputs (not timed); ``quick`` asks for small sizes.
+    cleanup : callable, optional
+        ``cleanup(context)``: release what ``prepare`` built.
+    """
+
+    key: str
+    title: str
+    unit: str
+    dvml: Callable[[Any], float]
+    baseline: Callable[[Any], float]
+    target: float
+    target_op: str = "<="
+    prepare: Callable[[bool], Any] | None = None
+    cleanup: Callable[[Any], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.target_op not in ("<=", ">="):
+            raise ValueError(
+                f"target_op must be '<=' or '>='. Received: target_op={self.target_op!r} "
+                f"for {self.key}."
+            )
+
+
+@dataclasses.dataclass
+class Measurement:
+    """The figures of both sides, in the order they were taken, or the error that stopped it."""
+
+    dvml: list[float] = dataclasses.field(default_factory=list)
+    baseline: list[float] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+
+REGISTRY: dict[str, Benchmark] = {}
+
+
+def register(benchmark: Benchmark) -> Benchmark:
+    """Add ``benchmark`` to :data:`REGISTRY` (a module calls this at import)."""
+    if benchmark.key in REGISTRY and REGISTRY[benchmark.key] is not benchmark:
+        raise ValueError(f"Benchmark {benchmark.key} is registered twice. Received: {benchmark}.")
+    REGISTRY[benchmark.key] = benchmark
+    return benchmark
+
+
+def load(modules: Iterable[str] = MODULES) -> dict[str, Benchmark]:
+    """Import every benchmark module and return the registry."""
+    for name in modules:
+        importlib.import_module(name)
+    return REGISTRY
+
+
+def select(registry: dict[str, Benchmark], only: Sequence[str] | None) -> list[Benchmark]:
+    """The benchmarks named in ``only`` (case-insensitive), or all of them in key order."""
+    if not only:
+        return [registry[k] for k in sorted(registry, key=_key_order)]
+    by_key = {k.upper(): b for k, b in registry.items()}
+    unknown = [k for k in only if k.upper() not in by_key]
+    if unknown:
+        raise ValueError(
+            f"Unknown benchmark(s) {unknown}. Received: --only={','.join(only)}. "
+            f"Known: {', '.join(sorted(registry, key=_key_order))}."
+        )
+    return [by_key[k.upper()] for k in only]
+
+
+def _key_order(key: str) -> tuple[str, int]:
+    digits = "".join(c for c in key if c.isdigit())
+    return (key.rstrip("0123456789"), int(digits) if digits else 0)
+
+
+def schedule(repeats: int) -> list[tuple[str, str]]:
+    """The order of the sides in each repeat: dvml first, then baseline first, and so on."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int. Received: repeats={repeats!r}.")
+    return [SIDES if i % 2 == 0 else SIDES[::-1] for i in range(repeats)]
+
+
+def run_benchmark(
+    benchmark: Benchmark,
+    repeats: int,
+    quick: bool,
+    log: Callable[[str], None] = print,
+) -> Measurement:
+    """Prepare, then run both sides ``repeats`` times in alternating order, then clean up.
+
+    An exception stops this benchmark only: it is recorded in ``Measurement.error``.
+    """
+    measurement = Measurement()
+    context = None
+    try:
+        context = benchmark.prepare(quick) if benchmark.prepare is not None else None
+        for i, order in enumerate(schedule(repeats)):
+            for side in order:
+                figure = float(getattr(benchmark, side)(context))
+                getattr(measurement, side).append(figure)
+                log(f"{benchmark.key} repeat {i + 1}/{repeats} {side}: {figure:.4g} {benchmark.unit}")
+    except Exception as exc:  # reported in the table; the other benchmarks still run
+        measurement.error = f"{type(exc).__name__}: {exc}"
+        log(f"{benchmark.key} failed: {measurement.error}")
+    finally:
+        if benchmark.cleanup is not None and context is not None:
+            benchmark.cleanup(context)
+    return measurement
+
+
+def summarize(benchmark: Benchmark, measurement: Measurement) -> dict[str, Any]:
+    """One result row: median figures, per-repeat ratios ``dvml / baseline`` and the verdict."""
+    row: dict[str, Any] = {
+        "benchmark": benchmark.key,
+        "title": benchmark.title,
+        "unit": benchmark.unit,
+        "dvml": _median(measurement.dvml),
+        "baseline": _median(measurement.baseline),
+        "dvml_figures": list(measurement.dvml),
+        "baseline_figures": list(measurement.baseline),
+        "target": f"ratio {benchmark.target_op} {benchmark.target:g}",
+        "error": measurement.error,
+    }
+    pairs = list(zip(measurement.dvml, measurement.baseline, strict=False))
+    ratios = [d / b if b else math.inf for d, b in pairs]
+    row["ratios"] = ratios
+    row["ratio_median"] = _median(ratios)
+    row["ratio_min"] = min(ratios) if ratios else None
+    row["ratio_max"] = max(ratios) if ratios else None
+    median = row["ratio_median"]
+    if measurement.error is not None or median is None:
+        row["met"] = False
+    elif benchmark.target_op == "<=":
+        row["met"] = bool(median <= benchmark.target)
+    else:
+        row["met"] = bool(median >= benchmark.target)
+    return row
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def _figure(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:.3g} {unit}"
+
+
+def render_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The result rows as a Markdown table."""
+    header = ["benchmark", "dvml", "baseline", "ratio median (min–max)", "target", "met"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        if row["ratio_median"] is None:
+            ratio = "-"
+        else:
+            ratio = f"{row['ratio_median']:.2f} ({row['ratio_min']:.2f}–{row['ratio_max']:.2f})"
+        met = "yes" if row["met"] else ("error" if row.get("error") else "no")
+        cells = [
+            f"{row['benchmark']}: {row['title']}",
+            _figure(row["dvml"], row["unit"]),
+            _figure(row["baseline"], row["unit"]),
+            ratio,
+            row["target"],
+            met,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

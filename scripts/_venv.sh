@@ -1,0 +1,28 @@
+# Sourced by scripts/demo and scripts/check: create .venv (Python 3.11 or 3.12, which
+# vineyard 0.24.2 has wheels for) and install dvml with the given extras into it.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${DVML_PYTHON:-}"
+if [ -z "$PYTHON" ]; then
+  for candidate in python3.11 python3.12 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] <= (3, 12)))'; then
+      PYTHON="$candidate"; break
+    fi
+  done
+fi
+if [ -z "$PYTHON" ]; then
+  echo "dvml needs Python 3.11 or 3.12 (vineyard 0.24.2 has wheels up to 3.12); set DVML_PYTHON." >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+if [ -n "${DVML_EXTRAS:-}" ]; then
+  .venv/bin/python -m pip install --quiet -e ".[${DVML_EXTRAS}]"
+else
+  .venv/bin/python -m pip install --quiet -e .
+fi
+export PATH="$ROOT/.venv/bin:$PATH"

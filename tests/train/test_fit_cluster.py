@@ -1,0 +1,428 @@
+"""dvml.fit / evaluate / predict on a real LocalCluster with real TensorFlow trainer processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+from conftest import poll_for
+
+import dvml
+from dvml.exceptions import (
+    DatasetNotFoundError,
+    ModelMismatchError,
+    ParameterError,
+    RegistryNotFoundError,
+    TrainerFailedError,
+    TrainingError,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+COMPILE = (
+    "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.003)', metrics=['accuracy']"
+)
+
+
+def keras() -> Any:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras
+
+    return tf_keras
+
+
+def cnn(n_classes: int = 10, input_shape: tuple[int, ...] = (8, 8, 1)) -> Any:
+    k = keras()
+    return k.Sequential(
+        [
+            k.layers.InputLayer(input_shape=input_shape),
+            k.layers.Conv2D(16, 3, activation="relu", padding="same", name="conv"),
+            k.layers.Flatten(),
+            k.layers.Dense(32, activation="relu", name="hidden"),
+            k.layers.Dense(n_classes, activation="softmax", name="out"),
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[pd.DataFrame, pd.DataFrame]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    frame = pd.DataFrame(
+        {
+            "id": np.arange(len(d.target)),
+            "pixels": list(d.images.reshape(-1, 8, 8, 1).astype("float32")),
+            "label": d.target,
+        }
+    )
+    shuffled = frame.sample(frac=1.0, random_state=0).reset_index(drop=True)
+    return shuffled.iloc[:1500], shuffled.iloc[1500:]
+
+
+@pytest.fixture(scope="module")
+def env(cluster2: Any, digits: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    """digits packed on cluster2, a registry in a temporary SQLite file, the CNN registered."""
+    tmp = tmp_path_factory.mktemp("fit")
+    client = cluster2.client
+    train, test = digits
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp / "state")}):
+        dvml.training_preprocessor(
+            train,
+            y="label",
+            x="pixels",
+            normalizing_const=16.0,
+            name="fit_digits",
+            overwrite=True,
+            client=client,
+        )
+        dvml.validation_preprocessor(
+            test,
+            y="label",
+            x="pixels",
+            training="fit_digits",
+            name="fit_digits_val",
+            overwrite=True,
+            client=client,
+        )
+        registry = dvml.Registry(f"sqlite:///{tmp / 'registry.db'}")
+        arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+        yield {"client": client, "registry": registry, "arch": arch, "test": test, "tmp": tmp}
+        registry.close()
+        for name in ("fit_digits", "fit_digits_val"):
+            dvml.datasets.drop(name, client=client)
+
+
+def run_fit(env: dict[str, Any], model: str, **kwargs: Any) -> dvml.Model:
+    params: dict[str, Any] = {
+        "compile_params": COMPILE,
+        "fit_params": "batch_size=32, epochs=2",
+        "num_iterations": 2,
+        "progress": False,
+    }
+    params.update(kwargs)
+    arch = params.pop("arch_id", env["arch"])
+    training = params.pop("training_set", "fit_digits")
+    return dvml.fit(training, model, arch, registry=env["registry"], client=env["client"], **params)
+
+
+def test_fit_digits_cnn_two_trainers(env: dict[str, Any], cluster2: Any) -> None:
+    seen: list[dict[str, Any]] = []
+    model = run_fit(
+        env,
+        "digits_cnn",
+        num_iterations=4,
+        validation_set="fit_digits_val",
+        metrics_compute_frequency=2,
+        on_iteration=seen.append,
+    )
+    s = model.summary
+
+    assert s["validation_metrics_final"] >= 0.90, s["validation_metrics"]
+    assert s["weights_identical_on_all_trainers"] is True
+    # progress reached the client while training ran, once per iteration
+    assert [r["iteration"] for r in seen] == [1, 2, 3, 4]
+    assert s["metrics_iters"] == [2, 4]
+
+    # each trainer read exactly the buffers on its own vineyard instance, together all of them
+    layout = dvml.datasets.describe("fit_digits", client=env["client"]).layout["buffers"]
+    by_worker = {w.name: w.vineyard_instance_id for w in cluster2.workers}
+    covered = []
+    for worker, part in s["trainer_partitions"].items():
+        assert part["instance_id"] == by_worker[worker]
+        for b in part["buffers"]:
+            assert layout[b]["instance_id"] == part["instance_id"]
+        covered += part["buffers"]
+        assert part["rows"] == sum(layout[b]["rows"] for b in part["buffers"])
+    assert sorted(covered) == list(range(len(layout)))
+
+    # MADlib's summary fields are all there
+    for key in (
+        "source_table",
+        "model",
+        "dependent_varname",
+        "independent_varname",
+        "model_arch_table",
+        "model_id",
+        "compile_params",
+        "fit_params",
+        "num_iterations",
+        "validation_table",
+        "metrics_compute_frequency",
+        "name",
+        "description",
+        "model_type",
+        "model_size",
+        "start_training_time",
+        "end_training_time",
+        "metrics_elapsed_time",
+        "version",
+        "num_classes",
+        "dependent_vartype",
+        "normalizing_const",
+        "metrics_type",
+        "loss_type",
+        "training_metrics_final",
+        "training_loss_final",
+        "training_metrics",
+        "training_loss",
+        "validation_metrics_final",
+        "validation_loss_final",
+        "validation_metrics",
+        "validation_loss",
+        "metrics_iters",
+        "class_values",
+    ):
+        assert key in s, key
+    assert s["class_values"] == list(range(10))
+    assert s["loss_type"] == "categorical_crossentropy" and s["metrics_type"] == ["accuracy"]
+    history = model.history()
+    assert list(history["iteration"]) == [2, 4]
+    assert history["training_loss"].iloc[-1] < history["training_loss"].iloc[0]
+
+    # evaluate on the workers equals the final validation figures
+    result = dvml.evaluate(
+        "digits_cnn", "fit_digits_val", registry=env["registry"], client=env["client"]
+    )
+    assert result["metric"] == pytest.approx(s["validation_metrics_final"], abs=1e-6)
+    assert result["loss"] == pytest.approx(s["validation_loss_final"], rel=1e-5)
+    assert result["rows"] == len(env["test"])
+
+    # predict raw rows, normalization applied on the workers; agrees with evaluate
+    test = env["test"]
+    top = dvml.predict(
+        "digits_cnn", test, "id", "pixels", registry=env["registry"], client=env["client"]
+    ).compute(scheduler=env["client"])
+    assert len(top) == len(test) and set(top["rank"]) == {1}
+    merged = top.merge(test[["id", "label"]], on="id")
+    assert (merged["class_value"] == merged["label"]).mean() == pytest.approx(result["metric"])
+    top3 = dvml.predict(
+        "digits_cnn",
+        test.iloc[:20],
+        "id",
+        "pixels",
+        pred_type=3,
+        registry=env["registry"],
+        client=env["client"],
+    ).compute(scheduler=env["client"])
+    assert len(top3) == 60 and sorted(set(top3["rank"])) == [1, 2, 3]
+    assert (top3.groupby("id")["prob"].apply(lambda p: p.is_monotonic_decreasing)).all()
+    probs = dvml.predict(
+        "digits_cnn",
+        test.iloc[:5],
+        "id",
+        "pixels",
+        pred_type="prob",
+        registry=env["registry"],
+        client=env["client"],
+    ).compute(scheduler=env["client"])
+    assert probs.groupby("id")["prob"].sum().to_numpy() == pytest.approx(np.ones(5), abs=1e-4)
+
+    # BYOM: the same weights loaded as an architecture predict the same classes
+    byom_arch = dvml.load_keras_model(
+        cnn().to_json(), weights=model.weights(), registry=env["registry"]
+    )
+    byom = dvml.predict_byom(
+        byom_arch,
+        test,
+        "id",
+        "pixels",
+        class_values=list(range(10)),
+        normalizing_const=16.0,
+        registry=env["registry"],
+        client=env["client"],
+    ).compute(scheduler=env["client"])
+    assert (
+        byom.sort_values("id")["class_value"].tolist()
+        == top.sort_values("id")["class_value"].tolist()
+    )
+
+    # warm start continues from these weights: its first loss is already low
+    warm = run_fit(env, "digits_cnn", num_iterations=1, warm_start=True)
+    assert warm.summary["training_loss_final"] < 0.5
+    assert warm.summary["warm_start"] is True
+
+
+def test_transfer_learning_keeps_frozen_layers(env: dict[str, Any]) -> None:
+    base = cnn()
+    base.get_layer("conv").trainable = False
+    initial = base.get_weights()
+    arch = dvml.load_keras_model(
+        base.to_json(), weights=initial, name="frozen-conv", registry=env["registry"]
+    )
+    model = run_fit(env, "transfer", arch_id=arch, num_iterations=1)
+    after = model.weights()
+    np.testing.assert_array_equal(after[0], initial[0])  # conv kernel: frozen
+    np.testing.assert_array_equal(after[1], initial[1])  # conv bias: frozen
+    assert not np.array_equal(after[2], initial[2])  # hidden layer: trained
+
+
+def test_custom_loss_and_tensorboard(env: dict[str, Any]) -> None:
+    dvml.register_custom_function(
+        "scaled_ce",
+        "import tensorflow as tf\n"
+        "def scaled_ce(y_true, y_pred):\n"
+        "    return 2.0 * tf.keras.losses.categorical_crossentropy(y_true, y_pred)\n",
+        kind="loss",
+        registry=env["registry"],
+    )
+    logs = env["tmp"] / "tb"
+    model = run_fit(
+        env,
+        "custom",
+        num_iterations=1,
+        compile_params="loss='scaled_ce', optimizer='adam', metrics=['accuracy']",
+        custom_objects=["scaled_ce"],
+        tensorboard_dir=str(logs),
+    )
+    assert model.summary["loss_type"] == "scaled_ce"
+    assert model.summary["custom_objects"] == ["scaled_ce"]
+    assert any(p.name.startswith("events.out.tfevents") for p in logs.rglob("*"))
+    result = dvml.evaluate(
+        "custom", "fit_digits_val", registry=env["registry"], client=env["client"]
+    )
+    assert result["loss_type"] == "scaled_ce" and result["loss"] > 0
+
+
+@pytest.mark.parametrize(
+    "compile_params",
+    [
+        "loss=__import__('os').system('touch /tmp/dvml-pwned')",
+        "loss='categorical_crossentropy', optimizer='adam', lr=1e309",
+        "loss='categorical_crossentropy', nonsense_key=1",
+        "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy'",
+    ],
+)
+def test_hostile_parameters_run_nothing(env: dict[str, Any], compile_params: str) -> None:
+    before = dvml.list_models(registry=env["registry"])
+    with pytest.raises(ParameterError):
+        run_fit(env, "hostile", compile_params=compile_params)
+    assert not os.path.exists("/tmp/dvml-pwned")
+    assert len(dvml.list_models(registry=env["registry"])) == len(before)
+
+
+def test_fit_refuses_bad_inputs_before_training(env: dict[str, Any], cluster2: Any) -> None:
+    with pytest.raises(DatasetNotFoundError, match="no_such_dataset"):
+        run_fit(env, "x", training_set="no_such_dataset")
+    with pytest.raises(RegistryNotFoundError, match="9999"):
+        run_fit(env, "x", arch_id=9999)
+    wrong_input = dvml.load_keras_model(
+        cnn(input_shape=(8, 8, 3)).to_json(), registry=env["registry"]
+    )
+    with pytest.raises(ModelMismatchError, match=r"\[8, 8, 3\]"):
+        run_fit(env, "x", arch_id=wrong_input)
+    wrong_classes = dvml.load_keras_model(cnn(n_classes=7).to_json(), registry=env["registry"])
+    with pytest.raises(ModelMismatchError, match="7 units"):
+        run_fit(env, "x", arch_id=wrong_classes)
+    with pytest.raises(TrainingError, match="warm_start=True but no model"):
+        run_fit(env, "never_trained", warm_start=True)
+    with pytest.raises(TrainingError, match="no GPU"):
+        run_fit(env, "x", use_gpus=True)
+    with pytest.raises(ParameterError, match="multiple of 2"):
+        run_fit(env, "x", fit_params="batch_size=33")
+
+    # a validation set preprocessed for another training set
+    client, (train, test) = env["client"], (env["test"], env["test"])
+    dvml.training_preprocessor(
+        train,
+        y="label",
+        x="pixels",
+        normalizing_const=16.0,
+        name="fit_other",
+        overwrite=True,
+        client=client,
+    )
+    dvml.validation_preprocessor(
+        test,
+        y="label",
+        x="pixels",
+        training="fit_other",
+        name="fit_other_val",
+        overwrite=True,
+        client=client,
+    )
+    try:
+        with pytest.raises(ModelMismatchError, match="fit_other"):
+            run_fit(env, "x", validation_set="fit_other_val")
+    finally:
+        dvml.datasets.drop("fit_other", client=client)
+        dvml.datasets.drop("fit_other_val", client=client)
+    assert "x" not in set(dvml.list_models(registry=env["registry"])["name"])
+
+
+def test_warm_start_refuses_other_shapes(env: dict[str, Any]) -> None:
+    run_fit(env, "shape_a", num_iterations=1)
+    other = dvml.load_keras_model(
+        cnn(n_classes=10, input_shape=(8, 8, 1)).to_json(), registry=env["registry"]
+    )
+    # same shapes under another architecture id: allowed
+    run_fit(env, "shape_a", arch_id=other, num_iterations=1, warm_start=True)
+    k = keras()
+    flat = k.Sequential(
+        [
+            k.layers.InputLayer(input_shape=(8, 8, 1)),
+            k.layers.Flatten(),
+            k.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    flat_id = dvml.load_keras_model(flat.to_json(), registry=env["registry"])
+    # the dataset fits the flat model, but its weights cannot come from the CNN
+    with pytest.raises(ModelMismatchError):
+        run_fit(env, "shape_a", arch_id=flat_id, num_iterations=1, warm_start=True)
+
+
+def _trainer_pids(cluster: Any, worker: str) -> list[int]:
+    worker_pid = cluster.processes()[f"dask worker {worker}"]
+    pids = []
+    for child in psutil.Process(worker_pid).children(recursive=True):
+        try:
+            if "dvml.train.trainer" in " ".join(child.cmdline()):
+                pids.append(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster2: Any) -> None:
+    first_iteration_done = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def train() -> None:
+        try:
+            run_fit(
+                env,
+                "resumable",
+                num_iterations=4,
+                fit_params="batch_size=32, epochs=2",
+                on_iteration=lambda r: first_iteration_done.set(),
+            )
+        except BaseException as exc:  # recorded for the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    assert first_iteration_done.wait(240), "the first iteration never finished"
+    victims = _trainer_pids(cluster2, "worker-1")
+    assert victims, "no trainer process found on worker-1"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    thread.join(150)
+    assert not thread.is_alive(), "fit did not return within a bounded time"
+    error = outcome.get("error")
+    assert isinstance(error, TrainerFailedError), repr(error)
+    assert "worker-1" in str(error)
+    # the other trainer is gone too
+    assert poll_for(lambda: not _trainer_pids(cluster2, "worker-0"), 30)
+
+    resumed = run_fit(env, "resumable", num_iterations=4, fit_params="batch_size=32, epochs=2")
+    assert resumed.summary["resumed_from_iteration"] >= 1
+    assert resumed.summary["num_iterations"] == 4
+    assert resumed.history()["iteration"].tolist() == [4]
