@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import re
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -58,6 +59,10 @@ class Benchmark:
         ``prepare(quick) -> context``: build inputs (not timed); ``quick`` asks for small sizes.
     cleanup : callable, optional
         ``cleanup(context)``: release what ``prepare`` built.
+    details : callable, optional
+        ``details(context) -> {label: value}``: figures worth reporting beside the ratio (e.g.
+        a fixed start-up cost), read after the last repeat and before ``cleanup``; they go to
+        the row's ``"details"`` and to a note under the table.
     """
 
     key: str
@@ -69,6 +74,7 @@ class Benchmark:
     target_op: str = "<="
     prepare: Callable[[bool], Any] | None = None
     cleanup: Callable[[Any], None] | None = None
+    details: Callable[[Any], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.target_op not in ("<=", ">="):
@@ -85,6 +91,7 @@ class Measurement:
     dvml: list[float] = dataclasses.field(default_factory=list)
     baseline: list[float] = dataclasses.field(default_factory=list)
     error: str | None = None
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 REGISTRY: dict[str, Benchmark] = {}
@@ -106,22 +113,41 @@ def load(modules: Iterable[str] = MODULES) -> dict[str, Benchmark]:
 
 
 def select(registry: dict[str, Benchmark], only: Sequence[str] | None) -> list[Benchmark]:
-    """The benchmarks named in ``only`` (case-insensitive), or all of them in key order."""
+    """The benchmarks named in ``only`` (case-insensitive), or all of them in key order.
+
+    A benchmark with several baselines registers one row per baseline, keyed by a letter
+    after its number (``B1a``, ``B1b``); ``only=["B1"]`` selects all of them.
+    """
+    ordered = sorted(registry, key=_key_order)
     if not only:
-        return [registry[k] for k in sorted(registry, key=_key_order)]
-    by_key = {k.upper(): b for k, b in registry.items()}
-    unknown = [k for k in only if k.upper() not in by_key]
+        return [registry[k] for k in ordered]
+    chosen: list[str] = []
+    unknown = []
+    for wanted in only:
+        found = [k for k in ordered if wanted.upper() in (k.upper(), _group(k).upper())]
+        if not found:
+            unknown.append(wanted)
+        chosen.extend(k for k in found if k not in chosen)
     if unknown:
         raise ValueError(
             f"Unknown benchmark(s) {unknown}. Received: --only={','.join(only)}. "
-            f"Known: {', '.join(sorted(registry, key=_key_order))}."
+            f"Known: {', '.join(ordered)}."
         )
-    return [by_key[k.upper()] for k in only]
+    return [registry[k] for k in chosen]
 
 
-def _key_order(key: str) -> tuple[str, int]:
-    digits = "".join(c for c in key if c.isdigit())
-    return (key.rstrip("0123456789"), int(digits) if digits else 0)
+_KEY = re.compile(r"^([A-Za-z]*)(\d*)(.*)$")
+
+
+def _group(key: str) -> str:
+    """``"B1a"`` -> ``"B1"``: the benchmark that a row of several baselines belongs to."""
+    prefix, digits, _ = _KEY.match(key).groups()  # type: ignore[union-attr]
+    return prefix + digits if digits else key
+
+
+def _key_order(key: str) -> tuple[str, int, str]:
+    prefix, digits, suffix = _KEY.match(key).groups()  # type: ignore[union-attr]
+    return (prefix, int(digits) if digits else 0, suffix)
 
 
 def schedule(repeats: int) -> list[tuple[str, str]]:
@@ -149,7 +175,10 @@ def run_benchmark(
             for side in order:
                 figure = float(getattr(benchmark, side)(context))
                 getattr(measurement, side).append(figure)
-                log(f"{benchmark.key} repeat {i + 1}/{repeats} {side}: {figure:.4g} {benchmark.unit}")
+                label = f"{benchmark.key} repeat {i + 1}/{repeats} {side}"
+                log(f"{label}: {figure:.4g} {benchmark.unit}")
+        if benchmark.details is not None:
+            measurement.details = dict(benchmark.details(context))
     except Exception as exc:  # reported in the table; the other benchmarks still run
         measurement.error = f"{type(exc).__name__}: {exc}"
         log(f"{benchmark.key} failed: {measurement.error}")
@@ -171,6 +200,7 @@ def summarize(benchmark: Benchmark, measurement: Measurement) -> dict[str, Any]:
         "baseline_figures": list(measurement.baseline),
         "target": f"ratio {benchmark.target_op} {benchmark.target:g}",
         "error": measurement.error,
+        "details": dict(measurement.details),
     }
     pairs = list(zip(measurement.dvml, measurement.baseline, strict=False))
     ratios = [d / b if b else math.inf for d, b in pairs]
@@ -198,13 +228,13 @@ def _figure(value: float | None, unit: str) -> str:
 
 def render_table(rows: Sequence[dict[str, Any]]) -> str:
     """The result rows as a Markdown table."""
-    header = ["benchmark", "dvml", "baseline", "ratio median (min–max)", "target", "met"]
+    header = ["benchmark", "dvml", "baseline", "ratio median (min-max)", "target", "met"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         if row["ratio_median"] is None:
             ratio = "-"
         else:
-            ratio = f"{row['ratio_median']:.2f} ({row['ratio_min']:.2f}–{row['ratio_max']:.2f})"
+            ratio = f"{row['ratio_median']:.2f} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})"
         met = "yes" if row["met"] else ("error" if row.get("error") else "no")
         cells = [
             f"{row['benchmark']}: {row['title']}",
@@ -215,4 +245,15 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
             met,
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    notes = [
+        f"{row['benchmark']}: " + ", ".join(f"{k} {_detail(v)}" for k, v in row["details"].items())
+        for row in rows
+        if row.get("details")
+    ]
+    if notes:
+        lines += ["", *notes]
     return "\n".join(lines)
+
+
+def _detail(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)

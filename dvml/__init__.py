@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
 # public sub-namespaces, imported on first use: dvml.datasets.list(), ...
 _MODULES: dict[str, str] = {
     "datasets": "dvml.store.datasets",
+    "features": "dvml.features",
 }
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "delete_architecture",
     "delete_model",
     "evaluate",
+    "features",
     "fit",
     "gpu_configuration",
     "list_architectures",
@@ -78,6 +80,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from dvml import features
     from dvml.cluster import Cluster, LocalCluster, WorkerInfo, connect, gpu_configuration
     from dvml.exceptions import DvmlError
     from dvml.placement import DistributionRules

@@ -22,8 +22,6 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 # Add a group by adding its module here; its register(subparsers) does the rest.
 COMMAND_MODULES: tuple[str, ...] = ("dvml.cli.cluster_cmd", "dvml.cli.demo_cmd")
 
-_EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError)
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered command group."""
@@ -62,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print("dvml: interrupted", file=sys.stderr)
         return 130
-    except (DvmlError, *_EXPECTED_ERRORS) as exc:
+    except (DvmlError, ValueError, TypeError, OSError) as exc:
         if args.debug:
             raise
         print(f"dvml: error: {exc}", file=sys.stderr)

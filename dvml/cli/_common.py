@@ -47,10 +47,10 @@ def add_state_dir_argument(parser: argparse.ArgumentParser) -> None:
 def state_dir_of(args: argparse.Namespace) -> pathlib.Path:
     """The state directory given with ``--state-dir``, else the configured one."""
     if getattr(args, "state_dir", None):
-        return pathlib.Path(args.state_dir).expanduser()
+        return pathlib.Path(args.state_dir).expanduser().absolute()
     from dvml import config
 
-    return config.state_dir()
+    return config.state_dir().absolute()
 
 
 def _cell(value: Any) -> str:

@@ -161,7 +161,9 @@ def _refuse_leftovers(state: dict[str, Any], state_dir: pathlib.Path) -> None:
     from dvml.cluster.state import recorded_processes, same_process, state_path
     from dvml.exceptions import ClusterError
 
-    left = [f"{n} (pid {p})" for n, (p, t) in recorded_processes(state).items() if same_process(p, t)]
+    left = [
+        f"{n} (pid {p})" for n, (p, t) in recorded_processes(state).items() if same_process(p, t)
+    ]
     if left:
         raise ClusterError(
             f"The serve process (pid {state['pid']}) of the cluster recorded in "
@@ -243,7 +245,9 @@ def _up(args: argparse.Namespace) -> int:
     print(f"  state:     {state_path(state_dir)}")
     print(f"  log:       {log}")
     print(format_table(state.get("workers", []), _WORKER_COLUMNS))
-    print(f"Attach with dvml.connect({state['scheduler_address']!r}); stop with `dvml cluster down`.")
+    print(
+        f"Attach with dvml.connect({state['scheduler_address']!r}); stop with `dvml cluster down`."
+    )
     return 0
 
 
@@ -266,8 +270,8 @@ def _recorded_live_state(state_dir: pathlib.Path) -> dict[str, Any]:
         remove_state(state_dir)
         raise ClusterError(
             f"The cluster recorded in {path} is not running: its serve process (pid "
-            f"{state['pid']}) is gone, so the stale state file was removed. Run `dvml cluster "
-            "down` if its daemons may remain, then `dvml cluster up`."
+            f"{state['pid']}) and every process it started are gone, so the stale state file "
+            "was removed. Start a new cluster with `dvml cluster up`."
         )
     return state
 
@@ -297,7 +301,10 @@ def _status(args: argparse.Namespace) -> int:
         cluster = connect(address, timeout=args.timeout)
     try:
         rows = cluster.status().to_dict(orient="records")
-        dashboard = cluster.dashboard_link
+        try:
+            dashboard: str | None = cluster.dashboard_link
+        except Exception:  # a scheduler without a dashboard
+            dashboard = None
     finally:
         cluster.close()
     for row in rows:
@@ -306,7 +313,7 @@ def _status(args: argparse.Namespace) -> int:
         row["vineyard_instance_id"] = None if iid is None or iid != iid else int(iid)
 
     print(f"scheduler: {address}")
-    print(f"dashboard: {dashboard}")
+    print(f"dashboard: {dashboard or '(off)'}")
     print(format_table(rows, _STATUS_COLUMNS))
     if state is not None:
         procs = [

@@ -167,6 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DvmlError, ValueError, TypeError, OSError) as exc:
         print(f"dvml.cluster.serve: error: {exc}", file=sys.stderr, flush=True)
         return 1
+    except Exception as exc:  # e.g. Dask's RuntimeError("Cluster failed to start: ...")
+        logger.error("the cluster failed to start", exc_info=True)
+        print(f"dvml.cluster.serve: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     starting[0] = False
     path = state_path(state_dir)
     try:

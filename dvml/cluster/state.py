@@ -16,8 +16,8 @@ from typing import Any
 from dvml.exceptions import ClusterError
 
 __all__ = [
-    "STATE_FILE",
     "LOG_FILE",
+    "STATE_FILE",
     "process_start_time",
     "read_state",
     "recorded_processes",

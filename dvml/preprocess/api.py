@@ -26,7 +26,12 @@ from dvml.store.datasets import Dataset, describe, exists
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["training_preprocessor", "validation_preprocessor"]
+__all__ = ["INTERNAL_PREFIX", "training_preprocessor", "validation_preprocessor"]
+
+# Names that start with "__" are dvml's own; users' names may not. Datasets that dvml builds
+# for its own use (the image source of a feature cache, dropped once the features are
+# published) are named under this prefix.
+INTERNAL_PREFIX = "__dvml_internal__/"
 
 
 def training_preprocessor(
@@ -279,7 +284,8 @@ def _preprocess(
 def _check_arguments(
     name: Any, buffer_size: Any, normalizing_const: Any, num_classes: Any, channels: Any
 ) -> str:
-    if not isinstance(name, str) or not name or name.startswith("__"):
+    internal = isinstance(name, str) and name.startswith(INTERNAL_PREFIX)
+    if not isinstance(name, str) or not name or (name.startswith("__") and not internal):
         raise ValueError(
             f"name must be a non-empty string not starting with '__'. Received: name={name!r}."
         )

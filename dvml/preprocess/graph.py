@@ -158,9 +158,13 @@ def _run_packs(
     attempts = dict.fromkeys(futures, 1)
     results: dict[int, dict[str, Any]] = {}
     while len(results) < len(futures):
-        # distributed.wait looks up the default client; ours may not be the default one.
-        with client.as_current():
-            wait(list(futures.values()), timeout=1, return_when="FIRST_COMPLETED")
+        # distributed.wait looks up the default client (ours may not be the default one) and
+        # raises TimeoutError when nothing finished within the timeout.
+        try:
+            with client.as_current():
+                wait(list(futures.values()), timeout=1, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            pass
         live = _live_workers(client)
         for b, fut in futures.items():
             if b in results:

@@ -217,6 +217,8 @@ def fit(
     rows = _rows_per_worker(train, workers)
     steps = steps_per_epoch(list(rows.values()), per_worker)
     custom_sources = reg.custom_function_sources(custom_objects or [])
+    if tensorboard_dir is not None:
+        _check_tensorboard()
     seed = int(config.get("preprocess.seed", seed))
     timeout = float(config.get("train.trainer-timeout", timeout))
 
@@ -357,6 +359,16 @@ def fit(
         ]
     )
     return Model(model, reg)
+
+
+def _check_tensorboard() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        raise TrainingError(
+            "tensorboard_dir was given but TensorBoard is not installed. Install it with "
+            "`pip install tensorboard` (a dvml dependency), or leave tensorboard_dir out."
+        )
 
 
 def _check_fit_args(model: Any, num_iterations: Any, freq: Any) -> None:

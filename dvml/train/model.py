@@ -62,6 +62,8 @@ def plot_history(history: pd.DataFrame, title: str = "", ax: Any = None) -> Any:
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
+    # Metrics exist only for the iterations where they were computed.
+    history = history[history["training_loss"].notna()]
     it = history["iteration"]
     for part, style in (("training", "-"), ("validation", "--")):
         col = f"{part}_loss"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import pid_gone, poll_for
 
-from dvml.cluster.state import recorded_processes, same_process
+from dvml.cluster.state import recorded_processes, same_process, write_state
 
 pytestmark = pytest.mark.cluster
 
@@ -84,6 +84,19 @@ def test_status_and_down_without_cluster(state_dir: pathlib.Path) -> None:
         assert result.returncode == 1
         assert "No cluster is recorded" in one_error_line(result)
         assert "Traceback" not in result.stderr
+
+
+def test_status_removes_a_stale_state_file(state_dir: pathlib.Path) -> None:
+    # This test's own pid with another start time: a pid that was reused since.
+    state_dir.mkdir()
+    write_state(
+        state_dir,
+        {"pid": os.getpid(), "start_time": 1.0, "scheduler_address": "tcp://127.0.0.1:1"},
+    )
+    result = dvml_cli("cluster", "status", "--state-dir", str(state_dir), timeout=60)
+    assert result.returncode == 1
+    assert "stale state file was removed" in one_error_line(result)
+    assert not (state_dir / "cluster.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -182,9 +195,14 @@ def test_down_after_the_serve_process_was_killed(state_dir: pathlib.Path) -> Non
 
 
 def test_up_reports_a_cluster_that_fails_to_start(state_dir: pathlib.Path) -> None:
-    # A real failure inside the serve process: no daemon can be ready within 10 ms.
-    up = dvml_cli("cluster", "up", "--state-dir", str(state_dir), "--start-timeout", "0.01")
+    # A real failure inside the serve process, after etcd and vineyardd started: the Dask
+    # dashboard cannot bind an address (TEST-NET-3) that no machine has.
+    up = dvml_cli(
+        "cluster", "up", "--state-dir", str(state_dir), "--n-workers", "1",
+        "--dashboard-address", "203.0.113.1:0",
+    )  # fmt: skip
     assert up.returncode == 1
     assert up.stderr.startswith("dvml: error: The cluster process exited with code 1")
     assert "dvml.cluster.serve: error:" in up.stderr  # the tail of the serve log
+    assert "Cannot assign requested address" in up.stderr
     assert not (state_dir / "cluster.json").exists()

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -126,7 +127,7 @@ def test_killed_vineyardd_is_reported_and_fails_tasks_quickly() -> None:
         assert status.loc["worker-1", "vineyardd"] != "running"
         assert status.loc["worker-0", "vineyardd_process"] == "running"
         assert status.loc["worker-0", "vineyardd"] == "running"
-        with pytest.raises(DaemonDiedError, match="vineyardd of worker-1 .*not running"):
+        with pytest.raises(DaemonDiedError, match=r"vineyardd of worker-1 .*not running"):
             cluster.check_daemons()
 
         start = time.monotonic()
@@ -146,3 +147,16 @@ def test_killed_vineyardd_is_reported_and_fails_tasks_quickly() -> None:
     finally:
         cluster.close()
     assert_no_new_processes(before)
+
+
+def test_leak_check_catches_a_leftover_child() -> None:
+    """The suite's leak check itself: a child left running fails, a stopped one passes."""
+    before = child_processes()
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        with pytest.raises(pytest.fail.Exception, match=f"pid {child.pid}: sleep 60"):
+            assert_no_new_processes(before, timeout=0.3)
+    finally:
+        child.kill()
+        child.wait()
+    assert_no_new_processes(before, timeout=0.3)

@@ -1,0 +1,421 @@
+"""Resolve a backbone on the client: build it once, check it, and turn it into a shippable spec.
+
+A backbone is given as a tf-keras model, an architecture id in the registry (with weights), a
+Keras application name (``"MobileNetV2"``), or ``{"application": "ResNet50", "weights":
+"/path/file.h5", "kwargs": {...}}``. Everything is checked here, before any Dask task runs:
+the layer exists, the source images fit the backbone's input, a weights file matches the
+architecture. Workers receive only the feature extractor's JSON and weights
+(:meth:`Backbone.spec`) and rebuild it once per process (:mod:`dvml.features.worker`).
+
+dvml never downloads weights: ``"imagenet"`` is refused with the way to provide the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import random
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dvml.exceptions import ModelMismatchError
+from dvml.features.keys import json_fingerprint, weights_fingerprint
+
+if TYPE_CHECKING:
+    from dvml.registry import Registry
+
+__all__ = ["APPLICATION_KEYS", "Backbone", "keras_module", "resolve_backbone"]
+
+APPLICATION_KEYS = ("application", "weights", "kwargs", "seed")
+_POOLING_LAYERS = {
+    ("avg", 3): "GlobalAveragePooling1D",
+    ("avg", 4): "GlobalAveragePooling2D",
+    ("avg", 5): "GlobalAveragePooling3D",
+    ("max", 3): "GlobalMaxPooling1D",
+    ("max", 4): "GlobalMaxPooling2D",
+    ("max", 5): "GlobalMaxPooling3D",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Backbone:
+    """A checked feature extractor: backbone (cut at ``layer``) + pooling.
+
+    Attributes
+    ----------
+    fingerprint : str
+        sha256 of the whole backbone: architecture JSON and weight bytes.
+    extractor_key : str
+        ``fingerprint`` + layer + pooling + input shape: what a worker caches a model under.
+    extractor_json : str
+        The extractor's architecture, rebuilt on the workers.
+    extractor_weights : bytes
+        Its weights as ``.npz`` bytes (:func:`dvml.registry.weights_to_bytes`).
+    feature_shape : list of int
+        Shape of one row of features.
+    """
+
+    fingerprint: str
+    extractor_key: str
+    extractor_json: str
+    extractor_weights: bytes
+    description: str
+    layer: str | None
+    output_layer: str
+    pooling: str | None
+    input_shape: list[int]
+    feature_shape: list[int]
+    n_params: int
+
+    def spec(self, use_gpus: bool) -> dict[str, Any]:
+        """What a worker needs to rebuild the extractor (sent once per worker)."""
+        return {
+            "key": self.extractor_key,
+            "model_json": self.extractor_json,
+            "weights": self.extractor_weights,
+            "feature_shape": list(self.feature_shape),
+            "use_gpus": bool(use_gpus),
+        }
+
+    def record(self) -> dict[str, Any]:
+        """The JSON-able description kept in the cache's summary."""
+        return {
+            "fingerprint": self.fingerprint,
+            "description": self.description,
+            "layer": self.layer,
+            "output_layer": self.output_layer,
+            "pooling": self.pooling,
+            "input_shape": list(self.input_shape),
+            "feature_shape": list(self.feature_shape),
+            "n_params": self.n_params,
+        }
+
+
+def keras_module() -> Any:
+    """tf-keras, imported lazily (``TF_USE_LEGACY_KERAS=1``), GPUs left to grow on demand."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+    import tf_keras
+
+    try:  # the client only checks the backbone: it must not take a GPU's whole memory
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:  # TensorFlow is initialised already: leave its settings alone
+        pass
+    return tf_keras
+
+
+def resolve_backbone(
+    backbone: Any,
+    layer: str | None,
+    pooling: str | None,
+    input_shape: Sequence[int],
+    registry: Registry | str | None = None,
+) -> Backbone:
+    """Build ``backbone`` on the client, check it against the source, and describe it.
+
+    Parameters
+    ----------
+    backbone : tf-keras Model, int, str or dict
+        See :func:`dvml.features.cache`.
+    layer : str or None
+        Layer whose output is the features; None for the backbone's output.
+    pooling : {None, "avg", "max"}
+        Global pooling over the spatial axes of that output.
+    input_shape : sequence of int
+        Shape of one source image (without the batch axis).
+    registry : Registry, str or None
+        Where an architecture id is looked up.
+
+    Raises
+    ------
+    ModelMismatchError
+        The layer does not exist (the message lists the layers), the images do not fit the
+        backbone's input (both shapes named), or a weights file does not match.
+    """
+    import tensorflow as tf
+
+    keras = keras_module()
+    shape = [int(s) for s in input_shape]
+    with tf.device("/CPU:0"):
+        model, description = _build(keras, backbone, shape, registry)
+        _check_input(model, shape, description)
+        fingerprint = _combine(json_fingerprint(model.to_json()),
+                               weights_fingerprint(model.get_weights()))  # fmt: skip
+        output, output_layer = _layer_output(model, layer, description)
+        output = _pool(keras, output, pooling, output_layer)
+        extractor = keras.Model(model.inputs, output, name="dvml_feature_extractor")
+        feature_shape = _feature_shape(extractor, shape, description)
+        from dvml.registry.weights import weights_to_bytes
+
+        blob = weights_to_bytes(list(extractor.get_weights()))
+        extractor_json = extractor.to_json()
+        _check_rebuildable(keras, extractor_json, description)
+    return Backbone(
+        fingerprint=fingerprint,
+        extractor_key=_combine(fingerprint, str(layer), str(pooling), str(shape)),
+        extractor_json=extractor_json,
+        extractor_weights=blob,
+        description=description,
+        layer=layer,
+        output_layer=output_layer,
+        pooling=pooling,
+        input_shape=shape,
+        feature_shape=feature_shape,
+        n_params=int(extractor.count_params()),
+    )
+
+
+def _combine(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _build(keras: Any, backbone: Any, shape: list[int],
+           registry: Registry | str | None) -> tuple[Any, str]:  # fmt: skip
+    if isinstance(backbone, keras.Model):
+        if not backbone.built or not backbone.inputs:
+            raise ValueError(
+                f"The backbone model {backbone.name!r} has no inputs yet. Received: an unbuilt "
+                "model. Give it an Input layer (keras.Input or InputLayer) or call it once."
+            )
+        return backbone, f"tf-keras model {backbone.name!r}"
+    if hasattr(backbone, "to_json") and hasattr(backbone, "get_weights"):
+        raise TypeError(
+            f"The backbone is a {type(backbone).__module__}.{type(backbone).__name__}, not a "
+            "tf-keras model. dvml runs legacy Keras (TF_USE_LEGACY_KERAS=1): build it with "
+            "`import tf_keras as keras`."
+        )
+    if isinstance(backbone, bool):
+        raise TypeError(_what_backbone(backbone))
+    if isinstance(backbone, int | np.integer):
+        return _from_registry(keras, int(backbone), registry)
+    if isinstance(backbone, str):
+        return _from_application(keras, {"application": backbone}, shape)
+    if isinstance(backbone, dict):
+        return _from_application(keras, backbone, shape)
+    raise TypeError(_what_backbone(backbone))
+
+
+def _what_backbone(backbone: Any) -> str:
+    return (
+        "backbone must be a tf-keras model, an architecture id in the registry, a Keras "
+        "application name such as 'MobileNetV2', or {'application': 'ResNet50', 'weights': "
+        f"'/path/file.h5'}}. Received: {type(backbone).__name__} {backbone!r:.80}."
+    )
+
+
+def _from_registry(keras: Any, arch_id: int, registry: Registry | str | None) -> tuple[Any, str]:
+    from dvml.registry import Registry
+
+    reg = registry if isinstance(registry, Registry) else Registry(registry)
+    try:
+        arch = reg.get_architecture(arch_id)
+    finally:
+        if reg is not registry:
+            reg.close()
+    if arch["weights"] is None:
+        raise ValueError(
+            f"Architecture {arch_id} in the registry has no weights: its features would be "
+            "those of random weights, different on every build. Received: an architecture "
+            "without weights. Load it with dvml.load_keras_model(model) or (model_json, weights)."
+        )
+    try:
+        model = keras.models.model_from_json(arch["model_json"])
+    except Exception as exc:  # unknown layer classes, malformed configs
+        raise ValueError(
+            f"Architecture {arch_id} in the registry cannot be built: {type(exc).__name__}: "
+            f"{exc}. Received: arch_id={arch_id}. Custom layers cannot be used as a backbone "
+            "by id; pass the model object instead."
+        ) from None
+    try:
+        model.set_weights(arch["weights"])
+    except ValueError as exc:
+        raise ModelMismatchError(
+            f"The weights stored with architecture {arch_id} do not fit its layers: {exc}. "
+            "Load the architecture again with matching weights."
+        ) from None
+    name = f" ({arch['name']})" if arch.get("name") else ""
+    return model, f"registry architecture {arch_id}{name}"
+
+
+def _applications(keras: Any) -> dict[str, Callable[..., Any]]:
+    return {n: getattr(keras.applications, n) for n in dir(keras.applications)
+            if n[:1].isupper() and callable(getattr(keras.applications, n))}  # fmt: skip
+
+
+def _from_application(keras: Any, spec: dict[str, Any], shape: list[int]) -> tuple[Any, str]:
+    unknown = sorted(set(spec) - set(APPLICATION_KEYS))
+    if unknown or "application" not in spec:
+        raise ValueError(
+            f"An application backbone is a dict with keys {list(APPLICATION_KEYS)} "
+            f"('application' required). Received: keys {sorted(spec)}."
+        )
+    name, weights = spec["application"], spec.get("weights")
+    kwargs = dict(spec.get("kwargs") or {})
+    apps = _applications(keras)
+    if name not in apps:
+        raise ValueError(
+            f"No Keras application named {name!r}. Received: application={name!r}. Available: "
+            f"{sorted(apps)}."
+        )
+    taken = sorted({"weights", "input_shape", "input_tensor"} & set(kwargs))
+    if taken:
+        raise ValueError(
+            f"kwargs of an application may not set {taken}: the input shape comes from the "
+            f"source images and weights from 'weights'. Received: kwargs={kwargs!r}."
+        )
+    if weights == "imagenet":
+        raise ValueError(
+            f"weights='imagenet' would download the {name} weights, and dvml never downloads. "
+            f"Received: weights='imagenet'. On a machine with network access run "
+            f"`tf_keras.applications.{name}(weights='imagenet', include_top=False)` (the file "
+            "lands in ~/.keras/models/), copy the .h5 file here, and pass "
+            f"{{'application': {name!r}, 'weights': '/path/to/file.h5'}}."
+        )
+    if weights is not None and (not isinstance(weights, str | os.PathLike)
+                                or not os.path.isfile(weights)):  # fmt: skip
+        raise ValueError(
+            f"weights must be None (random weights, seeded) or the path of an existing weights "
+            f"file. Received: weights={weights!r}. Save one with model.save_weights('w.h5')."
+        )
+    kwargs.setdefault("include_top", False)
+    seed = int(spec.get("seed", 0))
+    args = ", ".join(f"{k}={v!r}" for k, v in sorted(kwargs.items()))
+
+    def build() -> Any:
+        tensor = keras.Input(shape=tuple(shape), name="dvml_input")  # a fixed name: stable JSON
+        return apps[name](weights=None, input_tensor=tensor, **kwargs)
+
+    try:
+        model = _seeded(keras, seed, build)
+    except ValueError as exc:
+        raise ModelMismatchError(
+            f"{name}({args}) cannot take the source images: {exc}. Received: images of shape "
+            f"{tuple(shape)}. Preprocess them to a size the application accepts (image_size=)."
+        ) from None
+    description = f"{name}({args})"
+    if weights is None:
+        return model, f"{description}, random weights (seed {seed})"
+    path = os.path.abspath(os.fspath(weights))
+    try:
+        model.load_weights(path)
+    except Exception as exc:  # h5py, ValueError, TF errors: all mean the same here
+        raise ModelMismatchError(
+            f"The weights file does not match {description} built for images of shape "
+            f"{tuple(shape)}: {type(exc).__name__}: {exc}. Received: weights={path!r}. Use the "
+            "file saved from exactly this architecture (same application, kwargs and "
+            "include_top)."
+        ) from None
+    return model, f"{description}, weights {path}"
+
+
+def _seeded(keras: Any, seed: int, build: Callable[[], Any]) -> Any:
+    """Build with seeded random weights, then restore Python's and numpy's random states."""
+    import tensorflow as tf
+
+    py_state, np_state = random.getstate(), np.random.get_state()
+    keras.utils.set_random_seed(seed)
+    try:
+        return build()
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        tf.random.set_seed(None)
+
+
+def _check_input(model: Any, shape: list[int], description: str) -> None:
+    if len(model.inputs) != 1:
+        raise ModelMismatchError(
+            f"The backbone {description} has {len(model.inputs)} inputs; a feature cache feeds "
+            f"one (the images). Received: input shapes {model.input_shape}."
+        )
+    expected = list(model.inputs[0].shape[1:])
+    same_rank = len(expected) == len(shape)
+    fits = same_rank and all(e is None or e == s for e, s in zip(expected, shape, strict=True))
+    if not fits:
+        raise ModelMismatchError(
+            f"The source images have shape {tuple(shape)} but the backbone {description} "
+            f"expects inputs of shape {tuple(expected)}. Preprocess the images to that size "
+            "(image_size=, channels=) or build the backbone for the images' shape."
+        )
+
+
+def _layer_output(model: Any, layer: str | None, description: str) -> tuple[Any, str]:
+    if layer is None:
+        if len(model.outputs) != 1:
+            raise ModelMismatchError(
+                f"The backbone {description} has {len(model.outputs)} outputs; name one "
+                "layer with layer=."
+            )
+        return model.outputs[0], model.layers[-1].name
+    names = [lay.name for lay in model.layers]
+    if layer not in names:
+        raise ModelMismatchError(
+            f"The backbone {description} has no layer named {layer!r}. Received: "
+            f"layer={layer!r}. Available layers ({len(names)}): {names}."
+        )
+    try:
+        output = model.get_layer(layer).output
+    except AttributeError as exc:  # a layer called at several places has no single output
+        raise ModelMismatchError(
+            f"Layer {layer!r} of the backbone {description} has no single output ({exc}). "
+            "Name a layer that is called once."
+        ) from None
+    if isinstance(output, list | tuple):
+        raise ModelMismatchError(
+            f"Layer {layer!r} of the backbone {description} has {len(output)} outputs. Name a "
+            "layer with one output."
+        )
+    return output, layer
+
+
+def _pool(keras: Any, output: Any, pooling: str | None, layer: str) -> Any:
+    if pooling is None:
+        return output
+    rank = len(output.shape)
+    cls = _POOLING_LAYERS.get((pooling, rank))
+    if cls is None:
+        raise ModelMismatchError(
+            f"pooling={pooling!r} needs spatial axes, but layer {layer!r} outputs shape "
+            f"{tuple(output.shape)}. Use pooling=None, or a layer with a (h, w, c) output."
+        )
+    return getattr(keras.layers, cls)(name="dvml_pooling")(output)
+
+
+def _feature_shape(extractor: Any, shape: list[int], description: str) -> list[int]:
+    """The shape of one row of features, from the graph; a zero image probes it if needed."""
+    try:
+        out_shape = list(extractor.compute_output_shape((None, *shape))[1:])
+    except Exception:  # some layers cannot tell their output shape statically
+        out_shape = [None]
+    if any(s is None for s in out_shape):
+        try:
+            out = extractor.predict_on_batch(np.zeros((1, *shape), dtype=np.float32))
+        except Exception as exc:
+            raise ModelMismatchError(
+                f"The backbone {description} fails on images of shape {tuple(shape)}: "
+                f"{type(exc).__name__}: {exc}. Preprocess the images to the backbone's input "
+                "size."
+            ) from None
+        out_shape = list(np.asarray(out).shape[1:])
+    if not out_shape:
+        raise ModelMismatchError(
+            f"The features of {description} are one scalar per image; a feature cache needs "
+            "a vector or feature maps. Name another layer."
+        )
+    return [int(s) for s in out_shape]
+
+
+def _check_rebuildable(keras: Any, extractor_json: str, description: str) -> None:
+    """Workers rebuild the extractor from JSON alone: refuse what only this process can build."""
+    try:
+        keras.models.model_from_json(extractor_json)
+    except Exception as exc:  # unknown custom layers, Lambda closures...
+        raise ValueError(
+            f"The backbone {description} cannot be rebuilt from its JSON on the workers: "
+            f"{type(exc).__name__}: {exc}. Custom layers are not supported in a backbone; "
+            "build it from standard tf-keras layers."
+        ) from None

@@ -1,0 +1,46 @@
+"""Small lookups shared by the cache and its persistence: what a name holds, where it lives."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dvml.cluster.workers import WorkerInfo
+from dvml.exceptions import StoreError
+from dvml.store import catalog
+from dvml.store.datasets import Dataset, run_on, vineyard_workers
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = ["existing", "intact", "source_workers"]
+
+
+def existing(client: Client, name: str) -> Dataset | None:
+    """The dataset or feature cache called ``name``, or None."""
+    record = run_on(client, None, catalog.find_record, name)
+    return None if record is None else Dataset.from_record(record)
+
+
+def intact(client: Client, ds: Dataset) -> bool:
+    """Whether a live worker serves the vineyard instance of every buffer of ``ds``."""
+    live = vineyard_workers(client)
+    return all(b["instance_id"] in live for b in ds.layout["buffers"])
+
+
+def source_workers(client: Client, dataset: Dataset) -> list[WorkerInfo]:
+    """The live worker of every buffer of ``dataset``, in buffer order.
+
+    Raises
+    ------
+    StoreError
+        When a buffer's vineyardd is served by no live worker (its data is lost).
+    """
+    by_instance = vineyard_workers(client)
+    lost = sorted({b["worker_name"] for b in dataset.layout["buffers"]
+                   if b["instance_id"] not in by_instance})  # fmt: skip
+    if lost:
+        raise StoreError(
+            f"Buffers of {dataset.name!r} lived on {lost}, whose vineyardd no live worker "
+            "serves: that data is lost. Compute or preprocess it again."
+        )
+    return [by_instance[b["instance_id"]] for b in dataset.layout["buffers"]]

@@ -1,0 +1,115 @@
+"""Run one task per buffer on the worker that holds it, surviving a worker restart.
+
+A task pinned to a worker that died would wait for the scheduler's no-workers timeout; here a
+task whose worker left is resubmitted to the worker of the same NAME once its Nanny has
+restarted it. Its vineyardd runs on, so the buffer is still there and the placement holds.
+Resubmitting is safe because every attempt puts its objects under its own staging name, and
+the caller deletes every staged object that is not published (as the pack graph does).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.workers import WorkerInfo
+from dvml.exceptions import ClusterError
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+__all__ = ["ATTEMPTS", "live_workers", "run_pinned"]
+
+logger = logging.getLogger("dvml.features")
+
+ATTEMPTS = 3
+
+
+def live_workers(client: Client) -> dict[str, str]:
+    """Worker name → address of the workers connected right now."""
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    return {str(w["name"]): addr for addr, w in info.items()}
+
+
+def _wait_for_worker(client: Client, name: str, what: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        address = live_workers(client).get(name)
+        if address is not None:
+            return address
+        time.sleep(0.5)
+    raise ClusterError(
+        f"Worker {name} left the cluster during {what} and did not come back within "
+        f"{timeout:.0f}s. Its buffers live in its vineyardd; check the worker, then run the "
+        "call again."
+    )
+
+
+def run_pinned(
+    client: Client,
+    submit: Callable[[int, str, int], Future],
+    targets: Sequence[WorkerInfo],
+    what: str,
+    restart_timeout: float = 60.0,
+) -> list[Any]:
+    """Run ``submit(i, address, attempt)`` for every target ``i``; return results in order.
+
+    Parameters
+    ----------
+    submit : callable
+        Submits task ``i`` pinned to ``address`` (attempt 1, 2, ...) and returns its future.
+    targets : sequence of WorkerInfo
+        The worker of each task.
+    what : str
+        Named in errors, e.g. ``"featurization"``.
+
+    Raises
+    ------
+    Exception
+        The task's own error when it failed on a live worker (bad data, no room); a
+        :class:`ClusterError` when a worker left ``ATTEMPTS`` times or did not come back.
+    """
+    from distributed import wait
+
+    addresses = [t.address for t in targets]
+    futures = {i: submit(i, addresses[i], 1) for i in range(len(targets))}
+    attempts = dict.fromkeys(futures, 1)
+    results: dict[int, Any] = {}
+    try:
+        while len(results) < len(futures):
+            pending = [f for i, f in futures.items() if i not in results]
+            try:
+                with client.as_current():  # distributed.wait looks up the default client
+                    wait(pending, timeout=1, return_when="FIRST_COMPLETED")
+            except TimeoutError:  # nothing finished within the second: look at the workers
+                pass
+            live = set(live_workers(client).values())
+            for i, fut in futures.items():
+                if i in results:
+                    continue
+                if fut.status == "finished":
+                    results[i] = fut.result()
+                    continue
+                if fut.status == "pending" and addresses[i] in live:
+                    continue
+                if fut.status in ("error", "cancelled") and addresses[i] in live:
+                    fut.result()  # raises the task's own error: not a lost worker
+                name = targets[i].name
+                if attempts[i] >= ATTEMPTS:
+                    raise ClusterError(
+                        f"{what} of buffer {i} failed {attempts[i]} times because its worker "
+                        f"{name} left the cluster. Check the worker's logs and memory, then "
+                        "run the call again."
+                    )
+                address = _wait_for_worker(client, name, what, restart_timeout)
+                fut.cancel()
+                logger.warning("worker %s restarted as %s: redoing %s of buffer %d",
+                               name, address, what, i)  # fmt: skip
+                addresses[i] = address
+                attempts[i] += 1
+                futures[i] = submit(i, address, attempts[i])
+    finally:
+        client.cancel([f for i, f in futures.items() if i not in results])
+    return [results[i] for i in range(len(futures))]

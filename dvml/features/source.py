@@ -1,0 +1,232 @@
+"""What a feature cache is computed from: a packed dataset, or raw images packed on the way.
+
+:func:`plan_source` looks at the source WITHOUT doing any work: the shape of one image (to
+check the backbone before anything runs), the preprocessing parameters and the identity of the
+data, which both go into the cache key. A packed dataset is identified by its ``dataset_id``
+(new whenever it is preprocessed again); raw arrays by Dask's token of their content; image
+folders and tar shards by the names, sizes and modification times of their files.
+
+Raw sources are packed by :func:`dvml.training_preprocessor` into a dataset under
+:data:`~dvml.preprocess.api.INTERNAL_PREFIX` (:func:`pack_source`), which the cache drops
+once its features are published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import TYPE_CHECKING, Any
+
+from dvml.exceptions import DataError
+from dvml.store.datasets import Dataset, describe
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = ["PREPROCESS_KEYS", "SourcePlan", "pack_source", "plan_source"]
+
+PREPROCESS_KEYS = (
+    "y", "x", "buffer_size", "normalizing_const", "num_classes", "on_invalid", "image_size",
+    "channels", "seed",
+)  # fmt: skip
+
+
+@dataclasses.dataclass
+class SourcePlan:
+    """A source, described without running anything.
+
+    Attributes
+    ----------
+    kind : {"dataset", "arrays", "images"}
+    input_shape : list of int
+        Shape of one image (the backbone's input).
+    identity : dict
+        What identifies the data, for the cache key.
+    preprocessing : dict
+        ``image_size``, ``channels``, ``normalizing_const`` (and, for raw sources, every
+        preprocessing argument), for the cache key.
+    dataset : Dataset or None
+        The packed dataset (kind ``"dataset"``).
+    raw : object
+        The raw source to pack (other kinds).
+    """
+
+    kind: str
+    description: str
+    input_shape: list[int]
+    identity: dict[str, Any]
+    preprocessing: dict[str, Any]
+    dataset: Dataset | None = None
+    raw: Any = None
+    preprocess_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def plan_source(source: Any, client: Client, preprocess_kwargs: dict[str, Any]) -> SourcePlan:
+    """Describe ``source`` (see :func:`dvml.features.cache`) without running anything.
+
+    Raises
+    ------
+    DatasetNotFoundError
+        A dataset name that does not exist (dropped).
+    TypeError, ValueError, DataError
+        A source of an unknown type, unknown preprocessing arguments, or data that cannot be
+        one image per row.
+    """
+    unknown = sorted(set(preprocess_kwargs) - set(PREPROCESS_KEYS))
+    if unknown:
+        raise TypeError(
+            f"Unknown keyword arguments {unknown}. Received: {sorted(preprocess_kwargs)}. The "
+            f"preprocessing arguments a raw source takes are {list(PREPROCESS_KEYS)}."
+        )
+    if isinstance(source, Dataset):
+        return _dataset(source.name, client, preprocess_kwargs)
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        if os.path.isdir(path) or ".tar" in path:
+            return _images(path, preprocess_kwargs)
+        return _dataset(path, client, preprocess_kwargs)
+    if isinstance(source, dict):
+        return _arrays(source, preprocess_kwargs)
+    raise TypeError(
+        "source must be a dataset (its name or a dvml.Dataset), a dict of image and label "
+        "arrays, an image folder or a tar-shard pattern. Received: "
+        f"{type(source).__name__}."
+    )
+
+
+def _dataset(name: str, client: Client, kwargs: dict[str, Any]) -> SourcePlan:
+    if kwargs:
+        raise TypeError(
+            f"Preprocessing arguments {sorted(kwargs)} apply to raw sources only; dataset "
+            f"{name!r} is preprocessed already. Received: {sorted(kwargs)}."
+        )
+    # Always read the CURRENT dataset: a handle may be stale (dropped or replaced since).
+    ds = describe(name, client)
+    s = ds.summary
+    if len(s["x_shapes"]) != 1:
+        raise DataError(
+            f"Dataset {name!r} has {len(s['x_shapes'])} x inputs; a feature cache takes one "
+            f"(the images). Received: x shapes {s['x_shapes']}."
+        )
+    preprocessing = {
+        "image_size": s.get("image_size"),
+        "channels": s.get("channels"),
+        "normalizing_const": s["normalizing_const"],
+    }
+    return SourcePlan(
+        kind="dataset", description=name, input_shape=list(s["x_shapes"][0]),
+        identity={"dataset_id": s["dataset_id"]}, preprocessing=preprocessing, dataset=ds,
+    )  # fmt: skip
+
+
+def _arrays(source: dict[str, Any], kwargs: dict[str, Any]) -> SourcePlan:
+    import dask.array as da
+    from dask.base import tokenize
+
+    kwargs = {"x": "image", "y": "label", **kwargs}
+    x, y = kwargs["x"], kwargs["y"]
+    if not isinstance(x, str) or not isinstance(y, str):
+        raise TypeError(
+            f"For a dict of arrays, x and y name one array each. Received: x={x!r}, y={y!r}."
+        )
+    missing = [k for k in (x, y) if k not in source]
+    if missing:
+        raise DataError(
+            f"Arrays {missing} are missing from the source dict. Received: keys "
+            f"{sorted(source)}. Pass x= and y= naming the image and label arrays."
+        )
+    images = da.asarray(source[x])
+    if any(s != s for s in images.shape):  # unknown (nan) chunk sizes
+        raise DataError(
+            f"The image array {x!r} has unknown chunk sizes {images.shape}. Call "
+            ".compute_chunk_sizes() on it first."
+        )
+    preprocessing = {k: kwargs.get(k) for k in PREPROCESS_KEYS}
+    if preprocessing["normalizing_const"] is None:
+        preprocessing["normalizing_const"] = 1.0
+    token = tokenize(source[x], source[y])
+    return SourcePlan(
+        kind="arrays", description=f"arrays({x}, {y})", input_shape=list(images.shape[1:]),
+        identity={"arrays": token}, preprocessing=preprocessing, raw=source,
+        preprocess_kwargs=kwargs,
+    )  # fmt: skip
+
+
+def _files_token(paths: list[str]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        st = os.stat(path)
+        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _images(path: str, kwargs: dict[str, Any]) -> SourcePlan:
+    from dvml.preprocess.images import check_size, list_image_folder
+    from dvml.preprocess.shards import expand_braces
+
+    size = kwargs.get("image_size")
+    if size is None:
+        raise ValueError(
+            f"image_size=(height, width) is required for an image source. Received: "
+            f"image_size=None for {path!r}."
+        )
+    height, width = check_size(size)
+    channels = kwargs.get("channels", 3)
+    if os.path.isdir(path):
+        files, _ = list_image_folder(path)
+    else:
+        files = expand_braces(path)
+        absent = [f for f in files if not os.path.exists(f)]
+        if absent:
+            raise DataError(
+                f"{len(absent)} of {len(files)} tar shards do not exist, e.g. {absent[0]!r}. "
+                f"Received: {path!r}."
+            )
+    preprocessing = {k: kwargs.get(k) for k in PREPROCESS_KEYS}
+    preprocessing.update(image_size=[height, width], channels=channels)
+    if preprocessing["normalizing_const"] is None:
+        preprocessing["normalizing_const"] = 1.0
+    return SourcePlan(
+        kind="images", description=path, input_shape=[height, width, int(channels)],
+        identity={"files": _files_token(files), "path": os.path.abspath(path),
+                  "count": len(files)},
+        preprocessing=preprocessing, raw=path,
+        preprocess_kwargs={**kwargs, "image_size": (height, width)},
+    )  # fmt: skip
+
+
+def pack_source(
+    plan: SourcePlan,
+    name: str,
+    distribution_rules: Any,
+    client: Client,
+    training_cache: Dataset | None = None,
+) -> Dataset:
+    """Pack a raw source into the dataset ``name`` (replacing any leftover of that name).
+
+    With ``training_cache``, the source is a validation set: it is packed with the class
+    values, normalization, image size and placement of the images that cache was computed from.
+    """
+    from dvml.preprocess.api import training_preprocessor, validation_preprocessor
+
+    if plan.dataset is not None:
+        return plan.dataset
+    if training_cache is None:
+        return training_preprocessor(
+            plan.raw, distribution_rules=distribution_rules or "all_workers", name=name,
+            overwrite=True, client=client, **plan.preprocess_kwargs,
+        )  # fmt: skip
+    s = training_cache.summary
+    # The images' side of the training cache, as validation_preprocessor reads a training set.
+    images = dataclasses.replace(training_cache, summary={
+        **s, "normalizing_const": s["source_normalizing_const"],
+        "image_size": s["source_image_size"], "channels": s["source_channels"],
+        "x_shapes": [plan.input_shape],
+    })  # fmt: skip
+    kwargs = {k: v for k, v in plan.preprocess_kwargs.items()
+              if k in ("y", "x", "buffer_size", "on_invalid", "seed")}  # fmt: skip
+    return validation_preprocessor(
+        plan.raw, training=images, distribution_rules=distribution_rules, name=name,
+        overwrite=True, client=client, **kwargs,
+    )  # fmt: skip

@@ -1,0 +1,263 @@
+"""Worker-side steps of the feature cache (top-level functions, run as pinned Dask tasks).
+
+:func:`featurize_buffer` runs the feature extractor over one buffer of images that lives in
+this worker's vineyardd and puts the features beside it. The extractor is built once per
+worker process and reused by every later task that asks for the same backbone, layer and
+pooling (its ``key``); :data:`CALLS` counts builds and batches so that tests can tell a cache
+hit (no batch run) from a miss. :func:`save_buffer` and :func:`load_buffer` write and read one
+buffer as ``.npy`` files for :mod:`dvml.features.persist`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dvml.exceptions import StoreError
+
+__all__ = [
+    "CALLS",
+    "calls",
+    "extractor_for",
+    "featurize_buffer",
+    "load_buffer",
+    "read_buffers",
+    "save_buffer",
+]
+
+_MODELS: OrderedDict[str, Any] = OrderedDict()
+_MODELS_KEPT = 2  # extractors kept per process; a backbone can be large
+_LOCK = threading.Lock()
+CALLS = {"builds": 0, "batches": 0, "rows": 0}
+"""In this process: extractors built, backbone batches run and rows featurized."""
+
+
+def calls() -> dict[str, int]:
+    """A copy of :data:`CALLS` (run it with ``client.run`` to read every worker's counts)."""
+    return dict(CALLS)
+
+
+def _device(use_gpus: bool) -> str:
+    import tensorflow as tf
+
+    if use_gpus and tf.config.list_logical_devices("GPU"):
+        return "/GPU:0"
+    return "/CPU:0"
+
+
+def extractor_for(spec: dict[str, Any]) -> tuple[Any, str]:
+    """The feature extractor of ``spec`` and the device it runs on, built once per process."""
+    with _LOCK:
+        cached = _MODELS.get(spec["key"])
+        if cached is not None:
+            _MODELS.move_to_end(spec["key"])
+            return cached
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "" if spec.get("use_gpus") else "-1")
+        import tensorflow as tf
+        import tf_keras as keras
+
+        from dvml.registry.weights import weights_from_bytes
+
+        device = _device(bool(spec.get("use_gpus")))
+        with tf.device(device):
+            model = keras.models.model_from_json(spec["model_json"])
+            model.set_weights(weights_from_bytes(spec["weights"]))
+        CALLS["builds"] += 1
+        _MODELS[spec["key"]] = (model, device)
+        while len(_MODELS) > _MODELS_KEPT:
+            _MODELS.popitem(last=False)
+        return model, device
+
+
+def _where() -> dict[str, str]:
+    from distributed import get_worker
+
+    worker = get_worker()
+    return {
+        "worker": worker.address,
+        "worker_name": str(worker.name),
+        "host": os.environ.get("DVML_HOST") or worker.address,
+    }
+
+
+def _local_buffer(parts: Any, name: str, dataset_id: str, index: int) -> int:
+    from dvml.store.local import this_worker_name
+
+    if parts.summary.get("dataset_id") != dataset_id:
+        raise StoreError(
+            f"Dataset {name!r} was replaced while this task ran: it now has dataset_id "
+            f"{parts.summary.get('dataset_id')!r}, not {dataset_id!r}. Nothing was computed "
+            "from the new data; run the call again."
+        )
+    if index not in parts.buffer_indices:
+        raise StoreError(
+            f"Buffer {index} of {name!r} is not on {this_worker_name()} (vineyard instance "
+            f"{parts.instance_id}), which holds buffers {parts.buffer_indices}."
+        )
+    return parts.buffer_indices.index(index)
+
+
+def featurize_buffer(
+    source: str,
+    dataset_id: str,
+    index: int,
+    spec: dict[str, Any],
+    batch_size: int,
+    staging_name: str,
+) -> dict[str, Any]:
+    """Run the extractor over buffer ``index`` of ``source`` and put the features HERE.
+
+    Returns the new buffer's layout record (``index``, ``rows``, ``instance_id``, worker,
+    ``fields``: ``x_0`` the float32 features, ``y`` the source's one-hot labels) plus the
+    ``device`` and ``seconds`` it took. Objects are put under ``staging_name`` until published.
+    """
+    from dvml.resolve.local import open_local
+    from dvml.store.local import put_arrays
+
+    start = time.perf_counter()
+    parts = open_local(source, require=False)
+    try:
+        pos = _local_buffer(parts, source, dataset_id, index)
+        x, y = parts.fields["x_0"][pos], parts.fields["y"][pos]
+        model, device = extractor_for(spec)
+        features = np.empty((len(x), *spec["feature_shape"]), dtype=np.float32)
+        import tensorflow as tf
+
+        with tf.device(device):
+            for lo in range(0, len(x), batch_size):
+                hi = min(len(x), lo + batch_size)
+                features[lo:hi] = model.predict_on_batch(x[lo:hi])
+                CALLS["batches"] += 1
+        CALLS["rows"] += len(x)
+        record = put_arrays({"x_0": features, "y": y}, staging_name=staging_name)
+    finally:
+        parts.close()
+    return {
+        "index": index,
+        "rows": len(features),
+        "instance_id": record["instance_id"],
+        **_where(),
+        "fields": record["fields"],
+        "device": device,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
+
+
+def save_buffer(name: str, dataset_id: str, index: int, directory: str) -> dict[str, Any]:
+    """Write buffer ``index`` of ``name`` (held HERE) into ``directory/<worker name>/``.
+
+    Each file is written under a temporary name and renamed, so a file is whole or absent.
+    """
+    from dvml.resolve.local import open_local
+
+    where = _where()
+    folder = _safe(where["worker_name"])
+    os.makedirs(os.path.join(directory, folder), exist_ok=True)
+    parts = open_local(name, require=False)
+    try:
+        pos = _local_buffer(parts, name, dataset_id, index)
+        files = {}
+        for field, arrays in parts.fields.items():
+            array = arrays[pos]
+            relative = f"{folder}/buffer-{index:05d}.{field}.npy"
+            path = os.path.join(directory, relative)
+            with open(path + ".tmp", "wb") as f:
+                np.save(f, array, allow_pickle=False)
+            os.replace(path + ".tmp", path)
+            files[field] = {
+                "path": relative,
+                "shape": list(array.shape),
+                "dtype": str(array.dtype),
+                "sha256": _digest(array),
+            }
+        rows = len(parts.fields["y"][pos])
+    finally:
+        parts.close()
+    return {"index": index, "worker_name": where["worker_name"], "rows": rows, "files": files}
+
+
+def _read(directory: str, meta: dict[str, Any]) -> np.ndarray:
+    from dvml.store.local import this_worker_name
+
+    path = os.path.join(directory, meta["path"])
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise StoreError(
+            f"Cannot read {path} on {this_worker_name()}: {exc}. The save is incomplete here, "
+            "or this host does not see the directory: on a real cluster each host keeps the "
+            "files its workers wrote, so load where the same worker names run."
+        ) from None
+    if list(array.shape) != meta["shape"] or str(array.dtype) != meta["dtype"]:
+        raise StoreError(
+            f"{path} holds {array.dtype} {list(array.shape)}, but the manifest says "
+            f"{meta['dtype']} {meta['shape']}. The file was changed since it was saved."
+        )
+    if _digest(array) != meta["sha256"]:
+        raise StoreError(
+            f"{path} does not match the checksum in the manifest: it was changed or damaged "
+            "since it was saved. Save the cache again."
+        )
+    return array
+
+
+def load_buffer(
+    directory: str,
+    pieces: Sequence[tuple[dict[str, Any], np.ndarray | None]],
+    index: int,
+    staging_name: str,
+) -> dict[str, Any]:
+    """Assemble one buffer from saved files and put it HERE.
+
+    ``pieces`` are ``(files of a saved buffer, row indices or None for all rows)``; the rows
+    of every piece are concatenated, field by field.
+    """
+    from dvml.store.local import put_arrays
+
+    fields: dict[str, list[np.ndarray]] = {}
+    for files, rows in pieces:
+        for field, meta in files.items():
+            array = _read(directory, meta)
+            fields.setdefault(field, []).append(
+                np.asarray(array) if rows is None else array[np.sort(rows)]
+            )
+    arrays = {f: np.concatenate(parts) if len(parts) > 1 else np.ascontiguousarray(parts[0])
+              for f, parts in fields.items()}  # fmt: skip
+    record = put_arrays(arrays, staging_name=staging_name)
+    return {
+        "index": index,
+        "rows": len(arrays["y"]),
+        "instance_id": record["instance_id"],
+        **_where(),
+        "fields": record["fields"],
+    }
+
+
+def read_buffers(name: str) -> dict[int, dict[str, np.ndarray]]:
+    """Copies of this worker's buffers of ``name``: ``{buffer index: {field: array}}``."""
+    from dvml.resolve.local import open_local
+
+    parts = open_local(name, require=False)
+    try:
+        return {
+            index: {field: np.array(arrays[pos]) for field, arrays in parts.fields.items()}
+            for pos, index in enumerate(parts.buffer_indices)
+        }
+    finally:
+        parts.close()

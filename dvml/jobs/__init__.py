@@ -1,0 +1,29 @@
+"""YAML job files: their schema and what a job does with them, shared by the CLI and workflows.
+
+``dvml fit|evaluate|predict --config FILE`` and the scheduled workflows in ``workflows/`` read
+the same file format:
+
+- :mod:`dvml.jobs.config`: a small schema (key → type, required, default, help; nested
+  sections) and the loader that checks a file before anything runs (pure).
+- :mod:`dvml.jobs.schemas`: the schemas of job files (pure).
+- :mod:`dvml.jobs.cluster`: which cluster a job uses; cleaning up after a killed client.
+- :mod:`dvml.jobs.data`: the newest input matching ``data.source``; preprocessing it.
+- :mod:`dvml.jobs.models`: architectures named in job files, model copies, promotion rules.
+
+This package leaves preprocessing, training and storage to :mod:`dvml.preprocess`,
+:mod:`dvml.train` and :mod:`dvml.store`; the lock and journal of scheduled runs live with the
+workflows.
+"""
+
+from dvml.jobs.config import Field, Section, describe, load, validate
+from dvml.jobs.schemas import FEATURE_REFRESH_SCHEMA, JOB_SCHEMA
+
+__all__ = [
+    "FEATURE_REFRESH_SCHEMA",
+    "JOB_SCHEMA",
+    "Field",
+    "Section",
+    "describe",
+    "load",
+    "validate",
+]

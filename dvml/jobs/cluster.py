@@ -1,0 +1,233 @@
+"""Which cluster a job uses, and cleaning up after a job whose client was killed.
+
+A job attaches to ``--scheduler ADDR`` or ``cluster.scheduler``, starts a LocalCluster for
+``cluster.local``, or else attaches to the cluster recorded by ``dvml cluster up``.
+
+A client that dies (SIGKILL, lost machine) leaves two kinds of debris that dvml cannot clean
+from inside the dead process:
+
+- *orphaned trainers*: Dask cannot stop a running task, so a fit's trainer tasks keep running
+  (and keep their worker's threads) until their trainer processes end.
+  :func:`abort_orphaned_trainers` finds them (trainer tasks the scheduler has released, i.e.
+  no client wants their result any more) and sets their fit's abort event: each launcher
+  then stops its trainer process within a second.
+- *staging objects*: buffers put by a preprocessor that never published its dataset.
+  :func:`staging_runs` lists them by run and :func:`drop_staging` deletes them on the workers
+  that own them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from dvml.exceptions import ClusterError, NoClusterError
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from dvml.cluster.attach import Cluster
+
+__all__ = [
+    "abort_orphaned_trainers",
+    "cluster_plan",
+    "drop_staging",
+    "open_cluster",
+    "recorded_scheduler",
+    "staging_runs",
+]
+
+# How dvml.train.fit names its trainer tasks and abort events (dvml/train/fit.py):
+# key f"dvml-trainer-{job_id}-{worker name}", event f"dvml-fit-abort-{job_id}", job_id 12 hex.
+_TRAINER_PREFIX = "dvml-trainer-"
+_ABORT_PREFIX = "dvml-fit-abort-"
+_JOB_ID_LENGTH = 12
+
+
+def _state_dir(state_dir: str | os.PathLike[str] | None) -> pathlib.Path:
+    if state_dir is not None:
+        return pathlib.Path(state_dir).expanduser()
+    from dvml import config
+
+    return config.state_dir()
+
+
+def recorded_scheduler(state_dir: str | os.PathLike[str] | None = None) -> str:
+    """The scheduler address of the running cluster recorded by ``dvml cluster up``.
+
+    Raises
+    ------
+    NoClusterError
+        No cluster is recorded in ``state_dir``.
+    ClusterError
+        The recorded cluster no longer runs.
+    """
+    from dvml.cluster.state import read_state, same_process, state_path
+
+    directory = _state_dir(state_dir)
+    state = read_state(directory)
+    if state is None:
+        raise NoClusterError(
+            f"No cluster to use: none was given and none is recorded in "
+            f"{state_path(directory)}. Pass --scheduler ADDR, set cluster.scheduler or "
+            "cluster.local in the config, or start one with `dvml cluster up`."
+        )
+    if not same_process(int(state["pid"]), state.get("start_time")):
+        raise ClusterError(
+            f"The cluster recorded in {state_path(directory)} ({state['scheduler_address']}) "
+            f"is not running: its serve process (pid {state['pid']}) is gone. Run `dvml "
+            "cluster down` to clean up, then `dvml cluster up`, or pass --scheduler ADDR."
+        )
+    return str(state["scheduler_address"])
+
+
+def cluster_plan(
+    section: Mapping[str, Any] | None,
+    scheduler: str | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> str:
+    """One line saying which cluster :func:`open_cluster` would use (nothing is contacted)."""
+    section = section or {}
+    if scheduler or section.get("scheduler"):
+        return f"attach to the scheduler at {scheduler or section['scheduler']}"
+    local = section.get("local")
+    if local is not None:
+        extra = ", ".join(f"{k}={v}" for k, v in local.items() if v is not None)
+        return f"start a LocalCluster ({extra}) and stop it at the end"
+    from dvml.cluster.state import state_path
+
+    return f"attach to the cluster recorded in {state_path(_state_dir(state_dir))}"
+
+
+@contextlib.contextmanager
+def open_cluster(
+    section: Mapping[str, Any] | None,
+    scheduler: str | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> Iterator[Cluster]:
+    """Attach to or start the job's cluster; its client is the default one inside.
+
+    Parameters
+    ----------
+    section : dict or None
+        The ``cluster`` section of a job file (``scheduler``, ``local``, ``timeout``).
+    scheduler : str, optional
+        ``--scheduler ADDR``: wins over the section.
+    state_dir : path, optional
+        Where ``dvml cluster up`` recorded its cluster (default: config ``cluster.state-dir``).
+
+    Yields
+    ------
+    dvml.Cluster
+        Closed (a started LocalCluster: stopped) on exit.
+    """
+    import warnings
+
+    from dvml.cluster.attach import connect
+    from dvml.cluster.local import LocalCluster
+
+    section = section or {}
+    timeout = float(section.get("timeout") or 30.0)
+    address = scheduler or section.get("scheduler")
+    local = section.get("local")
+    if not address and local is not None:
+        kwargs = {k: v for k, v in local.items() if v is not None}
+        with LocalCluster(**kwargs) as started:
+            yield started
+        return
+    if not address:
+        address = recorded_scheduler(state_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # workers without vineyardd fail later, by name
+        cluster = connect(address, timeout=timeout)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+# -- orphaned trainers ---------------------------------------------------------------------
+
+
+def _released_trainers(dask_worker: Any) -> list[str]:
+    """Run on a worker: keys of trainer tasks still running that no client wants any more."""
+    keys = []
+    for key, ts in list(dask_worker.state.tasks.items()):
+        if isinstance(key, str) and key.startswith(_TRAINER_PREFIX) and ts.state == "cancelled":
+            keys.append(key)
+    return keys
+
+
+def _find_released(client: Client) -> list[str]:
+    found = client.run(_released_trainers, on_error="return")
+    return sorted(k for keys in found.values() if isinstance(keys, list) for k in keys)
+
+
+def abort_orphaned_trainers(client: Client, timeout: float = 60.0) -> list[str]:
+    """Stop the trainers of fits whose client is gone; return their task keys.
+
+    A trainer task whose client died stays *cancelled* on its worker while it runs: nobody
+    will read its result, but it holds a worker thread (and its peers) until it ends. Setting
+    its fit's abort event makes the launcher stop the trainer process; this waits (up to
+    ``timeout`` seconds) until the tasks have ended.
+    """
+    from distributed import Event
+
+    keys = _find_released(client)
+    job_ids = {k[len(_TRAINER_PREFIX) :][:_JOB_ID_LENGTH] for k in keys}
+    for job_id in sorted(job_ids):
+        Event(f"{_ABORT_PREFIX}{job_id}", client=client).set()
+    deadline = time.monotonic() + timeout
+    while keys and _find_released(client) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    left = _find_released(client) if keys else []
+    if left:
+        raise ClusterError(
+            f"Trainers of a killed fit still run after {timeout:.0f}s: {left}. Received: abort "
+            "events set for their jobs. Check the workers' logs; restart the workers if they "
+            "hang."
+        )
+    return keys
+
+
+# -- staging objects -----------------------------------------------------------------------
+
+
+def staging_runs(client: Client) -> dict[str, list[tuple[str, int, int]]]:
+    """Staged (never published) objects by preprocessing run id: ``[(name, id, instance)]``."""
+    from dvml.store import catalog
+    from dvml.store.datasets import run_on
+    from dvml.store.local import STAGING_PREFIX
+
+    runs: dict[str, list[tuple[str, int, int]]] = {}
+    for name, oid, iid in run_on(client, None, catalog.staging_objects):
+        run_id = name[len(STAGING_PREFIX) :].split("/", 1)[0]
+        runs.setdefault(run_id, []).append((name, oid, iid))
+    return runs
+
+
+def drop_staging(client: Client, run_ids: Iterable[str]) -> int:
+    """Delete the staged objects (and their names) of ``run_ids``; return how many names."""
+    from dvml.store.datasets import delete_by_instance, run_on
+    from dvml.store.local import delete_objects
+
+    wanted = set(run_ids)
+    ids: dict[int, list[int]] = {}
+    names: dict[int, list[str]] = {}
+    count = 0
+    for run_id, objects in staging_runs(client).items():
+        if run_id not in wanted:
+            continue
+        for name, oid, iid in objects:
+            names.setdefault(iid, []).append(name)
+            if iid >= 0:
+                ids.setdefault(iid, []).append(oid)
+            count += 1
+    delete_by_instance(client, ids, {i: n for i, n in names.items() if i >= 0})
+    if names.get(-1):  # the object is gone already: only its name is left
+        run_on(client, None, delete_objects, [], names[-1])
+    return count

@@ -1,0 +1,292 @@
+"""The schemas of dvml's YAML job files, shared by ``dvml fit|evaluate|predict --config`` and
+the scheduled workflows (``workflows/retrain.py``, ``workflows/feature_refresh.py``).
+
+One file can drive all of them: the CLI reads the sections it needs and the workflow the rest
+(``promotion`` is read by the retrain workflow only, ``predict`` by ``dvml predict`` only).
+``python -m dvml.jobs.schemas`` prints both schemas. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from dvml.jobs.config import Field, Schema, Section, describe
+
+__all__ = [
+    "FEATURE_REFRESH_SCHEMA",
+    "JOB_SCHEMA",
+    "NAME_PATTERN",
+    "SKLEARN_SOURCES",
+]
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+SKLEARN_SOURCES = ("sklearn:digits",)
+
+
+def _name(value: Any) -> str | None:
+    if not NAME_PATTERN.match(value):
+        return (
+            "must start with a letter or digit and hold only letters, digits, '_', '.' and '-' "
+            "(at most 100 characters): it names models, datasets and files"
+        )
+    return None
+
+
+def _positive(value: Any) -> str | None:
+    if not (math.isfinite(value) and value > 0):
+        return "must be a positive number"
+    return None
+
+
+def _at_least_one(value: Any) -> str | None:
+    return "must be at least 1" if value < 1 else None
+
+
+def _not_negative(value: Any) -> str | None:
+    return "must be 0 or more" if not (math.isfinite(value) and value >= 0) else None
+
+
+def _fraction(value: Any) -> str | None:
+    return "must be a fraction between 0 and 1 (exclusive), e.g. 0.2" if not 0 < value < 1 else None
+
+
+def _image_size(value: Any) -> str | None:
+    ok = len(value) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+    )
+    return None if ok else "must be [height, width], two positive integers"
+
+
+def _x_columns(value: Any) -> str | None:
+    if isinstance(value, str):
+        return None
+    for item in value:
+        group = [item] if isinstance(item, str) else item
+        if not isinstance(group, list) or not group or not all(isinstance(c, str) for c in group):
+            return "must be a column name, a list of names or a list of lists of names"
+    return None if value else "must not be empty"
+
+
+def _names(value: Any) -> str | None:
+    return None if all(isinstance(v, str) for v in value) else "must be a list of names"
+
+
+def _rules(value: Any) -> str | None:
+    return None if isinstance(value, str) else _names(value)
+
+
+def _cluster_check(section: dict[str, Any]) -> str | None:
+    if section["scheduler"] is not None and section["local"] is not None:
+        return (
+            "give either 'cluster.scheduler' (attach to a running cluster) or 'cluster.local' "
+            "(start one for this run), not both. Received: both. Remove one of them"
+        )
+    return None
+
+
+def _validation_check(section: dict[str, Any]) -> str | None:
+    if section["source"] is not None and section["split"] is not None:
+        return (
+            "give either 'validation.source' or 'validation.split', not both. Received: "
+            f"source={section['source']!r}, split={section['split']!r}. Remove one of them"
+        )
+    return None
+
+
+def _common() -> dict[str, Field | Section]:
+    """Keys every job file has: its name, the cluster, the registry, the state directory."""
+    local = Section(
+        {
+            "n_workers": Field(int, default=2, help="Dask workers", check=_at_least_one),
+            "vineyard_memory": Field(str, help="shared memory of each vineyardd, e.g. 512MiB"),
+            "hosts": Field(int, help="simulated hosts (default: one per worker)",
+                           check=_at_least_one),  # fmt: skip
+            "start_timeout": Field(float, help="seconds to wait for each daemon",
+                                   check=_positive),  # fmt: skip
+        },
+        optional=True,
+        help="start a LocalCluster for this run and stop it afterwards",
+    )
+    return {
+        "name": Field(
+            str, required=True, check=_name,
+            help="the job's name: models and datasets are named after it (<name>, <name>-train)",
+        ),  # fmt: skip
+        "description": Field(str, help="free text stored with the model"),
+        "schedule": Field(str, help="when it runs, e.g. a cron expression (documentation only)"),
+        "state_dir": Field(
+            str, help="where workflows keep their lock, journal and state (default: "
+            "<dvml cluster.state-dir>/workflows)",
+        ),  # fmt: skip
+        "registry": Field(str, help="SQLAlchemy URL of the model registry (default: config)"),
+        "cluster": Section(
+            {
+                "scheduler": Field(str, help="address of a running scheduler, tcp://host:8786"),
+                "local": local,
+                "timeout": Field(float, default=30.0, check=_positive,
+                                 help="seconds to wait for the scheduler"),  # fmt: skip
+            },
+            check=_cluster_check,
+            help="scheduler or local; neither: the cluster recorded by `dvml cluster up`",
+        ),
+    }
+
+
+def _model(architecture_help: str) -> Section:
+    return Section(
+        {
+            "architecture": Field(
+                (int, str), required=True, help=architecture_help,
+            ),  # fmt: skip
+            "compile_params": Field(
+                (str, dict), required=True,
+                help="compile parameters, e.g. \"loss='categorical_crossentropy', "
+                "optimizer='adam', metrics=['accuracy']\"",
+            ),  # fmt: skip
+            "fit_params": Field((str, dict), default="batch_size=32, epochs=1",
+                                help="fit parameters; batch_size is the global batch"),  # fmt: skip
+            "num_iterations": Field(int, default=1, check=_at_least_one,
+                                    help="fit iterations"),  # fmt: skip
+            "metrics_compute_frequency": Field(int, check=_at_least_one,
+                                               help="compute metrics every N iterations"),  # fmt: skip
+            "use_gpus": Field(bool, default=False, help="train on the trainers' GPUs"),
+            "warm_start": Field(bool, default=True,
+                                help="start from the weights of the existing model"),  # fmt: skip
+            "custom_objects": Field(list, default=[], check=_names,
+                                    help="registered custom losses/metrics"),  # fmt: skip
+        },
+        required=True,
+        help="the architecture and how to train it",
+    )
+
+
+_ARCHITECTURE_HELP = (
+    "an architecture id in the registry, the path of a Keras JSON file, or builtin:digits-cnn"
+)
+
+JOB_SCHEMA: Schema = {
+    **_common(),
+    "data": Section(
+        {
+            "source": Field(
+                str, required=True,
+                help="the training data: sklearn:digits, a Parquet/CSV path or glob (the newest "
+                "match is used), an image folder or a tar-shard pattern",
+            ),  # fmt: skip
+            "x": Field((str, list), check=_x_columns, help="the feature column(s)"),
+            "y": Field(str, help="the label column"),
+            "normalizing_const": Field(float, default=1.0, check=_positive,
+                                       help="x is divided by this"),  # fmt: skip
+            "num_classes": Field(int, check=_at_least_one, help="length of the one-hot labels"),
+            "buffer_size": Field(int, check=_at_least_one, help="rows per packed buffer"),
+            "distribution_rules": Field((str, list), default="all_workers", check=_rules,
+                                        help="which workers hold the data"),  # fmt: skip
+            "image_size": Field(list, check=_image_size,
+                                help="[height, width] for image sources"),  # fmt: skip
+            "channels": Field(int, default=3, choices=(1, 3), help="1 or 3 for image sources"),
+            "on_invalid": Field(str, default="raise", choices=("raise", "drop"),
+                                help="what to do with rows holding NaN or inf"),  # fmt: skip
+            "seed": Field(int, default=0, help="shuffle and split seed"),
+        },
+        required=True,
+        help="the training data and how to preprocess it",
+    ),
+    "validation": Section(
+        {
+            "source": Field(str, help="validation data (same forms as data.source)"),
+            "split": Field(float, check=_fraction,
+                           help="fraction of data.source held out (default 0.2)"),  # fmt: skip
+        },
+        check=_validation_check,
+        help="source or split; the default holds out 0.2 of a table source",
+    ),
+    "model": _model(_ARCHITECTURE_HELP),
+    "promotion": Section(
+        {
+            "metric": Field(str, default="loss",
+                            help="'loss' or a compiled metric such as 'accuracy'"),  # fmt: skip
+            "mode": Field(str, default="auto", choices=("auto", "min", "max"),
+                          help="lower or higher is better (auto: min for loss, max otherwise)"),  # fmt: skip
+            "min_delta": Field(float, default=0.0, check=_not_negative,
+                               help="how much better the candidate must be"),  # fmt: skip
+        },
+        help="when the retrain workflow promotes a candidate to production",
+    ),
+    "evaluate": Section(
+        {
+            "model": Field(str, help="model to evaluate (default: <name>)"),
+            "dataset": Field(str, help="packed dataset (default: <name>-val)"),
+            "batch_size": Field(int, default=256, check=_at_least_one, help="batch per worker"),
+        },
+        help="read by `dvml evaluate --config`",
+    ),
+    "predict": Section(
+        {
+            "model": Field(str, help="model to predict with (default: <name>)"),
+            "source": Field(str, help="raw rows to predict (default: data.source)"),
+            "id": Field(str, default="id", help="the id column"),
+            "x": Field((str, list), check=_x_columns, help="feature column(s) (default: data.x)"),
+            "pred_type": Field((str, int, float), default="response",
+                               help="'response', 'prob', top k (int) or a threshold (float)"),  # fmt: skip
+            "output": Field(str, help="write predictions to this .csv or .parquet file"),
+        },
+        help="read by `dvml predict --config`",
+    ),
+}
+
+FEATURE_REFRESH_SCHEMA: Schema = {
+    **_common(),
+    "images": Section(
+        {
+            "source": Field(
+                str, required=True,
+                help="an image folder (one sub-folder per label) or tar shards; with a glob the "
+                "newest match is used",
+            ),  # fmt: skip
+            "image_size": Field(list, required=True, check=_image_size,
+                                help="[height, width] images are resized to"),  # fmt: skip
+            "channels": Field(int, default=3, choices=(1, 3), help="1 (grey) or 3 (RGB)"),
+            "normalizing_const": Field(float, default=255.0, check=_positive,
+                                       help="pixels are divided by this"),  # fmt: skip
+            "distribution_rules": Field((str, list), default="all_workers", check=_rules,
+                                        help="which workers hold the images"),  # fmt: skip
+            "buffer_size": Field(int, check=_at_least_one, help="rows per packed buffer"),
+            "seed": Field(int, default=0, help="shuffle seed"),
+            "validation_source": Field(str, help="validation images for the head (optional)"),
+        },
+        required=True,
+        help="the images to compute features for",
+    ),
+    "backbone": Section(
+        {
+            "model": Field(
+                (int, str, dict), required=True,
+                help="an architecture id with weights, a Keras application name, or "
+                "{application, weights, kwargs, seed}",
+            ),  # fmt: skip
+            "layer": Field(str, help="the layer whose output is the features (default: output)"),
+            "pooling": Field(str, choices=("avg", "max"), help="global pooling of that output"),
+            "batch_size": Field(int, default=64, check=_at_least_one, help="images per batch"),
+            "use_gpus": Field(bool, default=False, help="run the backbone on GPUs"),
+        },
+        required=True,
+        help="the backbone that computes the features",
+    ),
+    "head": Section(
+        {
+            **_model("an architecture id or the path of a Keras JSON file taking the features")
+            .fields,
+        },
+        optional=True,
+        help="optionally fine-tune a head on the features (model <name>-head)",
+    ),
+}
+
+
+if __name__ == "__main__":  # pragma: no cover - documentation helper
+    print("# dvml fit|evaluate|predict --config and workflows/retrain.py\n")
+    print(describe(JOB_SCHEMA))
+    print("\n# workflows/feature_refresh.py\n")
+    print(describe(FEATURE_REFRESH_SCHEMA))

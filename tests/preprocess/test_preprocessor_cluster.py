@@ -1,0 +1,486 @@
+"""The preprocessors on a real LocalCluster: every source kind, every distribution rule kind.
+
+Each dataset is checked object by object: the vineyard instance of every member (read through
+a plain vineyard client on the owning worker), the numbers it holds (compared with arrays the
+test computes itself from the source), the balance of rows over the workers, and the global
+objects. Every test drops what it created, and checks that the vineyardds hold what they held
+before.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import tarfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+import dvml
+from dvml.exceptions import DataError, DatasetNotFoundError
+
+pytestmark = pytest.mark.cluster
+
+TENSOR = "vineyard::Tensor<float>"
+
+
+# -- worker-side probes (top-level, so they pickle by reference) ---------------------------
+
+
+def vineyard_contents() -> dict[str, Any]:
+    """On a worker: its instance id, memory in use, local tensors and staging names."""
+    import vineyard
+
+    from dvml.store.local import STAGING_PREFIX
+
+    client = vineyard.connect()  # VINEYARD_IPC_SOCKET names this worker's own vineyardd
+    try:
+        iid = int(client.instance_id)
+        metas = client.ipc_client.list_metadatas("vineyard::Tensor*", limit=1_000_000)
+        staging = client.ipc_client.list_names(STAGING_PREFIX + "*", limit=1_000_000)
+        return {
+            "instance_id": iid,
+            "memory_usage": int(client.status.memory_usage),
+            "tensors": sorted(int(m.id) for m in metas if int(m.instance_id) == iid),
+            "staging": sorted(str(n) for n in staging),
+        }
+    finally:
+        client.close()
+
+
+def read_objects(ids: Sequence[int]) -> dict[str, Any]:
+    """On a worker: for each id, the instance its metadata names, its type and its values."""
+    import vineyard
+
+    client = vineyard.connect()
+    try:
+        found = []
+        for raw in ids:
+            oid = vineyard.ObjectID(int(raw))
+            meta = client.get_meta(oid)
+            found.append(
+                {
+                    "instance_id": int(meta.instance_id),
+                    "typename": meta.typename,
+                    "value": np.array(client.get(oid)),  # a copy: the view dies with the client
+                }
+            )
+        return {"local_instance": int(client.instance_id), "objects": found}
+    finally:
+        client.close()
+
+
+def global_members(oid: int) -> dict[str, Any]:
+    """On a worker: typename, globalness and members (id, instance) of a global object."""
+    import vineyard
+
+    client = vineyard.connect()
+    try:
+        meta = client.get_meta(vineyard.ObjectID(int(oid)))
+        members = {
+            key: (int(value.id), int(value.instance_id))
+            for key, value in meta.items()
+            if isinstance(value, vineyard.ObjectMeta)
+        }
+        return {"typename": meta.typename, "global": bool(meta.isglobal), "members": members}
+    finally:
+        client.close()
+
+
+def object_exists(ids: Sequence[int]) -> list[bool]:
+    """On a worker: whether each object still exists."""
+    import vineyard
+
+    client = vineyard.connect()
+    try:
+        return [bool(client.exists(vineyard.ObjectID(int(i)))) for i in ids]
+    finally:
+        client.close()
+
+
+# -- client-side helpers --------------------------------------------------------------------
+
+
+def snapshot(cluster: dvml.LocalCluster) -> dict[int, dict[str, Any]]:
+    """What every vineyardd holds, by instance id."""
+    answers = cluster.client.run(vineyard_contents)
+    return {a["instance_id"]: a for a in answers.values()}
+
+
+def on_worker(cluster: dvml.LocalCluster, worker: dvml.WorkerInfo, fn: Any, *args: Any) -> Any:
+    future = cluster.client.submit(
+        fn, *args, workers=[worker.address], allow_other_workers=False, pure=False
+    )
+    return future.result(timeout=60)
+
+
+def worker_by_instance(cluster: dvml.LocalCluster) -> dict[int, dvml.WorkerInfo]:
+    return {w.vineyard_instance_id: w for w in cluster.refresh()}
+
+
+def sorted_rows(matrix: np.ndarray) -> np.ndarray:
+    """Rows in lexicographic order: two matrices hold the same multiset of rows iff equal."""
+    return matrix[np.lexsort(matrix.T[::-1])] if len(matrix) else matrix
+
+
+def as_rows(xs: Sequence[np.ndarray], y: np.ndarray) -> np.ndarray:
+    return np.hstack([np.asarray(x).reshape(len(y), -1) for x in xs] + [y])
+
+
+def expected_one_hot(labels: Sequence[Any], class_values: list[Any], width: int) -> np.ndarray:
+    out = np.zeros((len(labels), width), dtype=np.float32)
+    index = {v: i for i, v in enumerate(class_values)}
+    for row, label in enumerate(labels):
+        out[row, index[label]] = 1.0
+    return out
+
+
+def normalized(x: np.ndarray, const: float) -> np.ndarray:
+    return np.asarray(x).astype(np.float32) / np.float32(const)
+
+
+def read_dataset(cluster: dvml.LocalCluster, ds: dvml.Dataset) -> dict[str, Any]:
+    """Read every member of ``ds`` on the worker that owns it, checking where it lives.
+
+    Returns the fields concatenated in buffer order and the rows each worker holds.
+    """
+    owners = worker_by_instance(cluster)
+    fields = sorted(ds.layout["fields"])
+    parts: dict[str, list[np.ndarray]] = {f: [] for f in fields}
+    rows: dict[str, int] = {}
+    for b in ds.layout["buffers"]:
+        owner = owners[b["instance_id"]]
+        assert b["worker_name"] == owner.name and b["host"] == owner.host
+        ids = [b["fields"][f]["id"] for f in fields]
+        answer = on_worker(cluster, owner, read_objects, ids)
+        assert answer["local_instance"] == b["instance_id"]
+        for field, obj in zip(fields, answer["objects"], strict=True):
+            # The metadata of every member names the instance of the worker that owns it.
+            assert obj["instance_id"] == owner.vineyard_instance_id
+            assert obj["typename"] == TENSOR
+            assert list(obj["value"].shape) == b["fields"][field]["shape"]
+            assert len(obj["value"]) == b["rows"]
+            parts[field].append(obj["value"])
+        rows[owner.name] = rows.get(owner.name, 0) + b["rows"]
+    return {"fields": {f: np.concatenate(v) for f, v in parts.items()}, "rows": rows}
+
+
+def check_dataset(
+    cluster: dvml.LocalCluster,
+    ds: dvml.Dataset,
+    targets: Sequence[str],
+    xs: Sequence[np.ndarray],
+    y: np.ndarray,
+) -> dict[str, Any]:
+    """Placement, balance, global objects and a round trip of the numbers of ``ds``."""
+    owners = worker_by_instance(cluster)
+    by_name = {w.name: w for w in owners.values()}
+    # The buffers live exactly on the resolved workers' instances.
+    instances = {b["instance_id"] for b in ds.layout["buffers"]}
+    assert instances == {by_name[t].vineyard_instance_id for t in targets}
+    resolved = ds.summary["distribution_rules"]["resolved"]
+    assert sorted(r["name"] for r in resolved) == sorted(targets)
+
+    content = read_dataset(cluster, ds)
+    # Balance: every target holds rows, and no two differ by more than one.
+    assert set(content["rows"]) == set(targets)
+    counts = list(content["rows"].values())
+    assert max(counts) - min(counts) <= 1
+    assert sum(counts) == len(y) == ds.rows == ds.summary["rows"]
+    assert ds.summary["rows_per_worker"] == content["rows"]
+
+    # The numbers: the same multiset of (x, y) rows as computed here from the source.
+    fields = content["fields"]
+    got = as_rows([fields[f"x_{i}"] for i in range(len(xs))], fields["y"])
+    want = as_rows([x.astype(np.float32) for x in xs], y)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(sorted_rows(got), sorted_rows(want))
+    for i, x in enumerate(xs):
+        assert list(fields[f"x_{i}"].shape[1:]) == list(x.shape[1:]) == ds.summary["x_shapes"][i]
+        assert ds.layout["fields"][f"x_{i}"]["shape"] == [len(y), *x.shape[1:]]
+
+    # The root and the per-field GlobalTensors list the same members, on the same instances.
+    reader = owners[min(owners)]
+    root = on_worker(cluster, reader, global_members, ds.id)
+    assert root["typename"] == "dvml::Dataset" and root["global"]
+    expected = {
+        f"{field}-{i}": (obj["id"], b["instance_id"])
+        for i, b in enumerate(ds.layout["buffers"])
+        for field, obj in b["fields"].items()
+    }
+    assert root["members"] == expected
+    for field, gid in ds.global_tensors.items():
+        gt = on_worker(cluster, reader, global_members, gid)
+        assert gt["typename"] == "vineyard::GlobalTensor" and gt["global"]
+        assert gt["members"] == {
+            f"partitions_-{i}": (b["fields"][field]["id"], b["instance_id"])
+            for i, b in enumerate(ds.layout["buffers"])
+        }
+    return content
+
+
+@pytest.fixture
+def vineyard4(cluster4: dvml.LocalCluster) -> Iterator[list[str]]:
+    """Names of datasets a test creates: dropped afterwards, and the vineyardds checked clean."""
+    before = snapshot(cluster4)
+    names: list[str] = []
+    yield names
+    for name in names:
+        if dvml.datasets.exists(name, client=cluster4.client):
+            dvml.datasets.drop(name, client=cluster4.client)
+    after = snapshot(cluster4)
+    assert after == before, "the vineyardds do not hold what they held before the test"
+
+
+# -- sources ----------------------------------------------------------------------------------
+
+
+def test_pandas_array_column_all_workers(cluster4: dvml.LocalCluster, vineyard4: list[str]) -> None:
+    """A pandas DataFrame with an array-valued column; int labels, num_classes padding."""
+    rng = np.random.default_rng(1)
+    n = 103  # not a multiple of 4: one worker holds a row fewer
+    cells = [rng.integers(0, 256, size=(2, 3)) for _ in range(n)]
+    labels = rng.choice([7, 3, 5], size=n)
+    frame = pd.DataFrame({"pixels": cells, "digit": labels})
+    vineyard4.append("pp_pandas")
+    ds = dvml.training_preprocessor(
+        frame, y="digit", x="pixels", normalizing_const=255.0, num_classes=5,
+        distribution_rules="all_workers", name="pp_pandas", client=cluster4.client,
+    )  # fmt: skip
+    s = ds.summary
+    assert s["class_values"] == [3, 5, 7] and s["num_classes"] == 5 and s["y_shape"] == [5]
+    assert s["dependent_vartype"] == "int" and s["independent_varname"] == [["pixels"]]
+    assert s["normalizing_const"] == 255.0 and s["x_shapes"] == [[2, 3]]
+    y = expected_one_hot(labels.tolist(), [3, 5, 7], 5)
+    content = check_dataset(
+        cluster4, ds, ["worker-0", "worker-1", "worker-2", "worker-3"],
+        [normalized(np.stack(cells), 255.0)], y,
+    )  # fmt: skip
+    assert not content["fields"]["y"][:, 3:].any()  # the padded classes are never hot
+    assert sorted(content["rows"].values()) == [25, 26, 26, 26]
+
+
+def test_dask_dataframe_columns_as_one_input_gpu_workers(
+    cluster4: dvml.LocalCluster, vineyard4: list[str]
+) -> None:
+    """Several numeric columns of a Dask DataFrame as one input; str labels; GPU workers."""
+    rng = np.random.default_rng(2)
+    n = 80
+    frame = pd.DataFrame(
+        {
+            "a": rng.normal(size=n),
+            "b": rng.integers(-50, 50, size=n),
+            "c": rng.normal(size=n).astype(np.float32),
+            "animal": rng.choice(["emu", "cat", "dog"], size=n),
+        }
+    )
+    ddf = dd.from_pandas(frame, npartitions=5)
+    vineyard4.append("pp_dask_df")
+    ds = dvml.training_preprocessor(
+        ddf, y="animal", x=[["a", "b", "c"]], normalizing_const=2.0,
+        distribution_rules="gpu_workers", name="pp_dask_df", client=cluster4.client,
+    )  # fmt: skip
+    assert ds.summary["class_values"] == ["cat", "dog", "emu"]
+    assert ds.summary["dependent_vartype"] == "str"
+    assert ds.summary["distribution_rules"]["kind"] == "gpu_workers"
+    x = frame[["a", "b", "c"]].to_numpy(dtype=np.float64)
+    y = expected_one_hot(frame["animal"].tolist(), ["cat", "dog", "emu"], 3)
+    check_dataset(cluster4, ds, ["worker-0", "worker-1"], [normalized(x, 2.0)], y)
+
+
+def test_multi_input_bool_labels_list_of_hosts(
+    cluster4: dvml.LocalCluster, vineyard4: list[str]
+) -> None:
+    """``x=["a", "b"]``: two model inputs; bool labels; a list of the two hosts."""
+    rng = np.random.default_rng(3)
+    n = 50
+    frame = pd.DataFrame(
+        {"a": rng.normal(size=n), "b": rng.integers(0, 9, size=n), "ok": rng.random(n) > 0.5}
+    )
+    vineyard4.append("pp_multi")
+    ds = dvml.training_preprocessor(
+        frame, y="ok", x=["a", "b"], distribution_rules=["host-0", "host-1"], name="pp_multi",
+        client=cluster4.client,
+    )  # fmt: skip
+    assert ds.summary["class_values"] == [False, True]
+    assert ds.summary["dependent_vartype"] == "bool"
+    assert ds.summary["distribution_rules"]["given"] == ["host-0", "host-1"]
+    assert sorted(ds.layout["fields"]) == ["x_0", "x_1", "y"]
+    xs = [normalized(frame[["a"]].to_numpy(), 1.0), normalized(frame[["b"]].to_numpy(), 1.0)]
+    y = expected_one_hot(frame["ok"].tolist(), [False, True], 2)
+    check_dataset(cluster4, ds, ["worker-0", "worker-1", "worker-2", "worker-3"], xs, y)
+
+
+def test_parquet_path_list_of_worker_names(
+    cluster4: dvml.LocalCluster, vineyard4: list[str], tmp_path: pathlib.Path
+) -> None:
+    rng = np.random.default_rng(4)
+    n = 61
+    frame = pd.DataFrame(
+        {"f0": rng.normal(size=n), "f1": rng.normal(size=n), "label": rng.integers(0, 4, n)}
+    )
+    path = tmp_path / "train.parquet"
+    frame.to_parquet(path)
+    vineyard4.append("pp_parquet")
+    ds = dvml.training_preprocessor(
+        str(path), y="label", x=[["f0", "f1"]], normalizing_const=0.5,
+        distribution_rules=["worker-1", "worker-3"], name="pp_parquet", client=cluster4.client,
+    )  # fmt: skip
+    classes = sorted(set(frame["label"].tolist()))
+    assert ds.summary["class_values"] == classes
+    assert ds.summary["source_table"] == str(path)
+    y = expected_one_hot(frame["label"].tolist(), classes, len(classes))
+    x = normalized(frame[["f0", "f1"]].to_numpy(), 0.5)
+    check_dataset(cluster4, ds, ["worker-1", "worker-3"], [x], y)
+
+
+def test_csv_path_gpu_configuration_table(
+    cluster4: dvml.LocalCluster, vineyard4: list[str], tmp_path: pathlib.Path
+) -> None:
+    rng = np.random.default_rng(5)
+    n = 40
+    frame = pd.DataFrame(
+        {
+            "p": rng.integers(0, 256, n),
+            "q": rng.integers(0, 256, n),
+            "kind": rng.choice(["x", "y"], n),
+        }
+    )
+    path = tmp_path / "train.csv"
+    frame.to_csv(path, index=False)
+    gpus = dvml.gpu_configuration(cluster4.client)
+    assert sorted(gpus["worker_name"]) == ["worker-0", "worker-1"]
+    vineyard4.append("pp_csv")
+    ds = dvml.training_preprocessor(
+        str(path), y="kind", x=[["p", "q"]], normalizing_const=255,
+        distribution_rules=gpus, name="pp_csv", client=cluster4.client,
+    )  # fmt: skip
+    assert ds.summary["distribution_rules"]["kind"] == "table"
+    y = expected_one_hot(frame["kind"].tolist(), ["x", "y"], 2)
+    x = normalized(frame[["p", "q"]].to_numpy(), 255.0)
+    check_dataset(cluster4, ds, ["worker-0", "worker-1"], [x], y)
+
+
+def test_dict_of_dask_arrays_one_worker(cluster4: dvml.LocalCluster, vineyard4: list[str]) -> None:
+    n = 90
+    x = da.random.default_rng(6).random((n, 4, 2), chunks=(25, 4, 2))
+    labels = da.random.default_rng(7).integers(10, 13, size=n, chunks=25)
+    x_np, labels_np = x.compute(), labels.compute()  # the expected values, computed here
+    vineyard4.append("pp_arrays")
+    ds = dvml.training_preprocessor(
+        {"x": x, "label": labels}, y="label", x="x", normalizing_const=4.0,
+        distribution_rules="worker-2", name="pp_arrays", client=cluster4.client,
+    )  # fmt: skip
+    classes = sorted(set(labels_np.tolist()))
+    assert ds.summary["class_values"] == classes
+    y = expected_one_hot(labels_np.tolist(), classes, len(classes))
+    check_dataset(cluster4, ds, ["worker-2"], [normalized(x_np, 4.0)], y)
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")  # lossless: pixels come back exactly
+    return buf.getvalue()
+
+
+def test_image_folder_one_host(
+    cluster4: dvml.LocalCluster, vineyard4: list[str], tmp_path: pathlib.Path
+) -> None:
+    rng = np.random.default_rng(8)
+    images, labels = [], []
+    for label in ["cow", "ant", "bee"]:
+        (tmp_path / label).mkdir()
+        for i in range(5):
+            pixels = rng.integers(0, 256, size=(6, 5, 3), dtype=np.uint8)  # height 6, width 5
+            (tmp_path / label / f"{i}.png").write_bytes(_png(pixels))
+            images.append(pixels)
+            labels.append(label)
+    vineyard4.append("pp_images")
+    ds = dvml.training_preprocessor(
+        str(tmp_path), normalizing_const=255.0, image_size=(6, 5), distribution_rules=["host-1"],
+        name="pp_images", client=cluster4.client,
+    )  # fmt: skip
+    assert ds.summary["class_values"] == ["ant", "bee", "cow"]
+    assert ds.summary["image_size"] == [6, 5] and ds.summary["channels"] == 3
+    y = expected_one_hot(labels, ["ant", "bee", "cow"], 3)
+    check_dataset(cluster4, ds, ["worker-2", "worker-3"], [normalized(np.stack(images), 255.0)], y)
+
+
+def test_webdataset_tar_shards(
+    cluster4: dvml.LocalCluster, vineyard4: list[str], tmp_path: pathlib.Path
+) -> None:
+    rng = np.random.default_rng(9)
+    images, labels = [], []
+    for shard in range(4):
+        with tarfile.open(tmp_path / f"train-{shard:04d}.tar", "w") as tar:
+            for i in range(5):
+                pixels = rng.integers(0, 256, size=(4, 3), dtype=np.uint8)  # grey
+                label = str(rng.integers(0, 3))
+                for ext, data in (("png", _png(pixels)), ("cls", label.encode())):
+                    info = tarfile.TarInfo(f"{shard:04d}_{i:02d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                images.append(pixels[..., None])
+                labels.append(label)
+    classes = sorted(set(labels))
+    vineyard4.append("pp_shards")
+    ds = dvml.training_preprocessor(
+        str(tmp_path / "train-{0000..0003}.tar"), normalizing_const=255.0, image_size=(4, 3),
+        channels=1, num_classes=4, name="pp_shards", client=cluster4.client,
+    )  # fmt: skip
+    assert ds.summary["class_values"] == classes and ds.summary["num_classes"] == 4
+    y = expected_one_hot(labels, classes, 4)
+    check_dataset(
+        cluster4, ds, ["worker-0", "worker-1", "worker-2", "worker-3"],
+        [normalized(np.stack(images), 255.0)], y,
+    )  # fmt: skip
+
+
+# -- validation sets ----------------------------------------------------------------------------
+
+
+def test_validation_reuses_training_classes_and_refuses_unseen_labels(
+    cluster4: dvml.LocalCluster, vineyard4: list[str]
+) -> None:
+    rng = np.random.default_rng(10)
+    train = pd.DataFrame(
+        {"v": [rng.normal(size=3) for _ in range(40)], "c": rng.choice(["a", "b", "c"], 40)}
+    )
+    vineyard4.append("pp_train")
+    training = dvml.training_preprocessor(
+        train, y="c", x="v", normalizing_const=3.0, num_classes=4,
+        distribution_rules=["worker-0", "worker-3"], name="pp_train", client=cluster4.client,
+    )  # fmt: skip
+    # Only two of the three classes: the encoding still follows the training set's classes.
+    valid = pd.DataFrame({"v": [rng.normal(size=3) for _ in range(12)], "c": ["c", "a"] * 6})
+    vineyard4.append("pp_valid")
+    ds = dvml.validation_preprocessor(
+        valid, y="c", x="v", training="pp_train", name="pp_valid", client=cluster4.client
+    )
+    s = ds.summary
+    assert s["kind"] == "validation"
+    assert s["class_values"] == ["a", "b", "c"] and s["num_classes"] == 4
+    assert s["normalizing_const"] == 3.0
+    assert s["training_dataset"] == {"name": "pp_train", "dataset_id": training.summary["dataset_id"]}
+    y = expected_one_hot(valid["c"].tolist(), ["a", "b", "c"], 4)
+    x = normalized(np.stack(valid["v"].tolist()), 3.0)
+    check_dataset(cluster4, ds, ["worker-0", "worker-3"], [x], y)  # the training set's rules
+
+    before = snapshot(cluster4)
+    unseen = pd.DataFrame({"v": [rng.normal(size=3) for _ in range(8)], "c": ["a", "zebra"] * 4})
+    with pytest.raises(DataError, match=r"zebra.*never appear.*pp_train"):
+        dvml.validation_preprocessor(
+            unseen, y="c", x="v", training=training, name="pp_unseen", client=cluster4.client
+        )
+    assert not dvml.datasets.exists("pp_unseen", client=cluster4.client)
+    assert snapshot(cluster4) == before
+    with pytest.raises(DatasetNotFoundError, match="no_such_training"):
+        dvml.validation_preprocessor(
+            valid, y="c", x="v", training="no_such_training", name="pp_v2", client=cluster4.client
+        )

@@ -1,0 +1,95 @@
+"""The benchmark harness: pure functions, and one quick real run of B8."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder run as `python -m benchmarks`
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import harness  # noqa: E402
+
+
+def _bench(target_op: str = "<=") -> harness.Benchmark:
+    return harness.Benchmark(
+        key="BX", title="test", unit="s", dvml=lambda c: 2.0, baseline=lambda c: 1.0,
+        target=1.5, target_op=target_op,
+    )  # fmt: skip
+
+
+def test_schedule_alternates_which_side_goes_first() -> None:
+    assert harness.schedule(3) == [("dvml", "baseline"), ("baseline", "dvml"), ("dvml", "baseline")]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="repeats must be a positive int"):
+            harness.schedule(bad)  # type: ignore[arg-type]
+
+
+def test_summarize_ratios_and_verdict() -> None:
+    m = harness.Measurement(dvml=[2.0, 3.0, 1.0], baseline=[1.0, 1.0, 1.0])
+    row = harness.summarize(_bench(), m)
+    assert row["dvml"] == 2.0 and row["baseline"] == 1.0
+    assert row["ratios"] == [2.0, 3.0, 1.0]
+    assert (row["ratio_median"], row["ratio_min"], row["ratio_max"]) == (2.0, 1.0, 3.0)
+    assert row["met"] is False and row["target"] == "ratio <= 1.5"
+    assert harness.summarize(_bench(">="), m)["met"] is True
+
+    failed = harness.summarize(_bench(), harness.Measurement(error="RuntimeError: boom"))
+    assert failed["met"] is False and failed["ratio_median"] is None
+    table = harness.render_table([row, failed])
+    assert "| BX: test | 2 s | 1 s | 2.00 (1.00-3.00) | ratio <= 1.5 | no |" in table
+    assert table.splitlines()[-1].endswith("| error |")
+
+
+def test_run_benchmark_alternates_and_records_errors() -> None:
+    calls: list[str] = []
+
+    def side(name: str, fail: bool = False):
+        def run(context: object) -> float:
+            calls.append(name)
+            if fail:
+                raise RuntimeError("boom")
+            return 1.0
+
+        return run
+
+    ok = harness.Benchmark("BY", "t", "s", side("dvml"), side("baseline"), target=1.0)
+    m = harness.run_benchmark(ok, repeats=2, quick=True, log=lambda s: None)
+    assert calls == ["dvml", "baseline", "baseline", "dvml"]
+    assert m.dvml == [1.0, 1.0] and m.error is None
+
+    bad = harness.Benchmark("BZ", "t", "s", side("dvml", fail=True), side("baseline"), 1.0)
+    assert harness.run_benchmark(bad, 1, True, log=lambda s: None).error == "RuntimeError: boom"
+
+
+def test_select() -> None:
+    registry = harness.load()
+    assert [b.key for b in harness.select(registry, ["b8"])] == ["B8"]
+    with pytest.raises(ValueError, match="Unknown benchmark"):
+        harness.select(registry, ["B99"])
+    with pytest.raises(ValueError, match="target_op"):
+        _bench("<")
+
+
+@pytest.mark.cluster
+def test_quick_b8_run_writes_results(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "results"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "B8", "--repeats", "1",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    (row,) = [r for r in data["results"] if r["benchmark"] == "B8"]
+    assert row["error"] is None
+    for key in ("dvml", "baseline", "ratio_median"):
+        assert isinstance(row[key], float) and row[key] > 0
+    assert len(row["dvml_figures"]) == len(row["baseline_figures"]) == 1
+    assert "| B8: " in (out / "results.md").read_text()
+    assert "| B8: " in result.stdout

@@ -1,0 +1,272 @@
+"""Retrain a model on the newest data and promote it only when it is better.
+
+``python -m workflows.retrain --config workflows/configs/retrain-digits.yaml``
+
+Steps, one log line each: take the lock; attach to (or start) the cluster; clean up after a
+killed run; find the newest data; preprocess it into ``<name>-train`` and ``<name>-val``
+(reused when the last run built them from the same data); train the candidate
+``<name>@candidate``, warm-started from the production model ``<name>`` when one exists; evaluate
+both on ``<name>-val``; copy the candidate to ``<name>`` when it is better (promotion).
+
+The production pointer is the model NAME: ``<name>`` is what serves, ``<name>@candidate`` the
+last candidate (kept for inspection). Promoting is one registry transaction (a copy with
+``replace=True``), and the production model's summary records the promotion under
+``"promotion"``. Every name is deterministic and every write replaces, so a run killed at any
+point leaves at most one production model, one candidate and two datasets, and the next run
+completes the job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from workflows._runtime import EXIT_OK, RunContext, digest, recover, run_workflow
+
+__all__ = ["candidate_name", "main"]
+
+DESCRIPTION = (
+    "Retrain a model on the newest data (warm-started from production), evaluate it on the "
+    "validation set and promote it to production only when it is better."
+)
+
+
+def candidate_name(name: str) -> str:
+    """The candidate model of job ``name``; ``name`` itself is the production model."""
+    return f"{name}@candidate"
+
+
+def _keys(ctx: RunContext, fingerprint: str) -> tuple[str, str]:
+    """(data key, training key): what makes two runs' datasets, and trainings, the same."""
+    job = ctx.job
+    data_key = digest(fingerprint, job["data"], job["validation"])
+    return data_key, digest(data_key, job["model"], job["promotion"])
+
+
+def plan(ctx: RunContext) -> list[str]:
+    """The steps a run would take now, read-only (files are only listed and stat'ed)."""
+    from dvml.jobs.cluster import cluster_plan
+    from dvml.jobs.data import dataset_names, resolve_source
+    from dvml.jobs.models import metric_mode
+
+    job = ctx.job
+    name = job["name"]
+    lock = ctx.lock
+    holder = lock.holder() or {}
+    held = f"held now by pid {holder.get('pid')}" if lock.is_held() else "free"
+    source = resolve_source(job["data"]["source"], ctx.base_dir)
+    _, train_key = _keys(ctx, source.fingerprint)
+    last = ctx.read_state().get("last_success") or {}
+    fresh = last.get("train_key") == train_key
+    journal = ctx.read_journal()
+    valid = job["validation"]
+    validation = (
+        f"validation.source {valid['source']}" if valid["source"]
+        else f"split {valid['split'] or 0.2} of the training data"
+    )
+    model = job["model"]
+    promo = job["promotion"]
+    mode = metric_mode(promo["metric"], promo["mode"])
+    train_name, val_name = dataset_names(name)
+    return [
+        f"lock {lock.path} ({held})",
+        f"cluster: {cluster_plan(job['cluster'], ctx.args.scheduler)}",
+        "recover: " + (
+            f"previous run {journal.get('run_id')} stopped in phase {journal.get('phase')!r}: "
+            "stop its trainers, delete its staging objects" if journal
+            else "no unfinished run; stop orphaned trainers if any"
+        ),
+        f"data: {source.describe()}",
+        "skip: the last successful run already trained on this data (use --force)"
+        if fresh and not ctx.args.force else "data is new (or --force): train",
+        f"preprocess into {train_name} and {val_name} (replaced atomically); {validation}",
+        f"architecture {model['architecture']!r}; train {candidate_name(name)} for "
+        f"{model['num_iterations']} iteration(s), fit_params {model['fit_params']!r}, "
+        + (f"warm-started from production {name!r} if it exists" if model["warm_start"]
+           else "from scratch"),
+        f"evaluate {candidate_name(name)} and {name} on {val_name}; promote when "
+        f"{promo['metric']} is {'lower' if mode == 'min' else 'higher'} by more than "
+        f"{promo['min_delta']:g}",
+        f"registry {job['registry'] or '(dvml config default)'}; state {ctx.state_path}",
+    ]
+
+
+def run(ctx: RunContext) -> int:
+    """Run the steps; return the exit code (failures raise and are logged by the caller)."""
+    from dvml.jobs.cluster import open_cluster
+    from dvml.jobs.data import resolve_source
+    from dvml.registry import Registry
+
+    job, log = ctx.job, ctx.log
+    with open_cluster(job["cluster"], ctx.args.scheduler) as cluster:
+        client = cluster.client
+        log.info("connected to %s (%d workers)", cluster.scheduler_address, len(cluster.workers))
+        recover(ctx, client)
+        source = resolve_source(job["data"]["source"], ctx.base_dir)
+        log.info("newest data: %s", source.describe())
+        data_key, train_key = _keys(ctx, source.fingerprint)
+        state = ctx.read_state()
+        last = state.get("last_success") or {}
+        if last.get("train_key") == train_key and not ctx.args.force:
+            log.info("nothing new: run %s already trained on this data at %s (outcome: %s); "
+                     "--force retrains", last.get("run_id"), last.get("finished"),
+                     last.get("outcome"))
+            ctx.clear_journal()
+            return EXIT_OK
+        registry = Registry(job["registry"])
+        try:
+            _prepare(ctx, client, source, data_key, state)
+            outcome = _train_and_promote(ctx, client, registry)
+        finally:
+            registry.close()
+        state = ctx.read_state()
+        state["last_success"] = {
+            "run_id": ctx.run_id,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "train_key": train_key,
+            "source": source.location,
+            **outcome,
+        }
+        ctx.write_state(state)
+        ctx.clear_journal()
+    log.info("done in %.1fs: %s", ctx.elapsed(), outcome["outcome"])
+    return EXIT_OK
+
+
+def _prepared_again(ctx: RunContext, client: Any, state: dict[str, Any], data_key: str) -> bool:
+    """Whether both datasets exist exactly as a previous run built them from this data."""
+    from dvml.exceptions import DatasetNotFoundError
+    from dvml.store.datasets import describe
+
+    prepared = state.get("prepared") or {}
+    if prepared.get("data_key") != data_key:
+        return False
+    try:
+        return all(
+            describe(ds["name"], client).summary["dataset_id"] == ds["dataset_id"]
+            for ds in (prepared["train"], prepared["validation"])
+        )
+    except DatasetNotFoundError:
+        return False
+
+
+def _prepare(
+    ctx: RunContext, client: Any, source: Any, data_key: str, state: dict[str, Any]
+) -> None:
+    from dvml.jobs.data import dataset_names, prepare_datasets
+
+    train_name, val_name = dataset_names(ctx.job["name"])
+    if _prepared_again(ctx, client, state, data_key):
+        ctx.log.info("preprocessed: reusing %s and %s, built from the same data by run %s",
+                     train_name, val_name, state["prepared"]["run_id"])
+        ctx.journal("preprocessed")
+        return
+    ctx.journal("preprocessing")
+    started = time.monotonic()
+    train, validation = prepare_datasets(ctx.job, client, ctx.base_dir, source)
+    state["prepared"] = {
+        "data_key": data_key,
+        "run_id": ctx.run_id,
+        "train": {"name": train.name, "dataset_id": train.summary["dataset_id"]},
+        "validation": {"name": validation.name, "dataset_id": validation.summary["dataset_id"]},
+    }
+    ctx.write_state(state)
+    ctx.journal("preprocessed")
+    workers = len({b["worker_name"] for b in train.layout["buffers"]})
+    ctx.log.info("preprocessed %s (%d rows on %d workers) and %s (%d rows) in %.1fs",
+                 train.name, train.rows, workers, validation.name, validation.rows,
+                 time.monotonic() - started)
+
+
+def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str, Any]:
+    from dvml.jobs.data import dataset_names
+    from dvml.jobs.models import (
+        architecture_id,
+        copy_model,
+        is_better,
+        metric_mode,
+        metric_value,
+        model_exists,
+    )
+    from dvml.train.fit import fit
+    from dvml.train.predict import evaluate
+
+    job, log = ctx.job, ctx.log
+    name, model, promo = job["name"], job["model"], job["promotion"]
+    candidate = candidate_name(name)
+    train_name, val_name = dataset_names(name)
+    arch_id = architecture_id(model["architecture"], registry, ctx.base_dir)
+    warm = bool(model["warm_start"]) and model_exists(registry, name)
+    if warm:
+        copy_model(registry, name, candidate)  # fit warm-starts from the model it writes
+    log.info("training %s (architecture %d) from %s: %d iteration(s)", candidate, arch_id,
+             f"production {name!r}" if warm else "scratch", model["num_iterations"])
+    ctx.journal("training", candidate=candidate)
+    started = time.monotonic()
+
+    def on_iteration(record: dict[str, Any]) -> None:
+        log.info("  iteration %s/%s loss=%s val_loss=%s", record.get("iteration"),
+                 model["num_iterations"],
+                 _num(record.get("training_loss", record.get("fit_loss"))),
+                 _num(record.get("validation_loss")))
+
+    fit(
+        train_name,
+        candidate,
+        arch_id,
+        model["compile_params"],
+        model["fit_params"],
+        num_iterations=model["num_iterations"],
+        use_gpus=model["use_gpus"],
+        validation_set=val_name,
+        metrics_compute_frequency=model["metrics_compute_frequency"],
+        warm_start=warm,
+        name=name,
+        description=job["description"],
+        custom_objects=model["custom_objects"] or None,
+        on_iteration=on_iteration,
+        progress=False,
+        registry=registry,
+        client=client,
+    )
+    log.info("trained %s in %.1fs", candidate, time.monotonic() - started)
+
+    ctx.journal("evaluating", candidate=candidate)
+    metric, mode = promo["metric"], metric_mode(promo["metric"], promo["mode"])
+    cand = metric_value(evaluate(candidate, val_name, registry=registry, client=client), metric)
+    prod = None
+    if model_exists(registry, name):
+        result = evaluate(name, val_name, registry=registry, client=client)
+        prod = metric_value(result, metric)
+    log.info("evaluated on %s: candidate %s=%.4f, production %s", val_name, metric, cand,
+             f"{metric}={prod:.4f}" if prod is not None else "none yet")
+    outcome = {"metric": metric, "candidate": cand, "production_before": prod}
+    if is_better(cand, prod, mode, promo["min_delta"]):
+        ctx.journal("promoting", candidate=candidate)
+        record = {"run_id": ctx.run_id, "from": candidate, "metric": metric, "mode": mode,
+                  "candidate": cand, "previous": prod,
+                  "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        copy_model(registry, candidate, name, {"promotion": record})
+        log.info("promoted %s to production %s", candidate, name)
+        return {**outcome, "outcome": f"promoted {candidate} to {name}"}
+    log.info("kept production %s: the candidate is not better by more than %g", name,
+             promo["min_delta"])
+    return {**outcome, "outcome": f"kept production {name}"}
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the retrain workflow with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    from dvml.jobs.schemas import JOB_SCHEMA
+
+    return run_workflow("retrain", DESCRIPTION, JOB_SCHEMA, plan, run, argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
