@@ -13,6 +13,7 @@ process.
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import subprocess
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FEATURES",
+    "ROOT",
     "ROW_BYTES",
+    "MiB",
     "drop_dataset",
     "publish_synthetic",
     "rows_for_bytes",
@@ -35,6 +38,7 @@ __all__ = [
 ]
 
 MiB = 1 << 20
+ROOT = pathlib.Path(__file__).resolve().parents[1]  # cwd of the subprocesses (python -m)
 
 # 246 float32 features + 10 one-hot float32 labels: exactly 1 KiB per row.
 FEATURES, CLASSES = 246, 10

@@ -208,6 +208,13 @@ class RunContext:
     def write_state(self, state: Mapping[str, Any]) -> None:
         _write_json(self.state_path, state)
 
+    def lock_line(self) -> str:
+        """The lock file and whether a run holds it now (for plans)."""
+        lock = self.lock
+        if lock.is_held():
+            return f"lock {lock.path} (held now by pid {(lock.holder() or {}).get('pid')})"
+        return f"lock {lock.path} (free)"
+
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
@@ -222,19 +229,23 @@ def build_parser(workflow: str, description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="the YAML job file.")
     parser.add_argument(
-        "--dry-run", action="store_true",
+        "--dry-run",
+        action="store_true",
         help="check the config and show the plan; start, write and lock nothing.",
     )
     parser.add_argument(
-        "--force", action="store_true",
+        "--force",
+        action="store_true",
         help="run even when the newest data was already handled by the last successful run.",
     )
     parser.add_argument(
-        "--scheduler", metavar="ADDR",
+        "--scheduler",
+        metavar="ADDR",
         help="attach to this scheduler instead of the config's cluster section.",
     )
     parser.add_argument(
-        "--state-dir", metavar="DIR",
+        "--state-dir",
+        metavar="DIR",
         help="where the lock, journal and state files live (default: the config's state_dir, "
         "else <dvml cluster.state-dir>/workflows).",
     )
@@ -306,15 +317,17 @@ def run_workflow(
     except ConfigError as exc:
         log.error("invalid config, nothing was started: %s", exc)
         return EXIT_CONFIG
-    ctx = RunContext(
-        workflow, args, job, pathlib.Path(args.config), _state_dir(args, job), log
-    )
+    ctx = RunContext(workflow, args, job, pathlib.Path(args.config), _state_dir(args, job), log)
     if args.dry_run:
         try:
             lines = plan(ctx)
         except Exception as exc:  # a source that does not exist, an unreadable file...
-            log.error("dry run: the plan cannot be made: %s: %s", type(exc).__name__, exc,
-                      exc_info=args.debug)
+            log.error(
+                "dry run: the plan cannot be made: %s: %s",
+                type(exc).__name__,
+                exc,
+                exc_info=args.debug,
+            )
             return EXIT_FAILED
         print(f"Plan for {workflow} {job['name']!r} (dry run: nothing was started or written):")
         for line in lines:
@@ -327,20 +340,31 @@ def run_workflow(
     except LockHeldError as exc:
         log.error("%s", exc)
         return EXIT_LOCKED
-    log.info("run %s of %s %r started (pid %d, lock %s)", ctx.run_id, workflow, job["name"],
-             os.getpid(), lock.path)
+    log.info(
+        "run %s of %s %r started (pid %d, lock %s)",
+        ctx.run_id,
+        workflow,
+        job["name"],
+        os.getpid(),
+        lock.path,
+    )
     try:
         code = run(ctx)
     except KeyboardInterrupt:
-        log.error("interrupted: the journal %s tells the next run what to clean up",
-                  ctx.journal_path)
+        log.error(
+            "interrupted: the journal %s tells the next run what to clean up", ctx.journal_path
+        )
         return EXIT_FAILED
     except Exception as exc:
         phase = (ctx.read_journal() or {}).get("phase", "start")
         log.error(
             "failed in phase %r after %.1fs: %s: %s. Published datasets and models are "
             "consistent; run again to retry.",
-            phase, ctx.elapsed(), type(exc).__name__, exc, exc_info=args.debug,
+            phase,
+            ctx.elapsed(),
+            type(exc).__name__,
+            exc,
+            exc_info=args.debug,
         )
         return EXIT_FAILED
     finally:
@@ -359,21 +383,29 @@ def recover(ctx: RunContext, client: Any) -> list[str]:
 
     aborted = abort_orphaned_trainers(client)
     if aborted:
-        ctx.log.info("stopped %d orphaned trainer task(s) of a killed fit: %s", len(aborted),
-                     ", ".join(aborted))
+        ctx.log.info(
+            "stopped %d orphaned trainer task(s) of a killed fit: %s",
+            len(aborted),
+            ", ".join(aborted),
+        )
     previous = ctx.read_journal()
     if previous is not None:
         ctx.log.warning(
             "previous run %s (pid %s) did not finish (last phase %r at %s): cleaning up",
-            previous.get("run_id"), previous.get("pid"), previous.get("phase"),
+            previous.get("run_id"),
+            previous.get("pid"),
+            previous.get("phase"),
             previous.get("updated"),
         )
         before = set(previous.get("staging_before") or [])
         stale = sorted(set(staging_runs(client)) - before)
         if stale:
             count = drop_staging(client, stale)
-            ctx.log.info("deleted %d staging object(s) of unpublished preprocessing run(s) %s",
-                         count, ", ".join(stale))
+            ctx.log.info(
+                "deleted %d staging object(s) of unpublished preprocessing run(s) %s",
+                count,
+                ", ".join(stale),
+            )
     staging = sorted(staging_runs(client))
     ctx.journal("started", staging_before=staging)
     return staging

@@ -52,9 +52,6 @@ def plan(ctx: RunContext) -> list[str]:
 
     job = ctx.job
     name = job["name"]
-    lock = ctx.lock
-    holder = lock.holder() or {}
-    held = f"held now by pid {holder.get('pid')}" if lock.is_held() else "free"
     source = resolve_source(job["data"]["source"], ctx.base_dir)
     _, train_key = _keys(ctx, source.fingerprint)
     last = ctx.read_state().get("last_success") or {}
@@ -62,7 +59,8 @@ def plan(ctx: RunContext) -> list[str]:
     journal = ctx.read_journal()
     valid = job["validation"]
     validation = (
-        f"validation.source {valid['source']}" if valid["source"]
+        f"validation.source {valid['source']}"
+        if valid["source"]
         else f"split {valid['split'] or 0.2} of the training data"
     )
     model = job["model"]
@@ -70,21 +68,27 @@ def plan(ctx: RunContext) -> list[str]:
     mode = metric_mode(promo["metric"], promo["mode"])
     train_name, val_name = dataset_names(name)
     return [
-        f"lock {lock.path} ({held})",
+        ctx.lock_line(),
         f"cluster: {cluster_plan(job['cluster'], ctx.args.scheduler)}",
-        "recover: " + (
+        "recover: "
+        + (
             f"previous run {journal.get('run_id')} stopped in phase {journal.get('phase')!r}: "
-            "stop its trainers, delete its staging objects" if journal
+            "stop its trainers, delete its staging objects"
+            if journal
             else "no unfinished run; stop orphaned trainers if any"
         ),
         f"data: {source.describe()}",
         "skip: the last successful run already trained on this data (use --force)"
-        if fresh and not ctx.args.force else "data is new (or --force): train",
+        if fresh and not ctx.args.force
+        else "data is new (or --force): train",
         f"preprocess into {train_name} and {val_name} (replaced atomically); {validation}",
         f"architecture {model['architecture']!r}; train {candidate_name(name)} for "
         f"{model['num_iterations']} iteration(s), fit_params {model['fit_params']!r}, "
-        + (f"warm-started from production {name!r} if it exists" if model["warm_start"]
-           else "from scratch"),
+        + (
+            f"warm-started from production {name!r} if it exists"
+            if model["warm_start"]
+            else "from scratch"
+        ),
         f"evaluate {candidate_name(name)} and {name} on {val_name}; promote when "
         f"{promo['metric']} is {'lower' if mode == 'min' else 'higher'} by more than "
         f"{promo['min_delta']:g}",
@@ -109,9 +113,13 @@ def run(ctx: RunContext) -> int:
         state = ctx.read_state()
         last = state.get("last_success") or {}
         if last.get("train_key") == train_key and not ctx.args.force:
-            log.info("nothing new: run %s already trained on this data at %s (outcome: %s); "
-                     "--force retrains", last.get("run_id"), last.get("finished"),
-                     last.get("outcome"))
+            log.info(
+                "nothing new: run %s already trained on this data at %s (outcome: %s); "
+                "--force retrains",
+                last.get("run_id"),
+                last.get("finished"),
+                last.get("outcome"),
+            )
             ctx.clear_journal()
             return EXIT_OK
         registry = Registry(job["registry"])
@@ -158,8 +166,12 @@ def _prepare(
 
     train_name, val_name = dataset_names(ctx.job["name"])
     if _prepared_again(ctx, client, state, data_key):
-        ctx.log.info("preprocessed: reusing %s and %s, built from the same data by run %s",
-                     train_name, val_name, state["prepared"]["run_id"])
+        ctx.log.info(
+            "preprocessed: reusing %s and %s, built from the same data by run %s",
+            train_name,
+            val_name,
+            state["prepared"]["run_id"],
+        )
         ctx.journal("preprocessed")
         return
     ctx.journal("preprocessing")
@@ -174,9 +186,15 @@ def _prepare(
     ctx.write_state(state)
     ctx.journal("preprocessed")
     workers = len({b["worker_name"] for b in train.layout["buffers"]})
-    ctx.log.info("preprocessed %s (%d rows on %d workers) and %s (%d rows) in %.1fs",
-                 train.name, train.rows, workers, validation.name, validation.rows,
-                 time.monotonic() - started)
+    ctx.log.info(
+        "preprocessed %s (%d rows on %d workers) and %s (%d rows) in %.1fs",
+        train.name,
+        train.rows,
+        workers,
+        validation.name,
+        validation.rows,
+        time.monotonic() - started,
+    )
 
 
 def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str, Any]:
@@ -200,16 +218,24 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
     warm = bool(model["warm_start"]) and model_exists(registry, name)
     if warm:
         copy_model(registry, name, candidate)  # fit warm-starts from the model it writes
-    log.info("training %s (architecture %d) from %s: %d iteration(s)", candidate, arch_id,
-             f"production {name!r}" if warm else "scratch", model["num_iterations"])
+    log.info(
+        "training %s (architecture %d) from %s: %d iteration(s)",
+        candidate,
+        arch_id,
+        f"production {name!r}" if warm else "scratch",
+        model["num_iterations"],
+    )
     ctx.journal("training", candidate=candidate)
     started = time.monotonic()
 
     def on_iteration(record: dict[str, Any]) -> None:
-        log.info("  iteration %s/%s loss=%s val_loss=%s", record.get("iteration"),
-                 model["num_iterations"],
-                 _num(record.get("training_loss", record.get("fit_loss"))),
-                 _num(record.get("validation_loss")))
+        log.info(
+            "  iteration %s/%s loss=%s val_loss=%s",
+            record.get("iteration"),
+            model["num_iterations"],
+            _num(record.get("training_loss", record.get("fit_loss"))),
+            _num(record.get("validation_loss")),
+        )
 
     fit(
         train_name,
@@ -239,19 +265,31 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
     if model_exists(registry, name):
         result = evaluate(name, val_name, registry=registry, client=client)
         prod = metric_value(result, metric)
-    log.info("evaluated on %s: candidate %s=%.4f, production %s", val_name, metric, cand,
-             f"{metric}={prod:.4f}" if prod is not None else "none yet")
+    log.info(
+        "evaluated on %s: candidate %s=%.4f, production %s",
+        val_name,
+        metric,
+        cand,
+        f"{metric}={prod:.4f}" if prod is not None else "none yet",
+    )
     outcome = {"metric": metric, "candidate": cand, "production_before": prod}
     if is_better(cand, prod, mode, promo["min_delta"]):
         ctx.journal("promoting", candidate=candidate)
-        record = {"run_id": ctx.run_id, "from": candidate, "metric": metric, "mode": mode,
-                  "candidate": cand, "previous": prod,
-                  "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        record = {
+            "run_id": ctx.run_id,
+            "from": candidate,
+            "metric": metric,
+            "mode": mode,
+            "candidate": cand,
+            "previous": prod,
+            "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         copy_model(registry, candidate, name, {"promotion": record})
         log.info("promoted %s to production %s", candidate, name)
         return {**outcome, "outcome": f"promoted {candidate} to {name}"}
-    log.info("kept production %s: the candidate is not better by more than %g", name,
-             promo["min_delta"])
+    log.info(
+        "kept production %s: the candidate is not better by more than %g", name, promo["min_delta"]
+    )
     return {**outcome, "outcome": f"kept production {name}"}
 
 

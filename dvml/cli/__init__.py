@@ -20,7 +20,14 @@ from collections.abc import Sequence
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 # Add a group by adding its module here; its register(subparsers) does the rest.
-COMMAND_MODULES: tuple[str, ...] = ("dvml.cli.cluster_cmd", "dvml.cli.demo_cmd")
+COMMAND_MODULES: tuple[str, ...] = (
+    "dvml.cli.cluster_cmd",
+    "dvml.cli.demo_cmd",
+    "dvml.cli.datasets_cmd",
+    "dvml.cli.models_cmd",
+    "dvml.cli.train_cmd",
+    "dvml.cli.features_cmd",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,4 +10,11 @@ from dvml.cluster.gpu import gpu_configuration
 from dvml.cluster.local import LocalCluster
 from dvml.cluster.workers import WorkerInfo
 
-__all__ = ["Cluster", "LocalCluster", "WorkerInfo", "connect", "current_client", "gpu_configuration"]
+__all__ = [
+    "Cluster",
+    "LocalCluster",
+    "WorkerInfo",
+    "connect",
+    "current_client",
+    "gpu_configuration",
+]

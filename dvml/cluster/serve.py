@@ -143,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     state_dir = pathlib.Path(args.state_dir).expanduser()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     stop = threading.Event()
     starting = [True]
 

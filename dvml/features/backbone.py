@@ -153,7 +153,7 @@ def resolve_backbone(
 
         blob = weights_to_bytes(list(extractor.get_weights()))
         extractor_json = extractor.to_json()
-        _check_rebuildable(keras, extractor_json, description)
+        _check_rebuildable(keras, extractor, description)
     return Backbone(
         fingerprint=fingerprint,
         extractor_key=_combine(fingerprint, str(layer), str(pooling), str(shape)),
@@ -287,7 +287,7 @@ def _from_application(keras: Any, spec: dict[str, Any], shape: list[int]) -> tup
 
     def build() -> Any:
         tensor = keras.Input(shape=tuple(shape), name="dvml_input")  # a fixed name: stable JSON
-        return apps[name](weights=None, input_tensor=tensor, **kwargs)
+        return apps[name](weights=None, input_tensor=tensor, input_shape=tuple(shape), **kwargs)
 
     try:
         model = _seeded(keras, seed, build)
@@ -409,13 +409,22 @@ def _feature_shape(extractor: Any, shape: list[int], description: str) -> list[i
     return [int(s) for s in out_shape]
 
 
-def _check_rebuildable(keras: Any, extractor_json: str, description: str) -> None:
-    """Workers rebuild the extractor from JSON alone: refuse what only this process can build."""
-    try:
-        keras.models.model_from_json(extractor_json)
-    except Exception as exc:  # unknown custom layers, Lambda closures...
+def _check_rebuildable(keras: Any, model: Any, description: str) -> None:
+    """Workers rebuild the extractor from JSON alone: refuse layers only this process knows."""
+    custom = sorted({type(layer).__name__ for layer in _all_layers(model)
+                     if not type(layer).__module__.startswith("tf_keras.")})  # fmt: skip
+    if custom:
         raise ValueError(
-            f"The backbone {description} cannot be rebuilt from its JSON on the workers: "
-            f"{type(exc).__name__}: {exc}. Custom layers are not supported in a backbone; "
-            "build it from standard tf-keras layers."
-        ) from None
+            f"The backbone {description} uses custom layer classes {custom}, which the workers "
+            "cannot rebuild from its JSON. Received: a model with custom layers. Build the "
+            "backbone from standard tf-keras layers."
+        )
+
+
+def _all_layers(model: Any) -> list[Any]:
+    found = []
+    for layer in model.layers:
+        found.append(layer)
+        if hasattr(layer, "layers"):  # a nested model
+            found.extend(_all_layers(layer))
+    return found

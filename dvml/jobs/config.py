@@ -44,7 +44,7 @@ class Field:
 
     Parameters
     ----------
-    type : type or tuple of types
+    accepts : type or tuple of types
         Accepted Python types after YAML parsing (``int`` is accepted where ``float`` is, a
         ``bool`` never counts as a number).
     required : bool
@@ -59,7 +59,7 @@ class Field:
         ``check(value)`` returns a problem text or None.
     """
 
-    type: type | tuple[type, ...]
+    accepts: type | tuple[type, ...]
     required: bool = False
     default: Any = None
     help: str = ""
@@ -68,7 +68,7 @@ class Field:
 
     @property
     def types(self) -> tuple[type, ...]:
-        return self.type if isinstance(self.type, tuple) else (self.type,)
+        return self.accepts if isinstance(self.accepts, tuple) else (self.accepts,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,9 +184,7 @@ def _section(data: Any, section: Section, prefix: str, source: str) -> dict[str,
 def _field(value: Any, spec: Field, path: str, source: str) -> Any:
     if value is None:
         if spec.required:
-            raise _error(
-                source, f"missing required key {path!r} ({spec.help}). Add `{path}: ...`."
-            )
+            raise _error(source, f"missing required key {path!r} ({spec.help}). Add `{path}: ...`.")
         return copy.deepcopy(spec.default)  # a list default must not be shared between files
     if not _matches(value, spec.types):
         raise _error(

@@ -265,7 +265,7 @@ def prepare_datasets(
         name=train_name,
         overwrite=True,
         on_invalid=data["on_invalid"],
-        image_size=image_size,  # type: ignore[arg-type]
+        image_size=image_size,
         channels=data["channels"],
         seed=data["seed"],
         client=client,

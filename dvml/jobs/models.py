@@ -128,12 +128,10 @@ def metric_mode(metric: str, mode: str = "auto") -> str:
 
 def metric_value(result: Mapping[str, Any], metric: str) -> float:
     """The value of ``metric`` in a :func:`dvml.evaluate` result ("loss" or a metric name)."""
-    if metric == "loss":
-        value = result.get("loss")
-    else:
-        value = (result.get("metrics") or {}).get(metric)
+    metrics = result.get("metrics") or {}
+    value = result.get("loss") if metric == "loss" else metrics.get(metric)
     if value is None:
-        known = ["loss", *sorted(result.get("metrics") or {})]
+        known = ["loss", *sorted(metrics)]
         raise ConfigError(
             f"promotion.metric names a value that evaluate does not compute. Received: "
             f"promotion.metric={metric!r}. Computed: {', '.join(known)}. Use one of them or "

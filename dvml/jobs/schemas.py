@@ -101,32 +101,36 @@ def _common() -> dict[str, Field | Section]:
         {
             "n_workers": Field(int, default=2, help="Dask workers", check=_at_least_one),
             "vineyard_memory": Field(str, help="shared memory of each vineyardd, e.g. 512MiB"),
-            "hosts": Field(int, help="simulated hosts (default: one per worker)",
-                           check=_at_least_one),  # fmt: skip
-            "start_timeout": Field(float, help="seconds to wait for each daemon",
-                                   check=_positive),  # fmt: skip
+            "hosts": Field(
+                int, help="simulated hosts (default: one per worker)", check=_at_least_one
+            ),
+            "start_timeout": Field(float, help="seconds to wait for each daemon", check=_positive),
         },
         optional=True,
         help="start a LocalCluster for this run and stop it afterwards",
     )
     return {
         "name": Field(
-            str, required=True, check=_name,
+            str,
+            required=True,
+            check=_name,
             help="the job's name: models and datasets are named after it (<name>, <name>-train)",
-        ),  # fmt: skip
+        ),
         "description": Field(str, help="free text stored with the model"),
         "schedule": Field(str, help="when it runs, e.g. a cron expression (documentation only)"),
         "state_dir": Field(
-            str, help="where workflows keep their lock, journal and state (default: "
+            str,
+            help="where workflows keep their lock, journal and state (default: "
             "<dvml cluster.state-dir>/workflows)",
-        ),  # fmt: skip
+        ),
         "registry": Field(str, help="SQLAlchemy URL of the model registry (default: config)"),
         "cluster": Section(
             {
                 "scheduler": Field(str, help="address of a running scheduler, tcp://host:8786"),
                 "local": local,
-                "timeout": Field(float, default=30.0, check=_positive,
-                                 help="seconds to wait for the scheduler"),  # fmt: skip
+                "timeout": Field(
+                    float, default=30.0, check=_positive, help="seconds to wait for the scheduler"
+                ),
             },
             check=_cluster_check,
             help="scheduler or local; neither: the cluster recorded by `dvml cluster up`",
@@ -138,24 +142,32 @@ def _model(architecture_help: str) -> Section:
     return Section(
         {
             "architecture": Field(
-                (int, str), required=True, help=architecture_help,
-            ),  # fmt: skip
+                (int, str),
+                required=True,
+                help=architecture_help,
+            ),
             "compile_params": Field(
-                (str, dict), required=True,
+                (str, dict),
+                required=True,
                 help="compile parameters, e.g. \"loss='categorical_crossentropy', "
                 "optimizer='adam', metrics=['accuracy']\"",
-            ),  # fmt: skip
-            "fit_params": Field((str, dict), default="batch_size=32, epochs=1",
-                                help="fit parameters; batch_size is the global batch"),  # fmt: skip
-            "num_iterations": Field(int, default=1, check=_at_least_one,
-                                    help="fit iterations"),  # fmt: skip
-            "metrics_compute_frequency": Field(int, check=_at_least_one,
-                                               help="compute metrics every N iterations"),  # fmt: skip
+            ),
+            "fit_params": Field(
+                (str, dict),
+                default="batch_size=32, epochs=1",
+                help="fit parameters; batch_size is the global batch",
+            ),
+            "num_iterations": Field(int, default=1, check=_at_least_one, help="fit iterations"),
+            "metrics_compute_frequency": Field(
+                int, check=_at_least_one, help="compute metrics every N iterations"
+            ),
             "use_gpus": Field(bool, default=False, help="train on the trainers' GPUs"),
-            "warm_start": Field(bool, default=True,
-                                help="start from the weights of the existing model"),  # fmt: skip
-            "custom_objects": Field(list, default=[], check=_names,
-                                    help="registered custom losses/metrics"),  # fmt: skip
+            "warm_start": Field(
+                bool, default=True, help="start from the weights of the existing model"
+            ),
+            "custom_objects": Field(
+                list, default=[], check=_names, help="registered custom losses/metrics"
+            ),
         },
         required=True,
         help="the architecture and how to train it",
@@ -171,23 +183,29 @@ JOB_SCHEMA: Schema = {
     "data": Section(
         {
             "source": Field(
-                str, required=True,
+                str,
+                required=True,
                 help="the training data: sklearn:digits, a Parquet/CSV path or glob (the newest "
                 "match is used), an image folder or a tar-shard pattern",
-            ),  # fmt: skip
+            ),
             "x": Field((str, list), check=_x_columns, help="the feature column(s)"),
             "y": Field(str, help="the label column"),
-            "normalizing_const": Field(float, default=1.0, check=_positive,
-                                       help="x is divided by this"),  # fmt: skip
+            "normalizing_const": Field(
+                float, default=1.0, check=_positive, help="x is divided by this"
+            ),
             "num_classes": Field(int, check=_at_least_one, help="length of the one-hot labels"),
             "buffer_size": Field(int, check=_at_least_one, help="rows per packed buffer"),
-            "distribution_rules": Field((str, list), default="all_workers", check=_rules,
-                                        help="which workers hold the data"),  # fmt: skip
-            "image_size": Field(list, check=_image_size,
-                                help="[height, width] for image sources"),  # fmt: skip
+            "distribution_rules": Field(
+                (str, list), default="all_workers", check=_rules, help="which workers hold the data"
+            ),
+            "image_size": Field(list, check=_image_size, help="[height, width] for image sources"),
             "channels": Field(int, default=3, choices=(1, 3), help="1 or 3 for image sources"),
-            "on_invalid": Field(str, default="raise", choices=("raise", "drop"),
-                                help="what to do with rows holding NaN or inf"),  # fmt: skip
+            "on_invalid": Field(
+                str,
+                default="raise",
+                choices=("raise", "drop"),
+                help="what to do with rows holding NaN or inf",
+            ),
             "seed": Field(int, default=0, help="shuffle and split seed"),
         },
         required=True,
@@ -196,8 +214,9 @@ JOB_SCHEMA: Schema = {
     "validation": Section(
         {
             "source": Field(str, help="validation data (same forms as data.source)"),
-            "split": Field(float, check=_fraction,
-                           help="fraction of data.source held out (default 0.2)"),  # fmt: skip
+            "split": Field(
+                float, check=_fraction, help="fraction of data.source held out (default 0.2)"
+            ),
         },
         check=_validation_check,
         help="source or split; the default holds out 0.2 of a table source",
@@ -205,12 +224,21 @@ JOB_SCHEMA: Schema = {
     "model": _model(_ARCHITECTURE_HELP),
     "promotion": Section(
         {
-            "metric": Field(str, default="loss",
-                            help="'loss' or a compiled metric such as 'accuracy'"),  # fmt: skip
-            "mode": Field(str, default="auto", choices=("auto", "min", "max"),
-                          help="lower or higher is better (auto: min for loss, max otherwise)"),  # fmt: skip
-            "min_delta": Field(float, default=0.0, check=_not_negative,
-                               help="how much better the candidate must be"),  # fmt: skip
+            "metric": Field(
+                str, default="loss", help="'loss' or a compiled metric such as 'accuracy'"
+            ),
+            "mode": Field(
+                str,
+                default="auto",
+                choices=("auto", "min", "max"),
+                help="lower or higher is better (auto: min for loss, max otherwise)",
+            ),
+            "min_delta": Field(
+                float,
+                default=0.0,
+                check=_not_negative,
+                help="how much better the candidate must be",
+            ),
         },
         help="when the retrain workflow promotes a candidate to production",
     ),
@@ -228,8 +256,11 @@ JOB_SCHEMA: Schema = {
             "source": Field(str, help="raw rows to predict (default: data.source)"),
             "id": Field(str, default="id", help="the id column"),
             "x": Field((str, list), check=_x_columns, help="feature column(s) (default: data.x)"),
-            "pred_type": Field((str, int, float), default="response",
-                               help="'response', 'prob', top k (int) or a threshold (float)"),  # fmt: skip
+            "pred_type": Field(
+                (str, int, float),
+                default="response",
+                help="'response', 'prob', top k (int) or a threshold (float)",
+            ),
             "output": Field(str, help="write predictions to this .csv or .parquet file"),
         },
         help="read by `dvml predict --config`",
@@ -241,17 +272,24 @@ FEATURE_REFRESH_SCHEMA: Schema = {
     "images": Section(
         {
             "source": Field(
-                str, required=True,
+                str,
+                required=True,
                 help="an image folder (one sub-folder per label) or tar shards; with a glob the "
                 "newest match is used",
-            ),  # fmt: skip
-            "image_size": Field(list, required=True, check=_image_size,
-                                help="[height, width] images are resized to"),  # fmt: skip
+            ),
+            "image_size": Field(
+                list, required=True, check=_image_size, help="[height, width] images are resized to"
+            ),
             "channels": Field(int, default=3, choices=(1, 3), help="1 (grey) or 3 (RGB)"),
-            "normalizing_const": Field(float, default=255.0, check=_positive,
-                                       help="pixels are divided by this"),  # fmt: skip
-            "distribution_rules": Field((str, list), default="all_workers", check=_rules,
-                                        help="which workers hold the images"),  # fmt: skip
+            "normalizing_const": Field(
+                float, default=255.0, check=_positive, help="pixels are divided by this"
+            ),
+            "distribution_rules": Field(
+                (str, list),
+                default="all_workers",
+                check=_rules,
+                help="which workers hold the images",
+            ),
             "buffer_size": Field(int, check=_at_least_one, help="rows per packed buffer"),
             "seed": Field(int, default=0, help="shuffle seed"),
             "validation_source": Field(str, help="validation images for the head (optional)"),
@@ -262,10 +300,11 @@ FEATURE_REFRESH_SCHEMA: Schema = {
     "backbone": Section(
         {
             "model": Field(
-                (int, str, dict), required=True,
+                (int, str, dict),
+                required=True,
                 help="an architecture id with weights, a Keras application name, or "
                 "{application, weights, kwargs, seed}",
-            ),  # fmt: skip
+            ),
             "layer": Field(str, help="the layer whose output is the features (default: output)"),
             "pooling": Field(str, choices=("avg", "max"), help="global pooling of that output"),
             "batch_size": Field(int, default=64, check=_at_least_one, help="images per batch"),
@@ -276,8 +315,9 @@ FEATURE_REFRESH_SCHEMA: Schema = {
     ),
     "head": Section(
         {
-            **_model("an architecture id or the path of a Keras JSON file taking the features")
-            .fields,
+            **_model(
+                "an architecture id or the path of a Keras JSON file taking the features"
+            ).fields,
         },
         optional=True,
         help="optionally fine-tune a head on the features (model <name>-head)",

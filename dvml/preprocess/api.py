@@ -197,6 +197,51 @@ def _preprocess(
     if not src.parts:
         raise DataError("The source has no partitions: there is nothing to preprocess.")
     prepared, stats = compute_stats(client, src.parts)
+    try:
+        return _plan_and_pack(
+            kind=kind,
+            src=src,
+            prepared=prepared,
+            stats=stats,
+            buffer_size=buffer_size,
+            normalizing_const=normalizing_const,
+            num_classes=num_classes,
+            rules=rules,
+            targets=targets,
+            name=name,
+            overwrite=overwrite,
+            on_invalid=on_invalid,
+            channels=channels,
+            seed=seed,
+            client=client,
+            training=training,
+        )
+    finally:
+        # The prepared parts are held on the workers until now; free them on every outcome.
+        client.cancel(prepared)
+
+
+def _plan_and_pack(
+    *,
+    kind: str,
+    src: Any,
+    prepared: list[Any],
+    stats: list[dict[str, Any]],
+    buffer_size: int | None,
+    normalizing_const: float,
+    num_classes: int | None,
+    rules: DistributionRules,
+    targets: list[Any],
+    name: str,
+    overwrite: bool,
+    on_invalid: str,
+    channels: int,
+    seed: int,
+    client: Client,
+    training: Dataset | None,
+) -> Dataset:
+    if on_invalid == "raise":
+        _raise_if_not_finite(stats)
     rows = [s["rows"] for s in stats]
     if sum(rows) == 0:
         raise DataError(
@@ -270,7 +315,6 @@ def _preprocess(
         summary,
         overwrite,
     )
-    client.cancel(prepared)
     return Dataset(
         name=name,
         id=result["id"],
@@ -342,6 +386,29 @@ def _check_like_training(
             f"Validation x shapes {x_shapes} differ from the training set's "
             f"{training.summary['x_shapes']} ({training.name!r})."
         )
+
+
+def _raise_if_not_finite(stats: list[dict[str, Any]]) -> None:
+    """Raise a DataError with the NaN and inf counts of the whole source, if there are any."""
+    totals: dict[str, dict[str, int]] = {}
+    for s in stats:
+        for column, counts in s.get("nonfinite", {}).items():
+            total = totals.setdefault(column, {"rows": 0, "nan": 0, "inf": 0})
+            for key in total:
+                total[key] += counts[key]
+    if not totals:
+        return
+    rows = sum(s["rows"] for s in stats)
+    bad = sum(s.get("invalid_rows", 0) for s in stats)
+    columns = "; ".join(
+        f"column {column!r}: {t['rows']} rows ({t['nan']} NaN, {t['inf']} inf values)"
+        for column, t in totals.items()
+    )
+    raise DataError(
+        f"x holds values that are not finite. Received: {bad} of {rows} rows with NaN or inf "
+        f"({columns}). Clean the data, or pass on_invalid='drop' to drop those rows (the "
+        "dataset summary counts them)."
+    )
 
 
 def _sum_invalid(stats: list[dict[str, Any]]) -> dict[str, int]:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import WorkerInfo
+from dvml.exceptions import ClusterError
 from dvml.preprocess import tasks
 from dvml.store import catalog
 from dvml.store.datasets import delete_by_instance, delete_layout, run_on
@@ -39,7 +40,12 @@ def compute_stats(client: Client, parts: Sequence[Any]) -> tuple[list[Future], l
     """Prepare every part on the workers; return the part futures and their small stats."""
     futures = client.compute(list(parts))
     stats_futures = client.map(tasks.part_stats, futures, pure=False)
-    return futures, client.gather(stats_futures)
+    try:
+        return futures, client.gather(stats_futures)
+    except BaseException:
+        # Free the prepared parts on the workers now, not when the traceback is collected.
+        client.cancel([*futures, *stats_futures])
+        raise
 
 
 def pack_and_publish(
@@ -61,12 +67,17 @@ def pack_and_publish(
         fields = {k: {"shape": _total_shape(buffers, k)} for k in buffers[0]["fields"]}
         layout = {"fields": fields, "buffers": buffers}
         summary = {**summary, **_placement_summary(buffers)}
+        # Only the names of the published buffers are dropped with the publication: an object
+        # staged by an attempt whose worker died keeps its name, so that _cleanup_run finds
+        # and deletes it. Any live worker publishes (the first target may have restarted at
+        # another address).
+        kept = {f["id"] for b in buffers for f in b["fields"].values()}
         staging = [
-            n for n, _, _ in run_on(client, buffer_targets[0], catalog.staging_objects, run_id)
+            n for n, oid, _ in run_on(client, None, catalog.staging_objects, run_id) if oid in kept
         ]
         published = run_on(
             client,
-            buffer_targets[0],
+            None,
             catalog.publish,
             name,
             kind,
@@ -147,9 +158,9 @@ def _run_packs(
     A task pinned to a worker that left would wait for the scheduler's no-workers timeout;
     instead, a pack whose target address is gone is resubmitted to the worker of the same name
     once the Nanny has restarted it (its vineyardd, and so the placement, is unchanged).
+    On a failure, the packs still running are awaited before the error propagates, so that
+    the caller's cleanup sees every object they put.
     """
-    from distributed import wait
-
     addresses = [w.address for w in buffer_targets]
     futures = {
         b: _submit_pack(client, b, addresses[b], pieces[b], seed, run_id)
@@ -157,41 +168,78 @@ def _run_packs(
     }
     attempts = dict.fromkeys(futures, 1)
     results: dict[int, dict[str, Any]] = {}
-    while len(results) < len(futures):
-        # distributed.wait looks up the default client (ours may not be the default one) and
-        # raises TimeoutError when nothing finished within the timeout.
-        try:
-            with client.as_current():
-                wait(list(futures.values()), timeout=1, return_when="FIRST_COMPLETED")
-        except TimeoutError:
-            pass
-        live = _live_workers(client)
-        for b, fut in futures.items():
-            if b in results:
-                continue
-            if fut.status == "finished":
-                results[b] = fut.result()
-                continue
-            if fut.status == "pending" and addresses[b] in live.values():
-                continue
-            error = fut.exception() if fut.status == "error" else None
-            if error is not None and addresses[b] in live.values():
-                raise error  # a real failure (bad data, no room): not a lost worker
-            # The target worker is gone: wait for its restart under the same name.
-            name = buffer_targets[b].name
-            if attempts[b] >= PACK_ATTEMPTS:
-                raise RuntimeError(
-                    f"Packing buffer {b} failed {attempts[b]} times because its worker {name} "
-                    f"left the cluster (last error: {error!r}). Check the worker's logs and "
-                    "memory, then run the preprocessor again."
+    try:
+        while len(results) < len(futures):
+            pending = [f for b, f in futures.items() if b not in results and f.status == "pending"]
+            if pending:
+                _wait_any(client, pending, timeout=1.0)
+            live = set(_live_workers(client).values())
+            for b, fut in futures.items():
+                if b in results:
+                    continue
+                if fut.status == "finished":
+                    results[b] = fut.result()
+                    continue
+                if addresses[b] in live:
+                    if fut.status == "pending":
+                        continue
+                    if fut.status == "error":
+                        raise fut.exception()  # a real failure (bad data, no room)
+                # The target worker is gone (or lost the result): wait for it to come back
+                # under the same name, and pack again there.
+                name = buffer_targets[b].name
+                if attempts[b] >= PACK_ATTEMPTS:
+                    error = fut.exception() if fut.status == "error" else fut.status
+                    raise ClusterError(
+                        f"Packing buffer {b} failed {attempts[b]} times because its worker "
+                        f"{name} left the cluster (last error: {error!r}). Check the worker's "
+                        "logs and memory, then run the preprocessor again."
+                    )
+                new_address = _wait_for_worker(client, name, timeout=60)
+                fut.cancel()
+                logger.warning(
+                    "worker %s restarted as %s: repacking buffer %d", name, new_address, b
                 )
-            new_address = _wait_for_worker(client, name, timeout=60)
-            fut.cancel()
-            logger.warning("worker %s restarted as %s: repacking buffer %d", name, new_address, b)
-            addresses[b] = new_address
-            attempts[b] += 1
-            futures[b] = _submit_pack(client, b, new_address, pieces[b], seed, run_id)
+                addresses[b] = new_address
+                attempts[b] += 1
+                futures[b] = _submit_pack(client, b, new_address, pieces[b], seed, run_id)
+    except BaseException:
+        _settle(client, [(f, addresses[b]) for b, f in futures.items() if b not in results])
+        raise
     return [results[b] for b in range(len(futures))]
+
+
+def _wait_any(client: Client, futures: list[Future], timeout: float) -> None:
+    """Wait until one of ``futures`` is done or ``timeout`` passes (never raises for either)."""
+    from distributed import wait
+
+    try:
+        # distributed.wait looks up the default client; ours may not be the default one.
+        with client.as_current():
+            wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")
+    except Exception:  # TimeoutError, cancelled futures: the caller reads every status next
+        pass
+
+
+def _settle(client: Client, packs: list[tuple[Future, str]], timeout: float = 120) -> None:
+    """Let pack tasks that may still put a buffer finish, then cancel them all.
+
+    Cancelling does not stop a task that a worker is running: a pack running when the run
+    fails would put its buffer after the cleanup listed the staged objects, an orphan. Packs
+    pinned to a worker that is gone never run again.
+    """
+    futures = [f for f, _ in packs]
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            live = set(_live_workers(client).values())
+            running = [f for f, address in packs if f.status == "pending" and address in live]
+            if not running:
+                break
+            _wait_any(client, running, timeout=1.0)
+    except Exception:  # the cluster is failing: the caller cleans up what it can
+        logger.warning("could not wait for the running pack tasks", exc_info=True)
+    client.cancel(futures)
 
 
 def _live_workers(client: Client) -> dict[str, str]:
@@ -201,8 +249,6 @@ def _live_workers(client: Client) -> dict[str, str]:
 
 
 def _wait_for_worker(client: Client, name: str, timeout: float) -> str:
-    from dvml.exceptions import ClusterError
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         address = _live_workers(client).get(name)

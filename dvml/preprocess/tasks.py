@@ -28,17 +28,42 @@ __all__ = [
 
 
 def _finish(
-    xs: list[np.ndarray], labels: np.ndarray, masks: dict[str, np.ndarray], on_invalid: str
+    xs: list[np.ndarray], labels: np.ndarray, names: Sequence[str], on_invalid: str
 ) -> dict[str, Any]:
-    invalid = {col: int((~m).sum()) for col, m in masks.items() if (~m).any()}
+    """Find the rows whose x holds NaN or inf; drop them when ``on_invalid == "drop"``.
+
+    With ``"raise"`` the rows are kept and only counted (rows, NaN and inf values per input):
+    the client raises with the totals of the whole source, not those of one partition.
+    """
+    from dvml.preprocess.encode import check_finite
+
     keep = np.ones(len(labels), dtype=bool)
-    for m in masks.values():
-        keep &= m
-    dropped = int((~keep).sum())
-    if dropped:
+    nonfinite: dict[str, dict[str, int]] = {}
+    for name, x in zip(names, xs, strict=True):
+        mask = check_finite(x, name, "drop")
+        if mask.all():
+            continue
+        keep &= mask
+        arr = np.asarray(x)
+        nonfinite[name] = {
+            "rows": int((~mask).sum()),
+            "nan": int(np.isnan(arr).sum()),
+            "inf": int(np.isinf(arr).sum()),
+        }
+    invalid_rows = int((~keep).sum())
+    dropped = 0
+    if on_invalid == "drop" and invalid_rows:
+        dropped = invalid_rows
         xs = [x[keep] for x in xs]
         labels = labels[keep]
-    return {"x": xs, "labels": labels, "dropped": dropped, "invalid": invalid}
+    return {
+        "x": xs,
+        "labels": labels,
+        "dropped": dropped,
+        "invalid": {name: c["rows"] for name, c in nonfinite.items()},
+        "nonfinite": nonfinite,
+        "invalid_rows": invalid_rows,
+    }
 
 
 def _label_mask(labels: np.ndarray, y: str) -> np.ndarray:
@@ -60,7 +85,7 @@ def prepare_table(
 ) -> dict[str, Any]:
     """Prepare one pandas partition: x arrays per input group, labels, invalid rows."""
     from dvml.exceptions import DataError
-    from dvml.preprocess.encode import check_finite, x_to_array
+    from dvml.preprocess.encode import x_to_array
 
     if y not in frame.columns:
         raise DataError(
@@ -69,11 +94,7 @@ def prepare_table(
     xs = [x_to_array(frame, list(group)) for group in x_groups]
     labels = frame[y].to_numpy()
     _label_mask(labels, y)
-    masks = {
-        ",".join(group): check_finite(x, ",".join(group), on_invalid)
-        for group, x in zip(x_groups, xs, strict=True)
-    }
-    return _finish(xs, labels, masks, on_invalid)
+    return _finish(xs, labels, [",".join(group) for group in x_groups], on_invalid)
 
 
 def prepare_arrays(
@@ -81,7 +102,6 @@ def prepare_arrays(
 ) -> dict[str, Any]:
     """Prepare one block of array sources (dask or numpy arrays aligned on axis 0)."""
     from dvml.exceptions import DataError
-    from dvml.preprocess.encode import check_finite
 
     labels = np.asarray(labels)
     arrays = []
@@ -95,8 +115,7 @@ def prepare_arrays(
             )
         arrays.append(x)
     _label_mask(labels, y)
-    masks = {n: check_finite(x, n, on_invalid) for n, x in zip(x_names, arrays, strict=True)}
-    return _finish(arrays, labels, masks, on_invalid)
+    return _finish(arrays, labels, list(x_names), on_invalid)
 
 
 def prepare_image_files(
@@ -134,6 +153,8 @@ def part_stats(part: dict[str, Any]) -> dict[str, Any]:
         "x_dtypes": [str(x.dtype) for x in part["x"]],
         "dropped": part["dropped"],
         "invalid": part["invalid"],
+        "nonfinite": part.get("nonfinite", {}),
+        "invalid_rows": part.get("invalid_rows", 0),
     }
 
 

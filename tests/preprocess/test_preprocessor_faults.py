@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import dask
 import dask.array as da
 import dask.dataframe as dd
 import numpy as np
@@ -187,15 +188,17 @@ def _good(n: int = 40) -> pd.DataFrame:
 
 def _ragged() -> pd.DataFrame:
     frame = _good()
-    frame.loc[17, "vec"] = np.zeros(4)
-    return frame
+    cells = frame["vec"].tolist()
+    cells[17] = np.zeros(4)  # one row of another shape
+    return frame.assign(vec=cells)
 
 
 def _ragged_partitions() -> Any:
     # Every partition is regular on its own; the shapes differ from one partition to the next.
-    first = pd.DataFrame({"vec": [np.zeros(3)] * 10, "y": [0, 1] * 5})
-    second = pd.DataFrame({"vec": [np.ones(5)] * 10, "y": [0, 1] * 5}, index=range(10, 20))
-    return dd.from_pandas(pd.concat([first, second]), npartitions=2, sort=False)
+    frame = pd.DataFrame({"vec": [np.zeros(3)] * 10 + [np.ones(5)] * 10, "y": [0, 1] * 10})
+    # Dask would turn the array cells into strings.
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_pandas(frame, npartitions=2, sort=False)
 
 
 def _empty_arrays() -> dict[str, Any]:

@@ -1,0 +1,176 @@
+"""B7: three trainers on one host share one copy of a dataset instead of holding three.
+
+What is measured: the total memory (sum of PSS, in MiB, from ``psutil``) of three trainer-like
+processes on one host that each hold the whole of one 1 GiB dataset (``x_0`` float32
+[1048576, 246] + one-hot ``y``, 1 KiB a row) and have touched every page of it (each sums every
+array). PSS splits a page shared by n processes into n parts, so shared memory is counted
+once in the total.
+
+- dvml side: the dataset is in worker-0's vineyardd (a one-worker LocalCluster); each reader
+  runs :func:`dvml.resolve.open_local` through that daemon's IPC socket and sums the
+  read-only shared-memory views. The vineyardd's own PSS is added to the total: it is what
+  holds the data.
+- baseline: each reader ``np.load``\\s the same bytes from ``.npy`` files (written once, not
+  timed) into its own memory and sums them.
+
+Each reader is a fresh ``python -m benchmarks.b7_memory`` that imports only what its side
+needs (numpy; plus dvml.resolve and so vineyard on the dvml side). Memory is read once all
+three report that they summed their arrays; then they exit. ``--quick``: 64 MiB.
+
+Target: ratio <= 0.4 (the data alone gives 1/3; what is left is each reader's interpreter
+and imports).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from benchmarks import _training as t
+from benchmarks.harness import Benchmark, register
+
+READERS = 3
+SIZES = {False: 1 << 30, True: 64 * t.MiB}
+NAME = "bench_b7_shared"
+
+
+def prepare(quick: bool) -> dict[str, Any]:
+    import numpy as np
+
+    nbytes = SIZES[quick]
+    rows = t.rows_for_bytes(nbytes)
+    cluster = t.start_cluster(1, nbytes + 64 * t.MiB)
+    context: dict[str, Any] = {
+        "cluster": cluster,
+        "directory": tempfile.mkdtemp(prefix="dvml-bench-b7-"),
+        "nbytes": nbytes,
+        "stats": {"dvml": [], "baseline": []},
+    }
+    try:
+        t.publish_synthetic(cluster, NAME, rows)
+        context["socket"] = t.worker_socket(cluster)
+        context["vineyardd_pid"] = cluster.processes()[f"vineyardd of {cluster.specs[0].name}"]
+        paths = []
+        for field, array in t.synthetic_arrays(rows).items():  # the same bytes as in vineyard
+            path = os.path.join(context["directory"], f"{field}.npy")
+            np.save(path, array)
+            paths.append(path)
+            del array
+        context["paths"] = paths
+    except BaseException:
+        cleanup(context)
+        raise
+    return context
+
+
+def cleanup(context: dict[str, Any]) -> None:
+    t.drop_dataset(context["cluster"], NAME)
+    context["cluster"].close()
+    shutil.rmtree(context["directory"], ignore_errors=True)
+
+
+def _pss_mib(pid: int) -> float:
+    import psutil
+
+    return psutil.Process(pid).memory_full_info().pss / t.MiB
+
+
+def _uss_mib(pid: int) -> float:
+    import psutil
+
+    return psutil.Process(pid).memory_full_info().uss / t.MiB
+
+
+def _readers(context: dict[str, Any], args: list[str], env: dict[str, str]) -> dict[str, float]:
+    """Start the readers, wait until each has summed its data, read their memory, stop them."""
+    command = [sys.executable, "-m", "benchmarks.b7_memory", *args]
+    procs = [
+        subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=t.ROOT, env=env
+        )
+        for _ in range(READERS)
+    ]
+    try:
+        for proc in procs:
+            line = proc.stdout.readline() if proc.stdout else ""
+            if not line.startswith("summed"):
+                raise RuntimeError(
+                    f"A B7 reader ({' '.join(args)}) exited before summing its data (exit "
+                    f"{proc.wait(10)}). Received: {line!r}."
+                )
+        return {
+            "pss": sum(_pss_mib(p.pid) for p in procs),
+            "uss_each": sum(_uss_mib(p.pid) for p in procs) / READERS,
+        }
+    finally:
+        for proc in procs:
+            t.stop_process(proc)
+
+
+def dvml_side(context: dict[str, Any]) -> float:
+    env = dict(os.environ, VINEYARD_IPC_SOCKET=context["socket"])
+    found = _readers(context, ["dvml", NAME], env)
+    daemon = _pss_mib(context["vineyardd_pid"])
+    context["stats"]["dvml"].append({**found, "vineyardd": daemon})
+    return found["pss"] + daemon
+
+
+def baseline_side(context: dict[str, Any]) -> float:
+    found = _readers(context, ["npy", *context["paths"]], dict(os.environ))
+    context["stats"]["baseline"].append(found)
+    return found["pss"]
+
+
+def details(context: dict[str, Any]) -> dict[str, Any]:
+    import statistics
+
+    def median(side: str, key: str) -> float:
+        return round(statistics.median(s[key] for s in context["stats"][side]), 1)
+
+    return {
+        "data MiB": context["nbytes"] // t.MiB,
+        "private MiB per dvml reader": median("dvml", "uss_each"),
+        "per baseline reader": median("baseline", "uss_each"),
+        "vineyardd PSS MiB": median("dvml", "vineyardd"),
+    }
+
+
+def reader(argv: list[str]) -> int:
+    """A trainer-like reader: hold the whole dataset, touch every page, wait for stdin EOF."""
+    import numpy as np
+
+    side, *rest = argv
+    if side == "dvml":
+        from dvml.resolve.local import open_local
+
+        parts = open_local(rest[0])
+        arrays = [a for views in parts.fields.values() for a in views]
+    else:
+        arrays = [np.load(path) for path in rest]
+    total = sum(float(a.sum(dtype=np.float64)) for a in arrays)
+    print(f"summed {total}", flush=True)
+    sys.stdin.read()  # hold the data until the benchmark has read our memory
+    return 0
+
+
+BENCHMARK = register(
+    Benchmark(
+        key="B7",
+        title="memory of 3 trainers reading one dataset (sum of PSS)",
+        unit="MiB",
+        dvml=dvml_side,
+        baseline=baseline_side,
+        target=0.4,
+        target_op="<=",
+        prepare=prepare,
+        cleanup=cleanup,
+        details=details,
+    )
+)
+
+if __name__ == "__main__":
+    sys.exit(reader(sys.argv[1:]))

@@ -1,0 +1,51 @@
+"""The cluster options of commands that need one: ``--scheduler ADDR`` or the recorded cluster."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from dvml.cli._common import add_state_dir_argument, state_dir_of
+
+if TYPE_CHECKING:
+    from dvml.cluster.attach import Cluster
+
+__all__ = ["add_cluster_options", "add_json_option", "attached", "print_json"]
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    """``--scheduler ADDR``, ``--timeout`` and ``--state-dir`` (where `dvml cluster up` wrote)."""
+    parser.add_argument(
+        "--scheduler", default=None, metavar="ADDR",
+        help="the Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: the cluster recorded by "
+        "`dvml cluster up`).",
+    )  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="seconds to wait for the scheduler (default 30).",
+    )  # fmt: skip
+    add_state_dir_argument(parser)
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table.")
+
+
+@contextlib.contextmanager
+def attached(args: argparse.Namespace, section: dict[str, Any] | None = None) -> Iterator[Cluster]:
+    """The cluster of ``--scheduler``, else of the job file's ``cluster`` section, else the
+    recorded one; closed (a LocalCluster started for the job: stopped) on exit."""
+    from dvml.jobs.cluster import open_cluster
+
+    section = dict(section or {})
+    if getattr(args, "timeout", None) is not None:
+        section["timeout"] = args.timeout
+    with open_cluster(section, args.scheduler, state_dir_of(args)) as cluster:
+        yield cluster
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))

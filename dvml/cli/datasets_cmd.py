@@ -1,0 +1,147 @@
+"""``dvml datasets list|describe|drop``: the named datasets in the cluster's vineyard.
+
+Every command attaches to ``--scheduler ADDR`` or to the cluster recorded by ``dvml cluster
+up``; the listing and summaries are read by tasks on the workers (no tensor data moves).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dvml.cli._attach import add_cluster_options, add_json_option, attached, print_json
+from dvml.cli._common import add_command, add_group, format_table
+
+__all__ = ["register", "summary_lines"]
+
+_LIST_COLUMNS = ["name", "kind", "rows", "buffers", "workers", "bytes", "created"]
+_DISTRIBUTION_COLUMNS = ["worker_name", "host", "vineyard_instance_id", "buffers", "rows", "bytes"]
+_PLACEMENT_COLUMNS = ["buffer", "worker_name", "host", "vineyard_instance_id", "rows", "bytes"]
+# Summary fields shown by `describe`, in this order (MADlib's names first).
+_SUMMARY_FIELDS = [
+    "source_table", "dependent_varname", "independent_varname", "class_values", "num_classes",
+    "normalizing_const", "buffer_size", "x_shapes", "image_size", "channels", "dropped_rows",
+    "training_dataset", "dataset_id", "created_at",
+]  # fmt: skip
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``datasets`` group to the top-level ``dvml`` parser."""
+    _, commands = add_group(
+        subparsers,
+        "datasets",
+        help="list, describe and drop the datasets packed in vineyard.",
+        description="The named datasets (and feature caches) held in the cluster's vineyardd "
+        "instances. Attaches to --scheduler ADDR or to the cluster recorded by `dvml cluster up`.",
+    )
+    listing = add_command(
+        commands, "list", _list,
+        help="one row per dataset: kind, rows, buffers, workers, bytes.",
+    )  # fmt: skip
+    listing.add_argument("--kind", default=None, help="only datasets of this kind (dataset, ...).")
+    add_json_option(listing)
+    add_cluster_options(listing)
+
+    describe = add_command(
+        commands, "describe", _describe,
+        help="a dataset's summary and where its buffers live.",
+        description="Print the dataset's summary (source, classes, normalization, shapes, "
+        "distribution rules) and its rows and bytes per worker.",
+    )  # fmt: skip
+    describe.add_argument("name", help="the dataset's name.")
+    describe.add_argument("--placement", action="store_true", help="also print one row per buffer.")
+    add_json_option(describe)
+    add_cluster_options(describe)
+
+    drop = add_command(
+        commands, "drop", _drop,
+        help="remove a dataset and free its memory on every worker.",
+    )  # fmt: skip
+    drop.add_argument("name", help="the dataset's name.")
+    drop.add_argument(
+        "--missing-ok", action="store_true", help="exit 0 when no dataset has this name."
+    )
+    add_cluster_options(drop)
+
+
+def _bytes(value: Any) -> str:
+    from dask.utils import format_bytes
+
+    return format_bytes(int(value))
+
+
+def _list(args: argparse.Namespace) -> int:
+    from dvml.store import datasets
+
+    with attached(args) as cluster:
+        table = datasets.list(cluster.client, kind=args.kind)
+    rows = table.to_dict(orient="records")
+    if args.json:
+        print_json(rows)
+        return 0
+    for row in rows:
+        row["bytes"] = _bytes(row["nbytes"])
+    print(format_table(rows, _LIST_COLUMNS))
+    return 0
+
+
+def summary_lines(ds: Any) -> list[str]:
+    """The header of ``describe``: name, kind, size, then the summary fields that are set."""
+    lines = [
+        f"name:     {ds.name}",
+        f"kind:     {ds.kind}",
+        f"id:       {ds.id}",
+        f"rows:     {ds.rows} in {len(ds.layout['buffers'])} buffers ({_bytes(ds.nbytes)})",
+    ]
+    s = ds.summary
+    rules = s.get("distribution_rules") or {}
+    if rules:
+        names = [w.get("name") for w in rules.get("resolved") or []]
+        lines.append(f"distribution_rules: {rules.get('given')!r} -> {', '.join(names)}")
+    for key in _SUMMARY_FIELDS:
+        if s.get(key) not in (None, [], {}):
+            lines.append(f"{key}: {s[key]}")
+    return lines
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from dvml.store import datasets
+
+    with attached(args) as cluster:
+        ds = datasets.describe(args.name, cluster.client)
+    if args.json:
+        print_json({"name": ds.name, "kind": ds.kind, "id": ds.id, "rows": ds.rows,
+                    "nbytes": ds.nbytes, "summary": ds.summary,
+                    "placement": ds.placement().to_dict(orient="records")})  # fmt: skip
+        return 0
+    print("\n".join(summary_lines(ds)))
+    dist = ds.distribution().to_dict(orient="records")
+    for row in dist:
+        row["bytes"] = _bytes(row["nbytes"])
+    print()
+    print(format_table(dist, _DISTRIBUTION_COLUMNS))
+    if args.placement:
+        rows = ds.placement().to_dict(orient="records")
+        for row in rows:
+            row["bytes"] = _bytes(row["nbytes"])
+        print()
+        print(format_table(rows, _PLACEMENT_COLUMNS))
+    return 0
+
+
+def _drop(args: argparse.Namespace) -> int:
+    from dvml.exceptions import DatasetNotFoundError
+    from dvml.store import datasets
+
+    with attached(args) as cluster:
+        try:
+            ds = datasets.describe(args.name, cluster.client)
+        except DatasetNotFoundError:
+            if args.missing_ok:
+                print(f"No dataset named {args.name!r}: nothing to drop.")
+                return 0
+            raise
+        datasets.drop(args.name, cluster.client)
+    workers = len({b["worker_name"] for b in ds.layout["buffers"]})
+    print(f"Dropped dataset {ds.name!r}: freed {_bytes(ds.nbytes)} on {workers} worker(s).")
+    return 0

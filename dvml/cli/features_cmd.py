@@ -1,0 +1,126 @@
+"""``dvml features list|describe|drop``: the transfer-learning feature caches in vineyard.
+
+Feature caches are built by :func:`dvml.features.cache` (or ``workflows/feature_refresh.py``);
+these commands attach to ``--scheduler ADDR`` or the cluster recorded by ``dvml cluster up``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dvml.cli._attach import add_cluster_options, add_json_option, attached, print_json
+from dvml.cli._common import add_command, add_group, format_table
+
+__all__ = ["register"]
+
+_LIST_COLUMNS = ["name", "rows", "feature_shape", "backbone", "layer", "pooling", "source",
+                 "workers", "bytes", "created"]  # fmt: skip
+_DISTRIBUTION_COLUMNS = ["worker_name", "host", "vineyard_instance_id", "buffers", "rows", "bytes"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``features`` group to the top-level ``dvml`` parser."""
+    _, commands = add_group(
+        subparsers,
+        "features",
+        help="list, describe and drop transfer-learning feature caches.",
+        description="Feature caches: a backbone's features of a set of images, kept in "
+        "vineyard on the workers that hold the images, for many fine-tuning jobs. Attaches to "
+        "--scheduler ADDR or to the cluster recorded by `dvml cluster up`.",
+    )
+    listing = add_command(
+        commands, "list", _list,
+        help="one row per cache: rows, feature shape, backbone, layer, pooling, source, bytes.",
+    )  # fmt: skip
+    add_json_option(listing)
+    add_cluster_options(listing)
+
+    describe = add_command(
+        commands, "describe", _describe,
+        help="a cache's key, backbone, source and where its buffers live.",
+    )  # fmt: skip
+    describe.add_argument("name", help="the feature cache's name.")
+    add_json_option(describe)
+    add_cluster_options(describe)
+
+    drop = add_command(
+        commands, "drop", _drop,
+        help="remove a feature cache and free its memory on every worker.",
+    )  # fmt: skip
+    drop.add_argument("name", help="the feature cache's name.")
+    drop.add_argument(
+        "--missing-ok", action="store_true", help="exit 0 when no cache has this name."
+    )
+    add_cluster_options(drop)
+
+
+def _bytes(value: Any) -> str:
+    from dask.utils import format_bytes
+
+    return format_bytes(int(value))
+
+
+def _list(args: argparse.Namespace) -> int:
+    import dvml.features
+
+    with attached(args) as cluster:
+        table = dvml.features.list(cluster.client)
+    rows = table.to_dict(orient="records")
+    if args.json:
+        print_json(rows)
+        return 0
+    for row in rows:
+        row["bytes"] = _bytes(row["nbytes"])
+        row["feature_shape"] = "x".join(str(d) for d in row["feature_shape"])
+    print(format_table(rows, _LIST_COLUMNS))
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    import dvml.features
+
+    with attached(args) as cluster:
+        ds = dvml.features.describe(args.name, cluster.client)
+    s = ds.summary
+    if args.json:
+        print_json({"name": ds.name, "kind": ds.kind, "id": ds.id, "rows": ds.rows,
+                    "nbytes": ds.nbytes, "summary": s})  # fmt: skip
+        return 0
+    backbone = s.get("backbone") or {}
+    source = s.get("source") or {}
+    lines = [
+        f"name:      {ds.name}",
+        f"rows:      {ds.rows} in {len(ds.layout['buffers'])} buffers ({_bytes(ds.nbytes)})",
+        f"features:  {s.get('x_shapes', [[]])[0]}",
+        f"backbone:  {backbone.get('description')}",
+        f"layer:     {backbone.get('output_layer')} (pooling {backbone.get('pooling')})",
+        f"source:    {source.get('description')}",
+        f"key:       {s.get('cache_key')}",
+        f"classes:   {s.get('class_values')}",
+        f"created:   {s.get('created_at')}",
+    ]
+    print("\n".join(lines))
+    dist = ds.distribution().to_dict(orient="records")
+    for row in dist:
+        row["bytes"] = _bytes(row["nbytes"])
+    print()
+    print(format_table(dist, _DISTRIBUTION_COLUMNS))
+    return 0
+
+
+def _drop(args: argparse.Namespace) -> int:
+    import dvml.features
+    from dvml.exceptions import DatasetNotFoundError
+
+    with attached(args) as cluster:
+        try:
+            ds = dvml.features.describe(args.name, cluster.client)
+        except DatasetNotFoundError:
+            if args.missing_ok:
+                print(f"No feature cache named {args.name!r}: nothing to drop.")
+                return 0
+            raise
+        dvml.features.drop(args.name, cluster.client)
+    print(f"Dropped feature cache {ds.name!r}: freed {_bytes(ds.nbytes)}.")
+    return 0

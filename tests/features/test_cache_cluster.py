@@ -1,0 +1,314 @@
+"""dvml.features.cache on a real LocalCluster: compute, hit, miss, placement, faults, persistence."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import pytest
+from feature_helpers import (
+    CLASSES,
+    batches,
+    color_images,
+    dataset_names,
+    keras,
+    read_dataset,
+    sort_rows,
+    staging_names,
+    tiny_backbone,
+    vineyard_usage,
+    write_image_folder,
+)
+
+import dvml
+from dvml.exceptions import (
+    ClusterError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    ModelMismatchError,
+    StoreError,
+    VineyardMemoryError,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+
+@pytest.fixture(scope="module")
+def env(cluster2: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    """An image folder and a packed dataset of the same kind of images on cluster2."""
+    client = cluster2.client
+    tmp = tmp_path_factory.mktemp("features")
+    folder = write_image_folder(tmp / "images", n_per_class=20)
+    x, y = color_images(40, seed=1)
+    dvml.training_preprocessor(
+        {"image": da.from_array(x, chunks=40), "label": da.from_array(y, chunks=40)},
+        y="label", x="image", normalizing_const=255.0, name="fc_src", client=client,
+    )  # fmt: skip
+    before = dataset_names(client)
+    yield {"client": client, "cluster": cluster2, "folder": folder, "tmp": tmp, "x": x, "y": y}
+    for name in dataset_names(client) - (before - {"fc_src"}):
+        dvml.datasets.drop(name, client=client)
+
+
+@pytest.fixture
+def cleanup(env: dict[str, Any]) -> Iterator[None]:
+    """Drop every dataset a test created; check that no staged object is left anywhere."""
+    client = env["client"]
+    before = dataset_names(client)
+    yield
+    for name in dataset_names(client) - before:
+        dvml.datasets.drop(name, client=client)
+    assert staging_names(client) == []
+
+
+def local_features(model: Any, images: np.ndarray, pooling: str) -> np.ndarray:
+    out = np.asarray(model.predict_on_batch(images.astype(np.float32) / 255.0))
+    return out.mean(axis=(1, 2)) if pooling == "avg" else out.max(axis=(1, 2))
+
+
+def test_cache_from_an_image_folder_then_a_hit(env: dict[str, Any], cleanup: None) -> None:
+    client, folder = env["client"], env["folder"]
+    bb = tiny_backbone()
+    before_batches = batches(client)
+    cache = dvml.features.cache(str(folder), bb, pooling="avg", batch_size=16,
+                                image_size=(32, 32), normalizing_const=255.0, client=client)  # fmt: skip
+    assert cache.kind == "feature_cache"
+    assert cache.name.startswith("features-") and cache.summary["cache_key"].startswith(
+        cache.name.removeprefix("features-")
+    )
+    assert cache.rows == 60 and cache.summary["x_shapes"] == [[16]]
+    assert cache.summary["normalizing_const"] == 1.0
+    assert cache.summary["class_values"] == list(CLASSES)
+    assert cache.summary["source"]["kind"] == "images" and not cache.summary["source"]["kept"]
+    assert batches(client) > before_batches
+    # The images were packed under an internal name and dropped once the features were in.
+    assert not [n for n in dataset_names(client) if n.startswith("__dvml_internal__/")]
+    # The features are the backbone's, row for row (rows are shuffled: compare as sets).
+    got = dvml.features.to_numpy(cache.name, client=client)
+    images = np.stack([np.asarray(__import__("PIL.Image").Image.open(p))
+                       for c in CLASSES for p in sorted((folder / c).iterdir())])  # fmt: skip
+    np.testing.assert_allclose(sort_rows(got["x_0"]), sort_rows(local_features(bb, images, "avg")),
+                               rtol=1e-4, atol=1e-5)  # fmt: skip
+    assert got["y"].sum(axis=0).tolist() == [20.0, 20.0, 20.0]
+
+    # The same request again: the same cache, and the backbone does not run.
+    datasets_before, hits_before = dataset_names(client), batches(client)
+    again = dvml.features.cache(str(folder), tiny_backbone(), pooling="avg", batch_size=16,
+                                image_size=(32, 32), normalizing_const=255.0, client=client)  # fmt: skip
+    assert again.id == cache.id and again.summary["dataset_id"] == cache.summary["dataset_id"]
+    assert batches(client) == hits_before
+    assert dataset_names(client) == datasets_before  # nothing was even packed
+
+
+def test_features_stay_beside_their_images(env: dict[str, Any], cleanup: None) -> None:
+    client = env["client"]
+    bb = tiny_backbone()
+    src = dvml.describe_dataset("fc_src", client) if hasattr(dvml, "describe_dataset") else (
+        dvml.datasets.describe("fc_src", client=client)
+    )
+    cache = dvml.features.cache("fc_src", bb, layer="conv2", pooling="max", name="fc_placed",
+                                batch_size=7, client=client)  # fmt: skip
+    assert len(cache.layout["buffers"]) == len(src.layout["buffers"]) == 2
+    for mine, theirs in zip(cache.layout["buffers"], src.layout["buffers"], strict=True):
+        assert mine["index"] == theirs["index"]
+        assert mine["instance_id"] == theirs["instance_id"]
+        assert mine["worker_name"] == theirs["worker_name"]
+        assert mine["rows"] == theirs["rows"]
+    source_rows, cached = read_dataset(client, "fc_src"), read_dataset(client, "fc_placed")
+    for i, buf in source_rows.items():
+        np.testing.assert_array_equal(cached[i]["y"], buf["y"])  # labels carried row by row
+        expected = np.asarray(bb.predict_on_batch(buf["x_0"])).max(axis=(1, 2))
+        np.testing.assert_allclose(cached[i]["x_0"], expected, rtol=1e-4, atol=1e-5)
+    assert cache.summary["source"] == {
+        "kind": "dataset", "description": "fc_src", "name": "fc_src",
+        "dataset_id": src.summary["dataset_id"], "kept": True,
+    }  # fmt: skip
+    table = dvml.features.list(client=client)
+    row = table.set_index("name").loc["fc_placed"]
+    assert row["source_current"] is True or row["source_current"] == True  # noqa: E712
+    assert sum(row["bytes_per_worker"].values()) == row["nbytes"] == cache.nbytes
+    assert set(row["bytes_per_worker"]) == {"worker-0", "worker-1"}
+    assert row["layer"] == "conv2" and row["pooling"] == "max"
+
+
+def test_a_weights_change_is_a_miss(env: dict[str, Any], cleanup: None) -> None:
+    client, cluster = env["client"], env["cluster"]
+    bb = tiny_backbone()
+    first = dvml.features.cache("fc_src", bb, pooling="avg", name="fc_w", client=client)
+    usage = vineyard_usage(cluster)
+    weights = bb.get_weights()
+    weights[0] = weights[0] * 1.5
+    bb.set_weights(weights)
+    before = batches(client)
+    second = dvml.features.cache("fc_src", bb, pooling="avg", name="fc_w", client=client)
+    assert batches(client) > before  # recomputed
+    assert second.summary["cache_key"] != first.summary["cache_key"]
+    assert second.summary["backbone"]["fingerprint"] != first.summary["backbone"]["fingerprint"]
+    assert dvml.features.describe("fc_w", client=client).id == second.id
+    # The replaced cache's memory was freed: usage is what it was with one cache.
+    assert vineyard_usage(cluster) == usage
+    got = dvml.features.to_numpy("fc_w", client=client)["x_0"]
+    source = read_dataset(client, "fc_src")
+    x = np.concatenate([source[i]["x_0"] for i in sorted(source)])
+    expected = np.asarray(bb.predict_on_batch(x)).mean(axis=(1, 2))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    # Without a name, a changed key gives a new cache and leaves the other one alone.
+    derived = dvml.features.cache("fc_src", tiny_backbone(seed=2), pooling="avg", client=client)
+    assert derived.name != "fc_w" and dvml.datasets.exists("fc_w", client=client)
+    # overwrite=True recomputes even when nothing changed.
+    before = batches(client)
+    dvml.features.cache("fc_src", tiny_backbone(seed=2), pooling="avg", overwrite=True,
+                        client=client)  # fmt: skip
+    assert batches(client) > before
+
+
+def test_a_replaced_or_dropped_source_is_never_served_stale(
+    env: dict[str, Any], cleanup: None
+) -> None:
+    client = env["client"]
+    x, y = env["x"], env["y"]
+    source = {"image": da.from_array(x[::-1].copy(), chunks=60),
+              "label": da.from_array(y[::-1].copy(), chunks=60)}  # fmt: skip
+    dvml.training_preprocessor(source, y="label", x="image", normalizing_const=255.0,
+                               name="fc_tmp_src", client=client)  # fmt: skip
+    bb = tiny_backbone()
+    old = dvml.features.cache("fc_tmp_src", bb, pooling="avg", name="fc_stale", client=client)
+    # The source is preprocessed again (other images, same name): a miss, recomputed.
+    x2 = 255 - x
+    dvml.training_preprocessor(
+        {"image": da.from_array(x2, chunks=60), "label": da.from_array(y, chunks=60)},
+        y="label", x="image", normalizing_const=255.0, name="fc_tmp_src", overwrite=True,
+        client=client,
+    )  # fmt: skip
+    table = dvml.features.list(client=client).set_index("name")
+    assert not table.loc["fc_stale", "source_current"]  # shown as stale until recomputed
+    before = batches(client)
+    new = dvml.features.cache("fc_tmp_src", bb, pooling="avg", name="fc_stale", client=client)
+    assert batches(client) > before
+    assert new.summary["source"]["dataset_id"] != old.summary["source"]["dataset_id"]
+    got = dvml.features.to_numpy("fc_stale", client=client)["x_0"]
+    expected = local_features(bb, x2, "avg")
+    np.testing.assert_allclose(sort_rows(got), sort_rows(expected), rtol=1e-4, atol=1e-5)
+    # The source is dropped: asking for its cache is a clear error, not the old features.
+    dvml.datasets.drop("fc_tmp_src", client=client)
+    with pytest.raises(DatasetNotFoundError, match="No dataset named 'fc_tmp_src'"):
+        dvml.features.cache("fc_tmp_src", bb, pooling="avg", name="fc_stale", client=client)
+    assert not dvml.features.list(client=client).set_index("name").loc["fc_stale",
+                                                                       "source_current"]  # fmt: skip
+
+
+def test_bad_requests_fail_before_any_work(env: dict[str, Any], cleanup: None) -> None:
+    client = env["client"]
+    names, before = dataset_names(client), batches(client)
+    with pytest.raises(ModelMismatchError, match=r"no layer named 'conv9'.*'conv1', 'pool1'"):
+        dvml.features.cache("fc_src", tiny_backbone(), layer="conv9", client=client)
+    with pytest.raises(ModelMismatchError, match=r"shape \(32, 32, 3\).*\(64, 64, 3\)"):
+        dvml.features.cache("fc_src", tiny_backbone(input_shape=(64, 64, 3)), client=client)
+    wrong = str(env["tmp"] / "wrong.h5")
+    tiny_backbone().save_weights(wrong)
+    with pytest.raises(ModelMismatchError, match="weights file does not match"):
+        dvml.features.cache(str(env["folder"]), {"application": "MobileNetV2", "weights": wrong,
+                                                 "kwargs": {"alpha": 0.35}},
+                            image_size=(32, 32), normalizing_const=255.0, client=client)  # fmt: skip
+    with pytest.raises(ClusterError, match="use_gpus=True but workers"):
+        dvml.features.cache("fc_src", tiny_backbone(), use_gpus=True, client=client)
+    with pytest.raises(ValueError, match="distribution_rules apply to raw sources only"):
+        dvml.features.cache("fc_src", tiny_backbone(), distribution_rules="all_workers",
+                            client=client)  # fmt: skip
+    with pytest.raises(DatasetNotFoundError, match="No dataset named 'fc_nothing'"):
+        dvml.features.cache("fc_nothing", tiny_backbone(), client=client)
+    with pytest.raises(TypeError, match="Unknown keyword arguments"):
+        dvml.features.cache("fc_src", tiny_backbone(), image_szie=(32, 32), client=client)
+    dvml.features.cache("fc_src", tiny_backbone(), pooling="avg", name="fc_plain", client=client)
+    with pytest.raises(DatasetExistsError, match="not a feature cache"):
+        dvml.features.cache("fc_src", tiny_backbone(), name="fc_src", client=client)
+    with pytest.raises(DatasetNotFoundError, match="'fc_src' is a dataset, not a feature cache"):
+        dvml.features.describe("fc_src", client=client)
+    assert dataset_names(client) == names | {"fc_plain"}
+    assert batches(client) - before == 2  # only fc_plain ran: 80 rows, 2 buffers of 40
+
+
+def test_a_failed_featurization_leaves_nothing(env: dict[str, Any], cleanup: None) -> None:
+    """One worker's vineyardd has no room: the other's features are deleted, no name appears."""
+    from dvml.store.local import delete_objects, put_arrays
+
+    client, cluster = env["client"], env["cluster"]
+    k = keras()
+    inputs = k.Input((32, 32, 3))
+    big = k.Model(inputs, k.layers.Conv2D(8, 1, name="wide")(k.layers.UpSampling2D(8)(inputs)))
+    # 40 rows x 256*256*8 floats = 80 MiB of features per worker; fill worker-0 first.
+    worker0 = next(w for w in cluster.workers if w.name == "worker-0")
+    free = cluster.status().set_index("name").loc["worker-0"]
+    ballast_bytes = int(free["memory_limit"] - free["memory_used"]) - 40 * 2**20
+    ballast = client.submit(put_arrays, {"b": np.zeros(ballast_bytes // 4, np.float32)},
+                            workers=[worker0.address], pure=False).result()  # fmt: skip
+    try:
+        usage, names = vineyard_usage(cluster), dataset_names(client)
+        with pytest.raises(VineyardMemoryError, match="worker-0 has no room"):
+            dvml.features.cache("fc_src", big, name="fc_too_big", client=client)
+        assert not dvml.datasets.exists("fc_too_big", client=client)
+        assert dataset_names(client) == names
+        assert staging_names(client) == []
+        assert vineyard_usage(cluster) == usage  # worker-1's finished buffer was deleted too
+    finally:
+        client.submit(delete_objects, [ballast["fields"]["b"]["id"]], workers=[worker0.address],
+                      pure=False).result()  # fmt: skip
+
+
+def test_save_and_load(env: dict[str, Any], cleanup: None) -> None:
+    client, tmp = env["client"], env["tmp"]
+    cache = dvml.features.cache("fc_src", tiny_backbone(), pooling="avg", name="fc_saved",
+                                client=client)  # fmt: skip
+    expected = dvml.features.to_numpy("fc_saved", client=client)
+    directory = tmp / "saved"
+    manifest = dvml.features.save("fc_saved", directory, client=client)
+    content = json.loads(Path(manifest).read_text())
+    assert content["summary"]["cache_key"] == cache.summary["cache_key"]
+    for buf in content["buffers"]:  # each worker wrote its own buffers under its name
+        assert all(f["path"].startswith(f"{buf['worker_name']}/") for f in buf["files"].values())
+        assert all((directory / f["path"]).is_file() for f in buf["files"].values())
+    with pytest.raises(DatasetExistsError, match="holds a saved feature cache already"):
+        dvml.features.save("fc_saved", directory, client=client)
+
+    dvml.features.drop("fc_saved", client=client)
+    loaded = dvml.features.load(directory, client=client)
+    assert loaded.name == "fc_saved" and not loaded.summary["rebalanced"]
+    assert loaded.summary["cache_key"] == cache.summary["cache_key"]
+    assert [b["worker_name"] for b in loaded.layout["buffers"]] == [
+        b["worker_name"] for b in cache.layout["buffers"]
+    ]
+    got = dvml.features.to_numpy("fc_saved", client=client)
+    for field in ("x_0", "y"):
+        np.testing.assert_array_equal(got[field], expected[field])
+    # The same request as before is a hit on the loaded cache.
+    before = batches(client)
+    assert dvml.features.cache("fc_src", tiny_backbone(), pooling="avg", name="fc_saved",
+                               client=client).id == loaded.id  # fmt: skip
+    assert batches(client) == before
+    assert dvml.features.load(directory, client=client).id == loaded.id  # loaded already
+    with pytest.raises(DatasetExistsError, match="not this saved cache"):
+        dvml.features.load(directory, name="fc_src", client=client)
+
+    # Saved on workers that are gone: the rows are spread evenly over the live workers.
+    content["buffers"][0]["worker_name"] = "worker-gone"
+    Path(manifest).write_text(json.dumps(content))
+    moved = dvml.features.load(directory, name="fc_moved", client=client)
+    assert moved.summary["rebalanced"] and moved.rows == cache.rows
+    assert sorted(moved.summary["rows_per_worker"].values()) == [40, 40]
+    again = dvml.features.to_numpy("fc_moved", client=client)
+    assert again["x_0"].dtype == np.float32
+    both = np.concatenate([again["x_0"], again["y"]], axis=1)
+    np.testing.assert_array_equal(sort_rows(both),
+                                  sort_rows(np.concatenate([expected["x_0"], expected["y"]], 1)))  # fmt: skip
+
+    (directory / "worker-1" / os.listdir(directory / "worker-1")[0]).write_bytes(b"broken")
+    with pytest.raises(StoreError, match="Cannot read|checksum"):
+        dvml.features.load(directory, name="fc_broken", client=client)
+    assert not dvml.datasets.exists("fc_broken", client=client)
+    with pytest.raises(StoreError, match="No saved feature cache"):
+        dvml.features.load(tmp / "nowhere", client=client)
