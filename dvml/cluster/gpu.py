@@ -33,6 +33,7 @@ def gpu_configuration(client: Client | None = None) -> pd.DataFrame:
     import pandas as pd
 
     from dvml.cluster.attach import discover_workers
+    from dvml.cluster.workers import gpu_index
 
     rows: list[dict[str, Any]] = []
     for info in discover_workers(client):
@@ -42,7 +43,7 @@ def gpu_configuration(client: Client | None = None) -> pd.DataFrame:
                     "hostname": info.host,
                     "worker": info.address,
                     "worker_name": info.name,
-                    "gpu_index": i,
+                    "gpu_index": gpu_index(descr) if gpu_index(descr) is not None else i,
                     "gpu_descr": descr,
                 }
             )

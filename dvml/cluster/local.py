@@ -177,14 +177,25 @@ class LocalCluster(Cluster):
         import dask
         from distributed import SpecCluster
 
-        # A task pinned to a worker that is gone fails after this timeout instead of waiting.
-        with dask.config.set({"distributed.scheduler.no-workers-timeout": "60s"}):
-            self._state.dask = SpecCluster(
-                workers=workers,
-                scheduler=scheduler,
-                silence_logs=logging.WARNING,
-                name="dvml-local",
-            )
+        settings = {
+            # A task pinned to a worker that is gone fails after this timeout, not never.
+            "distributed.scheduler.no-workers-timeout": "60s",
+            # The scheduler's scratch space stays in the cluster's private directory.
+            "temporary-directory": os.path.join(self.directory, "dask"),
+        }
+        try:
+            with dask.config.set(settings):
+                self._state.dask = SpecCluster(
+                    workers=workers,
+                    scheduler=scheduler,
+                    silence_logs=logging.WARNING,
+                    name="dvml-local",
+                )
+        except RuntimeError as exc:
+            raise ClusterStartError(
+                f"The Dask scheduler or workers failed to start: {exc}. Check that the "
+                "scheduler_port and dashboard_address are free; the cluster was cleaned up."
+            ) from exc
 
     @property
     def etcd(self) -> ManagedProcess | None:

@@ -42,8 +42,7 @@ def parse_memory(value: int | str, what: str = "vineyard_memory") -> int:
         nbytes = int(value) if isinstance(value, int) else parse_bytes(str(value))
     except (ValueError, TypeError) as exc:
         raise ValueError(
-            f"{what} must be a byte count or a size such as '512MiB' or '2GB'. "
-            f"Received: {value!r}."
+            f"{what} must be a byte count or a size such as '512MiB' or '2GB'. Received: {value!r}."
         ) from exc
     if nbytes <= 0:
         raise ValueError(f"{what} must be positive. Received: {value!r}.")

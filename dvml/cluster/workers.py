@@ -16,7 +16,14 @@ import socket
 import subprocess
 from typing import Any
 
-__all__ = ["WorkerInfo", "describe_this_worker", "detect_gpus", "parse_nvidia_smi_list"]
+__all__ = [
+    "WorkerInfo",
+    "describe_this_worker",
+    "detect_gpus",
+    "gpu_index",
+    "parse_nvidia_smi_list",
+    "visible_gpus",
+]
 
 HOST_ENV = "DVML_HOST"
 GPUS_ENV = "DVML_GPUS"
@@ -81,7 +88,32 @@ def detect_gpus() -> tuple[str, ...]:
         out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ()
-    return tuple(parse_nvidia_smi_list(out.stdout)) if out.returncode == 0 else ()
+    if out.returncode != 0:
+        return ()
+    return tuple(
+        visible_gpus(parse_nvidia_smi_list(out.stdout), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    )
+
+
+def visible_gpus(gpus: list[str], cuda_visible_devices: str | None) -> list[str]:
+    """Keep the GPUs a worker may use: ``CUDA_VISIBLE_DEVICES`` (indices) when it is set.
+
+    Several workers on one host each see only their own GPUs this way, so the inventory does
+    not list a GPU once per worker.
+    """
+    if cuda_visible_devices is None or not cuda_visible_devices.strip():
+        return gpus if cuda_visible_devices is None else []
+    wanted = [d.strip() for d in cuda_visible_devices.split(",")]
+    if not all(d.isdigit() for d in wanted):  # UUIDs or MIG names: keep all, cannot map
+        return gpus
+    by_index = {gpu_index(g): g for g in gpus}
+    return [by_index[int(d)] for d in wanted if int(d) in by_index]
+
+
+def gpu_index(description: str) -> int | None:
+    """The host-level index in ``"GPU 3: ..."``, or None."""
+    m = re.match(r"GPU (\d+):", description)
+    return int(m.group(1)) if m else None
 
 
 def describe_this_worker(dask_worker: Any) -> dict[str, Any]:

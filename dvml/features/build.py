@@ -340,6 +340,10 @@ def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_
     started = time.perf_counter()
 
     def produce(run_id: str) -> list[dict[str, Any]]:
+        from distributed import Event
+
+        abort_name = f"dvml-features-abort-{run_id}"
+
         def submit(i: int, address: str, attempt: int) -> Any:
             # A retry may follow a dead worker, which took its copy of the spec along.
             arg = (
@@ -348,11 +352,15 @@ def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_
             index = buffers[i]["index"]
             return client.submit(
                 worker.featurize_buffer, src.name, dataset_id, index, arg, batch_size,
-                staging_name(run_id, index, attempt), workers=[address],
+                staging_name(run_id, index, attempt), abort_name, workers=[address],
                 allow_other_workers=False, pure=False, retries=0,
             )  # fmt: skip
 
-        results = run_pinned(client, submit, targets, "featurization")
+        abort = Event(abort_name, client=client)
+        try:
+            results = run_pinned(client, submit, targets, "featurization", abort=abort.set)
+        finally:
+            abort.clear()  # events live on the scheduler until cleared
         for b, r in zip(buffers, results, strict=True):
             if r["instance_id"] != b["instance_id"]:  # never expected: pinned to its worker
                 raise StoreError(

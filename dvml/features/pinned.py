@@ -53,6 +53,8 @@ def run_pinned(
     targets: Sequence[WorkerInfo],
     what: str,
     restart_timeout: float = 60.0,
+    abort: Callable[[], None] | None = None,
+    drain_timeout: float = 120.0,
 ) -> list[Any]:
     """Run ``submit(i, address, attempt)`` for every target ``i``; return results in order.
 
@@ -64,6 +66,11 @@ def run_pinned(
         The worker of each task.
     what : str
         Named in errors, e.g. ``"featurization"``.
+    abort : callable, optional
+        Called when the run fails, before waiting (up to ``drain_timeout`` seconds) for the
+        tasks still running: Dask cannot interrupt a running task, and one that finished
+        after the caller's clean-up would leave its objects behind. Tasks should watch for
+        what ``abort`` signals and stop early.
 
     Raises
     ------
@@ -110,6 +117,15 @@ def run_pinned(
                 addresses[i] = address
                 attempts[i] += 1
                 futures[i] = submit(i, address, attempts[i])
-    finally:
-        client.cancel([f for i, f in futures.items() if i not in results])
+    except BaseException:
+        running = [f for i, f in futures.items() if i not in results]
+        if abort is not None:
+            abort()
+        try:
+            with client.as_current():
+                wait(running, timeout=drain_timeout)
+        except Exception:  # timed out, or the cluster is failing: cancel what is left
+            logger.warning("%d %s tasks still run after a failure", len(running), what)
+        client.cancel(running)
+        raise
     return [results[i] for i in range(len(futures))]

@@ -105,6 +105,28 @@ def _local_buffer(parts: Any, name: str, dataset_id: str, index: int) -> int:
     return parts.buffer_indices.index(index)
 
 
+class _Abort:
+    """Whether the client gave up on this run (checked at most every ``interval`` seconds)."""
+
+    def __init__(self, name: str | None, interval: float = 0.5) -> None:
+        self.name, self.interval, self.last = name, interval, 0.0
+
+    def check(self, force: bool = False) -> None:
+        if self.name is None:
+            return
+        now = time.monotonic()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        from distributed import Event
+
+        if Event(self.name).is_set():
+            raise StoreError(
+                "The run this task belongs to failed elsewhere and was abandoned; nothing was "
+                "put. (This error is expected after another buffer's failure.)"
+            )
+
+
 def featurize_buffer(
     source: str,
     dataset_id: str,
@@ -112,17 +134,21 @@ def featurize_buffer(
     spec: dict[str, Any],
     batch_size: int,
     staging_name: str,
+    abort_event: str | None = None,
 ) -> dict[str, Any]:
     """Run the extractor over buffer ``index`` of ``source`` and put the features HERE.
 
     Returns the new buffer's layout record (``index``, ``rows``, ``instance_id``, worker,
     ``fields``: ``x_0`` the float32 features, ``y`` the source's one-hot labels) plus the
     ``device`` and ``seconds`` it took. Objects are put under ``staging_name`` until published.
+    When the Dask event ``abort_event`` is set (the run failed elsewhere), the task stops
+    between batches and puts nothing.
     """
     from dvml.resolve.local import open_local
     from dvml.store.local import put_arrays
 
     start = time.perf_counter()
+    abort = _Abort(abort_event)
     parts = open_local(source, require=False)
     try:
         pos = _local_buffer(parts, source, dataset_id, index)
@@ -133,10 +159,12 @@ def featurize_buffer(
 
         with tf.device(device):
             for lo in range(0, len(x), batch_size):
+                abort.check()
                 hi = min(len(x), lo + batch_size)
                 features[lo:hi] = model.predict_on_batch(x[lo:hi])
                 CALLS["batches"] += 1
         CALLS["rows"] += len(x)
+        abort.check(force=True)
         record = put_arrays({"x_0": features, "y": y}, staging_name=staging_name)
     finally:
         parts.close()

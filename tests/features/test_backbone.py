@@ -92,8 +92,9 @@ def test_images_that_do_not_fit_name_both_shapes() -> None:
 
 def test_pooling_needs_spatial_axes() -> None:
     k = keras()
-    flat = k.Sequential([k.layers.InputLayer(input_shape=(32, 32, 3)),
-                         k.layers.Flatten(name="flat")])  # fmt: skip
+    flat = k.Sequential(
+        [k.layers.InputLayer(input_shape=(32, 32, 3)), k.layers.Flatten(name="flat")]
+    )
     with pytest.raises(ModelMismatchError, match="pooling='avg' needs spatial axes"):
         resolve_backbone(flat, None, "avg", [32, 32, 3])
 
@@ -111,14 +112,17 @@ def test_application_errors() -> None:
     with pytest.raises(ValueError, match="No Keras application named 'MobileNetV9'"):
         resolve_backbone("MobileNetV9", None, None, [32, 32, 3])
     with pytest.raises(ValueError, match=r"never downloads.*'weights': '/path/to/file\.h5'"):
-        resolve_backbone({"application": "ResNet50", "weights": "imagenet"}, None, None,
-                         [32, 32, 3])  # fmt: skip
+        resolve_backbone(
+            {"application": "ResNet50", "weights": "imagenet"}, None, None, [32, 32, 3]
+        )
     with pytest.raises(ValueError, match="path of an existing weights file"):
-        resolve_backbone({"application": "ResNet50", "weights": "/nope/w.h5"}, None, None,
-                         [32, 32, 3])  # fmt: skip
+        resolve_backbone(
+            {"application": "ResNet50", "weights": "/nope/w.h5"}, None, None, [32, 32, 3]
+        )
     with pytest.raises(ModelMismatchError, match=r"cannot take the source images.*\(16, 16, 3\)"):
-        resolve_backbone({"application": "MobileNetV2", "kwargs": {"alpha": 0.35}}, None, None,
-                         [16, 16, 3])  # fmt: skip
+        resolve_backbone(
+            {"application": "MobileNetV2", "kwargs": {"alpha": 0.35}}, None, None, [16, 16, 3]
+        )
     with pytest.raises(ValueError, match="keys"):
         resolve_backbone({"app": "ResNet50"}, None, None, [32, 32, 3])
 
@@ -131,8 +135,9 @@ def test_weights_file_of_another_architecture_is_refused(tmp_path: Path) -> None
     with pytest.raises(ModelMismatchError, match="weights file does not match MobileNetV2"):
         resolve_backbone(spec, None, None, [32, 32, 3])
     # A file of the same architecture loads, and its weights make the fingerprint.
-    same = k.applications.MobileNetV2(weights=None, include_top=False, alpha=0.35,
-                                      input_shape=(32, 32, 3))  # fmt: skip
+    same = k.applications.MobileNetV2(
+        weights=None, include_top=False, alpha=0.35, input_shape=(32, 32, 3)
+    )
     first, second = str(tmp_path / "w1.h5"), str(tmp_path / "w2.h5")
     same.save_weights(first)
     same.set_weights([w * 0.5 for w in same.get_weights()])
