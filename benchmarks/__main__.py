@@ -67,10 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
 
-    rows = []
-    for benchmark in benchmarks:
-        measurement = harness.run_benchmark(benchmark, args.repeats, args.quick)
-        rows.append(harness.summarize(benchmark, measurement))
+    measurements = harness.run_all(benchmarks, args.repeats, args.quick)
+    rows = [harness.summarize(b, m) for b, m in zip(benchmarks, measurements, strict=True)]
 
     table = harness.render_table(rows)
     environment = _environment(args)

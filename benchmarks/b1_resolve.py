@@ -35,25 +35,23 @@ SIZES = {False: (1 << 30, 10 * t.MiB), True: (64 * t.MiB, 1 * t.MiB)}  # quick -
 BIG, SMALL = "bench_b1_big", "bench_b1_small"
 
 
-def _prepare(quick: bool, baseline: str) -> dict[str, Any]:
+def prepare(quick: bool) -> dict[str, Any]:
+    """One cluster, both datasets and the pickled bytes, shared by B1a and B1b."""
     big, small = SIZES[quick]
-    memory = big + (small if baseline == "small" else 0) + 64 * t.MiB
-    cluster = t.start_cluster(1, memory)
-    other = _size(small) if baseline == "small" else "pickle.loads of the same bytes"
-    context: dict[str, Any] = {"cluster": cluster, "names": [], "sizes": f"{_size(big)} vs {other}"}
+    cluster = t.start_cluster(1, big + small + 64 * t.MiB)
+    context: dict[str, Any] = {"cluster": cluster, "names": []}
+    context["sizes"] = {"big": _size(big), "small": _size(small)}
     try:
         context["socket"] = t.worker_socket(cluster)
         rows = t.rows_for_bytes(big)
         t.publish_synthetic(cluster, BIG, rows)
         context["names"].append(BIG)
-        if baseline == "small":
-            t.publish_synthetic(cluster, SMALL, t.rows_for_bytes(small))
-            context["names"].append(SMALL)
-        else:
-            # The same bytes as in vineyard, regenerated here from the same seed.
-            context["pickled"] = pickle.dumps(t.synthetic_arrays(rows), protocol=5)
+        t.publish_synthetic(cluster, SMALL, t.rows_for_bytes(small))
+        context["names"].append(SMALL)
+        # The same bytes as in vineyard, regenerated here from the same seed.
+        context["pickled"] = pickle.dumps(t.synthetic_arrays(rows), protocol=5)
     except BaseException:
-        _cleanup(context)
+        cleanup(context)
         raise
     return context
 
@@ -62,7 +60,7 @@ def _size(nbytes: int) -> str:
     return f"{nbytes >> 30} GiB" if nbytes >= 1 << 30 else f"{nbytes >> 20} MiB"
 
 
-def _cleanup(context: dict[str, Any]) -> None:
+def cleanup(context: dict[str, Any]) -> None:
     context.pop("pickled", None)
     for name in context["names"]:
         t.drop_dataset(context["cluster"], name)
@@ -108,9 +106,9 @@ B1A = register(
         baseline=resolve_small,
         target=1.5,
         target_op="<=",
-        prepare=lambda quick: _prepare(quick, "small"),
-        cleanup=_cleanup,
-        details=lambda context: {"sizes": context["sizes"]},
+        prepare=prepare,
+        cleanup=cleanup,
+        details=lambda context: dict(context["sizes"]),
     )
 )
 
@@ -123,8 +121,8 @@ B1B = register(
         baseline=unpickle_big,
         target=0.01,
         target_op="<=",
-        prepare=lambda quick: _prepare(quick, "pickle"),
-        cleanup=_cleanup,
-        details=lambda context: {"sizes": context["sizes"]},
+        prepare=prepare,
+        cleanup=cleanup,
+        details=lambda context: {"big": context["sizes"]["big"]},
     )
 )

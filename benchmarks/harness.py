@@ -4,7 +4,7 @@ A benchmark is one module listed in :data:`MODULES` that calls :func:`register` 
 :class:`Benchmark`: two sides (dvml and a baseline) that each run once and return one figure,
 and a target on the ratio ``dvml / baseline``. The sides alternate, and the side that goes first
 alternates too, so that drift (a warming cache, another process) hits both alike. Everything
-except :func:`run_benchmark` and :func:`load` is a pure function of its arguments.
+except :func:`run_benchmark`, :func:`run_all` and :func:`load` is a pure function of its arguments.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ __all__ = [
     "load",
     "register",
     "render_table",
+    "run_all",
     "run_benchmark",
     "schedule",
     "select",
@@ -167,10 +168,69 @@ def run_benchmark(
 
     An exception stops this benchmark only: it is recorded in ``Measurement.error``.
     """
-    measurement = Measurement()
+    return run_all([benchmark], repeats, quick, log)[0]
+
+
+def run_all(
+    benchmarks: Sequence[Benchmark],
+    repeats: int,
+    quick: bool,
+    log: Callable[[str], None] = print,
+) -> list[Measurement]:
+    """Run ``benchmarks`` in order, each as :func:`run_benchmark` does.
+
+    Consecutive benchmarks with the same ``prepare`` function (the rows of one benchmark with
+    several baselines, e.g. B3a-B3c) share one context: prepared before the first of them and
+    cleaned up (with the last one's ``cleanup``) after the last, so that a cluster or a
+    TensorFlow process is started once per benchmark, not once per row.
+    """
+    measurements: list[Measurement] = []
+    i = 0
+    while i < len(benchmarks):
+        group = [benchmarks[i]]
+        shared = benchmarks[i].prepare
+        while (
+            shared is not None
+            and i + len(group) < len(benchmarks)
+            and benchmarks[i + len(group)].prepare is shared
+        ):
+            group.append(benchmarks[i + len(group)])
+        measurements.extend(_run_group(group, repeats, quick, log))
+        i += len(group)
+    return measurements
+
+
+def _run_group(
+    group: Sequence[Benchmark], repeats: int, quick: bool, log: Callable[[str], None]
+) -> list[Measurement]:
+    measurements = [Measurement() for _ in group]
     context = None
     try:
-        context = benchmark.prepare(quick) if benchmark.prepare is not None else None
+        first = group[0]
+        context = first.prepare(quick) if first.prepare is not None else None
+    except Exception as exc:  # every row of the group reports it; the others still run
+        for benchmark, measurement in zip(group, measurements, strict=True):
+            measurement.error = f"{type(exc).__name__}: {exc}"
+            log(f"{benchmark.key} failed: {measurement.error}")
+        return measurements
+    try:
+        for benchmark, measurement in zip(group, measurements, strict=True):
+            _measure(benchmark, measurement, context, repeats, log)
+    finally:
+        cleanup = group[-1].cleanup
+        if cleanup is not None and context is not None:
+            cleanup(context)
+    return measurements
+
+
+def _measure(
+    benchmark: Benchmark,
+    measurement: Measurement,
+    context: Any,
+    repeats: int,
+    log: Callable[[str], None],
+) -> None:
+    try:
         for i, order in enumerate(schedule(repeats)):
             for side in order:
                 figure = float(getattr(benchmark, side)(context))
@@ -182,10 +242,6 @@ def run_benchmark(
     except Exception as exc:  # reported in the table; the other benchmarks still run
         measurement.error = f"{type(exc).__name__}: {exc}"
         log(f"{benchmark.key} failed: {measurement.error}")
-    finally:
-        if benchmark.cleanup is not None and context is not None:
-            benchmark.cleanup(context)
-    return measurement
 
 
 def summarize(benchmark: Benchmark, measurement: Measurement) -> dict[str, Any]:

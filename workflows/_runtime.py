@@ -308,6 +308,8 @@ def run_workflow(
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     log = _logger(workflow, args.log_file)
+    # TensorFlow's C++ start-up chatter would bury the one-line-per-step log.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     from dvml.exceptions import ConfigError
     from dvml.jobs.config import load

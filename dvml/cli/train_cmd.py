@@ -96,7 +96,7 @@ def _registry(args: argparse.Namespace, job: dict[str, Any]) -> Any:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from dvml.jobs.cluster import cluster_plan
+    from dvml.jobs.cluster import abort_orphaned_trainers, cluster_plan
     from dvml.jobs.data import config_dir, dataset_names, prepare_datasets, resolve_source
     from dvml.jobs.models import architecture_id, model_exists
     from dvml.train.fit import fit
@@ -118,6 +118,9 @@ def _fit(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with attached(args, job["cluster"]) as cluster, _registry(args, job) as registry:
         client = cluster.client
+        stopped = abort_orphaned_trainers(client)  # they would hold the workers' threads
+        if stopped:
+            print(f"Stopped {len(stopped)} orphaned trainer task(s) of a killed fit.")
         print(f"Preprocessing {source.describe()} into {train_name} and {val_name}...")
         train, validation = prepare_datasets(job, client, base, source)
         print(f"  {train.name}: {train.rows} rows; {validation.name}: {validation.rows} rows.")

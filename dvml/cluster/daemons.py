@@ -136,8 +136,8 @@ def start_vineyardd(
 ) -> ManagedProcess:
     """Start one vineyardd (RPC off) joined to etcd; readiness is awaited by the caller.
 
-    Readiness is checked separately (:func:`vineyard_instance_id`) so that several daemons
-    start in parallel.
+    Readiness is checked by the caller (:func:`vineyard_instance_id`), which starts daemons
+    one at a time: concurrent joins race for their instance rank (vineyard 0.24.2).
     """
     argv = [
         *vineyardd_command(),

@@ -177,7 +177,7 @@ def _section(data: Any, section: Section, prefix: str, source: str) -> dict[str,
     if section.check is not None:
         problem = section.check(result)
         if problem:
-            raise _error(source, problem)
+            raise _error(source, problem.rstrip(".") + ".")
     return result
 
 
@@ -190,7 +190,7 @@ def _field(value: Any, spec: Field, path: str, source: str) -> Any:
         raise _error(
             source,
             f"{path!r} must be {_type_name(spec.types)}. Received: {path}={_received(value)}. "
-            f"{spec.help[:1].upper()}{spec.help[1:]}.",
+            f"Write {_type_name(spec.types)}" + (f" ({spec.help})." if spec.help else "."),
         )
     if isinstance(value, int) and not isinstance(value, bool) and int not in spec.types:
         value = float(value)

@@ -37,6 +37,12 @@ __all__ = [
     "validation_split",
 ]
 
+_KIND_NAMES = {
+    "sklearn": "embedded data set",
+    "table": "table",
+    "images": "image folder",
+    "shards": "tar shards",
+}
 _TABLE_SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz")
 _GLOB_CHARS = "*?["
 # The columns of sklearn:digits (dvml.demo.digits_frame), used when x/y/id are not given.
@@ -66,9 +72,10 @@ class Source:
     fingerprint: str
 
     def describe(self) -> str:
+        what = _KIND_NAMES[self.kind]
         if self.location == self.spec:
-            return f"{self.kind} {self.location}"
-        return f"{self.kind} {self.location} (newest match of {self.spec})"
+            return f"{what} {self.location}"
+        return f"{what} {self.location} (newest match of {self.spec})"
 
 
 def dataset_names(name: str) -> tuple[str, str]:

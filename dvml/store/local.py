@@ -202,27 +202,26 @@ def _delete_quietly(client: Any, ids: list[Any]) -> None:
 def delete_objects(ids: list[int], names: list[str] | None = None) -> int:
     """Delete local objects (deeply) and drop names; return how many objects were deleted.
 
-    Runs on the worker that owns the objects. Missing objects and names are ignored, so the
-    call is idempotent (safe in retried Dask tasks).
+    Runs on the worker that owns the objects, through the thread's cached connection (the one
+    puts use: memory freed through another connection made the next put of the same size
+    ~4x slower). Missing objects and names are ignored, so the call is idempotent (safe in
+    retried Dask tasks).
     """
     import vineyard
 
-    client = local_client()
-    try:
-        deleted = 0
-        for name in names or []:
-            try:
-                client.drop_name(name)
-            except Exception:
-                pass
-        for raw in ids:
-            oid = vineyard.ObjectID(int(raw))
-            try:
-                if client.exists(oid):
-                    client.delete(oid, force=True, deep=True)
-                    deleted += 1
-            except Exception:
-                pass
-        return deleted
-    finally:
-        client.close()
+    client = _thread_client()
+    deleted = 0
+    for name in names or []:
+        try:
+            client.drop_name(name)
+        except Exception:
+            pass
+    for raw in ids:
+        oid = vineyard.ObjectID(int(raw))
+        try:
+            if client.exists(oid):
+                client.delete(oid, force=True, deep=True)
+                deleted += 1
+        except Exception:
+            pass
+    return deleted

@@ -71,6 +71,7 @@ def staging_names(client: Any) -> list[str]:
 
 def vineyard_usage(cluster: Any) -> dict[str, int]:
     """Bytes used in each worker's vineyardd."""
+    cluster.refresh()  # a restarted worker has a new address
     table = cluster.status()
     return {row["name"]: int(row["memory_used"]) for _, row in table.iterrows()}
 

@@ -467,7 +467,10 @@ def test_validation_reuses_training_classes_and_refuses_unseen_labels(
     assert s["kind"] == "validation"
     assert s["class_values"] == ["a", "b", "c"] and s["num_classes"] == 4
     assert s["normalizing_const"] == 3.0
-    assert s["training_dataset"] == {"name": "pp_train", "dataset_id": training.summary["dataset_id"]}
+    assert s["training_dataset"] == {
+        "name": "pp_train",
+        "dataset_id": training.summary["dataset_id"],
+    }
     y = expected_one_hot(valid["c"].tolist(), ["a", "b", "c"], 4)
     x = normalized(np.stack(valid["v"].tolist()), 3.0)
     check_dataset(cluster4, ds, ["worker-0", "worker-3"], [x], y)  # the training set's rules

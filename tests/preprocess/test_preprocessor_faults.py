@@ -11,6 +11,7 @@ import re
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -355,7 +356,7 @@ def _kill_when_packing(
     cluster: dvml.LocalCluster, victim: str, stop: threading.Event, fired: dict[str, Any]
 ) -> None:
     """Wait until a pack task is on the victim, then SIGKILL the victim's worker process."""
-    address = next(w.address for w in cluster.workers if w.name == victim)
+    address = next(w.address for w in cluster.refresh() if w.name == victim)
     pid = cluster.processes()[f"dask worker {victim}"]
 
     def packing() -> bool:
@@ -387,7 +388,9 @@ def test_worker_killed_while_packing() -> None:
         assert snapshot(cluster) == empty
 
         stop, fired = threading.Event(), {}
-        killer = threading.Thread(target=_kill_when_packing, args=(cluster, "worker-1", stop, fired))
+        killer = threading.Thread(
+            target=_kill_when_packing, args=(cluster, "worker-1", stop, fired)
+        )
         killer.start()
         outcome: Any
         try:
@@ -403,9 +406,10 @@ def test_worker_killed_while_packing() -> None:
         # The Nanny restarts the worker under the same name, on the same vineyardd.
         assert poll_for(lambda: len(client.scheduler_info()["workers"]) == 2, 60)
 
-        if isinstance(outcome, Exception):
+        if isinstance(outcome, Exception):  # allowed, if clean: no dataset, no orphan
             assert_nothing_left(cluster, "pp_killed", empty)
-            pytest.xfail(f"the run failed cleanly after the kill: {outcome!r}")
+            warnings.warn(f"the run failed cleanly after the kill: {outcome!r}", stacklevel=1)
+            return
         got = content(cluster, outcome)
         assert got["rows"] == expected["rows"]
         assert got["class_values"] == expected["class_values"]

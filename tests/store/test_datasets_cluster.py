@@ -184,7 +184,7 @@ def test_overwrite(cluster4: dvml.LocalCluster, clean4: list[str]) -> None:
     )  # fmt: skip
     with_old = snapshot(cluster4)
 
-    with pytest.raises(DatasetExistsError, match="'ds_over' already exists.*overwrite=True"):
+    with pytest.raises(DatasetExistsError, match=r"'ds_over' already exists.*overwrite=True"):
         dvml.training_preprocessor(
             frame(12, 4), y="y", x="a", name="ds_over", distribution_rules="worker-3",
             client=client,

@@ -12,6 +12,10 @@ from typing import Any
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# The workflows package lives in the repository, not in the installed dvml: put the repository
+# first, or `import workflows` finds this test directory (a namespace package of that name).
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 
 def workflow(*args: str, tmp_path: pathlib.Path, timeout: float = 120) -> Any:

@@ -1,0 +1,272 @@
+"""B4: digits end to end (preprocess, 2-worker fit, evaluate) vs plain single-process tf.keras.
+
+What is measured, per repeat and side: the wall time from a pandas DataFrame of digit images
+(``id``, ``pixels`` 8x8x1, ``label``) to a trained model and its validation loss and accuracy.
+
+- dvml side, on a two-worker LocalCluster started once (its start is reported apart):
+  :func:`dvml.training_preprocessor` + :func:`dvml.validation_preprocessor`
+  (``normalizing_const=16``), :func:`dvml.fit` of :func:`dvml.demo.digits_cnn_json` with one
+  MultiWorkerMirroredStrategy trainer per worker (``num_iterations=1``), then
+  :func:`dvml.evaluate` on the validation set. This includes starting the two trainer
+  processes (TensorFlow import, collective set-up) and dvml's end-of-fit metrics on the
+  training rows. The datasets are dropped after each repeat, outside the clock.
+- baseline: the same frames, model, optimizer, global batch and epochs in one tf-keras
+  process: stack the pixels, divide by 16, one-hot encode, ``fit(shuffle=True)``,
+  ``evaluate``. It runs in a long-lived subprocess (``python -m benchmarks.b4_end_to_end
+  plain``) that imported TensorFlow beforehand; the model is built afresh for every run.
+
+Data: scikit-learn's 1797 digits, replicated with a whole-image shift of up to one pixel and
+Gaussian noise per copy (40 copies: 71880 rows, 80 % training), global batch 256, 8 epochs;
+the plain run takes well over 30 s on 2 cores. ``--quick``: 4 copies (7188 rows), 2 epochs.
+
+Target: ratio <= 1.5. Reported apart (details): the fixed start-up costs, i.e. the cluster
+start, TensorFlow's import in the Dask workers (``dvml.evaluate`` runs there; done once, before
+the first repeat), the trainer start per fit (fit's wall time until the first iteration began:
+task submission, process start, TensorFlow import, MultiWorkerMirroredStrategy set-up, opening
+the local partitions), and the ratio without the trainer start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from benchmarks import _training as t
+from benchmarks.harness import Benchmark, register
+
+SIZES = {False: (40, 8), True: (4, 2)}  # quick -> (copies of the 1797 digits, epochs)
+BATCH, SEED, TRAIN_FRACTION = 256, 0, 0.8
+TRAIN, VALID, MODEL = "bench_b4_digits", "bench_b4_digits_val", "bench_b4_cnn"
+PROTOCOL = "B4 "
+
+
+def digits_frames(copies: int, seed: int = SEED) -> tuple[Any, Any]:
+    """Training and validation frames of ``copies`` shifted, noisy copies of the digits."""
+    import numpy as np
+    import pandas as pd
+
+    from dvml.demo import digits_frame
+
+    base = digits_frame(seed)
+    images = np.stack(base["pixels"].to_list())
+    rng = np.random.default_rng(seed)
+    pieces = [images]
+    for _ in range(copies - 1):
+        dy, dx = (int(v) for v in rng.integers(-1, 2, size=2))
+        shifted = np.roll(images, (dy, dx), axis=(1, 2))
+        noise = rng.normal(0.0, 0.5, size=shifted.shape).astype(np.float32)
+        pieces.append(np.clip(shifted + noise, 0.0, 16.0))
+    x = np.concatenate(pieces)
+    labels = np.tile(base["label"].to_numpy(), copies)
+    order = rng.permutation(len(x))
+    frame = pd.DataFrame(
+        {"id": np.arange(len(x)), "pixels": list(x[order]), "label": labels[order]}
+    )
+    split = int(len(frame) * TRAIN_FRACTION)
+    return frame.iloc[:split].reset_index(drop=True), frame.iloc[split:].reset_index(drop=True)
+
+
+# -- the benchmark process -------------------------------------------------------------------
+
+
+def prepare(quick: bool) -> dict[str, Any]:
+    import dvml
+
+    copies, epochs = SIZES[quick]
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115  (closed by cleanup)
+    plain = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.b4_end_to_end", "plain", str(copies), str(epochs)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=t.ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
+                 CUDA_VISIBLE_DEVICES="-1"),
+    )  # fmt: skip
+    context: dict[str, Any] = {
+        "plain": plain, "log": log, "cluster": None, "epochs": epochs,
+        "directory": tempfile.mkdtemp(prefix="dvml-bench-b4-"),
+        "startup": {}, "trainer_start": [], "dvml_times": [], "plain_times": [],
+    }  # fmt: skip
+    try:
+        start = time.perf_counter()
+        cluster = context["cluster"] = t.start_cluster(2, 256 * t.MiB)
+        context["startup"]["cluster start s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        cluster.client.run(_import_tensorflow)
+        context["startup"]["worker TF import s"] = time.perf_counter() - start
+        context["train"], context["valid"] = digits_frames(copies)
+        context["registry"] = dvml.Registry(f"sqlite:///{context['directory']}/registry.db")
+        model_json = _ask(context, {"model_json": True})["model_json"]
+        context["arch_id"] = dvml.load_keras_model(
+            model_json, name="digits-cnn", registry=context["registry"]
+        )
+    except BaseException:
+        cleanup(context)
+        raise
+    return context
+
+
+def _import_tensorflow() -> None:
+    """Run in each Dask worker: the import dvml.evaluate would otherwise pay on first use."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras  # noqa: F401
+
+
+def _ask(context: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+    plain = context["plain"]
+    plain.stdin.write(json.dumps(message) + "\n")
+    plain.stdin.flush()
+    while True:
+        line = plain.stdout.readline()
+        if not line:
+            context["log"].seek(0)
+            tail = context["log"].read()[-2000:]
+            raise RuntimeError(f"The B4 plain runner exited ({plain.wait(10)}). Its log:\n{tail}")
+        if line.startswith(PROTOCOL):
+            reply = json.loads(line[len(PROTOCOL) :])
+            if "error" in reply:
+                raise RuntimeError(f"The B4 plain runner failed: {reply['error']}")
+            return dict(reply)
+
+
+def cleanup(context: dict[str, Any]) -> None:
+    t.stop_process(context["plain"])
+    context["log"].close()
+    cluster = context["cluster"]
+    if cluster is not None:
+        for name in (TRAIN, VALID):
+            t.drop_dataset(cluster, name)
+        cluster.close()
+    if context.get("registry") is not None:
+        context["registry"].close()
+    shutil.rmtree(context["directory"], ignore_errors=True)
+
+
+def dvml_side(context: dict[str, Any]) -> float:
+    import dvml
+    from dvml.demo import COMPILE_PARAMS
+
+    client, registry = context["cluster"].client, context["registry"]
+    first: list[tuple[float, float]] = []
+
+    def on_iteration(record: dict[str, Any]) -> None:
+        if not first:  # when the first iteration ended, and how long it ran in the trainers
+            first.append((time.perf_counter(), float(record["elapsed_s"])))
+
+    start = time.perf_counter()
+    train = dvml.training_preprocessor(
+        context["train"], y="label", x="pixels", normalizing_const=16.0, name=TRAIN,
+        overwrite=True, client=client,
+    )  # fmt: skip
+    valid = dvml.validation_preprocessor(
+        context["valid"], y="label", x="pixels", training=train, name=VALID, overwrite=True,
+        client=client,
+    )  # fmt: skip
+    fit_start = time.perf_counter()
+    dvml.fit(
+        train, MODEL, context["arch_id"], COMPILE_PARAMS,
+        f"batch_size={BATCH}, epochs={context['epochs']}", num_iterations=1, resume=False,
+        on_iteration=on_iteration, progress=False, registry=registry, client=client,
+    )  # fmt: skip
+    result = dvml.evaluate(MODEL, valid, batch_size=BATCH, registry=registry, client=client)
+    elapsed = time.perf_counter() - start
+    for name in (TRAIN, VALID):  # outside the clock
+        t.drop_dataset(context["cluster"], name)
+    if first:
+        ended, ran = first[0]
+        context["trainer_start"].append(ended - fit_start - ran)
+    context["dvml_times"].append(elapsed)
+    context["dvml_accuracy"] = result["metric"]
+    return elapsed
+
+
+def plain_side(context: dict[str, Any]) -> float:
+    reply = _ask(context, {"run": True})
+    context["plain_times"].append(reply["seconds"])
+    context["plain_accuracy"] = reply["accuracy"]
+    return float(reply["seconds"])
+
+
+def details(context: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = {k: round(v, 2) for k, v in context["startup"].items()}
+    if context["trainer_start"]:
+        found["trainer start s (median)"] = round(statistics.median(context["trainer_start"]), 2)
+        steady = [
+            (d - s) / p
+            for d, s, p in zip(
+                context["dvml_times"], context["trainer_start"], context["plain_times"],
+                strict=False,
+            )
+        ]  # fmt: skip
+        found["ratio without trainer start"] = round(statistics.median(steady), 2)
+    for side in ("dvml", "plain"):
+        if f"{side}_accuracy" in context:
+            found[f"{side} val accuracy"] = round(context[f"{side}_accuracy"], 3)
+    return found
+
+
+# -- the plain runner process ----------------------------------------------------------------
+
+
+def plain_runner(copies: int, epochs: int) -> int:
+    """Serve ``{"model_json"}`` and ``{"run"}`` requests, one JSON line each."""
+    import numpy as np
+    import tf_keras as keras
+
+    from dvml.demo import digits_cnn_json
+
+    model_json = digits_cnn_json()
+    train, valid = digits_frames(copies)
+    for line in sys.stdin:
+        message = json.loads(line)
+        try:
+            if "model_json" in message:
+                reply: dict[str, Any] = {"model_json": model_json}
+            else:
+                start = time.perf_counter()
+                classes = np.unique(train["label"].to_numpy())  # sorted, as dvml's class_values
+                data = []
+                for frame in (train, valid):
+                    x = np.stack(frame["pixels"].to_list()).astype(np.float32) / 16.0
+                    y = (frame["label"].to_numpy()[:, None] == classes).astype(np.float32)
+                    data.append((x, y))
+                model = keras.models.model_from_json(model_json)
+                model.compile(
+                    loss="categorical_crossentropy",
+                    optimizer=keras.optimizers.Adam(learning_rate=0.003),
+                    metrics=["accuracy"],
+                )
+                (x, y), (vx, vy) = data
+                model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=True, verbose=0)
+                _, accuracy = model.evaluate(vx, vy, batch_size=BATCH, verbose=0)
+                reply = {"seconds": time.perf_counter() - start, "accuracy": float(accuracy)}
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        print(PROTOCOL + json.dumps(reply), flush=True)
+    return 0
+
+
+BENCHMARK = register(
+    Benchmark(
+        key="B4",
+        title="digits preprocess + 2-worker fit + evaluate vs plain tf.keras",
+        unit="s",
+        dvml=dvml_side,
+        baseline=plain_side,
+        target=1.5,
+        target_op="<=",
+        prepare=prepare,
+        cleanup=cleanup,
+        details=details,
+    )
+)
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["plain"]:
+        sys.exit(plain_runner(int(sys.argv[2]), int(sys.argv[3])))
+    sys.exit(f"usage: python -m benchmarks.b4_end_to_end plain COPIES EPOCHS. Got {sys.argv[1:]}")

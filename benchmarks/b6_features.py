@@ -1,0 +1,295 @@
+"""B6: fine-tuning heads on a feature cache, and reusing a saved cache after a restart.
+
+**B6** (heads on cached features vs recomputing the backbone for each head). What is measured,
+per repeat and side: the wall time of the whole job, three heads each trained for ``EPOCHS``
+epochs with :func:`dvml.fit` (one trainer per worker, MultiWorkerMirroredStrategy):
+
+- dvml side: ``dvml.features.cache(images, backbone, pooling="avg", overwrite=True)`` (the
+  backbone runs ONCE over the images, on the workers that hold them), then the three heads
+  are fitted on the cache.
+- baseline: the usual way without a cache: each head is fitted on the IMAGES inside one model
+  ``frozen backbone → global average pooling → head`` (backbone layers ``trainable=False``),
+  so the backbone's forward pass runs again on every batch of every epoch of every head.
+
+Both sides: the same images, heads (Dense 2-10; Dense 64-Dense 10; Dense 128-Dense 64-Dense
+10), compile and fit parameters (Adam, global batch 64, ``EPOCHS`` epochs, one iteration), the
+same trainer machinery. The backbone is a small ResNet (three residual stages of 32/64/128
+filters, about 0.5 M parameters, ~80 MFLOP per 32x32 image), seeded. Images: ``ROWS`` random
+32x32 RGB images with 10 classes, generated on the workers, packed into vineyard once in
+``prepare`` (not timed). Sizes: 3,000 images and 6 epochs (``--quick``: 256 images, 1 epoch).
+Figure: seconds; target: ratio dvml / baseline <= 0.2 (at least 5x faster).
+
+**B6P** (a saved cache after a restart vs computing it again). Before each run the cache (and,
+on the baseline side, the packed images) are dropped and the workers restarted
+(``client.restart()``: fresh processes, no TensorFlow, no built backbone), as after a restart.
+
+- dvml side: ``dvml.features.load(directory)``: each worker reads the ``.npy`` files of its
+  buffers (written once by ``dvml.features.save`` in ``prepare``) into its vineyardd.
+- baseline: ``dvml.features.cache(image_folder, backbone, ...)``: pack the images (PNG files
+  written once in ``prepare``) and run the backbone over them again.
+
+Figure: seconds; target: ratio <= 0.2.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.harness import Benchmark, register
+
+MiB = 1 << 20
+CLASSES = 10
+SIZES = {False: (3000, 6), True: (256, 1)}  # quick -> (images, epochs per head)
+HEADS = {"b6_head_1": (), "b6_head_2": (64,), "b6_head_3": (128, 64)}
+COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.001)'"
+SOURCE, CACHE = "bench_b6_images", "bench_b6_features"
+
+
+def _keras() -> Any:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tf_keras
+
+    return tf_keras
+
+
+def small_resnet(seed: int = 0) -> Any:
+    """Three residual stages (32, 64, 128 filters) on 32x32x3 images, seeded weights."""
+    k = _keras()
+    k.utils.set_random_seed(seed)
+    inputs = k.Input((32, 32, 3), name="image")
+    x = inputs
+    for i, filters in enumerate((32, 64, 128)):
+        if i:
+            x = k.layers.MaxPooling2D(name=f"pool{i}")(x)
+        y = k.layers.Conv2D(filters, 3, padding="same", activation="relu", name=f"s{i}_a")(x)
+        y = k.layers.Conv2D(filters, 3, padding="same", name=f"s{i}_b")(y)
+        skip = k.layers.Conv2D(filters, 1, name=f"s{i}_skip")(x)
+        x = k.layers.Activation("relu", name=f"s{i}_out")(k.layers.Add(name=f"s{i}_add")([y, skip]))
+    return k.Model(inputs, x, name="small_resnet")
+
+
+def _head(hidden: tuple[int, ...], width: int) -> Any:
+    k = _keras()
+    layers = [k.layers.InputLayer(input_shape=(width,))]
+    layers += [k.layers.Dense(units, activation="relu") for units in hidden]
+    layers.append(k.layers.Dense(CLASSES, activation="softmax"))
+    return k.Sequential(layers)
+
+
+def _full(backbone: Any, hidden: tuple[int, ...]) -> Any:
+    """Frozen backbone -> average pooling -> head: the model the baseline fits on images."""
+    k = _keras()
+    frozen = k.models.clone_model(backbone)
+    frozen.set_weights(backbone.get_weights())
+    frozen.trainable = False
+    pooled = k.layers.GlobalAveragePooling2D(name="pool")(frozen.output)
+    head = _head(hidden, int(pooled.shape[-1]))
+    return k.Model(frozen.input, head(pooled))
+
+
+def _images(rows: int, seed: int = 0) -> dict[str, Any]:
+    import dask.array as da
+    import numpy as np
+
+    rng = da.random.default_rng(seed)
+    x = rng.integers(0, 256, (rows, 32, 32, 3), chunks=(512, 32, 32, 3)).astype(np.uint8)
+    y = da.random.default_rng(seed + 1).integers(0, CLASSES, rows, chunks=512)
+    return {"image": x, "label": y}
+
+
+def _fit(context: dict[str, Any], dataset: str, model: str, arch: int) -> None:
+    import dvml
+
+    dvml.fit(
+        dataset, model, arch, COMPILE, f"batch_size=64, epochs={context['epochs']}",
+        num_iterations=1, progress=False, resume=False, registry=context["registry"],
+        client=context["cluster"].client,
+    )  # fmt: skip
+
+
+def _start(quick: bool) -> dict[str, Any]:
+    import dask
+
+    import dvml
+
+    rows, epochs = SIZES[quick]
+    tmp = tempfile.mkdtemp(prefix="dvml-b6-")
+    config = dask.config.set({"dvml.cluster.state-dir": os.path.join(tmp, "state")})
+    config.__enter__()
+    context: dict[str, Any] = {"tmp": tmp, "config": config, "epochs": epochs, "rows": rows}
+    try:
+        context["cluster"] = dvml.LocalCluster(
+            n_workers=2, threads_per_worker=1, vineyard_memory=256 * MiB,
+            dashboard_address=None, set_as_default=False,
+        )  # fmt: skip
+        context["backbone"] = small_resnet()
+    except BaseException:
+        cleanup(context)
+        raise
+    return context
+
+
+def prepare_heads(quick: bool) -> dict[str, Any]:
+    """B6: the images packed into vineyard, the heads and the frozen full models registered."""
+    import dvml
+
+    context = _start(quick)
+    try:
+        client = context["cluster"].client
+        reg = context["registry"] = dvml.Registry(f"sqlite:///{context['tmp']}/registry.db")
+        dvml.training_preprocessor(
+            _images(context["rows"]), y="label", x="image", normalizing_const=255.0,
+            name=SOURCE, overwrite=True, client=client,
+        )  # fmt: skip
+        backbone = context["backbone"]
+        width = int(backbone.output_shape[-1])
+        context["heads"] = {name: dvml.load_keras_model(_head(h, width).to_json(), registry=reg)
+                            for name, h in HEADS.items()}  # fmt: skip
+        context["full"] = {name: dvml.load_keras_model(_full(backbone, h), registry=reg)
+                           for name, h in HEADS.items()}  # fmt: skip
+    except BaseException:
+        cleanup(context)
+        raise
+    return context
+
+
+def prepare_restart(quick: bool) -> dict[str, Any]:
+    """B6P: the images as PNG files, and their cache computed and saved once."""
+    import numpy as np
+    from PIL import Image
+
+    import dvml
+
+    context = _start(quick)
+    try:
+        folder = context["folder"] = os.path.join(context["tmp"], "images")
+        rng = np.random.default_rng(0)
+        for i in range(context["rows"]):
+            label = os.path.join(folder, f"class{i % CLASSES}")
+            os.makedirs(label, exist_ok=True)
+            image = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+            Image.fromarray(image).save(os.path.join(label, f"{i:05d}.png"))
+        client = context["cluster"].client
+        cache = _cache_folder(context)
+        context["saved"] = os.path.join(context["tmp"], "saved")
+        dvml.features.save(cache.name, context["saved"], client=client)
+        dvml.features.drop(cache.name, client=client)
+    except BaseException:
+        cleanup(context)
+        raise
+    return context
+
+
+def _cache_folder(context: dict[str, Any]) -> Any:
+    import dvml
+
+    return dvml.features.cache(
+        context["folder"], context["backbone"], pooling="avg", name=CACHE, overwrite=True,
+        image_size=(32, 32), normalizing_const=255.0, client=context["cluster"].client,
+    )  # fmt: skip
+
+
+def heads_on_cache(context: dict[str, Any]) -> float:
+    import dvml
+
+    client = context["cluster"].client
+    start = time.perf_counter()
+    dvml.features.cache(SOURCE, context["backbone"], pooling="avg", name=CACHE, overwrite=True,
+                        client=client)  # fmt: skip
+    for name, arch in context["heads"].items():
+        _fit(context, CACHE, name, arch)
+    seconds = time.perf_counter() - start
+    dvml.features.drop(CACHE, client=client)
+    return seconds
+
+
+def heads_on_images(context: dict[str, Any]) -> float:
+    start = time.perf_counter()
+    for name, arch in context["full"].items():
+        _fit(context, SOURCE, f"{name}_full", arch)
+    return time.perf_counter() - start
+
+
+def _restart(context: dict[str, Any]) -> None:
+    import dvml
+
+    client = context["cluster"].client
+    for name in (CACHE,):
+        if dvml.datasets.exists(name, client=client):
+            dvml.datasets.drop(name, client=client)
+    client.restart()
+    context["cluster"].refresh()
+
+
+def load_saved(context: dict[str, Any]) -> float:
+    import dvml
+
+    _restart(context)
+    start = time.perf_counter()
+    cache = dvml.features.load(context["saved"], client=context["cluster"].client)
+    seconds = time.perf_counter() - start
+    if cache.rows != context["rows"]:
+        raise RuntimeError(f"loaded {cache.rows} rows, expected {context['rows']}")
+    return seconds
+
+
+def recompute(context: dict[str, Any]) -> float:
+    _restart(context)
+    start = time.perf_counter()
+    cache = _cache_folder(context)
+    seconds = time.perf_counter() - start
+    if cache.rows != context["rows"]:
+        raise RuntimeError(f"computed {cache.rows} rows, expected {context['rows']}")
+    return seconds
+
+
+def cleanup(context: dict[str, Any]) -> None:
+    import dvml
+
+    cluster = context.get("cluster")
+    try:
+        if cluster is not None:
+            for name in (SOURCE, CACHE):
+                if dvml.datasets.exists(name, client=cluster.client):
+                    dvml.datasets.drop(name, client=cluster.client)
+    finally:
+        if "registry" in context:
+            context["registry"].close()
+        if cluster is not None:
+            cluster.close()
+        context["config"].__exit__(None, None, None)
+        shutil.rmtree(context["tmp"], ignore_errors=True)
+
+
+HEADS_BENCHMARK = register(
+    Benchmark(
+        key="B6",
+        title="3 heads fine-tuned on a feature cache vs recomputing the backbone per head",
+        unit="s",
+        dvml=heads_on_cache,
+        baseline=heads_on_images,
+        target=0.2,
+        target_op="<=",
+        prepare=prepare_heads,
+        cleanup=cleanup,
+    )
+)
+
+RESTART_BENCHMARK = register(
+    Benchmark(
+        key="B6P",
+        title="a saved feature cache loaded after a restart vs computed again",
+        unit="s",
+        dvml=load_saved,
+        baseline=recompute,
+        target=0.2,
+        target_op="<=",
+        prepare=prepare_restart,
+        cleanup=cleanup,
+    )
+)

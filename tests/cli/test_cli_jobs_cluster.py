@@ -1,0 +1,233 @@
+"""``dvml fit|evaluate|predict --config`` and ``dvml datasets|models`` against a real cluster.
+
+A user's session, step by step, as subprocess calls of ``python -m dvml``: train from the
+newest of two Parquet drops with an architecture in a Keras JSON file, look at the datasets
+and the model, evaluate, predict to a file, drop a dataset. Runs on the session cluster
+``cluster2``; the cluster recorded by ``dvml cluster up`` is stood in for by a state file
+that points at it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+
+import dvml
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.timeout(900)]
+
+NAME = "clijob"
+COMPILE = (
+    "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']"
+)
+
+
+class Session:
+    def __init__(self, tmp: pathlib.Path, scheduler: str) -> None:
+        self.tmp = tmp
+        self.scheduler = scheduler
+        self.registry = f"sqlite:///{tmp / 'registry.db'}"
+        self.rows = (0, 0)  # training and validation rows, found by the first test
+        self.env = {
+            **os.environ,
+            "DASK_DVML__CLUSTER__STATE_DIR": str(tmp / "dvml-state"),
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+        }
+
+    def dvml(self, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dvml", *args], capture_output=True, text=True,
+            timeout=timeout, check=False, env=self.env,
+        )  # fmt: skip
+
+    def ok(self, *args: str, timeout: float = 400) -> str:
+        result = self.dvml(*args, timeout=timeout)
+        assert result.returncode == 0, (args, result.stdout, result.stderr[-3000:])
+        return result.stdout
+
+
+def digits_frame(n: int) -> pd.DataFrame:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return pd.DataFrame(
+        {
+            "id": np.arange(n),
+            "pixels": list(d.data[:n].astype("float32")),  # 64 values per row
+            "label": d.target[:n],
+        }
+    )
+
+
+def mlp_json() -> str:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as keras
+
+    model = keras.Sequential(
+        [
+            keras.layers.InputLayer(input_shape=(64,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    return str(model.to_json())
+
+
+@pytest.fixture(scope="module")
+def session(cluster2: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+    tmp = tmp_path_factory.mktemp("cli-jobs")
+    drops = tmp / "drops"
+    drops.mkdir()
+    digits_frame(1797).to_parquet(drops / "day-1.parquet")
+    newest = drops / "day-2.parquet"
+    digits_frame(600).to_parquet(newest)
+    old = time.time() - 3600
+    os.utime(drops / "day-1.parquet", (old, old))
+    (tmp / "mlp.json").write_text(mlp_json())
+    registry = f"sqlite:///{tmp / 'registry.db'}"
+    (tmp / "job.yaml").write_text(
+        f"""\
+name: {NAME}
+registry: {registry}
+data:
+  source: drops/day-*.parquet
+  x: pixels
+  y: label
+  normalizing_const: 16.0
+validation:
+  split: 0.25
+model:
+  architecture: mlp.json
+  compile_params: "{COMPILE}"
+  fit_params: "batch_size=50, epochs=2"
+predict:
+  pred_type: 2
+  output: predictions.csv
+"""
+    )
+    state = Session(tmp, cluster2.scheduler_address)
+    yield state
+    table = dvml.datasets.list(client=cluster2.client)
+    for name in table["name"]:
+        if name.startswith(NAME):
+            dvml.datasets.drop(name, client=cluster2.client)
+
+
+def test_fit_from_the_newest_parquet_drop(session: Session) -> None:
+    config = str(session.tmp / "job.yaml")
+    out = session.ok("fit", "--config", config, "--scheduler", session.scheduler)
+    assert "newest match of drops/day-*.parquet" in out
+    found = re.search(rf"{NAME}-train: (\d+) rows; {NAME}-val: (\d+) rows\.", out)
+    assert found, out
+    session.rows = (int(found[1]), int(found[2]))
+    assert sum(session.rows) == 600  # the newest drop only; about 0.25 held out
+    assert 100 <= session.rows[1] <= 200
+    assert f"Model {NAME!r} version 1 saved" in out
+    # The architecture file is registered once; a second fit reuses it and warm-starts.
+    out = session.ok("fit", "--config", config, "--scheduler", session.scheduler)
+    assert "warm start" in out and f"Model {NAME!r} version 2 saved" in out
+    listed = json.loads(session.ok("models", "list", "--registry", session.registry, "--json"))
+    assert [(m["name"], m["version"]) for m in listed] == [(NAME, 2)]
+
+
+def test_datasets_commands_with_the_recorded_cluster(session: Session) -> None:
+    # What `dvml cluster up` writes, pointing at the session cluster; this test process
+    # stands in for its serve process (same pid and start time).
+    state = session.tmp / "cluster-state"
+    state.mkdir()
+    (state / "cluster.json").write_text(json.dumps({
+        "pid": os.getpid(), "start_time": psutil.Process().create_time(),
+        "scheduler_address": session.scheduler,
+    }))  # fmt: skip
+    where = ["--state-dir", str(state)]
+    out = session.ok("datasets", "list", *where)
+    lines = [line.split() for line in out.splitlines()]
+    assert lines[0][:4] == ["name", "kind", "rows", "buffers"]
+    rows = {line[0]: line for line in lines[1:]}
+    train, val = session.rows
+    assert rows[f"{NAME}-train"][1:3] == ["dataset", str(train)]
+    assert rows[f"{NAME}-val"][1:3] == ["dataset", str(val)]
+
+    records = json.loads(session.ok("datasets", "list", "--json", *where))
+    assert {r["name"]: r["rows"] for r in records}[f"{NAME}-train"] == train
+
+    out = session.ok("datasets", "describe", f"{NAME}-train", "--placement", *where)
+    assert f"name:     {NAME}-train" in out
+    assert f"rows:     {train} in 2 buffers" in out
+    assert "distribution_rules: 'all_workers' -> worker-0, worker-1" in out
+    assert "normalizing_const: 16.0" in out
+    assert "worker_name  host" in out and "buffer  worker_name" in out
+    described = json.loads(session.ok("datasets", "describe", f"{NAME}-val", "--json", *where))
+    assert described["summary"]["training_dataset"]["name"] == f"{NAME}-train"
+
+
+def test_models_show(session: Session) -> None:
+    out = session.ok("models", "show", NAME, "--registry", session.registry)
+    assert f"name:       {NAME}" in out and "version:    2" in out
+    assert f"source_table: {NAME}-train" in out
+    assert "warm_start: True" in out and "trainers: ['worker-0', 'worker-1']" in out
+    history = out.split("\n\n")[-1].splitlines()
+    assert history[0].startswith("iteration  training_loss")
+    assert len(history) == 2  # one evaluated iteration
+    shown = json.loads(session.ok("models", "show", NAME, "--registry", session.registry,
+                                  "--json"))  # fmt: skip
+    assert shown["summary"]["validation_table"] == f"{NAME}-val"
+    assert shown["iterations"][0]["iteration"] == 1
+
+
+def test_evaluate_and_predict(session: Session) -> None:
+    config = str(session.tmp / "job.yaml")
+    where = ["--scheduler", session.scheduler]
+    out = session.ok("evaluate", "--config", config, *where)
+    val = session.rows[1]
+    assert out.startswith(f"Model {NAME!r} on '{NAME}-val' ({val} rows): loss=")
+    result = json.loads(session.ok("evaluate", "--config", config, "--json", *where))
+    assert result["rows"] == val and 0.0 <= result["metrics"]["accuracy"] <= 1.0
+    assert result["loss"] > 0
+
+    out = session.ok("predict", "--config", config, *where)
+    path = session.tmp / "predictions.csv"  # predict.output, relative to the job file
+    assert f"Wrote 1200 predictions of model {NAME!r} to {path}" in out
+    frame = pd.read_csv(path)
+    assert len(frame) == 1200 and set(frame["rank"]) == {1, 2}  # pred_type 2: top two
+    assert list(frame.columns) == ["id", "class_name", "class_value", "prob", "rank"]
+    assert sorted(set(frame["id"])) == list(range(600))  # the newest drop only
+
+    out = session.ok("predict", "--config", config, "--limit", "3", "--output",
+                     str(session.tmp / "p.parquet"), *where)  # fmt: skip
+    assert len(pd.read_parquet(session.tmp / "p.parquet")) == 1200
+    bad = session.dvml("predict", "--config", config, "--output", "p.txt", *where)
+    assert bad.returncode == 1 and "must end in .csv or .parquet" in bad.stderr
+
+
+def test_drop_and_errors(session: Session) -> None:
+    where = ["--scheduler", session.scheduler]
+    out = session.ok("datasets", "drop", f"{NAME}-val", *where)
+    assert out.startswith(f"Dropped dataset '{NAME}-val': freed ")
+    gone = session.dvml("datasets", "describe", f"{NAME}-val", *where)
+    assert gone.returncode == 1
+    assert gone.stderr.strip() == (
+        f"dvml: error: No dataset named '{NAME}-val' in vineyard. List datasets with "
+        "dvml.datasets.list() or `dvml datasets list`."
+    )
+    again = session.dvml("datasets", "drop", f"{NAME}-val", *where)
+    assert again.returncode == 1 and len(again.stderr.strip().splitlines()) == 1
+    assert "nothing to drop" in session.ok("datasets", "drop", f"{NAME}-val", "--missing-ok",
+                                           *where)  # fmt: skip
+    config = str(session.tmp / "job.yaml")
+    missing = session.dvml("evaluate", "--config", config, *where)
+    assert missing.returncode == 1
+    assert f"`dvml fit --config {config}` builds '{NAME}-val'" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -1,0 +1,133 @@
+"""``dvml datasets|models|features|fit|evaluate|predict`` as a user runs them, without a cluster:
+help, job-file errors, missing clusters and registries. Every call is ``python -m dvml``."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+JOB = """\
+name: clidigits
+registry: sqlite:///{registry}
+data:
+  source: sklearn:digits
+  normalizing_const: 16.0
+model:
+  architecture: builtin:digits-cnn
+  compile_params: "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
+"""
+
+
+def dvml_cli(*args: str, tmp_path: pathlib.Path, timeout: float = 120) -> Any:
+    env = {**os.environ, "DASK_DVML__CLUSTER__STATE_DIR": str(tmp_path / "state")}
+    return subprocess.run(
+        [sys.executable, "-m", "dvml", *args],
+        capture_output=True, text=True, timeout=timeout, check=False, env=env,
+    )  # fmt: skip
+
+
+def one_error_line(result: Any) -> str:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("dvml: error: ")
+    return str(lines[0])
+
+
+def job_file(tmp_path: pathlib.Path, text: str = JOB) -> pathlib.Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text.format(registry=tmp_path / "registry.db"))
+    return path
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["datasets", "--help"], ["datasets", "list", "--help"], ["datasets", "describe", "--help"],
+     ["datasets", "drop", "--help"], ["models", "--help"], ["models", "list", "--help"],
+     ["models", "show", "--help"], ["fit", "--help"], ["evaluate", "--help"],
+     ["predict", "--help"], ["features", "--help"], ["features", "list", "--help"],
+     ["features", "describe", "--help"], ["features", "drop", "--help"]],
+)  # fmt: skip
+def test_help(args: list[str], tmp_path: pathlib.Path) -> None:
+    result = dvml_cli(*args, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: dvml")
+    assert len(result.stdout.splitlines()) > 3
+
+
+def test_groups_are_listed(tmp_path: pathlib.Path) -> None:
+    out = dvml_cli("--help", tmp_path=tmp_path).stdout
+    for group in ("datasets", "models", "fit", "evaluate", "predict", "features"):
+        assert f"    {group} " in out
+    result = dvml_cli("datasets", tmp_path=tmp_path)  # a group without its command
+    assert result.returncode == 2 and "list" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["fit", "evaluate", "predict"])
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("model:", "modle:"), "unknown key 'modle'. Did you mean 'model'?"),
+        (("normalizing_const: 16.0", "normalizing_const: [16]"),
+         "'data.normalizing_const' must be a number. Received: data.normalizing_const=[16]"),
+        (("  source: sklearn:digits\n", ""), "missing required key 'data.source'"),
+    ],
+)  # fmt: skip
+def test_bad_job_file(
+    command: str, edit: tuple[str, str], expected: str, tmp_path: pathlib.Path
+) -> None:
+    path = job_file(tmp_path, JOB.replace(*edit))
+    line = one_error_line(dvml_cli(command, "--config", str(path), tmp_path=tmp_path))
+    assert f"dvml: error: {path}: " in line and expected in line
+    assert not (tmp_path / "registry.db").exists()  # nothing was started or written
+
+
+def test_missing_job_file(tmp_path: pathlib.Path) -> None:
+    line = one_error_line(dvml_cli("fit", "--config", "nope.yaml", tmp_path=tmp_path))
+    assert "The config file nope.yaml does not exist" in line
+
+
+def test_fit_dry_run(tmp_path: pathlib.Path) -> None:
+    path = job_file(tmp_path)
+    result = dvml_cli("fit", "--config", str(path), "--dry-run", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "clidigits-train, clidigits-val" in result.stdout
+    assert "attach to the cluster recorded in" in result.stdout
+    assert not (tmp_path / "registry.db").exists()
+
+
+def test_no_cluster_is_one_clear_line(tmp_path: pathlib.Path) -> None:
+    for args in (["datasets", "list"], ["features", "list"], ["datasets", "drop", "x"],
+                 ["fit", "--config", str(job_file(tmp_path))]):  # fmt: skip
+        line = one_error_line(dvml_cli(*args, tmp_path=tmp_path))
+        assert "No cluster to use" in line and "dvml cluster up" in line
+    # A recorded cluster whose process is gone: the state file names a dead pid.
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    (state / "cluster.json").write_text(
+        json.dumps({"pid": int(dead.stdout), "scheduler_address": "tcp://127.0.0.1:1"})
+    )
+    line = one_error_line(dvml_cli("datasets", "list", tmp_path=tmp_path))
+    assert "is not running: its serve process" in line
+    unreachable = dvml_cli("datasets", "list", "--scheduler", "tcp://127.0.0.1:1",
+                           "--timeout", "2", tmp_path=tmp_path)  # fmt: skip
+    assert "Cannot reach the Dask scheduler at 'tcp://127.0.0.1:1'" in one_error_line(unreachable)
+
+
+def test_models_without_a_cluster(tmp_path: pathlib.Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    result = dvml_cli("models", "list", "--registry", url, tmp_path=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == "(none)"
+    listed = dvml_cli("models", "list", "--registry", url, "--json", tmp_path=tmp_path)
+    assert json.loads(listed.stdout) == []
+    line = one_error_line(dvml_cli("models", "show", "nope", "--registry", url,
+                                   tmp_path=tmp_path))  # fmt: skip
+    assert "No model named 'nope'" in line
