@@ -106,7 +106,7 @@ def start_cluster(n_workers: int, vineyard_memory: int) -> dvml.LocalCluster:
     import dvml
 
     return dvml.LocalCluster(
-        n_workers=n_workers, vineyard_memory=int(vineyard_memory), dashboard_address=None,
+        n_workers=n_workers, vineyard_memory=int(vineyard_memory), dashboard_address="127.0.0.1:0",
         set_as_default=False,
     )  # fmt: skip
 

@@ -378,10 +378,16 @@ def recover(ctx: RunContext, client: Any) -> list[str]:
     """Clean up after a killed run, then start this run's journal; return the staging runs.
 
     Orphaned trainers (of any fit whose client is gone: they would hold the workers' threads)
-    are stopped. When the journal of a previous run of this job is found, the staging objects
-    that appeared while it ran are deleted: they belong to a preprocessing it never finished.
+    are stopped, and other tasks of dead clients are waited for. When the journal of a
+    previous run of this job is found, the staging objects that appeared while it ran are
+    deleted: they belong to a preprocessing (or featurization) it never finished.
     """
-    from dvml.jobs.cluster import abort_orphaned_trainers, drop_staging, staging_runs
+    from dvml.jobs.cluster import (
+        abort_orphaned_trainers,
+        drop_staging,
+        staging_runs,
+        wait_for_released_tasks,
+    )
 
     aborted = abort_orphaned_trainers(client)
     if aborted:
@@ -390,6 +396,10 @@ def recover(ctx: RunContext, client: Any) -> list[str]:
             len(aborted),
             ", ".join(aborted),
         )
+    # Tasks of a killed client (packing, featurizing) may still put objects: let them end first.
+    waited = wait_for_released_tasks(client)
+    if waited:
+        ctx.log.info("waited for %d task(s) of a killed client to end", len(waited))
     previous = ctx.read_journal()
     if previous is not None:
         ctx.log.warning(

@@ -6,14 +6,15 @@ A job attaches to ``--scheduler ADDR`` or ``cluster.scheduler``, starts a LocalC
 A client that dies (SIGKILL, lost machine) leaves two kinds of debris that dvml cannot clean
 from inside the dead process:
 
-- *orphaned trainers*: Dask cannot stop a running task, so a fit's trainer tasks keep running
-  (and keep their worker's threads) until their trainer processes end.
-  :func:`abort_orphaned_trainers` finds them (trainer tasks the scheduler has released, i.e.
-  no client wants their result any more) and sets their fit's abort event: each launcher
-  then stops its trainer process within a second.
+- *orphaned tasks*: Dask cannot stop a running task. A task the scheduler has released (no
+  client wants its result any more) stays *cancelled* on its worker until it returns, holding
+  a worker thread. Trainer tasks would run a whole fit: :func:`abort_orphaned_trainers` sets
+  their fit's abort event, and each launcher stops its trainer process within a second. Other
+  tasks (packing a buffer, featurizing one) end by themselves soon;
+  :func:`wait_for_released_tasks` waits for them, so that nothing puts objects any more.
 - *staging objects*: buffers put by a preprocessor that never published its dataset.
   :func:`staging_runs` lists them by run and :func:`drop_staging` deletes them on the workers
-  that own them.
+  that own them (after the orphaned tasks have ended, or a late put would escape).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "open_cluster",
     "recorded_scheduler",
     "staging_runs",
+    "wait_for_released_tasks",
 ]
 
 # How dvml.train.fit names its trainer tasks and abort events (dvml/train/fit.py):
@@ -153,18 +155,19 @@ def open_cluster(
 # -- orphaned trainers ---------------------------------------------------------------------
 
 
-def _released_trainers(dask_worker: Any) -> list[str]:
-    """Run on a worker: keys of trainer tasks still running that no client wants any more."""
-    keys = []
-    for key, ts in list(dask_worker.state.tasks.items()):
-        if isinstance(key, str) and key.startswith(_TRAINER_PREFIX) and ts.state == "cancelled":
-            keys.append(key)
-    return keys
+def _released_tasks(dask_worker: Any) -> list[str]:
+    """Run on a worker: keys of the tasks still running that no client wants any more."""
+    return [str(k) for k, ts in list(dask_worker.state.tasks.items()) if ts.state == "cancelled"]
+
+
+def released_tasks(client: Client) -> list[str]:
+    """Keys of the tasks that run on some worker although no client wants their result."""
+    found = client.run(_released_tasks, on_error="return")
+    return sorted(k for keys in found.values() if isinstance(keys, list) for k in keys)
 
 
 def _find_released(client: Client) -> list[str]:
-    found = client.run(_released_trainers, on_error="return")
-    return sorted(k for keys in found.values() if isinstance(keys, list) for k in keys)
+    return [k for k in released_tasks(client) if k.startswith(_TRAINER_PREFIX)]
 
 
 def abort_orphaned_trainers(client: Client, timeout: float = 60.0) -> list[str]:
@@ -192,6 +195,29 @@ def abort_orphaned_trainers(client: Client, timeout: float = 60.0) -> list[str]:
             "hang."
         )
     return keys
+
+
+def wait_for_released_tasks(client: Client, timeout: float = 120.0) -> list[str]:
+    """Wait until no released task runs on any worker; return the keys that were running.
+
+    Raises
+    ------
+    ClusterError
+        Naming the tasks still running after ``timeout`` seconds.
+    """
+    first = released_tasks(client)
+    deadline = time.monotonic() + timeout
+    left = first
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = released_tasks(client)
+    if left:
+        raise ClusterError(
+            f"Tasks of a killed client still run after {timeout:.0f}s: {left[:5]}. Received: "
+            "tasks no client wants any more. Check the workers' logs; restart the workers if "
+            "they hang."
+        )
+    return first
 
 
 # -- staging objects -----------------------------------------------------------------------

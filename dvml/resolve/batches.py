@@ -72,10 +72,16 @@ class BatchPlan:
             else np.arange(total)
         )
         offsets = self.offsets
-        for step in range(self.steps):
-            rows = order[step * self.batch_size : (step + 1) * self.batch_size]
-            which = np.searchsorted(offsets, rows, side="right") - 1
-            pieces = []
-            for b in np.unique(which):
-                pieces.append((int(b), np.sort(rows[which == b] - offsets[b])))
-            yield pieces
+        # One sort per epoch, not per batch: sorted global row numbers are grouped by buffer
+        # (offsets increase) and sorted within each, so a batch splits at the buffer offsets.
+        # This runs in the trainer's input thread, where per-batch Python work competes with
+        # the training loop for the GIL.
+        used = order[: self.steps * self.batch_size].reshape(self.steps, self.batch_size)
+        used = np.sort(used, axis=1)
+        for rows in used:
+            cuts = np.searchsorted(rows, offsets)
+            yield [
+                (b, rows[cuts[b] : cuts[b + 1]] - offsets[b])
+                for b in range(len(self.buffer_rows))
+                if cuts[b + 1] > cuts[b]
+            ]

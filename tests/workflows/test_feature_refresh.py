@@ -151,8 +151,13 @@ def test_changed_head_reuses_the_caches(refresh: Refresh, backbone: int) -> None
     assert "from itself (warm start): 2 iteration(s)" in text
 
 
-def test_killed_while_packing_images(refresh: Refresh, backbone: int, cluster2: Any) -> None:
-    from dvml.jobs.cluster import staging_runs
+def _task_prefixes(dask_scheduler: Any) -> list[str]:
+    """Run on the scheduler: the function names of the tasks it knows now."""
+    return sorted({str(key).split("-", 1)[0] for key in dask_scheduler.tasks})
+
+
+def test_killed_while_featurizing(refresh: Refresh, backbone: int, cluster2: Any) -> None:
+    from dvml.jobs.cluster import staging_runs, wait_for_released_tasks
     from dvml.preprocess.api import INTERNAL_PREFIX
 
     hidden = f"{INTERNAL_PREFIX}features-source/{NAME}-features"
@@ -162,15 +167,21 @@ def test_killed_while_packing_images(refresh: Refresh, backbone: int, cluster2: 
         proc = subprocess.Popen(args, cwd=REPO, env=refresh.env, stdout=log,
                                 stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        # The cache packs the raw images into a hidden dataset first, then runs the backbone.
-        def packed() -> bool:
-            return proc.poll() is not None or dvml.datasets.exists(hidden, client=cluster2.client)
+        # The cache packs the raw images into a hidden dataset, then runs the backbone where
+        # they live. Watch the scheduler (not vineyard: a vineyard probe on a worker while a
+        # task there uses vineyard breaks that task's connection, see the report) for the
+        # backbone's tasks, and kill the workflow while they run.
+        def featurizing() -> bool:
+            running = cluster2.client.run_on_scheduler(_task_prefixes)
+            return proc.poll() is not None or "featurize_buffer" in running
 
-        seen = poll_for(packed, 300, interval=0.1)
+        seen = poll_for(featurizing, 300, interval=0.05)
         assert seen and proc.poll() is None, (refresh.tmp / "killed.log").read_text()
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(30)
+    # The killed client's featurize tasks end by themselves (wait without touching vineyard).
+    print(f"\nreleased tasks after the kill: {wait_for_released_tasks(cluster2.client)}")
     # The caches of the last successful run are still there, complete.
     assert dvml.features.describe(f"{NAME}-features", cluster2.client).rows == 24
 
@@ -178,6 +189,7 @@ def test_killed_while_packing_images(refresh: Refresh, backbone: int, cluster2: 
     assert code == 0, text
     assert "did not finish (last phase 'features'" in text
     assert f"dropped {hidden}, left by the killed run" in text
+    print(f"\nrun after the kill:\n{text[text.index('connected to') :][:1500]}")
     assert f"features {NAME}-features: 24 rows of shape [8], " in text
     assert not dvml.datasets.exists(hidden, client=cluster2.client)
     assert staging_runs(cluster2.client) == {}
