@@ -41,7 +41,7 @@ from typing import Any
 from benchmarks import _training as t
 from benchmarks.harness import Benchmark, register
 
-SIZES = {False: (40, 8), True: (4, 2)}  # quick -> (copies of the 1797 digits, epochs)
+SIZES = {False: (100, 16), True: (4, 2)}  # quick -> (copies of the 1797 digits, epochs)
 BATCH, SEED, TRAIN_FRACTION = 256, 0, 0.8
 TRAIN, VALID, MODEL = "bench_b4_digits", "bench_b4_digits_val", "bench_b4_cnn"
 PROTOCOL = "B4 "

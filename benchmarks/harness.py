@@ -33,7 +33,13 @@ __all__ = [
 ]
 
 # One module per benchmark; importing it registers it. B1-B7 are added here as they land.
-MODULES: tuple[str, ...] = ("benchmarks.b8_cluster_start",)
+MODULES: tuple[str, ...] = (
+    "benchmarks.b1_resolve",
+    "benchmarks.b3_input",
+    "benchmarks.b4_end_to_end",
+    "benchmarks.b7_memory",
+    "benchmarks.b8_cluster_start",
+)
 
 SIDES = ("dvml", "baseline")
 

@@ -130,9 +130,9 @@ def cache(
     if not isinstance(use_gpus, bool):
         raise TypeError(f"use_gpus must be True or False. Received: use_gpus={use_gpus!r}.")
     plan = plan_source(source, client, preprocess_kwargs)
-    rules = _check_placement(client, plan, distribution_rules, use_gpus)
     bb = resolve_backbone(backbone, layer, pooling, plan.input_shape, registry)
     link, training_cache = _training_link(client, plan, training, bb)
+    rules = _check_placement(client, plan, distribution_rules, use_gpus, training_cache)
     key = cache_key(bb.fingerprint, layer, pooling, plan.preprocessing, plan.identity,
                     link and {"dataset_id": link["dataset_id"]})  # fmt: skip
     name = name or default_name(key)
@@ -168,8 +168,12 @@ def cache(
             _drop_quietly(client, hidden)
 
 
-def _check_placement(client: Client, plan: SourcePlan, rules: Any, use_gpus: bool) -> Any:
-    """The rules a raw source is packed with; refuse GPUs where a worker has none."""
+def _check_placement(client: Client, plan: SourcePlan, rules: Any, use_gpus: bool,
+                     training_cache: Dataset | None) -> Any:  # fmt: skip
+    """The rules a raw source is packed with; refuse GPUs where a worker has none.
+
+    A raw validation source goes where its training cache's images went, unless told.
+    """
     if plan.dataset is not None:
         if rules is not None:
             raise ValueError(
@@ -182,7 +186,10 @@ def _check_placement(client: Client, plan: SourcePlan, rules: Any, use_gpus: boo
         from dvml.cluster.attach import discover_workers
         from dvml.placement import DistributionRules, resolve_rules
 
-        rules = rules if rules is not None else ("gpu_workers" if use_gpus else "all_workers")
+        if rules is None and training_cache is not None:
+            rules = training_cache.summary["distribution_rules"]["given"]
+        elif rules is None:
+            rules = "gpu_workers" if use_gpus else "all_workers"
         workers = resolve_rules(DistributionRules.parse(rules), discover_workers(client))
     if use_gpus:
         without = sorted({w.name for w in workers if not w.gpus})

@@ -39,6 +39,7 @@ __all__ = [
     "drop_staging",
     "open_cluster",
     "recorded_scheduler",
+    "released_tasks",
     "staging_runs",
     "wait_for_released_tasks",
 ]
@@ -152,7 +153,7 @@ def open_cluster(
         cluster.close()
 
 
-# -- orphaned trainers ---------------------------------------------------------------------
+# -- orphaned tasks ------------------------------------------------------------------------
 
 
 def _released_tasks(dask_worker: Any) -> list[str]:
@@ -182,12 +183,16 @@ def abort_orphaned_trainers(client: Client, timeout: float = 60.0) -> list[str]:
 
     keys = _find_released(client)
     job_ids = {k[len(_TRAINER_PREFIX) :][:_JOB_ID_LENGTH] for k in keys}
-    for job_id in sorted(job_ids):
-        Event(f"{_ABORT_PREFIX}{job_id}", client=client).set()
+    events = [Event(f"{_ABORT_PREFIX}{job_id}", client=client) for job_id in sorted(job_ids)]
+    for event in events:
+        event.set()
     deadline = time.monotonic() + timeout
     while keys and _find_released(client) and time.monotonic() < deadline:
         time.sleep(0.25)
     left = _find_released(client) if keys else []
+    if not left:
+        for event in events:
+            event.clear()  # events live on the scheduler until cleared
     if left:
         raise ClusterError(
             f"Trainers of a killed fit still run after {timeout:.0f}s: {left}. Received: abort "

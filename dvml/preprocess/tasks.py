@@ -4,8 +4,10 @@ Top-level functions only (Dask pickles them by reference). Each takes and return
 values; the graph that wires them together is in :mod:`dvml.preprocess.graph`.
 
 A *prepared part* is ``{"x": [array per input], "labels": ndarray, "dropped": int,
-"invalid": {column: count}}``: raw features of one source partition, validated but not yet
-normalized or encoded.
+"invalid": {column: rows}, "nonfinite": {column: {"rows", "nan", "inf"}}, "invalid_rows":
+int}``: raw features of one source partition, validated but not yet normalized or encoded.
+Rows with NaN or inf are dropped here only with ``on_invalid="drop"``; with ``"raise"`` they
+are counted, and the client raises with the totals of the whole source.
 """
 
 from __future__ import annotations

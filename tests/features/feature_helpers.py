@@ -95,3 +95,25 @@ def sort_rows(x: np.ndarray) -> np.ndarray:
     """Rows in a canonical order, to compare two sets of feature rows."""
     flat = x.reshape(len(x), -1)
     return flat[np.lexsort(flat.T[::-1])]
+
+
+def write_tar_shards(root: Path, shards: int, n_per_class: int, seed: int = 0) -> str:
+    """WebDataset-style shards ``root/shard-{0..k}.tar`` (``<key>.png`` + ``<key>.cls``)."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    images, labels = color_images(n_per_class, seed)
+    root.mkdir(parents=True, exist_ok=True)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    for s, part in enumerate(np.array_split(order, shards)):
+        with tarfile.open(root / f"shard-{s}.tar", "w") as tar:
+            for i in part:
+                png = io.BytesIO()
+                Image.fromarray(images[i]).save(png, format="PNG")
+                for ext, data in (("png", png.getvalue()), ("cls", CLASSES[labels[i]].encode())):
+                    info = tarfile.TarInfo(f"{i:05d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return str(root / f"shard-{{0..{shards - 1}}}.tar")

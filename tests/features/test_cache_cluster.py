@@ -23,6 +23,7 @@ from feature_helpers import (
     tiny_backbone,
     vineyard_usage,
     write_image_folder,
+    write_tar_shards,
 )
 from PIL import Image
 
@@ -129,6 +130,23 @@ def test_cache_from_an_image_folder_then_a_hit(env: dict[str, Any], cleanup: Non
     assert again.id == cache.id and again.summary["dataset_id"] == cache.summary["dataset_id"]
     assert batches(client) == hits_before
     assert dataset_names(client) == datasets_before  # nothing was even packed
+
+
+def test_cache_from_tar_shards(env: dict[str, Any], cleanup: None) -> None:
+    client = env["client"]
+    pattern = write_tar_shards(env["tmp"] / "shards", shards=3, n_per_class=10)
+    kwargs = {"image_size": (32, 32), "normalizing_const": 255.0, "client": client}
+    cache = dvml.features.cache(pattern, tiny_backbone(), pooling="max", name="fc_tar", **kwargs)
+    assert cache.rows == 30 and cache.summary["source"]["kind"] == "images"
+    assert cache.summary["class_values"] == list(CLASSES)
+    got = dvml.features.to_numpy("fc_tar", client=client)
+    x, _ = color_images(10)
+    np.testing.assert_allclose(
+        sort_rows(got["x_0"]), sort_rows(local_features(tiny_backbone(), x, "max")), atol=1e-5
+    )
+    before = batches(client)
+    again = dvml.features.cache(pattern, tiny_backbone(), pooling="max", name="fc_tar", **kwargs)
+    assert again.id == cache.id and batches(client) == before
 
 
 def test_features_stay_beside_their_images(env: dict[str, Any], cleanup: None) -> None:
