@@ -35,10 +35,14 @@ __all__ = [
 # One module per benchmark; importing it registers it. B1-B7 are added here as they land.
 MODULES: tuple[str, ...] = (
     "benchmarks.b1_resolve",
+    "benchmarks.b2_put",
     "benchmarks.b3_input",
     "benchmarks.b4_end_to_end",
+    "benchmarks.b5_pack",
+    "benchmarks.b6_features",
     "benchmarks.b7_memory",
     "benchmarks.b8_cluster_start",
+    "benchmarks.b9_decode",
 )
 
 SIDES = ("dvml", "baseline")

@@ -49,18 +49,15 @@ def _probe_vineyard() -> dict[str, Any]:
     """Run on a worker: can its vineyardd be reached, and how full is it?"""
     import os
 
-    import vineyard
+    from dvml.store.local import local_client
 
     sock = os.environ.get("VINEYARD_IPC_SOCKET")
     if not sock:
         return {"vineyardd": "not configured", "memory_used": None, "memory_limit": None}
     if not os.path.exists(sock):
         return {"vineyardd": "socket missing", "memory_used": None, "memory_limit": None}
-    os.environ.setdefault("VINEYARD_IPC_SKIP_RETRY", "1")
     try:
-        c = vineyard.connect(sock)
-        st = c.status
-        c.close()
+        st = local_client().status  # the process's shared connection: never closed here
     except Exception as exc:
         return {
             "vineyardd": f"unreachable ({type(exc).__name__})",

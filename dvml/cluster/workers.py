@@ -116,17 +116,26 @@ def gpu_index(description: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _local_instance_id() -> int | None:
+    """The instance id of this worker's vineyardd, through the process's shared connection."""
+    from dvml.exceptions import DaemonDiedError
+    from dvml.store.local import local_client
+
+    try:
+        return int(local_client().instance_id)
+    except DaemonDiedError:
+        return None
+
+
 def describe_this_worker(dask_worker: Any) -> dict[str, Any]:
     """Run on a worker (through ``client.run``): describe it as a :class:`WorkerInfo` dict."""
-    from dvml.cluster.daemons import vineyard_instance_id
-
     sock = os.environ.get(SOCKET_ENV)
     return {
         "address": dask_worker.address,
         "name": str(dask_worker.name),
         "host": os.environ.get(HOST_ENV) or socket.gethostname(),
         "vineyard_socket": sock,
-        "vineyard_instance_id": vineyard_instance_id(sock) if sock else None,
+        "vineyard_instance_id": _local_instance_id() if sock else None,
         "gpus": list(detect_gpus()),
         "pid": os.getpid(),
     }

@@ -78,10 +78,13 @@ class LocalPartitions:
         return batch
 
     def close(self) -> None:
-        """Release the views' vineyard connection (the views must not be used afterwards)."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Drop the views (they must not be used afterwards).
+
+        The process's vineyard connection stays open: it is shared by every user in the
+        process (see :func:`dvml.store.local.local_client`).
+        """
+        self.fields = {f: [] for f in self.fields}
+        self._client = None
 
 
 def open_local(name: str, require: bool = True, socket: str | None = None) -> LocalPartitions:
@@ -106,40 +109,36 @@ def open_local(name: str, require: bool = True, socket: str | None = None) -> Lo
 
     client = local_client(socket)
     try:
-        try:
-            root = client.get_meta(client.get_name(name))
-        except Exception:
-            raise DatasetNotFoundError(
-                f"No dataset named {name!r} in vineyard (looked up from {this_worker_name()}). "
-                "List datasets with dvml.datasets.list()."
-            ) from None
-        layout = json.loads(root["dvml_layout"])
-        summary = json.loads(root["dvml_summary"])
-        me = int(client.instance_id)
-        local = [b for b in layout["buffers"] if b["instance_id"] == me]
-        if require and not local:
-            where = sorted({b["worker_name"] for b in layout["buffers"]})
-            raise TrainingError(
-                f"{this_worker_name()} (vineyard instance {me}) holds no partition of dataset "
-                f"{name!r}; its buffers are on {where}. Train on the workers that hold the data "
-                "(dvml.fit does so), or preprocess with distribution_rules naming this worker."
-            )
-        ipc = client.ipc_client
-        fields: dict[str, list[np.ndarray]] = {f: [] for f in layout["fields"]}
-        for buf in local:
-            for field, obj in buf["fields"].items():
-                oid = vineyard.ObjectID(obj["id"])
-                if not ipc.get_meta(oid).islocal:  # never expected: the layout says local
-                    raise TrainingError(f"Buffer {buf['index']} of {name!r} is not local.")
-                fields[field].append(ipc.get(oid))
-        return LocalPartitions(
-            name=name,
-            summary=summary,
-            instance_id=me,
-            buffer_indices=[b["index"] for b in local],
-            fields=fields,
-            _client=client,
+        root = client.get_meta(client.get_name(name))
+    except Exception:
+        raise DatasetNotFoundError(
+            f"No dataset named {name!r} in vineyard (looked up from {this_worker_name()}). "
+            "List datasets with dvml.datasets.list()."
+        ) from None
+    layout = json.loads(root["dvml_layout"])
+    summary = json.loads(root["dvml_summary"])
+    me = int(client.instance_id)
+    local = [b for b in layout["buffers"] if b["instance_id"] == me]
+    if require and not local:
+        where = sorted({b["worker_name"] for b in layout["buffers"]})
+        raise TrainingError(
+            f"{this_worker_name()} (vineyard instance {me}) holds no partition of dataset "
+            f"{name!r}; its buffers are on {where}. Train on the workers that hold the data "
+            "(dvml.fit does so), or preprocess with distribution_rules naming this worker."
         )
-    except BaseException:
-        client.close()
-        raise
+    ipc = client.ipc_client
+    fields: dict[str, list[np.ndarray]] = {f: [] for f in layout["fields"]}
+    for buf in local:
+        for field, obj in buf["fields"].items():
+            oid = vineyard.ObjectID(obj["id"])
+            if not ipc.get_meta(oid).islocal:  # never expected: the layout says local
+                raise TrainingError(f"Buffer {buf['index']} of {name!r} is not local.")
+            fields[field].append(ipc.get(oid))
+    return LocalPartitions(
+        name=name,
+        summary=summary,
+        instance_id=me,
+        buffer_indices=[b["index"] for b in local],
+        fields=fields,
+        _client=client,
+    )

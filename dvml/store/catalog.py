@@ -50,11 +50,8 @@ def _lookup(client: Any, name: str) -> Any | None:
 def find_record(name: str) -> dict[str, Any] | None:
     """A dataset's id, kind, summary and layout by name, or None (no tensor data is read)."""
     client = local_client()
-    try:
-        oid = _lookup(client, name)
-        return None if oid is None else _record_from_meta(client.get_meta(oid), name)
-    finally:
-        client.close()
+    oid = _lookup(client, name)
+    return None if oid is None else _record_from_meta(client.get_meta(oid), name)
 
 
 def not_found(name: str) -> DatasetNotFoundError:
@@ -83,20 +80,17 @@ def _record_from_meta(meta: Any, name: str) -> dict[str, Any]:
 def list_records() -> list[dict[str, Any]]:
     """Every named dvml dataset and feature cache, sorted by name."""
     client = local_client()
-    try:
-        records = []
-        for name, oid in sorted(client.ipc_client.list_names("*", limit=100000).items()):
-            if name.startswith(STAGING_PREFIX):
-                continue
-            try:
-                meta = client.get_meta(oid)
-            except Exception:  # dropped between the listing and this read
-                continue
-            if meta.typename == DATASET_TYPENAME:
-                records.append(_record_from_meta(meta, name))
-        return records
-    finally:
-        client.close()
+    records = []
+    for name, oid in sorted(client.ipc_client.list_names("*", limit=100000).items()):
+        if name.startswith(STAGING_PREFIX):
+            continue
+        try:
+            meta = client.get_meta(oid)
+        except Exception:  # dropped between the listing and this read
+            continue
+        if meta.typename == DATASET_TYPENAME:
+            records.append(_record_from_meta(meta, name))
+    return records
 
 
 def publish(
@@ -115,51 +109,48 @@ def publish(
     import vineyard
 
     client = local_client()
-    try:
-        old = _lookup(client, name)
-        replaced = None
-        if old is not None:
-            replaced = _record_from_meta(client.get_meta(old), name)
-            if not overwrite:
-                raise DatasetExistsError(
-                    f"A dataset named {name!r} already exists. Pass overwrite=True to "
-                    "replace it, or choose another name."
-                )
-        global_tensors = {}
-        for field, spec in layout["fields"].items():
-            gmeta = vineyard.ObjectMeta()
-            gmeta["typename"] = "vineyard::GlobalTensor"
-            gmeta.set_global(True)
-            gmeta["shape_"] = json.dumps(spec["shape"])
-            gmeta["partition_shape_"] = json.dumps([b["rows"] for b in layout["buffers"]])
-            gmeta["partitions_-size"] = len(layout["buffers"])
-            for i, buf in enumerate(layout["buffers"]):
-                gmeta.add_member(f"partitions_-{i}", vineyard.ObjectID(buf["fields"][field]["id"]))
-            gid = client.create_metadata(gmeta).id
-            client.persist(gid)
-            global_tensors[field] = int(gid)
-        root = vineyard.ObjectMeta()
-        root["typename"] = DATASET_TYPENAME
-        root.set_global(True)
-        root["dvml_kind"] = kind
-        root["dvml_summary"] = json.dumps(summary, default=_json_default)
-        root["dvml_layout"] = json.dumps(layout)
-        root["dvml_global_tensors"] = json.dumps(global_tensors)
+    old = _lookup(client, name)
+    replaced = None
+    if old is not None:
+        replaced = _record_from_meta(client.get_meta(old), name)
+        if not overwrite:
+            raise DatasetExistsError(
+                f"A dataset named {name!r} already exists. Pass overwrite=True to "
+                "replace it, or choose another name."
+            )
+    global_tensors = {}
+    for field, spec in layout["fields"].items():
+        gmeta = vineyard.ObjectMeta()
+        gmeta["typename"] = "vineyard::GlobalTensor"
+        gmeta.set_global(True)
+        gmeta["shape_"] = json.dumps(spec["shape"])
+        gmeta["partition_shape_"] = json.dumps([b["rows"] for b in layout["buffers"]])
+        gmeta["partitions_-size"] = len(layout["buffers"])
         for i, buf in enumerate(layout["buffers"]):
-            for field, obj in buf["fields"].items():
-                root.add_member(f"{field}-{i}", vineyard.ObjectID(obj["id"]))
-        root_id = client.create_metadata(root).id
-        client.persist(root_id)
-        # The name appears last and in one step: readers never see a partial dataset.
-        client.put_name(root_id, name)
-        for staging in staging_names:
-            try:
-                client.drop_name(staging)
-            except Exception:
-                pass
-        return {"id": int(root_id), "replaced": replaced, "global_tensors": global_tensors}
-    finally:
-        client.close()
+            gmeta.add_member(f"partitions_-{i}", vineyard.ObjectID(buf["fields"][field]["id"]))
+        gid = client.create_metadata(gmeta).id
+        client.persist(gid)
+        global_tensors[field] = int(gid)
+    root = vineyard.ObjectMeta()
+    root["typename"] = DATASET_TYPENAME
+    root.set_global(True)
+    root["dvml_kind"] = kind
+    root["dvml_summary"] = json.dumps(summary, default=_json_default)
+    root["dvml_layout"] = json.dumps(layout)
+    root["dvml_global_tensors"] = json.dumps(global_tensors)
+    for i, buf in enumerate(layout["buffers"]):
+        for field, obj in buf["fields"].items():
+            root.add_member(f"{field}-{i}", vineyard.ObjectID(obj["id"]))
+    root_id = client.create_metadata(root).id
+    client.persist(root_id)
+    # The name appears last and in one step: readers never see a partial dataset.
+    client.put_name(root_id, name)
+    for staging in staging_names:
+        try:
+            client.drop_name(staging)
+        except Exception:
+            pass
+    return {"id": int(root_id), "replaced": replaced, "global_tensors": global_tensors}
 
 
 def drop_metadata(record: dict[str, Any], drop_name: bool) -> None:
@@ -167,37 +158,31 @@ def drop_metadata(record: dict[str, Any], drop_name: bool) -> None:
     import vineyard
 
     client = local_client()
-    try:
-        if drop_name:
-            current = _lookup(client, record["name"])
-            if current is not None and int(current) == record["id"]:
-                client.drop_name(record["name"])
-        ids = [record["id"], *record["global_tensors"].values()]
-        for oid in map(vineyard.ObjectID, ids):
-            try:
-                client.delete(oid, force=False, deep=False)
-            except Exception:
-                pass
-    finally:
-        client.close()
+    if drop_name:
+        current = _lookup(client, record["name"])
+        if current is not None and int(current) == record["id"]:
+            client.drop_name(record["name"])
+    ids = [record["id"], *record["global_tensors"].values()]
+    for oid in map(vineyard.ObjectID, ids):
+        try:
+            client.delete(oid, force=False, deep=False)
+        except Exception:
+            pass
 
 
 def staging_objects(run_id: str | None = None) -> list[tuple[str, int, int]]:
     """Staging names (of one run, or of all runs): ``(name, object id, instance id)``."""
     client = local_client()
-    try:
-        prefix = STAGING_PREFIX + (f"{run_id}/" if run_id else "")
-        found = []
-        for name, oid in client.ipc_client.list_names(f"{prefix}*", limit=100000).items():
-            if not name.startswith(prefix):
-                continue
-            try:
-                found.append((name, int(oid), int(client.get_meta(oid).instance_id)))
-            except Exception:  # object deleted already: the name is stale
-                found.append((name, int(oid), -1))
-        return found
-    finally:
-        client.close()
+    prefix = STAGING_PREFIX + (f"{run_id}/" if run_id else "")
+    found = []
+    for name, oid in client.ipc_client.list_names(f"{prefix}*", limit=100000).items():
+        if not name.startswith(prefix):
+            continue
+        try:
+            found.append((name, int(oid), int(client.get_meta(oid).instance_id)))
+        except Exception:  # object deleted already: the name is stale
+            found.append((name, int(oid), -1))
+    return found
 
 
 def _json_default(value: Any) -> Any:

@@ -44,16 +44,25 @@ def this_worker_name() -> str:
     return f"process {os.getpid()}"
 
 
+_LOCK = threading.Lock()
+_CLIENTS: dict[str, Any] = {}
+
+
 def local_client(socket: str | None = None) -> Any:
-    """Connect to this process's own vineyardd (``VINEYARD_IPC_SOCKET``).
+    """This process's connection to its own vineyardd (``VINEYARD_IPC_SOCKET``), shared.
+
+    vineyard 0.24.2 gives every ``vineyard.connect(socket)`` in a process the SAME IPC
+    connection, so closing any client disconnects all the others, including those other
+    tasks of the same worker are using at that moment. dvml therefore opens one connection per
+    process and socket, probes it before handing it out, and never closes it: callers must not
+    call ``close()`` on it. Keeping it open also keeps the shared memory mapped, so a put does
+    not page-fault through a fresh mapping (about 6x slower for 256 MiB, benchmarks/b2_put.py).
 
     Raises
     ------
     DaemonDiedError
         Naming the worker and the socket when the daemon cannot be reached.
     """
-    import vineyard
-
     sock = socket or os.environ.get("VINEYARD_IPC_SOCKET")
     who = this_worker_name()
     if not sock:
@@ -61,13 +70,31 @@ def local_client(socket: str | None = None) -> Any:
             f"{who} has no vineyardd: VINEYARD_IPC_SOCKET is not set. Start workers with "
             "dvml.LocalCluster or the cluster/ recipes, which set it."
         )
-    # A dead daemon must fail at once rather than after vineyard's ten 1-second retries.
-    os.environ.setdefault("VINEYARD_IPC_SKIP_RETRY", "1")
     if not os.path.exists(sock):
         raise DaemonDiedError(
             f"The vineyardd of {who} is not running: its socket {sock} does not exist. "
             "Check `dvml cluster status`; restart the cluster if the daemon died."
         )
+    with _LOCK:
+        cached = _CLIENTS.get(sock)
+        if cached is not None:
+            try:
+                if cached.connected:
+                    cached.status  # noqa: B018 (one round trip: the daemon answers)
+                    return cached
+            except Exception:
+                pass
+            _CLIENTS.pop(sock, None)
+        client = _connect(sock, who)
+        _CLIENTS[sock] = client
+        return client
+
+
+def _connect(sock: str, who: str) -> Any:
+    import vineyard
+
+    # A dead daemon must fail at once rather than after vineyard's ten 1-second retries.
+    os.environ.setdefault("VINEYARD_IPC_SKIP_RETRY", "1")
     try:
         return vineyard.connect(sock)
     except Exception as exc:
@@ -75,37 +102,6 @@ def local_client(socket: str | None = None) -> Any:
             f"Cannot reach the vineyardd of {who} at {sock}: {exc}. Check `dvml cluster "
             "status`; restart the cluster if the daemon died."
         ) from exc
-
-
-_THREAD = threading.local()
-
-
-def _thread_client() -> Any:
-    """This thread's connection to the local vineyardd, kept open from one put to the next.
-
-    A new connection maps vineyard's shared memory afresh, so the first write to every page of
-    a buffer takes a page fault: putting 256 MiB through a new connection took ~6x as long as
-    through one that had mapped the memory before (benchmarks/b2_put.py). A cached connection
-    whose daemon stopped answering is dropped, and :func:`local_client` reports why.
-    """
-    sock = os.environ.get("VINEYARD_IPC_SOCKET")
-    cached = getattr(_THREAD, "client", None)
-    if cached is not None:
-        if _THREAD.socket == sock and sock and os.path.exists(sock):
-            try:
-                if cached.connected:
-                    cached.status  # noqa: B018 (one round trip: the daemon answers)
-                    return cached
-            except Exception:
-                pass
-        _THREAD.client = None
-        try:
-            cached.close()
-        except Exception:
-            pass
-    client = local_client()
-    _THREAD.client, _THREAD.socket = client, sock
-    return client
 
 
 def put_arrays(
@@ -120,8 +116,7 @@ def put_arrays(
     staging_name : str, optional
         When given, each object is named ``f"{staging_name}/{field}"`` until published.
     client : vineyard.Client, optional
-        An open client on the local instance. Default: this thread's cached connection
-        (kept open, so the shared memory stays mapped between puts).
+        An open client on the local instance. Default: :func:`local_client`.
 
     Returns
     -------
@@ -137,7 +132,7 @@ def put_arrays(
     from vineyard._C import NotEnoughMemoryException  # type: ignore[attr-defined]
     from vineyard.core.builder import put as builder_put
 
-    client = _thread_client() if client is None else client
+    client = local_client() if client is None else client
     needed = sum(int(a.nbytes) for a in arrays.values())
     status = client.status
     free = int(status.memory_limit) - int(status.memory_usage)
@@ -202,14 +197,12 @@ def _delete_quietly(client: Any, ids: list[Any]) -> None:
 def delete_objects(ids: list[int], names: list[str] | None = None) -> int:
     """Delete local objects (deeply) and drop names; return how many objects were deleted.
 
-    Runs on the worker that owns the objects, through the thread's cached connection (the one
-    puts use: memory freed through another connection made the next put of the same size
-    ~4x slower). Missing objects and names are ignored, so the call is idempotent (safe in
-    retried Dask tasks).
+    Runs on the worker that owns the objects. Missing objects and names are ignored, so the
+    call is idempotent (safe in retried Dask tasks).
     """
     import vineyard
 
-    client = _thread_client()
+    client = local_client()
     deleted = 0
     for name in names or []:
         try:
