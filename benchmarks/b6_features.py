@@ -1,32 +1,34 @@
 """B6: fine-tuning heads on a feature cache, and reusing a saved cache after a restart.
 
-**B6a** (heads on cached features vs recomputing the backbone for each head). What is measured,
-per repeat and side: the wall time of the whole job, three heads each trained for ``EPOCHS``
-epochs with :func:`dvml.fit` (one trainer per worker, MultiWorkerMirroredStrategy):
+**B6a** (heads on cached features vs recomputing the backbone for each head). What is
+measured, per repeat and side: the wall time of the whole job, three heads each trained for
+``EPOCHS`` epochs with :func:`dvml.fit` (one trainer per worker, MultiWorkerMirroredStrategy):
 
 - dvml side: ``dvml.features.cache(images, backbone, pooling="avg", overwrite=True)`` (the
   backbone runs ONCE over the images, on the workers that hold them), then the three heads
   are fitted on the cache.
 - baseline: the usual way without a cache: each head is fitted on the IMAGES inside one model
-  ``frozen backbone → global average pooling → head`` (backbone layers ``trainable=False``),
+  ``frozen backbone -> global average pooling -> head`` (backbone layers ``trainable=False``),
   so the backbone's forward pass runs again on every batch of every epoch of every head.
 
-Both sides: the same images, heads (Dense 2-10; Dense 64-Dense 10; Dense 128-Dense 64-Dense
-10), compile and fit parameters (Adam, global batch 64, ``EPOCHS`` epochs, one iteration), the
-same trainer machinery. The backbone is a small ResNet (three residual stages of 32/64/128
-filters, about 0.5 M parameters, ~80 MFLOP per 32x32 image), seeded. Images: ``ROWS`` random
-32x32 RGB images with 10 classes, generated on the workers, packed into vineyard once in
-``prepare`` (not timed). Sizes: 3,000 images and 6 epochs (``--quick``: 256 images, 1 epoch).
-Figure: seconds; target: ratio dvml / baseline <= 0.2 (at least 5x faster).
+Both sides: the same images, heads (Dense 10; Dense 64-Dense 10; Dense 128-Dense 64-Dense 10),
+compile and fit parameters (Adam, global batch 256, the same epochs, one iteration), and the
+same trainer machinery. The backbone is a small ResNet (three residual stages of 48/96/192
+filters, about 0.7 M parameters, ~0.7 GFLOP per 64x64 image), seeded. Images: random 64x64
+RGB images with 10 classes, generated on the workers and packed into vineyard once in
+``prepare`` (not timed). Sizes: 3,000 images and 5 epochs per head (``--quick``: 256 images,
+1 epoch). A LocalCluster of 2 workers (1 thread each, 256 MiB of vineyard memory each).
+Figure: seconds; target: ratio dvml / baseline <= 0.2 (at least 5x faster). On 2 cores one
+repeat of both sides takes about 7 minutes.
 
-**B6b** (a saved cache after a restart vs computing it again). Before each run the cache (and,
-on the baseline side, the packed images) are dropped and the workers restarted
-(``client.restart()``: fresh processes, no TensorFlow, no built backbone), as after a restart.
+**B6b** (a saved cache after a restart vs computing it again). Before each run the cache is
+dropped and the workers restarted (``client.restart()``: fresh processes, no TensorFlow, no
+built backbone), as after a restart.
 
 - dvml side: ``dvml.features.load(directory)``: each worker reads the ``.npy`` files of its
   buffers (written once by ``dvml.features.save`` in ``prepare``) into its vineyardd.
-- baseline: ``dvml.features.cache(image_folder, backbone, ...)``: pack the images (PNG files
-  written once in ``prepare``) and run the backbone over them again.
+- baseline: ``dvml.features.cache(image_folder, backbone, ...)``: pack the same images (PNG
+  files written once in ``prepare``) and run the backbone over them again.
 
 Figure: seconds; target: ratio <= 0.2.
 """
@@ -43,7 +45,10 @@ from benchmarks.harness import Benchmark, register
 
 MiB = 1 << 20
 CLASSES = 10
-SIZES = {False: (3000, 6), True: (256, 1)}  # quick -> (images, epochs per head)
+SIZES = {False: (3000, 5), True: (256, 1)}  # quick -> (images, epochs per head)
+SIDE = 64  # images are SIDE x SIDE x 3
+FILTERS = (48, 96, 192)
+BATCH = 256  # global batch: few steps per epoch, so per-step overhead stays small
 HEADS = {"b6_head_1": (), "b6_head_2": (64,), "b6_head_3": (128, 64)}
 COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.001)'"
 SOURCE, CACHE = "bench_b6_images", "bench_b6_features"
@@ -58,12 +63,12 @@ def _keras() -> Any:
 
 
 def small_resnet(seed: int = 0) -> Any:
-    """Three residual stages (32, 64, 128 filters) on 32x32x3 images, seeded weights."""
+    """Three residual stages (48, 96, 192 filters) on SIDE x SIDE x 3 images, seeded weights."""
     k = _keras()
     k.utils.set_random_seed(seed)
-    inputs = k.Input((32, 32, 3), name="image")
+    inputs = k.Input((SIDE, SIDE, 3), name="image")
     x = inputs
-    for i, filters in enumerate((32, 64, 128)):
+    for i, filters in enumerate(FILTERS):
         if i:
             x = k.layers.MaxPooling2D(name=f"pool{i}")(x)
         y = k.layers.Conv2D(filters, 3, padding="same", activation="relu", name=f"s{i}_a")(x)
@@ -97,8 +102,8 @@ def _images(rows: int, seed: int = 0) -> dict[str, Any]:
     import numpy as np
 
     rng = da.random.default_rng(seed)
-    x = rng.integers(0, 256, (rows, 32, 32, 3), chunks=(512, 32, 32, 3)).astype(np.uint8)
-    y = da.random.default_rng(seed + 1).integers(0, CLASSES, rows, chunks=512)
+    x = rng.integers(0, 256, (rows, SIDE, SIDE, 3), chunks=(256, SIDE, SIDE, 3)).astype(np.uint8)
+    y = da.random.default_rng(seed + 1).integers(0, CLASSES, rows, chunks=256)
     return {"image": x, "label": y}
 
 
@@ -106,7 +111,7 @@ def _fit(context: dict[str, Any], dataset: str, model: str, arch: int) -> None:
     import dvml
 
     dvml.fit(
-        dataset, model, arch, COMPILE, f"batch_size=64, epochs={context['epochs']}",
+        dataset, model, arch, COMPILE, f"batch_size={BATCH}, epochs={context['epochs']}",
         num_iterations=1, progress=False, resume=False, registry=context["registry"],
         client=context["cluster"].client,
     )  # fmt: skip
@@ -165,7 +170,7 @@ def prepare(quick: bool) -> dict[str, Any]:
         for i in range(context["rows"]):
             label = os.path.join(folder, f"class{i % CLASSES}")
             os.makedirs(label, exist_ok=True)
-            image = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+            image = rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
             Image.fromarray(image).save(os.path.join(label, f"{i:05d}.png"))
         cache = _cache_folder(context)
         context["saved"] = os.path.join(context["tmp"], "saved")
@@ -182,7 +187,7 @@ def _cache_folder(context: dict[str, Any]) -> Any:
 
     return dvml.features.cache(
         context["folder"], context["backbone"], pooling="avg", name=CACHE, overwrite=True,
-        image_size=(32, 32), normalizing_const=255.0, client=context["cluster"].client,
+        image_size=(SIDE, SIDE), normalizing_const=255.0, client=context["cluster"].client,
     )  # fmt: skip
 
 

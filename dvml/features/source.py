@@ -18,7 +18,7 @@ import hashlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from dvml.exceptions import DataError
+from dvml.exceptions import DataError, DatasetNotFoundError
 from dvml.store.datasets import Dataset, describe
 
 if TYPE_CHECKING:
@@ -102,7 +102,15 @@ def _dataset(name: str, client: Client, kwargs: dict[str, Any]) -> SourcePlan:
             f"{name!r} is preprocessed already. Received: {sorted(kwargs)}."
         )
     # Always read the CURRENT dataset: a handle may be stale (dropped or replaced since).
-    ds = describe(name, client)
+    try:
+        ds = describe(name, client)
+    except DatasetNotFoundError as exc:
+        if os.sep not in name:
+            raise
+        raise DatasetNotFoundError(
+            f"{exc} {name!r} is not an existing folder either; for images, pass a folder laid "
+            "out as root/<class>/<image> or a tar-shard pattern."
+        ) from None
     s = ds.summary
     if len(s["x_shapes"]) != 1:
         raise DataError(

@@ -111,8 +111,9 @@ def run(job: dict[str, Any]) -> None:
 
     tf.random.set_seed(job["seed"])
     custom_objects = custom_objects_from_sources(job.get("custom_objects", {}))
+    # 0 (the default) means no per-collective timeout: see dvml.yaml, train.peer-timeout.
     communication = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=float(job["peer_timeout"])
+        timeout_seconds=float(job["peer_timeout"]) or None
     )
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
 
