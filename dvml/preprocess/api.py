@@ -49,6 +49,7 @@ def training_preprocessor(
     image_size: tuple[int, int] | None = None,
     channels: int = 3,
     seed: int | None = None,
+    progress: bool = False,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess ``source`` into a placed, balanced, named dataset in vineyard.
@@ -87,6 +88,8 @@ def training_preprocessor(
         1 (grey) or 3 (RGB) for image sources.
     seed : int, optional
         Shuffle seed (config ``dvml.preprocess.seed``).
+    progress : bool
+        Show Dask's progress bar while the source is read, decoded and validated.
     client : distributed.Client, optional
         Default: the current default client.
 
@@ -110,6 +113,7 @@ def training_preprocessor(
         image_size=image_size,
         channels=channels,
         seed=seed,
+        progress=progress,
         client=client,
         training=None,
     )
@@ -127,6 +131,7 @@ def validation_preprocessor(
     overwrite: bool = False,
     on_invalid: str = "raise",
     seed: int | None = None,
+    progress: bool = False,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess a validation set with the class values and normalization of ``training``.
@@ -158,6 +163,7 @@ def validation_preprocessor(
         image_size=tuple(image) if image else None,
         channels=s.get("channels") or 3,
         seed=seed,
+        progress=progress,
         client=client,
         training=train,
     )
@@ -179,6 +185,7 @@ def _preprocess(
     image_size: tuple[int, int] | None,
     channels: int,
     seed: int | None,
+    progress: bool,
     client: Client | None,
     training: Dataset | None,
 ) -> Dataset:
@@ -196,7 +203,7 @@ def _preprocess(
     src = source_parts(source, y, x, len(targets), on_invalid, image_size, channels)
     if not src.parts:
         raise DataError("The source has no partitions: there is nothing to preprocess.")
-    prepared, stats = compute_stats(client, src.parts)
+    prepared, stats = compute_stats(client, src.parts, progress)
     try:
         return _plan_and_pack(
             kind=kind,

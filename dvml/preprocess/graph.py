@@ -36,11 +36,23 @@ logger = logging.getLogger("dvml.preprocess")
 PACK_ATTEMPTS = 3  # a pack whose worker died is resubmitted to the restarted worker
 
 
-def compute_stats(client: Client, parts: Sequence[Any]) -> tuple[list[Future], list[dict]]:
-    """Prepare every part on the workers; return the part futures and their small stats."""
+def compute_stats(
+    client: Client, parts: Sequence[Any], progress: bool = False
+) -> tuple[list[Future], list[dict]]:
+    """Prepare every part on the workers; return the part futures and their small stats.
+
+    With ``progress``, Dask's text progress bar follows the read/decode/validate tasks (they
+    are not pinned, so Dask reruns them elsewhere if a worker dies and the bar always ends).
+    """
     futures = client.compute(list(parts))
     stats_futures = client.map(tasks.part_stats, futures, pure=False)
     try:
+        if progress:
+            from distributed import progress as progress_bar
+
+            with client.as_current():
+                progress_bar(stats_futures, notebook=False)
+            print(flush=True)
         return futures, client.gather(stats_futures)
     except BaseException:
         # Free the prepared parts on the workers now, not when the traceback is collected.
