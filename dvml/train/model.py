@@ -69,6 +69,9 @@ def plot_history(history: pd.DataFrame, title: str = "", ax: Any = None) -> Any:
         col = f"{part}_loss"
         if col in history and history[col].notna().any():
             ax.plot(it, history[col], style, marker="o", label=f"{part} loss")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel("loss")
     right = ax.twinx()
