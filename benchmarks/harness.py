@@ -229,7 +229,12 @@ def _run_group(
     finally:
         cleanup = group[-1].cleanup
         if cleanup is not None and context is not None:
-            cleanup(context)
+            try:
+                cleanup(context)
+            except Exception as exc:  # the figures stand; the next benchmarks still run
+                message = f"{type(exc).__name__}: {exc}"
+                log(f"{group[-1].key} cleanup failed: {message}")
+                measurements[-1].details["cleanup failed"] = message
     return measurements
 
 

@@ -62,6 +62,22 @@ def test_run_all_prepares_a_shared_context_once() -> None:
     assert figures == [[1.0, 2.0], [3.0, 4.0], [1.0, 1.0], [1.0, 2.0]]
 
 
+def test_a_failing_cleanup_is_reported_and_the_run_goes_on() -> None:
+    def cleanup(context: object) -> None:
+        raise RuntimeError("daemon gone")
+
+    bad = harness.Benchmark(
+        "BX", "t", "s", lambda c: 2.0, lambda c: 1.0, 1.0, prepare=lambda q: {}, cleanup=cleanup
+    )
+    good = harness.Benchmark("BY", "t", "s", lambda c: 1.0, lambda c: 1.0, 1.0)
+    first, second = harness.run_all([bad, good], repeats=1, quick=True, log=lambda s: None)
+    assert first.error is None and first.dvml == [2.0]
+    assert first.details == {"cleanup failed": "RuntimeError: daemon gone"}
+    assert second.dvml == [1.0]
+    row = harness.summarize(bad, first)
+    assert "BX: cleanup failed RuntimeError: daemon gone" in harness.render_table([row])
+
+
 def test_synthetic_arrays_are_one_kib_rows_and_reproducible() -> None:
     rows = _training.rows_for_bytes(1 << 20)
     a, b = _training.synthetic_arrays(rows), _training.synthetic_arrays(rows)
