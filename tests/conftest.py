@@ -13,8 +13,8 @@ importable (``from conftest import poll_for, assert_no_new_processes``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 __all__ = [
     "assert_no_new_processes",
     "child_processes",
+    "object_exists",
     "pid_gone",
     "poll_for",
+    "snapshot",
+    "vineyard_contents",
 ]
 
 # Session clusters, whose processes are excluded from the leak check.
@@ -116,3 +119,40 @@ def cluster2() -> Iterator[dvml.LocalCluster]:
     yield cluster
     cluster.close()
     _SESSION_CLUSTERS.remove(cluster)
+
+
+# -- worker-side vineyard probes (top-level, so they pickle by reference) --------------------
+# They use a plain vineyard client and never close it: in vineyard 0.24.2 every client of a
+# socket in one process shares one connection, and closing it would cut the worker's own
+# (see dvml.store.local.local_client).
+
+
+def vineyard_contents() -> dict[str, Any]:
+    """On a worker: its instance id, memory in use, local tensors and staging names."""
+    import vineyard
+
+    from dvml.store.local import STAGING_PREFIX
+
+    client = vineyard.connect()  # VINEYARD_IPC_SOCKET names this worker's own vineyardd
+    iid = int(client.instance_id)
+    metas = client.ipc_client.list_metadatas("vineyard::Tensor*", limit=1_000_000)
+    staging = client.ipc_client.list_names(STAGING_PREFIX + "*", limit=1_000_000)
+    return {
+        "instance_id": iid,
+        "memory_usage": int(client.status.memory_usage),
+        "tensors": sorted(int(m.id) for m in metas if int(m.instance_id) == iid),
+        "staging": sorted(str(n) for n in staging),
+    }
+
+
+def object_exists(ids: Sequence[int]) -> list[bool]:
+    """On a worker: whether each object still exists in the vineyard cluster."""
+    import vineyard
+
+    client = vineyard.connect()
+    return [bool(client.exists(vineyard.ObjectID(int(i)))) for i in ids]
+
+
+def snapshot(cluster: dvml.LocalCluster) -> dict[int, dict[str, Any]]:
+    """What every vineyardd holds, by instance id."""
+    return {a["instance_id"]: a for a in cluster.client.run(vineyard_contents).values()}

@@ -8,7 +8,16 @@ import pathlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["add_command", "add_group", "add_state_dir_argument", "format_table", "state_dir_of"]
+__all__ = [
+    "DISTRIBUTION_COLUMNS",
+    "add_command",
+    "add_group",
+    "add_state_dir_argument",
+    "format_nbytes",
+    "format_table",
+    "state_dir_of",
+    "with_bytes",
+]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -73,3 +82,21 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     return "\n".join(lines)
+
+
+# Rows, buffers and bytes per worker, as `describe` shows them for datasets and caches.
+DISTRIBUTION_COLUMNS = ["worker_name", "host", "vineyard_instance_id", "buffers", "rows", "bytes"]
+
+
+def format_nbytes(value: Any) -> str:
+    """A byte count for people: ``1.50 MiB``."""
+    from dask.utils import format_bytes
+
+    return str(format_bytes(int(value)))
+
+
+def with_bytes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add a readable ``bytes`` column from each row's ``nbytes`` (in place); return rows."""
+    for row in rows:
+        row["bytes"] = format_nbytes(row["nbytes"])
+    return rows

@@ -10,12 +10,18 @@ import argparse
 from typing import Any
 
 from dvml.cli._attach import add_cluster_options, add_json_option, attached, print_json
-from dvml.cli._common import add_command, add_group, format_table
+from dvml.cli._common import (
+    DISTRIBUTION_COLUMNS,
+    add_command,
+    add_group,
+    format_nbytes,
+    format_table,
+    with_bytes,
+)
 
 __all__ = ["register", "summary_lines"]
 
 _LIST_COLUMNS = ["name", "kind", "rows", "buffers", "workers", "bytes", "created"]
-_DISTRIBUTION_COLUMNS = ["worker_name", "host", "vineyard_instance_id", "buffers", "rows", "bytes"]
 _PLACEMENT_COLUMNS = ["buffer", "worker_name", "host", "vineyard_instance_id", "rows", "bytes"]
 # Summary fields shown by `describe`, in this order (MADlib's names first).
 _SUMMARY_FIELDS = [
@@ -64,12 +70,6 @@ def register(subparsers: Any) -> None:
     add_cluster_options(drop)
 
 
-def _bytes(value: Any) -> str:
-    from dask.utils import format_bytes
-
-    return format_bytes(int(value))
-
-
 def _list(args: argparse.Namespace) -> int:
     from dvml.store import datasets
 
@@ -79,9 +79,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    for row in rows:
-        row["bytes"] = _bytes(row["nbytes"])
-    print(format_table(rows, _LIST_COLUMNS))
+    print(format_table(with_bytes(rows), _LIST_COLUMNS))
     return 0
 
 
@@ -91,7 +89,7 @@ def summary_lines(ds: Any) -> list[str]:
         f"name:     {ds.name}",
         f"kind:     {ds.kind}",
         f"id:       {ds.id}",
-        f"rows:     {ds.rows} in {len(ds.layout['buffers'])} buffers ({_bytes(ds.nbytes)})",
+        f"rows:     {ds.rows} in {len(ds.layout['buffers'])} buffers ({format_nbytes(ds.nbytes)})",
     ]
     s = ds.summary
     rules = s.get("distribution_rules") or {}
@@ -115,15 +113,11 @@ def _describe(args: argparse.Namespace) -> int:
                     "placement": ds.placement().to_dict(orient="records")})  # fmt: skip
         return 0
     print("\n".join(summary_lines(ds)))
-    dist = ds.distribution().to_dict(orient="records")
-    for row in dist:
-        row["bytes"] = _bytes(row["nbytes"])
+    dist = with_bytes(ds.distribution().to_dict(orient="records"))
     print()
-    print(format_table(dist, _DISTRIBUTION_COLUMNS))
+    print(format_table(dist, DISTRIBUTION_COLUMNS))
     if args.placement:
-        rows = ds.placement().to_dict(orient="records")
-        for row in rows:
-            row["bytes"] = _bytes(row["nbytes"])
+        rows = with_bytes(ds.placement().to_dict(orient="records"))
         print()
         print(format_table(rows, _PLACEMENT_COLUMNS))
     return 0
@@ -143,5 +137,5 @@ def _drop(args: argparse.Namespace) -> int:
             raise
         datasets.drop(args.name, cluster.client)
     workers = len({b["worker_name"] for b in ds.layout["buffers"]})
-    print(f"Dropped dataset {ds.name!r}: freed {_bytes(ds.nbytes)} on {workers} worker(s).")
+    print(f"Dropped dataset {ds.name!r}: freed {format_nbytes(ds.nbytes)} on {workers} worker(s).")
     return 0

@@ -10,13 +10,19 @@ import argparse
 from typing import Any
 
 from dvml.cli._attach import add_cluster_options, add_json_option, attached, print_json
-from dvml.cli._common import add_command, add_group, format_table
+from dvml.cli._common import (
+    DISTRIBUTION_COLUMNS,
+    add_command,
+    add_group,
+    format_nbytes,
+    format_table,
+    with_bytes,
+)
 
 __all__ = ["register"]
 
 _LIST_COLUMNS = ["name", "rows", "feature_shape", "backbone", "layer", "pooling", "source",
                  "workers", "bytes", "created"]  # fmt: skip
-_DISTRIBUTION_COLUMNS = ["worker_name", "host", "vineyard_instance_id", "buffers", "rows", "bytes"]
 
 
 def register(subparsers: Any) -> None:
@@ -55,12 +61,6 @@ def register(subparsers: Any) -> None:
     add_cluster_options(drop)
 
 
-def _bytes(value: Any) -> str:
-    from dask.utils import format_bytes
-
-    return format_bytes(int(value))
-
-
 def _list(args: argparse.Namespace) -> int:
     import dvml.features
 
@@ -70,8 +70,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    for row in rows:
-        row["bytes"] = _bytes(row["nbytes"])
+    for row in with_bytes(rows):
         row["feature_shape"] = "x".join(str(d) for d in row["feature_shape"])
     print(format_table(rows, _LIST_COLUMNS))
     return 0
@@ -91,7 +90,7 @@ def _describe(args: argparse.Namespace) -> int:
     source = s.get("source") or {}
     lines = [
         f"name:      {ds.name}",
-        f"rows:      {ds.rows} in {len(ds.layout['buffers'])} buffers ({_bytes(ds.nbytes)})",
+        f"rows:      {ds.rows} in {len(ds.layout['buffers'])} buffers ({format_nbytes(ds.nbytes)})",
         f"features:  {s.get('x_shapes', [[]])[0]}",
         f"backbone:  {backbone.get('description')}",
         f"layer:     {backbone.get('output_layer')} (pooling {backbone.get('pooling')})",
@@ -101,11 +100,9 @@ def _describe(args: argparse.Namespace) -> int:
         f"created:   {s.get('created_at')}",
     ]
     print("\n".join(lines))
-    dist = ds.distribution().to_dict(orient="records")
-    for row in dist:
-        row["bytes"] = _bytes(row["nbytes"])
+    dist = with_bytes(ds.distribution().to_dict(orient="records"))
     print()
-    print(format_table(dist, _DISTRIBUTION_COLUMNS))
+    print(format_table(dist, DISTRIBUTION_COLUMNS))
     return 0
 
 
@@ -122,5 +119,5 @@ def _drop(args: argparse.Namespace) -> int:
                 return 0
             raise
         dvml.features.drop(args.name, cluster.client)
-    print(f"Dropped feature cache {ds.name!r}: freed {_bytes(ds.nbytes)}.")
+    print(f"Dropped feature cache {ds.name!r}: freed {format_nbytes(ds.nbytes)}.")
     return 0

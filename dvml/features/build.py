@@ -34,10 +34,10 @@ from dvml.features.keys import (
 )
 from dvml.features.lookup import existing, intact, source_workers
 from dvml.features.pinned import run_pinned
-from dvml.features.publish import publish_run, staging_name
 from dvml.features.source import SourcePlan, pack_source, plan_source
 from dvml.store import catalog
 from dvml.store.datasets import Dataset, run_on
+from dvml.store.publish import publish_run, staging_name
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -38,8 +38,8 @@ from dvml.features.keys import check_cache_name
 from dvml.features.lookup import existing, intact, source_workers
 from dvml.features.manage import describe
 from dvml.features.pinned import run_pinned
-from dvml.features.publish import publish_run, staging_name
 from dvml.store.datasets import Dataset, vineyard_workers
+from dvml.store.publish import publish_run, staging_name
 
 if TYPE_CHECKING:
     from distributed import Client

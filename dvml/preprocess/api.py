@@ -310,7 +310,7 @@ def _plan_and_pack(
         "num_classes": n_classes,
         "normalizing_const": float(normalizing_const),
     }
-    result = pack_and_publish(
+    return pack_and_publish(
         client,
         prepared,
         layout.counts,
@@ -321,14 +321,6 @@ def _plan_and_pack(
         "dataset",
         summary,
         overwrite,
-    )
-    return Dataset(
-        name=name,
-        id=result["id"],
-        kind="dataset",
-        summary=result["summary"],
-        layout=result["layout"],
-        global_tensors=result["global_tensors"],
     )
 
 

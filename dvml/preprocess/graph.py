@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ClusterError
 from dvml.preprocess import tasks
-from dvml.store import catalog
-from dvml.store.datasets import delete_by_instance, delete_layout, run_on
+from dvml.store.datasets import Dataset
 from dvml.store.local import STAGING_PREFIX
+from dvml.store.publish import publish_run
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -71,42 +71,13 @@ def pack_and_publish(
     kind: str,
     summary: dict[str, Any],
     overwrite: bool,
-) -> dict[str, Any]:
+) -> Dataset:
     """Split, pack and publish; on any failure delete every object this run put."""
-    run_id = uuid.uuid4().hex[:16]
-    try:
-        buffers = _pack(client, prepared, counts, buffer_targets, split_args, seed, run_id)
-        fields = {k: {"shape": _total_shape(buffers, k)} for k in buffers[0]["fields"]}
-        layout = {"fields": fields, "buffers": buffers}
-        summary = {**summary, **_placement_summary(buffers)}
-        # Only the names of the published buffers are dropped with the publication: an object
-        # staged by an attempt whose worker died keeps its name, so that _cleanup_run finds
-        # and deletes it. Any live worker publishes (the first target may have restarted at
-        # another address).
-        kept = {f["id"] for b in buffers for f in b["fields"].values()}
-        staging = [
-            n for n, oid, _ in run_on(client, None, catalog.staging_objects, run_id) if oid in kept
-        ]
-        published = run_on(
-            client,
-            None,
-            catalog.publish,
-            name,
-            kind,
-            summary,
-            layout,
-            overwrite,
-            staging,
-        )
-    except BaseException:
-        _cleanup_run(client, run_id, keep=None)
-        raise
-    _cleanup_run(client, run_id, keep=layout)
-    replaced = published["replaced"]
-    if replaced is not None:
-        delete_layout(client, replaced["layout"])
-        run_on(client, None, catalog.drop_metadata, replaced, False)
-    return {**published, "layout": layout, "summary": summary}
+
+    def produce(run_id: str) -> list[dict[str, Any]]:
+        return _pack(client, prepared, counts, buffer_targets, split_args, seed, run_id)
+
+    return publish_run(client, name, kind, summary, produce, overwrite=overwrite)
 
 
 def _pack(
@@ -272,61 +243,3 @@ def _wait_for_worker(client: Client, name: str, timeout: float) -> str:
         f"{timeout:.0f}s. Its buffers cannot be placed as the rules require; check the worker "
         "and run the preprocessor again."
     )
-
-
-def _cleanup_run(client: Client, run_id: str, keep: dict[str, Any] | None) -> None:
-    """Delete every staged object of ``run_id`` that is not in ``keep``; drop staging names."""
-    try:
-        staged = run_on(client, None, catalog.staging_objects, run_id)
-    except Exception:  # the cluster itself is failing: nothing more can be cleaned
-        logger.warning("could not list staged objects of run %s", run_id, exc_info=True)
-        return
-    kept = set()
-    if keep is not None:
-        kept = {f["id"] for b in keep["buffers"] for f in b["fields"].values()}
-    ids: dict[int, list[int]] = {}
-    names: dict[int, list[str]] = {}
-    for staging_name, oid, iid in staged:
-        names.setdefault(iid, []).append(staging_name)
-        if oid not in kept:
-            ids.setdefault(iid, []).append(oid)
-    delete_by_instance(client, ids, names)
-    orphan_names = names.get(-1, [])
-    if orphan_names:
-        run_on(client, None, _drop_names, orphan_names)
-
-
-def _drop_names(names: list[str]) -> None:
-    from dvml.store.local import delete_objects
-
-    delete_objects([], names)
-
-
-def _total_shape(buffers: list[dict[str, Any]], field: str) -> list[int]:
-    shape = list(buffers[0]["fields"][field]["shape"])
-    shape[0] = sum(b["fields"][field]["shape"][0] for b in buffers)
-    return shape
-
-
-def _placement_summary(buffers: list[dict[str, Any]]) -> dict[str, Any]:
-    rows: dict[str, int] = {}
-    nbytes: dict[str, int] = {}
-    for b in buffers:
-        rows[b["worker_name"]] = rows.get(b["worker_name"], 0) + b["rows"]
-        size = sum(f["nbytes"] for f in b["fields"].values())
-        nbytes[b["worker_name"]] = nbytes.get(b["worker_name"], 0) + size
-    return {
-        "rows_per_worker": rows,
-        "bytes_per_worker": nbytes,
-        "buffers": [
-            {
-                "buffer": b["index"],
-                "worker": b["worker"],
-                "worker_name": b["worker_name"],
-                "host": b["host"],
-                "vineyard_instance_id": b["instance_id"],
-                "rows": b["rows"],
-            }
-            for b in buffers
-        ],
-    }

@@ -20,6 +20,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import snapshot
 from PIL import Image
 
 import dvml
@@ -33,84 +34,40 @@ TENSOR = "vineyard::Tensor<float>"
 # -- worker-side probes (top-level, so they pickle by reference) ---------------------------
 
 
-def vineyard_contents() -> dict[str, Any]:
-    """On a worker: its instance id, memory in use, local tensors and staging names."""
-    import vineyard
-
-    from dvml.store.local import STAGING_PREFIX
-
-    client = vineyard.connect()  # VINEYARD_IPC_SOCKET names this worker's own vineyardd
-    try:
-        iid = int(client.instance_id)
-        metas = client.ipc_client.list_metadatas("vineyard::Tensor*", limit=1_000_000)
-        staging = client.ipc_client.list_names(STAGING_PREFIX + "*", limit=1_000_000)
-        return {
-            "instance_id": iid,
-            "memory_usage": int(client.status.memory_usage),
-            "tensors": sorted(int(m.id) for m in metas if int(m.instance_id) == iid),
-            "staging": sorted(str(n) for n in staging),
-        }
-    finally:
-        client.close()
-
-
 def read_objects(ids: Sequence[int]) -> dict[str, Any]:
     """On a worker: for each id, the instance its metadata names, its type and its values."""
     import vineyard
 
-    client = vineyard.connect()
-    try:
-        found = []
-        for raw in ids:
-            oid = vineyard.ObjectID(int(raw))
-            meta = client.get_meta(oid)
-            found.append(
-                {
-                    "instance_id": int(meta.instance_id),
-                    "typename": meta.typename,
-                    "value": np.array(client.get(oid)),  # a copy: the view dies with the client
-                }
-            )
-        return {"local_instance": int(client.instance_id), "objects": found}
-    finally:
-        client.close()
+    client = vineyard.connect()  # shared connection: never closed (see conftest)
+    found = []
+    for raw in ids:
+        oid = vineyard.ObjectID(int(raw))
+        meta = client.get_meta(oid)
+        found.append(
+            {
+                "instance_id": int(meta.instance_id),
+                "typename": meta.typename,
+                "value": np.array(client.get(oid)),  # a copy: views cannot cross processes
+            }
+        )
+    return {"local_instance": int(client.instance_id), "objects": found}
 
 
 def global_members(oid: int) -> dict[str, Any]:
     """On a worker: typename, globalness and members (id, instance) of a global object."""
     import vineyard
 
-    client = vineyard.connect()
-    try:
-        meta = client.get_meta(vineyard.ObjectID(int(oid)))
-        members = {
-            key: (int(value.id), int(value.instance_id))
-            for key, value in meta.items()
-            if isinstance(value, vineyard.ObjectMeta)
-        }
-        return {"typename": meta.typename, "global": bool(meta.isglobal), "members": members}
-    finally:
-        client.close()
-
-
-def object_exists(ids: Sequence[int]) -> list[bool]:
-    """On a worker: whether each object still exists."""
-    import vineyard
-
-    client = vineyard.connect()
-    try:
-        return [bool(client.exists(vineyard.ObjectID(int(i)))) for i in ids]
-    finally:
-        client.close()
+    client = vineyard.connect()  # shared connection: never closed (see conftest)
+    meta = client.get_meta(vineyard.ObjectID(int(oid)))
+    members = {
+        key: (int(value.id), int(value.instance_id))
+        for key, value in meta.items()
+        if isinstance(value, vineyard.ObjectMeta)
+    }
+    return {"typename": meta.typename, "global": bool(meta.isglobal), "members": members}
 
 
 # -- client-side helpers --------------------------------------------------------------------
-
-
-def snapshot(cluster: dvml.LocalCluster) -> dict[int, dict[str, Any]]:
-    """What every vineyardd holds, by instance id."""
-    answers = cluster.client.run(vineyard_contents)
-    return {a["instance_id"]: a for a in answers.values()}
 
 
 def on_worker(cluster: dvml.LocalCluster, worker: dvml.WorkerInfo, fn: Any, *args: Any) -> Any:

@@ -21,7 +21,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import poll_for
+from conftest import poll_for, snapshot
 
 import dvml
 from dvml.exceptions import DataError, PlacementError, VineyardMemoryError
@@ -32,50 +32,21 @@ pytestmark = pytest.mark.cluster
 # -- worker-side probes (top-level, so they pickle by reference) ---------------------------
 
 
-def vineyard_contents() -> dict[str, Any]:
-    """On a worker: its instance id, memory in use, local tensors and staging names."""
-    import vineyard
-
-    from dvml.store.local import STAGING_PREFIX
-
-    client = vineyard.connect()  # VINEYARD_IPC_SOCKET names this worker's own vineyardd
-    try:
-        iid = int(client.instance_id)
-        metas = client.ipc_client.list_metadatas("vineyard::Tensor*", limit=1_000_000)
-        staging = client.ipc_client.list_names(STAGING_PREFIX + "*", limit=1_000_000)
-        return {
-            "instance_id": iid,
-            "memory_usage": int(client.status.memory_usage),
-            "tensors": sorted(int(m.id) for m in metas if int(m.instance_id) == iid),
-            "staging": sorted(str(n) for n in staging),
-        }
-    finally:
-        client.close()
-
-
 def read_local(ids: Sequence[int]) -> list[np.ndarray]:
     """On a worker: copies of local tensors, checked to live on this worker's instance."""
     import vineyard
 
-    client = vineyard.connect()
-    try:
-        out = []
-        for raw in ids:
-            oid = vineyard.ObjectID(int(raw))
-            if int(client.get_meta(oid).instance_id) != int(client.instance_id):
-                raise AssertionError(f"object {raw} is not local to {client.instance_id}")
-            out.append(np.array(client.get(oid)))
-        return out
-    finally:
-        client.close()
+    client = vineyard.connect()  # shared connection: never closed (see conftest)
+    out = []
+    for raw in ids:
+        oid = vineyard.ObjectID(int(raw))
+        if int(client.get_meta(oid).instance_id) != int(client.instance_id):
+            raise AssertionError(f"object {raw} is not local to {client.instance_id}")
+        out.append(np.array(client.get(oid)))
+    return out
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def snapshot(cluster: dvml.LocalCluster) -> dict[int, dict[str, Any]]:
-    """What every vineyardd holds, by instance id."""
-    return {a["instance_id"]: a for a in cluster.client.run(vineyard_contents).values()}
 
 
 def find_error(exc: BaseException, cls: type[BaseException]) -> BaseException | None:

@@ -8,11 +8,11 @@ dropping or replacing it gives every byte back.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import object_exists, snapshot
 
 import dvml
 from dvml.exceptions import DatasetExistsError, DatasetNotFoundError
@@ -23,44 +23,7 @@ pytestmark = pytest.mark.cluster
 # -- worker-side probes (top-level, so they pickle by reference) ---------------------------
 
 
-def vineyard_contents() -> dict[str, Any]:
-    """On a worker: its instance id, memory in use, local tensors and staging names."""
-    import vineyard
-
-    from dvml.store.local import STAGING_PREFIX
-
-    client = vineyard.connect()  # VINEYARD_IPC_SOCKET names this worker's own vineyardd
-    try:
-        iid = int(client.instance_id)
-        metas = client.ipc_client.list_metadatas("vineyard::Tensor*", limit=1_000_000)
-        staging = client.ipc_client.list_names(STAGING_PREFIX + "*", limit=1_000_000)
-        return {
-            "instance_id": iid,
-            "memory_usage": int(client.status.memory_usage),
-            "tensors": sorted(int(m.id) for m in metas if int(m.instance_id) == iid),
-            "staging": sorted(str(n) for n in staging),
-        }
-    finally:
-        client.close()
-
-
-def object_exists(ids: Sequence[int]) -> list[bool]:
-    """On a worker: whether each object still exists in the vineyard cluster."""
-    import vineyard
-
-    client = vineyard.connect()
-    try:
-        return [bool(client.exists(vineyard.ObjectID(int(i)))) for i in ids]
-    finally:
-        client.close()
-
-
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def snapshot(cluster: dvml.LocalCluster) -> dict[int, dict[str, Any]]:
-    """What every vineyardd holds, by instance id."""
-    return {a["instance_id"]: a for a in cluster.client.run(vineyard_contents).values()}
 
 
 def instance_of(cluster: dvml.LocalCluster, name: str) -> int:

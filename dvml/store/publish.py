@@ -1,6 +1,7 @@
 """Publish buffers as one named dataset, atomically, or leave nothing behind.
 
-The same protocol as the pack graph (:mod:`dvml.preprocess.graph`): every object is put under
+Used by the pack graph (:mod:`dvml.preprocess.graph`) and the feature cache: every object is
+put under
 a staging name of this run; the dataset's name appears last, in one step; on any failure (an
 exception, a Ctrl-C) every staged object of the run is deleted, and on success every staged
 object that did not make it into the dataset (an attempt whose worker died) is deleted too.
@@ -8,19 +9,28 @@ object that did not make it into the dataset (an attempt whose worker died) is d
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dvml.preprocess.graph import _cleanup_run
 from dvml.store import catalog
-from dvml.store.datasets import Dataset, delete_layout, run_on
+from dvml.store.datasets import Dataset, delete_by_instance, delete_layout, run_on
 from dvml.store.local import STAGING_PREFIX
 
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["LAYOUT_KEYS", "layout_of", "placement_summary", "publish_run", "staging_name"]
+logger = logging.getLogger("dvml.store")
+
+__all__ = [
+    "LAYOUT_KEYS",
+    "cleanup_run",
+    "layout_of",
+    "placement_summary",
+    "publish_run",
+    "staging_name",
+]
 
 LAYOUT_KEYS = ("index", "rows", "instance_id", "worker", "worker_name", "host", "fields")
 
@@ -69,6 +79,7 @@ def publish_run(
     summary: dict[str, Any],
     produce: Callable[[str], list[dict[str, Any]]],
     finish: Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]] | None = None,
+    overwrite: bool = True,
 ) -> Dataset:
     """Produce the buffers of a run, publish them under ``name`` (replacing it), clean up.
 
@@ -86,15 +97,81 @@ def publish_run(
         summary = {**summary, **placement_summary(layout)}
         if finish is not None:
             summary = finish(summary, buffers)
-        staged = [n for n, _, _ in run_on(client, None, catalog.staging_objects, run_id)]
-        published = run_on(client, None, catalog.publish, name, kind, summary, layout, True, staged)
+        # Only the names of the published buffers are dropped with the publication: an object
+        # staged by an attempt whose worker died keeps its name, so that cleanup_run finds
+        # and deletes it. Any live worker publishes.
+        kept = {f["id"] for b in layout["buffers"] for f in b["fields"].values()}
+        staged = [
+            n for n, oid, _ in run_on(client, None, catalog.staging_objects, run_id) if oid in kept
+        ]
+        published = run_on(
+            client, None, catalog.publish, name, kind, summary, layout, overwrite, staged
+        )
     except BaseException:
-        _cleanup_run(client, run_id, keep=None)
+        cleanup_run(client, run_id, keep=None)
         raise
-    _cleanup_run(client, run_id, keep=layout)
+    cleanup_run(client, run_id, keep=layout)
     replaced = published["replaced"]
     if replaced is not None:
         delete_layout(client, replaced["layout"])
         run_on(client, None, catalog.drop_metadata, replaced, False)
     return Dataset(name=name, id=published["id"], kind=kind, summary=summary, layout=layout,
                    global_tensors=published["global_tensors"])  # fmt: skip
+
+
+def cleanup_run(client: Client, run_id: str, keep: dict[str, Any] | None) -> None:
+    """Delete every staged object of ``run_id`` that is not in ``keep``; drop staging names."""
+    try:
+        staged = run_on(client, None, catalog.staging_objects, run_id)
+    except Exception:  # the cluster itself is failing: nothing more can be cleaned
+        logger.warning("could not list staged objects of run %s", run_id, exc_info=True)
+        return
+    kept = set()
+    if keep is not None:
+        kept = {f["id"] for b in keep["buffers"] for f in b["fields"].values()}
+    ids: dict[int, list[int]] = {}
+    names: dict[int, list[str]] = {}
+    for staging_name, oid, iid in staged:
+        names.setdefault(iid, []).append(staging_name)
+        if oid not in kept:
+            ids.setdefault(iid, []).append(oid)
+    delete_by_instance(client, ids, names)
+    orphan_names = names.get(-1, [])
+    if orphan_names:
+        run_on(client, None, _drop_names, orphan_names)
+
+
+def _drop_names(names: list[str]) -> None:
+    from dvml.store.local import delete_objects
+
+    delete_objects([], names)
+
+
+def _total_shape(buffers: list[dict[str, Any]], field: str) -> list[int]:
+    shape = list(buffers[0]["fields"][field]["shape"])
+    shape[0] = sum(b["fields"][field]["shape"][0] for b in buffers)
+    return shape
+
+
+def _placement_summary(buffers: list[dict[str, Any]]) -> dict[str, Any]:
+    rows: dict[str, int] = {}
+    nbytes: dict[str, int] = {}
+    for b in buffers:
+        rows[b["worker_name"]] = rows.get(b["worker_name"], 0) + b["rows"]
+        size = sum(f["nbytes"] for f in b["fields"].values())
+        nbytes[b["worker_name"]] = nbytes.get(b["worker_name"], 0) + size
+    return {
+        "rows_per_worker": rows,
+        "bytes_per_worker": nbytes,
+        "buffers": [
+            {
+                "buffer": b["index"],
+                "worker": b["worker"],
+                "worker_name": b["worker_name"],
+                "host": b["host"],
+                "vineyard_instance_id": b["instance_id"],
+                "rows": b["rows"],
+            }
+            for b in buffers
+        ],
+    }
