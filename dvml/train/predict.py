@@ -41,6 +41,15 @@ def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str
     return spec, summary
 
 
+def _share(client: Client, spec: dict[str, Any]) -> Any:
+    """Send a model spec to every worker once, as ONE object.
+
+    ``client.scatter(a_dict)`` would scatter each value under its key ("weights", ...), so two
+    calls would share keys and release each other's data.
+    """
+    return client.scatter([spec], broadcast=True, hash=False)[0]
+
+
 def evaluate(
     model: str,
     dataset: str | Dataset,
@@ -74,7 +83,7 @@ def evaluate(
             f"Dataset {ds.name!r} has buffers on vineyard instances {missing} that no live "
             "worker serves; preprocess it again."
         )
-    spec_future = client.scatter(spec, broadcast=True, hash=False)
+    spec_future = _share(client, spec)
     futures = [
         client.submit(
             inference.evaluate_local,
@@ -132,7 +141,7 @@ def _predict(
         raise DataError(
             f"Columns {missing} are missing from data. Available: {list(data.columns)}."
         )
-    spec_future = client.scatter(spec, broadcast=True, hash=False)
+    spec_future = _share(client, spec)
     meta = inference.format_predictions(
         data._meta[id_col].to_numpy(),
         __import__("numpy").zeros((0, 1)),
