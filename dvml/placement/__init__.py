@@ -10,9 +10,11 @@ returns plain values; it never talks to Dask or vineyard. Discovering workers is
 from dvml.placement.planner import (
     BufferPlan,
     Layout,
+    PiecePlan,
     default_buffer_size,
     partition_seed,
     plan_layout,
+    plan_pieces,
     split_partition,
 )
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
@@ -21,10 +23,12 @@ __all__ = [
     "BufferPlan",
     "DistributionRules",
     "Layout",
+    "PiecePlan",
     "default_buffer_size",
     "describe_resolution",
     "partition_seed",
     "plan_layout",
+    "plan_pieces",
     "resolve_rules",
     "split_partition",
 ]

@@ -21,9 +21,11 @@ from dvml.exceptions import DataError, PlacementError
 __all__ = [
     "BufferPlan",
     "Layout",
+    "PiecePlan",
     "default_buffer_size",
     "partition_seed",
     "plan_layout",
+    "plan_pieces",
     "split_partition",
 ]
 
@@ -288,3 +290,84 @@ def split_partition(n_rows: int, counts_row: np.ndarray, seed: int) -> list[np.n
         return []
     perm = np.random.default_rng(seed).permutation(n_rows).astype(np.int64, copy=False)
     return np.split(perm, np.cumsum(counts)[:-1])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PiecePlan:
+    """How a partition's shuffled rows are cut into one piece per target worker.
+
+    A partition is permuted once and laid out buffer after buffer in :attr:`order`, which
+    keeps the buffers of one target together: the rows a target needs from a partition are
+    then ONE contiguous piece, moved once, and each of the target's buffers is a slice of it.
+
+    Attributes
+    ----------
+    order : numpy.ndarray
+        Buffer indices grouped by target (targets by first appearance), then by index.
+    targets : tuple of str
+        The distinct targets, in that order.
+    target_of : numpy.ndarray
+        ``target_of[b]``: position in :attr:`targets` of buffer ``b``'s target.
+    ordered_counts : numpy.ndarray
+        ``counts[:, order]``: pass row ``p`` to :func:`split_partition` with the permutation
+        of partition ``p``.
+    piece_ranges : numpy.ndarray
+        Shape ``(n_partitions, n_targets, 2)``: start and stop, in partition ``p``'s laid-out
+        rows, of the piece that target ``t`` receives.
+    buffer_ranges : numpy.ndarray
+        Shape ``(n_partitions, n_buffers, 2)``: start and stop of buffer ``b``'s rows within
+        the piece of partition ``p`` that buffer ``b``'s target receives.
+    """
+
+    order: np.ndarray
+    targets: tuple[str, ...]
+    target_of: np.ndarray
+    ordered_counts: np.ndarray
+    piece_ranges: np.ndarray
+    buffer_ranges: np.ndarray
+
+
+def plan_pieces(counts: np.ndarray, buffer_targets: Sequence[str]) -> PiecePlan:
+    """Group each partition's rows by target worker (see :class:`PiecePlan`).
+
+    Parameters
+    ----------
+    counts : numpy.ndarray
+        ``Layout.counts``: rows of partition ``p`` for buffer ``b``.
+    buffer_targets : sequence of str
+        The target (worker address) of each buffer.
+
+    Returns
+    -------
+    PiecePlan
+    """
+    counts = np.asarray(counts)
+    if counts.ndim != 2 or not np.issubdtype(counts.dtype, np.integer):
+        raise ValueError(
+            f"counts must be a 2-D integer array. Received: shape {counts.shape}, "
+            f"dtype {counts.dtype}."
+        )
+    if len(buffer_targets) != counts.shape[1]:
+        raise ValueError(
+            f"buffer_targets must name one target per buffer. Received: "
+            f"{len(buffer_targets)} targets for {counts.shape[1]} buffers."
+        )
+    targets = tuple(dict.fromkeys(buffer_targets))
+    target_of = np.array([targets.index(t) for t in buffer_targets], dtype=np.int64)
+    order = np.argsort(target_of, kind="stable")
+    ordered_counts = counts[:, order]
+    # Row offsets of every buffer in a partition's laid-out rows, in `order`.
+    ends = np.cumsum(ordered_counts, axis=1)
+    starts = ends - ordered_counts
+    n_parts, n_buffers = counts.shape
+    piece_ranges = np.zeros((n_parts, len(targets), 2), dtype=np.int64)
+    buffer_ranges = np.zeros((n_parts, n_buffers, 2), dtype=np.int64)
+    for t in range(len(targets)):
+        members = np.flatnonzero(target_of[order] == t)  # positions in `order`, consecutive
+        first, last = members[0], members[-1]
+        piece_ranges[:, t] = np.stack([starts[:, first], ends[:, last]], axis=1)
+        for position in members:
+            b = order[position]
+            buffer_ranges[:, b, 0] = starts[:, position] - starts[:, first]
+            buffer_ranges[:, b, 1] = ends[:, position] - starts[:, first]
+    return PiecePlan(order, targets, target_of, ordered_counts, piece_ranges, buffer_ranges)

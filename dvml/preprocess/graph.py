@@ -2,29 +2,32 @@
 
 ::
 
-    prepare(part p)  ─► split(p) ─► take(p, b) ─┐
-                                                 ├─► pack(b) on target worker of b ─► vineyardd
-    prepare(part q)  ─► split(q) ─► take(q, b) ─┘
+    prepare(part p)  ─► split(p) ─► take(p, target t) ─┐
+                                                        ├─► pack(b) for each buffer b of t,
+    prepare(part q)  ─► split(q) ─► take(q, target t) ─┘    on t, into t's vineyardd
 
-Data moves worker to worker; the client sees only row counts, label sets and object ids.
+A split permutes its part once with the buffers of each target laid out together, so a
+take is a view and each (part, target) piece moves at most once; a pack writes its rows
+straight into vineyard shared memory. Data moves worker to worker; the client sees only row
+counts, label sets and object ids.
 Every put is staged under a per-attempt name, so objects of a failed or retried pack are
 found and deleted: a failed run leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ClusterError
+from dvml.placement.planner import plan_pieces
 from dvml.preprocess import tasks
 from dvml.store.datasets import Dataset
-from dvml.store.local import STAGING_PREFIX
-from dvml.store.publish import publish_run
+from dvml.store.publish import publish_run, staging_name
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -89,39 +92,55 @@ def _pack(
     seed: int,
     run_id: str,
 ) -> list[dict[str, Any]]:
+    plan = plan_pieces(counts, [w.address for w in buffer_targets])
     n_parts, n_buffers = counts.shape
     splits = [
         client.submit(
             tasks.split_part,
             prepared[p],
-            counts[p].tolist(),
+            plan.ordered_counts[p].tolist(),
             seed + 7919 * (p + 1),
             pure=False,
             **split_args,
         )
         for p in range(n_parts)
     ]
-    pieces: list[list[Future]] = [
-        [
-            client.submit(tasks.take_piece, splits[p], b, pure=False)
-            for p in range(n_parts)
-            if counts[p, b] > 0
+    # One piece per (part, target): everything a target needs from a part moves at once.
+    taken = {
+        (p, t): client.submit(tasks.take_piece, splits[p], int(start), int(stop), pure=False)
+        for p in range(n_parts)
+        for t, (start, stop) in enumerate(plan.piece_ranges[p])
+        if stop > start
+    }
+    packs = []
+    for b in range(n_buffers):
+        sources = [p for p in range(n_parts) if counts[p, b] > 0]
+        pieces = [taken[p, int(plan.target_of[b])] for p in sources]
+        ranges = [
+            (int(plan.buffer_ranges[p, b, 0]), int(plan.buffer_ranges[p, b, 1])) for p in sources
         ]
-        for b in range(n_buffers)
-    ]
-    return _run_packs(client, pieces, buffer_targets, seed, run_id)
+        packs.append(_PackInputs(pieces, ranges))
+    return _run_packs(client, packs, buffer_targets, seed, run_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PackInputs:
+    """What the pack task of one buffer reads: ``pieces[i][start:stop]`` for ``ranges[i]``."""
+
+    pieces: list[Future]
+    ranges: list[tuple[int, int]]
 
 
 def _submit_pack(
-    client: Client, b: int, worker: str, pieces: list[Future], seed: int, run_id: str
+    client: Client, b: int, worker: str, inputs: _PackInputs, seed: int, run_id: str, attempt: int
 ) -> Future:
-    staging = f"{STAGING_PREFIX}{run_id}/{b}/{uuid.uuid4().hex[:8]}"
     return client.submit(
         tasks.pack_buffer,
         b,
         seed,
-        staging,
-        *pieces,
+        staging_name(run_id, b, attempt),
+        inputs.ranges,
+        *inputs.pieces,
         workers=[worker],
         allow_other_workers=False,
         pure=False,
@@ -131,7 +150,7 @@ def _submit_pack(
 
 def _run_packs(
     client: Client,
-    pieces: list[list[Future]],
+    packs: list[_PackInputs],
     buffer_targets: Sequence[WorkerInfo],
     seed: int,
     run_id: str,
@@ -146,8 +165,8 @@ def _run_packs(
     """
     addresses = [w.address for w in buffer_targets]
     futures = {
-        b: _submit_pack(client, b, addresses[b], pieces[b], seed, run_id)
-        for b in range(len(pieces))
+        b: _submit_pack(client, b, addresses[b], packs[b], seed, run_id, attempt=1)
+        for b in range(len(packs))
     }
     attempts = dict.fromkeys(futures, 1)
     results: dict[int, dict[str, Any]] = {}
@@ -185,7 +204,9 @@ def _run_packs(
                 )
                 addresses[b] = new_address
                 attempts[b] += 1
-                futures[b] = _submit_pack(client, b, new_address, pieces[b], seed, run_id)
+                futures[b] = _submit_pack(
+                    client, b, new_address, packs[b], seed, run_id, attempt=attempts[b]
+                )
     except BaseException:
         _settle(client, [(f, addresses[b]) for b, f in futures.items() if b not in results])
         raise

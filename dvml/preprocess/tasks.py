@@ -162,38 +162,36 @@ def part_stats(part: dict[str, Any]) -> dict[str, Any]:
 
 def split_part(
     part: dict[str, Any],
-    counts_row: Sequence[int],
+    ordered_counts: Sequence[int],
     seed: int,
     class_values: list[Any],
     num_classes: int,
     normalizing_const: float,
-) -> list[dict[str, np.ndarray] | None]:
-    """Normalize and one-hot encode a part, then cut it into one piece per buffer.
+) -> dict[str, np.ndarray]:
+    """Normalize, one-hot encode and permute a part, laid out buffer after buffer.
 
-    Each piece is normalized as it is taken (the same float32 values as normalizing the whole
-    part first), so x is copied once rather than twice.
+    ``ordered_counts`` is the part's row of :attr:`PiecePlan.ordered_counts`: the rows of each
+    buffer, buffers grouped by target worker, so that what one target needs is one contiguous
+    slice (:func:`take_piece`). x is copied once: gathered in the permuted order, then
+    converted and divided in place (the same float32 values as normalizing first).
     """
     from dvml.placement.planner import split_partition
     from dvml.preprocess.encode import normalize, one_hot
 
     normalize(part["x"][0][:0], normalizing_const)  # validates the constant and the dtype
     y = one_hot(part["labels"], class_values, num_classes)
-    pieces: list[dict[str, np.ndarray] | None] = []
-    for idx in split_partition(len(y), np.asarray(counts_row), seed):
-        if len(idx) == 0:
-            pieces.append(None)
-            continue
-        piece = {
-            f"x_{i}": _take_normalized(x, idx, normalizing_const) for i, x in enumerate(part["x"])
-        }
-        piece["y"] = y[idx]
-        pieces.append(piece)
-    return pieces
+    pieces = split_partition(len(y), np.asarray(ordered_counts), seed)
+    perm = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    laid_out = {
+        f"x_{i}": _take_normalized(x, perm, normalizing_const) for i, x in enumerate(part["x"])
+    }
+    laid_out["y"] = y[perm]
+    return laid_out
 
 
 def _take_normalized(x: np.ndarray, idx: np.ndarray, normalizing_const: float) -> np.ndarray:
     """``normalize(x, c)[idx]`` in one copy: take the rows, then convert and divide in place."""
-    out = np.asarray(x)[idx]
+    out = np.take(np.asarray(x), idx, axis=0)
     if out.dtype != np.float32:
         out = out.astype(np.float32)
     if normalizing_const != 1:
@@ -201,34 +199,49 @@ def _take_normalized(x: np.ndarray, idx: np.ndarray, normalizing_const: float) -
     return out
 
 
-def take_piece(pieces: list[dict[str, np.ndarray] | None], index: int) -> Any:
-    """One buffer's piece of a split part (a separate task, so only it moves)."""
-    return pieces[index]
+def take_piece(laid_out: dict[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
+    """The rows one target needs from a split part (a separate task, so only they move).
+
+    Views, not copies: a piece that stays on its worker costs nothing, and one that moves is
+    sent as its own bytes only.
+    """
+    return {field: values[start:stop] for field, values in laid_out.items()}
 
 
-def pack_buffer(index: int, seed: int, staging_name: str, *pieces: Any) -> dict[str, Any]:
-    """Concatenate pieces, shuffle rows and put the buffer into THIS worker's vineyardd."""
+def pack_buffer(
+    index: int, seed: int, staging_name: str, ranges: Sequence[tuple[int, int]], *pieces: Any
+) -> dict[str, Any]:
+    """Shuffle a buffer's rows straight into THIS worker's vineyardd.
+
+    ``pieces[i][start:stop]``, with ``ranges[i] == (start, stop)``, are the buffer's rows from
+    one source part. They are written, in a random order, into tensors allocated in vineyard
+    shared memory: the only copy of the buffer's bytes on this worker.
+    """
     from distributed import get_worker
 
-    from dvml.store.local import put_arrays
+    from dvml.store.local import write_arrays
 
-    parts = [p for p in pieces if p is not None]
+    parts = [
+        {field: values[start:stop] for field, values in piece.items()}
+        for piece, (start, stop) in zip(pieces, ranges, strict=True)
+    ]
     rows = sum(len(p["y"]) for p in parts)
     order = np.random.default_rng(seed + index).permutation(rows)
-    # concatenate(pieces)[order], written in one pass: row j of the concatenation goes to
-    # position where[j], straight from its piece.
+    # concatenate(parts)[order], written in one pass: row j of the concatenation goes to
+    # position where[j], straight from its part.
     where = np.empty_like(order)
     where[order] = np.arange(rows)
-    fields = {}
-    for k in parts[0]:
-        out = np.empty((rows, *parts[0][k].shape[1:]), dtype=parts[0][k].dtype)
-        start = 0
-        for p in parts:
-            n = len(p[k])
-            out[where[start : start + n]] = p[k]
-            start += n
-        fields[k] = out
-    record = put_arrays(fields, staging_name=staging_name)
+
+    def scatter(out: dict[str, np.ndarray]) -> None:
+        for field, buffer in out.items():
+            start = 0
+            for p in parts:
+                n = len(p[field])
+                buffer[where[start : start + n]] = p[field]
+                start += n
+
+    specs = {k: ((rows, *v.shape[1:]), v.dtype) for k, v in parts[0].items()}
+    record = write_arrays(specs, scatter, staging_name=staging_name)
     worker = get_worker()
     return {
         "index": index,

@@ -7,9 +7,11 @@ Puts go through vineyard's builder directly, never through ``Client.put``: on a 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ __all__ = [
     "local_client",
     "put_arrays",
     "this_worker_name",
+    "write_arrays",
 ]
 
 # Objects are named `<STAGING_PREFIX><run id>/<buffer>/<field>` between their put and the
@@ -109,10 +112,51 @@ def put_arrays(
 ) -> dict[str, Any]:
     """Put numpy arrays into the LOCAL vineyardd as persisted ``vineyard::Tensor`` objects.
 
+    A copy of each array into shared memory: :func:`write_arrays` with a fill that copies.
+
     Parameters
     ----------
     arrays : dict of str to ndarray
-        Field name → numeric array (C-contiguous arrays are stored as they are).
+        Field name → numeric array (stored C-contiguous).
+    staging_name : str, optional
+        When given, each object is named ``f"{staging_name}/{field}"`` until published.
+    client : vineyard.Client, optional
+        An open client on the local instance. Default: :func:`local_client`.
+
+    Returns
+    -------
+    dict
+        As :func:`write_arrays`.
+    """
+    arrays = {field: np.asarray(value) for field, value in arrays.items()}
+
+    def copy(out: dict[str, np.ndarray]) -> None:
+        for field, view in out.items():
+            np.copyto(view, arrays[field])
+
+    specs = {field: (value.shape, value.dtype) for field, value in arrays.items()}
+    return write_arrays(specs, copy, staging_name=staging_name, client=client)
+
+
+def write_arrays(
+    specs: dict[str, tuple[tuple[int, ...], Any]],
+    fill: Callable[[dict[str, np.ndarray]], None],
+    staging_name: str | None = None,
+    client: Any = None,
+) -> dict[str, Any]:
+    """Allocate tensors in the LOCAL vineyardd, let ``fill`` write them in place, then seal.
+
+    The arrays ``fill`` receives are C-contiguous views of vineyard shared memory: whatever
+    it writes there is the stored tensor, with no copy after it. The objects are the same
+    ``vineyard::Tensor`` objects that vineyard's own numpy builder makes, so any vineyard
+    client reads them.
+
+    Parameters
+    ----------
+    specs : dict of str to (shape, dtype)
+        Field name → shape and numeric dtype of its tensor.
+    fill : callable
+        Called once with ``{field: writable ndarray}``; must fill every element.
     staging_name : str, optional
         When given, each object is named ``f"{staging_name}/{field}"`` until published.
     client : vineyard.Client, optional
@@ -126,55 +170,94 @@ def put_arrays(
     Raises
     ------
     VineyardMemoryError
-        When the daemon lacks room: names the worker, the bytes needed and free. Objects put
-        by this call before the failure are deleted.
+        When the daemon lacks room: names the worker, the bytes needed and free. Nothing is
+        put elsewhere, and nothing this call allocated stays behind (also when ``fill``
+        raises).
     """
     from vineyard._C import NotEnoughMemoryException  # type: ignore[attr-defined]
-    from vineyard.core.builder import put as builder_put
 
     client = local_client() if client is None else client
-    needed = sum(int(a.nbytes) for a in arrays.values())
+    layout = {
+        field: (tuple(int(n) for n in shape), np.dtype(dtype))
+        for field, (shape, dtype) in specs.items()
+    }
+    for field, (_, dtype) in layout.items():
+        if dtype.kind not in "biuf":
+            raise StoreError(
+                f"Field {field!r} has dtype {dtype}; only numeric tensors are stored. "
+                "Encode it first (labels are one-hot encoded by the preprocessor)."
+            )
+    sizes = {field: math.prod(shape) * dtype.itemsize for field, (shape, dtype) in layout.items()}
+    needed = sum(sizes.values())
     status = client.status
     free = int(status.memory_limit) - int(status.memory_usage)
     if needed > free:
         raise _memory_error(needed, free, int(status.memory_limit))
-    put_ids: list[Any] = []
-    fields: dict[str, Any] = {}
+    builders: dict[str, Any] = {}
+    created: list[Any] = []  # sealed blobs and tensors, deleted on failure
     try:
-        for field, value in arrays.items():
-            arr = np.ascontiguousarray(value)
-            if arr.dtype == object:
-                raise StoreError(
-                    f"Field {field!r} has dtype object; only numeric tensors are stored. "
-                    "Encode it first (labels are one-hot encoded by the preprocessor)."
-                )
-            oid = builder_put(client, arr)
-            put_ids.append(oid)
+        views = {}
+        for field, (shape, dtype) in layout.items():
+            if sizes[field] == 0:
+                views[field] = np.empty(shape, dtype)
+                continue
+            builders[field] = client.create_blob(sizes[field])
+            views[field] = np.frombuffer(memoryview(builders[field]), dtype).reshape(shape)
+        fill(views)
+        del views
+        fields: dict[str, Any] = {}
+        for field, (shape, dtype) in layout.items():
+            builder = builders.pop(field, None)
+            blob = client.create_empty_blob() if builder is None else builder.seal(client)
+            created.append(blob.id)
+            oid = client.create_metadata(_tensor_meta(shape, dtype, blob)).id
+            created.append(oid)
             client.persist(oid)
-            meta = client.get_meta(oid)
-            if int(meta.instance_id) != int(client.instance_id):  # never expected
-                raise StoreError(
-                    f"Object {oid} landed on vineyard instance {meta.instance_id}, not on "
-                    f"the local one ({client.instance_id}) of {this_worker_name()}."
-                )
             if staging_name is not None:
                 client.put_name(oid, f"{staging_name}/{field}")
             fields[field] = {
                 "id": int(oid),
-                "shape": list(arr.shape),
-                "dtype": str(arr.dtype),
-                "nbytes": int(arr.nbytes),
+                "shape": list(shape),
+                "dtype": str(dtype),
+                "nbytes": sizes[field],
             }
     except NotEnoughMemoryException:
-        _delete_quietly(client, put_ids)
+        _abort_quietly(client, builders, created)
         st = client.status
         raise _memory_error(
             needed, int(st.memory_limit) - int(st.memory_usage), int(st.memory_limit)
         ) from None
     except BaseException:
-        _delete_quietly(client, put_ids)
+        _abort_quietly(client, builders, created)
         raise
     return {"instance_id": int(client.instance_id), "fields": fields}
+
+
+def _tensor_meta(shape: tuple[int, ...], dtype: np.dtype, blob: Any) -> Any:
+    """The metadata vineyard's numpy builder writes for a C-contiguous numeric tensor."""
+    from vineyard._C import ObjectMeta
+    from vineyard.data.utils import normalize_cpptype, to_json
+
+    meta = ObjectMeta()
+    meta["typename"] = f"vineyard::Tensor<{normalize_cpptype(dtype)}>"
+    meta["value_type_"] = dtype.name
+    meta["value_type_meta_"] = dtype.str
+    meta["shape_"] = to_json(shape)
+    meta["partition_index_"] = to_json([])
+    meta["nbytes"] = math.prod(shape) * dtype.itemsize
+    meta["order_"] = to_json("C")
+    meta.add_member("buffer_", blob)  # the sealed Blob: an id alone is a placeholder
+    return meta
+
+
+def _abort_quietly(client: Any, builders: dict[str, Any], created: list[Any]) -> None:
+    ipc = getattr(client, "ipc_client", client)  # abort() takes the C++ client only
+    for builder in builders.values():
+        try:
+            builder.abort(ipc)
+        except Exception:  # already gone with the daemon
+            pass
+    _delete_quietly(client, created[::-1])
 
 
 def _memory_error(needed: int, free: int, limit: int) -> VineyardMemoryError:

@@ -145,33 +145,3 @@ def _drop_names(names: list[str]) -> None:
     from dvml.store.local import delete_objects
 
     delete_objects([], names)
-
-
-def _total_shape(buffers: list[dict[str, Any]], field: str) -> list[int]:
-    shape = list(buffers[0]["fields"][field]["shape"])
-    shape[0] = sum(b["fields"][field]["shape"][0] for b in buffers)
-    return shape
-
-
-def _placement_summary(buffers: list[dict[str, Any]]) -> dict[str, Any]:
-    rows: dict[str, int] = {}
-    nbytes: dict[str, int] = {}
-    for b in buffers:
-        rows[b["worker_name"]] = rows.get(b["worker_name"], 0) + b["rows"]
-        size = sum(f["nbytes"] for f in b["fields"].values())
-        nbytes[b["worker_name"]] = nbytes.get(b["worker_name"], 0) + size
-    return {
-        "rows_per_worker": rows,
-        "bytes_per_worker": nbytes,
-        "buffers": [
-            {
-                "buffer": b["index"],
-                "worker": b["worker"],
-                "worker_name": b["worker_name"],
-                "host": b["host"],
-                "vineyard_instance_id": b["instance_id"],
-                "rows": b["rows"],
-            }
-            for b in buffers
-        ],
-    }

@@ -14,6 +14,7 @@ from dvml.placement.planner import (
     default_buffer_size,
     partition_seed,
     plan_layout,
+    plan_pieces,
     split_partition,
 )
 
@@ -259,3 +260,63 @@ def test_partition_seed() -> None:
     assert partition_seed(7, 3) != partition_seed(8, 3)
     with pytest.raises(ValueError):
         partition_seed(7, -1)
+
+
+@pytest.mark.parametrize(
+    "buffer_targets",
+    [
+        ["w0", "w0", "w1", "w1", "w1"],  # grouped, as plan_layout orders buffers
+        ["w1", "w0", "w1", "w0", "w1"],  # interleaved
+        ["w0", "w0", "w0", "w0", "w0"],  # one target
+    ],
+)
+def test_plan_pieces_gives_each_target_one_contiguous_piece(buffer_targets: list[str]) -> None:
+    counts = np.array([[3, 0, 2, 5, 1], [0, 0, 0, 0, 4], [2, 2, 2, 2, 2]], dtype=np.int64)
+    plan = plan_pieces(counts, buffer_targets)
+    assert list(plan.targets) == list(dict.fromkeys(buffer_targets))
+    assert sorted(plan.order.tolist()) == list(range(5))
+    np.testing.assert_array_equal(plan.ordered_counts, counts[:, plan.order])
+    for p in range(len(counts)):
+        # The pieces tile the laid-out rows of the partition, target after target.
+        bounds = plan.piece_ranges[p]
+        assert bounds[0, 0] == 0 and bounds[-1, 1] == counts[p].sum()
+        np.testing.assert_array_equal(bounds[1:, 0], bounds[:-1, 1])
+        for b, target in enumerate(buffer_targets):
+            t = plan.targets.index(target)
+            assert plan.target_of[b] == t
+            start, stop = plan.buffer_ranges[p, b]
+            assert stop - start == counts[p, b]
+            assert 0 <= start <= stop <= bounds[t, 1] - bounds[t, 0]
+
+
+def test_plan_pieces_rows_reach_their_buffers() -> None:
+    """Lay a partition out as the split task does, cut pieces and buffers: every row once."""
+    layout = plan_layout([40, 25, 35], TARGETS[:3], 9, 8, BIG, 5)
+    targets = [b.worker for b in layout.buffers]
+    plan = plan_pieces(layout.counts, targets)
+    received: dict[int, list[int]] = {b: [] for b in range(layout.n_buffers)}
+    offset = 0
+    for p, n in enumerate([40, 25, 35]):
+        rows = np.arange(offset, offset + n)
+        offset += n
+        perm = np.concatenate(split_partition(n, plan.ordered_counts[p], partition_seed(5, p)))
+        laid_out = rows[perm]
+        for b in range(layout.n_buffers):
+            t = plan.target_of[b]
+            piece = laid_out[slice(*plan.piece_ranges[p, t])]
+            received[b].extend(piece[slice(*plan.buffer_ranges[p, b])].tolist())
+    assert sorted(r for rows in received.values() for r in rows) == list(range(100))
+    assert [len(received[b]) for b in range(layout.n_buffers)] == [b.rows for b in layout.buffers]
+
+
+@pytest.mark.parametrize(
+    ("counts", "targets", "match"),
+    [
+        (np.zeros((2, 3), dtype=np.int64), ["a", "b"], "one target per buffer"),
+        (np.zeros(3, dtype=np.int64), ["a", "b", "c"], "2-D"),
+        (np.zeros((1, 2)), ["a", "b"], "integer"),
+    ],
+)
+def test_plan_pieces_refuses(counts: np.ndarray, targets: list[str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        plan_pieces(counts, targets)

@@ -1,0 +1,42 @@
+"""The pure steps of the pack graph: split a prepared part, take a target's piece."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dvml.placement.planner import plan_pieces
+from dvml.preprocess.tasks import split_part, take_piece
+
+
+def _part(n: int) -> dict:
+    x = np.arange(n * 3, dtype=np.uint8).reshape(n, 3)  # row i holds 3i, 3i+1, 3i+2
+    labels = np.array(["a", "b", "c"] * (n // 3) + ["a"] * (n % 3))
+    return {"x": [x], "labels": labels}
+
+
+def test_split_part_lays_out_normalized_encoded_rows_in_a_permutation() -> None:
+    part = _part(10)
+    laid_out = split_part(part, [4, 0, 6], 3, ["a", "b", "c"], 4, 2.0)
+    assert laid_out["x_0"].dtype == np.float32
+    rows = (laid_out["x_0"][:, 0] * 2 / 3).round().astype(int)  # source row of each row
+    assert sorted(rows) == list(range(10))
+    np.testing.assert_allclose(laid_out["x_0"], part["x"][0][rows].astype(np.float32) / 2)
+    # one-hot over 4 classes (num_classes pads), moved with its row
+    assert laid_out["y"].shape == (10, 4)
+    np.testing.assert_array_equal(
+        laid_out["y"].argmax(1), [("abc").index(c) for c in part["labels"][rows]]
+    )
+    again = split_part(part, [4, 0, 6], 3, ["a", "b", "c"], 4, 2.0)
+    np.testing.assert_array_equal(again["x_0"], laid_out["x_0"])
+
+
+def test_take_piece_is_a_view_of_one_target_rows() -> None:
+    counts = np.array([[2, 3, 5]])
+    plan = plan_pieces(counts, ["w1", "w0", "w1"])
+    laid_out = split_part(_part(10), plan.ordered_counts[0].tolist(), 0, ["a", "b", "c"], 3, 1.0)
+    w1 = plan.targets.index("w1")
+    piece = take_piece(laid_out, *plan.piece_ranges[0, w1])
+    assert len(piece["x_0"]) == 7 and len(piece["y"]) == 7
+    assert np.shares_memory(piece["x_0"], laid_out["x_0"])  # moved once, copied never here
+    buffer_2 = piece["x_0"][slice(*plan.buffer_ranges[0, 2])]
+    assert len(buffer_2) == 5
