@@ -93,3 +93,22 @@ def test_quick_b8_run_writes_results(tmp_path: pathlib.Path) -> None:
     assert len(row["dvml_figures"]) == len(row["baseline_figures"]) == 1
     assert "| B8: " in (out / "results.md").read_text()
     assert "| B8: " in result.stdout
+
+
+@pytest.mark.cluster
+def test_quick_pack_benchmarks_report_first_runs(tmp_path: pathlib.Path) -> None:
+    """B2 and B5 (both sources) run end to end and report their untimed first runs."""
+    out = tmp_path / "results"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "B2,B5", "--repeats", "1",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    assert set(rows) == {"B2", "B5a", "B5b"}
+    for key, row in rows.items():
+        assert row["error"] is None, (key, row["error"])
+        assert row["dvml"] > 0 and row["baseline"] > 0
+        firsts = [v for k, v in row["details"].items() if k.startswith("first")]
+        assert len(firsts) == 2 and all(v > 0 for v in firsts), row["details"]
