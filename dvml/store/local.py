@@ -1,8 +1,9 @@
 """Vineyard access from inside a worker or trainer: the LOCAL instance only.
 
 Everything here runs in a process whose ``VINEYARD_IPC_SOCKET`` points at its own vineyardd.
-Puts go through vineyard's builder directly, never through ``Client.put``: on a full daemon
-``Client.put`` silently re-puts the object on another instance, which would break placement.
+Tensors are allocated as blobs of the local daemon and filled in place, never put through
+``Client.put``: on a full daemon ``Client.put`` silently re-puts the object on another
+instance, which would break placement.
 """
 
 from __future__ import annotations
