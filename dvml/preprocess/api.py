@@ -224,7 +224,7 @@ def _preprocess(
             training=training,
         )
     finally:
-        # The prepared parts are held on the workers until now; free them on every outcome.
+        # Parts not yet handed to the pack graph (which empties the list) are freed here.
         client.cancel(prepared)
 
 
