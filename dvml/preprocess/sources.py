@@ -11,10 +11,14 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from dvml.exceptions import DataError
+
+# More x inputs than this, each a single column, is most likely one input meant as a list.
+MANY_INPUTS = 16
 
 __all__ = ["SourceParts", "describe_source", "normalize_x", "source_parts"]
 
@@ -124,6 +128,17 @@ def _table(ddf: Any, y: str | None, x: Any, on_invalid: str, desc: str) -> Sourc
     missing = [c for c in [y, *(c for g in groups for c in g)] if c not in columns]
     if missing:
         raise DataError(f"Columns {missing} are missing from the source. Available: {columns}.")
+    if len(groups) > MANY_INPUTS and all(len(g) == 1 for g in groups):
+        # Each input is its own tensor per buffer: hundreds of inputs pack and train far
+        # slower than one input of hundreds of columns, which is what a flat list of numeric
+        # columns usually means.
+        warnings.warn(
+            f"x names {len(groups)} columns, each its own model input (a multi-input model). "
+            f"For ONE input made of these columns pass x=[[{groups[0][0]!r}, ...]] (a list "
+            "inside the list).",
+            UserWarning,
+            stacklevel=5,  # the caller of training_preprocessor
+        )
     parts = [delayed(prepare_table)(p, groups, y, on_invalid) for p in ddf.to_delayed()]
     return SourceParts(parts, groups, y, desc)
 

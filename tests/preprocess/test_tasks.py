@@ -40,3 +40,24 @@ def test_take_piece_is_a_view_of_one_target_rows() -> None:
     assert np.shares_memory(piece["x_0"], laid_out["x_0"])  # moved once, copied never here
     buffer_2 = piece["x_0"][slice(*plan.buffer_ranges[0, 2])]
     assert len(buffer_2) == 5
+
+
+def test_many_single_column_inputs_warn_and_one_grouped_input_does_not() -> None:
+    import warnings
+
+    import dask.dataframe as dd
+    import pandas as pd
+    import pytest
+
+    from dvml.preprocess.sources import MANY_INPUTS, source_parts
+
+    columns = [f"f{i}" for i in range(MANY_INPUTS + 1)]
+    frame = pd.DataFrame(np.zeros((4, len(columns))), columns=columns).assign(y=[0, 1, 0, 1])
+    ddf = dd.from_pandas(frame, npartitions=2)
+    with pytest.warns(UserWarning, match=r"x=\[\['f0', \.\.\.\]\]"):
+        flat = source_parts(ddf, "y", columns, 2, "raise", None, 3)
+    assert len(flat.x_names) == MANY_INPUTS + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        grouped = source_parts(ddf, "y", [columns], 2, "raise", None, 3)
+    assert grouped.x_names == [columns]
