@@ -1,4 +1,4 @@
-"""The benchmark harness: pure functions, and one quick real run of B8."""
+"""The benchmark harness: pure functions, and quick real runs of B8, B2 and B5."""
 
 from __future__ import annotations
 

@@ -145,10 +145,12 @@ def write_arrays(
     staging_name: str | None = None,
     client: Any = None,
 ) -> dict[str, Any]:
-    """Allocate tensors in the LOCAL vineyardd, let ``fill`` write them in place, then seal.
+    """Allocate and stage tensors in the LOCAL vineyardd, then let ``fill`` write them in place.
 
     The arrays ``fill`` receives are C-contiguous views of vineyard shared memory: whatever
-    it writes there is the stored tensor, with no copy after it. The objects are the same
+    it writes there is the stored tensor, with no copy after it. The objects are sealed,
+    persisted and named (``staging_name``) before ``fill`` runs, so that the run's cleanup
+    finds them even if the process dies while filling; publish them only after this returns. The objects are the same
     ``vineyard::Tensor`` objects that vineyard's own numpy builder makes, so any vineyard
     client reads them.
 
@@ -185,8 +187,8 @@ def write_arrays(
     for field, (_, dtype) in layout.items():
         if dtype.kind not in "biuf":
             raise StoreError(
-                f"Field {field!r} has dtype {dtype}; only numeric tensors are stored. "
-                "Encode it first (labels are one-hot encoded by the preprocessor)."
+                f"Field {field!r} has dtype {dtype}; only bool, integer and float tensors are "
+                "stored. Encode it first (labels are one-hot encoded by the preprocessor)."
             )
     sizes = {field: math.prod(shape) * dtype.itemsize for field, (shape, dtype) in layout.items()}
     needed = sum(sizes.values())
@@ -197,20 +199,23 @@ def write_arrays(
     builders: dict[str, Any] = {}
     created: list[Any] = []  # sealed blobs and tensors, deleted on failure
     try:
-        views = {}
-        for field, (shape, dtype) in layout.items():
-            if sizes[field] == 0:
-                views[field] = np.empty(shape, dtype)
-                continue
-            builders[field] = client.create_blob(sizes[field])
-            views[field] = np.frombuffer(memoryview(builders[field]), dtype).reshape(shape)
-        fill(views)
-        del views
+        # Every object is sealed, persisted and staged BEFORE it is filled: vineyardd never
+        # frees an unsealed blob whose client died, so a worker killed while filling a
+        # 256 MiB buffer would leak that memory until the daemon restarts. A staged object,
+        # even half filled, is found and deleted by the run's cleanup. Nothing reads it before
+        # the dataset is published, which happens only after this call returns.
+        views: dict[str, np.ndarray] = {}
         fields: dict[str, Any] = {}
         for field, (shape, dtype) in layout.items():
-            builder = builders.pop(field, None)
-            blob = client.create_empty_blob() if builder is None else builder.seal(client)
+            if sizes[field] == 0:
+                blob = client.create_empty_blob()
+                views[field] = np.empty(shape, dtype)
+            else:
+                builders[field] = client.create_blob(sizes[field])
+                views[field] = np.frombuffer(memoryview(builders[field]), dtype).reshape(shape)
+                blob = builders[field].seal(client)
             created.append(blob.id)
+            builders.pop(field, None)  # sealed: deleted through `created` from now on
             oid = client.create_metadata(_tensor_meta(shape, dtype, blob)).id
             created.append(oid)
             client.persist(oid)
@@ -222,6 +227,8 @@ def write_arrays(
                 "dtype": str(dtype),
                 "nbytes": sizes[field],
             }
+        fill(views)
+        del views
     except NotEnoughMemoryException:
         _abort_quietly(client, builders, created)
         st = client.status

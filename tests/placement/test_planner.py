@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -286,13 +287,21 @@ def test_plan_pieces_gives_each_target_one_contiguous_piece(buffer_targets: list
             assert plan.target_of[b] == t
             start, stop = plan.buffer_ranges[p, b]
             assert stop - start == counts[p, b]
-            assert 0 <= start <= stop <= bounds[t, 1] - bounds[t, 0]
+        # The buffers of a target tile its piece: disjoint, in `order`, no gap.
+        for t in range(len(plan.targets)):
+            members = [b for b in plan.order if plan.target_of[b] == t]
+            ranges = [tuple(plan.buffer_ranges[p, b]) for b in members]
+            assert ranges[0][0] == 0 and ranges[-1][1] == bounds[t, 1] - bounds[t, 0]
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
 
 
-def test_plan_pieces_rows_reach_their_buffers() -> None:
+@pytest.mark.parametrize("interleave", [False, True])
+def test_plan_pieces_rows_reach_their_buffers(interleave: bool) -> None:
     """Lay a partition out as the split task does, cut pieces and buffers: every row once."""
     layout = plan_layout([40, 25, 35], TARGETS[:3], 9, 8, BIG, 5)
     targets = [b.worker for b in layout.buffers]
+    if interleave:  # buffers of one target need not be neighbours
+        targets = targets[1::2] + targets[::2]
     plan = plan_pieces(layout.counts, targets)
     received: dict[int, list[int]] = {b: [] for b in range(layout.n_buffers)}
     offset = 0
