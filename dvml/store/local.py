@@ -150,9 +150,9 @@ def write_arrays(
     The arrays ``fill`` receives are C-contiguous views of vineyard shared memory: whatever
     it writes there is the stored tensor, with no copy after it. The objects are sealed,
     persisted and named (``staging_name``) before ``fill`` runs, so that the run's cleanup
-    finds them even if the process dies while filling; publish them only after this returns. The objects are the same
-    ``vineyard::Tensor`` objects that vineyard's own numpy builder makes, so any vineyard
-    client reads them.
+    finds them even if the process dies while filling; publish them only after this returns.
+    They are the same ``vineyard::Tensor`` objects that vineyard's own numpy builder makes, so
+    any vineyard client reads them.
 
     Parameters
     ----------
