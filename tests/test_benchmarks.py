@@ -76,15 +76,21 @@ def test_select() -> None:
         _bench("<")
 
 
-@pytest.mark.cluster
-def test_quick_b8_run_writes_results(tmp_path: pathlib.Path) -> None:
-    out = tmp_path / "results"
+def _run_quick(only: str, out: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks --quick --only <only> --repeats 1``; asserts it exits 0."""
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", "B8", "--repeats", "1",
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", only, "--repeats", "1",
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.cluster
+def test_quick_b8_run_writes_results(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "results"
+    result = _run_quick("B8", out)
     data = json.loads((out / "results.json").read_text())
     (row,) = [r for r in data["results"] if r["benchmark"] == "B8"]
     assert row["error"] is None
@@ -99,12 +105,7 @@ def test_quick_b8_run_writes_results(tmp_path: pathlib.Path) -> None:
 def test_quick_pack_benchmarks_report_first_runs(tmp_path: pathlib.Path) -> None:
     """B2 and B5 (both sources) run end to end and report their untimed first runs."""
     out = tmp_path / "results"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", "B2,B5", "--repeats", "1",
-         "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    _run_quick("B2,B5", out)
     rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
     assert set(rows) == {"B2", "B5a", "B5b"}
     for key, row in rows.items():

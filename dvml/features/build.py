@@ -21,6 +21,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster import current_client
+from dvml.cluster.pinned import run_pinned
 from dvml.exceptions import ClusterError, DatasetExistsError, ModelMismatchError, StoreError
 from dvml.features import worker
 from dvml.features.backbone import Backbone, resolve_backbone
@@ -33,7 +34,6 @@ from dvml.features.keys import (
     default_name,
 )
 from dvml.features.lookup import existing, intact, source_workers
-from dvml.features.pinned import run_pinned
 from dvml.features.source import SourcePlan, pack_source, plan_source
 from dvml.store import catalog
 from dvml.store.datasets import Dataset, run_on

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml import config
 from dvml.cluster import current_client
+from dvml.cluster.pinned import run_pinned
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import DatasetExistsError, StoreError
 from dvml.features import worker
@@ -37,7 +38,6 @@ from dvml.features.build import KIND
 from dvml.features.keys import check_cache_name
 from dvml.features.lookup import existing, intact, source_workers
 from dvml.features.manage import describe
-from dvml.features.pinned import run_pinned
 from dvml.store.datasets import Dataset, vineyard_workers
 from dvml.store.publish import publish_run, staging_name
 

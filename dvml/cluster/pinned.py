@@ -4,7 +4,8 @@ A task pinned to a worker that died would wait for the scheduler's no-workers ti
 task whose worker left is resubmitted to the worker of the same NAME once its Nanny has
 restarted it. Its vineyardd runs on, so the buffer is still there and the placement holds.
 Resubmitting is safe because every attempt puts its objects under its own staging name, and
-the caller deletes every staged object that is not published (as the pack graph does).
+the caller deletes every staged object that is not published. The pack graph and the feature
+cache (build, save, load) both run their per-buffer tasks through :func:`run_pinned`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ATTEMPTS", "live_workers", "run_pinned"]
 
-logger = logging.getLogger("dvml.features")
+logger = logging.getLogger("dvml.cluster")
 
 ATTEMPTS = 3
 
@@ -118,14 +119,36 @@ def run_pinned(
                 attempts[i] += 1
                 futures[i] = submit(i, address, attempts[i])
     except BaseException:
-        running = [f for i, f in futures.items() if i not in results]
         if abort is not None:
             abort()
-        try:
-            with client.as_current():
-                wait(running, timeout=drain_timeout)
-        except Exception:  # timed out, or the cluster is failing: cancel what is left
-            logger.warning("%d %s tasks still run after a failure", len(running), what)
-        client.cancel(running)
+        _settle(client, [(f, addresses[i]) for i, f in futures.items() if i not in results],
+                drain_timeout)  # fmt: skip
         raise
     return [results[i] for i in range(len(futures))]
+
+
+def _settle(client: Client, tasks: list[tuple[Future, str]], timeout: float) -> None:
+    """Let tasks that may still put objects finish, then cancel them all.
+
+    Cancelling does not stop a task that a worker is running: one that finished after the
+    caller's clean-up listed the staged objects would leave an orphan. Tasks pinned to a
+    worker that is gone never run again, so they are not waited for.
+    """
+    from distributed import wait
+
+    futures = [f for f, _ in tasks]
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            live = set(live_workers(client).values())
+            running = [f for f, address in tasks if f.status == "pending" and address in live]
+            if not running:
+                break
+            try:
+                with client.as_current():
+                    wait(running, timeout=1, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                pass
+    except Exception:  # the cluster is failing: the caller cleans up what it can
+        logger.warning("could not wait for the running tasks", exc_info=True)
+    client.cancel(futures)
