@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from dvml.cli._common import add_state_dir_argument, state_dir_of
@@ -13,7 +13,7 @@ from dvml.cli._common import add_state_dir_argument, state_dir_of
 if TYPE_CHECKING:
     from dvml.cluster.attach import Cluster
 
-__all__ = ["add_cluster_options", "add_json_option", "attached", "print_json"]
+__all__ = ["add_cluster_options", "add_json_option", "attached", "drop_named", "print_json"]
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
@@ -49,3 +49,27 @@ def attached(args: argparse.Namespace, section: dict[str, Any] | None = None) ->
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def drop_named(
+    args: argparse.Namespace,
+    describe: Callable[[str, Any], Any],
+    drop: Callable[[str, Any], Any],
+    what: str,
+) -> Any | None:
+    """Describe, then drop, ``args.name`` on the attached cluster; return what was dropped.
+
+    With ``--missing-ok``, a name that does not exist prints a line and returns None.
+    """
+    from dvml.exceptions import DatasetNotFoundError
+
+    with attached(args) as cluster:
+        try:
+            found = describe(args.name, cluster.client)
+        except DatasetNotFoundError:
+            if args.missing_ok:
+                print(f"No {what} named {args.name!r}: nothing to drop.")
+                return None
+            raise
+        drop(args.name, cluster.client)
+    return found

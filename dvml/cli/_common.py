@@ -9,10 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "DISTRIBUTION_COLUMNS",
     "add_command",
     "add_group",
     "add_state_dir_argument",
+    "distribution_table",
     "format_nbytes",
     "format_table",
     "state_dir_of",
@@ -84,8 +84,14 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     return "\n".join(lines)
 
 
-# Rows, buffers and bytes per worker, as `describe` shows them for datasets and caches.
-DISTRIBUTION_COLUMNS = ["worker_name", "host", "vineyard_instance_id", "buffers", "rows", "bytes"]
+_DISTRIBUTION_COLUMNS = ["worker_name", "host", "vineyard_instance_id", "buffers", "rows", "bytes"]
+
+
+def distribution_table(ds: Any) -> str:
+    """Rows, buffers and bytes per worker of a dataset or feature cache (``describe``)."""
+    return format_table(
+        with_bytes(ds.distribution().to_dict(orient="records")), _DISTRIBUTION_COLUMNS
+    )
 
 
 def format_nbytes(value: Any) -> str:

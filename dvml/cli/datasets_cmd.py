@@ -9,11 +9,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dvml.cli._attach import add_cluster_options, add_json_option, attached, print_json
+from dvml.cli._attach import (
+    add_cluster_options,
+    add_json_option,
+    attached,
+    drop_named,
+    print_json,
+)
 from dvml.cli._common import (
-    DISTRIBUTION_COLUMNS,
     add_command,
     add_group,
+    distribution_table,
     format_nbytes,
     format_table,
     with_bytes,
@@ -113,9 +119,8 @@ def _describe(args: argparse.Namespace) -> int:
                     "placement": ds.placement().to_dict(orient="records")})  # fmt: skip
         return 0
     print("\n".join(summary_lines(ds)))
-    dist = with_bytes(ds.distribution().to_dict(orient="records"))
     print()
-    print(format_table(dist, DISTRIBUTION_COLUMNS))
+    print(distribution_table(ds))
     if args.placement:
         rows = with_bytes(ds.placement().to_dict(orient="records"))
         print()
@@ -124,18 +129,12 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _drop(args: argparse.Namespace) -> int:
-    from dvml.exceptions import DatasetNotFoundError
     from dvml.store import datasets
 
-    with attached(args) as cluster:
-        try:
-            ds = datasets.describe(args.name, cluster.client)
-        except DatasetNotFoundError:
-            if args.missing_ok:
-                print(f"No dataset named {args.name!r}: nothing to drop.")
-                return 0
-            raise
-        datasets.drop(args.name, cluster.client)
-    workers = len({b["worker_name"] for b in ds.layout["buffers"]})
-    print(f"Dropped dataset {ds.name!r}: freed {format_nbytes(ds.nbytes)} on {workers} worker(s).")
+    ds = drop_named(args, datasets.describe, datasets.drop, "dataset")
+    if ds is not None:
+        workers = len({b["worker_name"] for b in ds.layout["buffers"]})
+        print(
+            f"Dropped dataset {ds.name!r}: freed {format_nbytes(ds.nbytes)} on {workers} worker(s)."
+        )
     return 0

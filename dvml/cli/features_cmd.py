@@ -9,11 +9,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dvml.cli._attach import add_cluster_options, add_json_option, attached, print_json
+from dvml.cli._attach import (
+    add_cluster_options,
+    add_json_option,
+    attached,
+    drop_named,
+    print_json,
+)
 from dvml.cli._common import (
-    DISTRIBUTION_COLUMNS,
     add_command,
     add_group,
+    distribution_table,
     format_nbytes,
     format_table,
     with_bytes,
@@ -100,24 +106,15 @@ def _describe(args: argparse.Namespace) -> int:
         f"created:   {s.get('created_at')}",
     ]
     print("\n".join(lines))
-    dist = with_bytes(ds.distribution().to_dict(orient="records"))
     print()
-    print(format_table(dist, DISTRIBUTION_COLUMNS))
+    print(distribution_table(ds))
     return 0
 
 
 def _drop(args: argparse.Namespace) -> int:
     import dvml.features
-    from dvml.exceptions import DatasetNotFoundError
 
-    with attached(args) as cluster:
-        try:
-            ds = dvml.features.describe(args.name, cluster.client)
-        except DatasetNotFoundError:
-            if args.missing_ok:
-                print(f"No feature cache named {args.name!r}: nothing to drop.")
-                return 0
-            raise
-        dvml.features.drop(args.name, cluster.client)
-    print(f"Dropped feature cache {ds.name!r}: freed {format_nbytes(ds.nbytes)}.")
+    ds = drop_named(args, dvml.features.describe, dvml.features.drop, "feature cache")
+    if ds is not None:
+        print(f"Dropped feature cache {ds.name!r}: freed {format_nbytes(ds.nbytes)}.")
     return 0
