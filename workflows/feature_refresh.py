@@ -223,7 +223,7 @@ def _refresh(
 
 
 def _train_head(ctx: RunContext, client: Any, registry: Any, validate: bool) -> dict[str, Any]:
-    from dvml.jobs.models import architecture_id, model_exists
+    from dvml.jobs.models import architecture_id, fit_arguments, model_exists
     from dvml.train.fit import fit
     from dvml.train.predict import evaluate
 
@@ -246,16 +246,11 @@ def _train_head(ctx: RunContext, client: Any, registry: Any, validate: bool) -> 
         features,
         model,
         arch_id,
-        head["compile_params"],
-        head["fit_params"],
-        num_iterations=head["num_iterations"],
-        use_gpus=head["use_gpus"],
+        **fit_arguments(head),
         validation_set=features_val if validate else None,
-        metrics_compute_frequency=head["metrics_compute_frequency"],
         warm_start=warm,
         name=name,
         description=ctx.job["description"],
-        custom_objects=head["custom_objects"] or None,
         progress=False,
         registry=registry,
         client=client,

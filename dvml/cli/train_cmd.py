@@ -98,7 +98,7 @@ def _registry(args: argparse.Namespace, job: dict[str, Any]) -> Any:
 def _fit(args: argparse.Namespace) -> int:
     from dvml.jobs.cluster import abort_orphaned_trainers, cluster_plan
     from dvml.jobs.data import config_dir, dataset_names, prepare_datasets, resolve_source
-    from dvml.jobs.models import architecture_id, model_exists
+    from dvml.jobs.models import architecture_id, fit_arguments, model_exists
     from dvml.train.fit import fit
 
     job = _job(args)
@@ -132,16 +132,11 @@ def _fit(args: argparse.Namespace) -> int:
             train.name,
             name,
             arch_id,
-            model["compile_params"],
-            model["fit_params"],
-            num_iterations=model["num_iterations"],
-            use_gpus=model["use_gpus"],
+            **fit_arguments(model),
             validation_set=validation.name,
-            metrics_compute_frequency=model["metrics_compute_frequency"],
             warm_start=warm,
             name=job["name"],
             description=job["description"],
-            custom_objects=model["custom_objects"] or None,
             registry=registry,
             client=client,
         )

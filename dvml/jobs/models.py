@@ -25,12 +25,25 @@ __all__ = [
     "BUILTIN_ARCHITECTURES",
     "architecture_id",
     "copy_model",
+    "fit_arguments",
     "is_better",
     "metric_mode",
     "metric_value",
 ]
 
 BUILTIN_ARCHITECTURES = ("builtin:digits-cnn",)
+
+
+def fit_arguments(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The :func:`dvml.fit` keyword arguments that a job's model (or head) section sets."""
+    return {
+        "compile_params": section["compile_params"],
+        "fit_params": section["fit_params"],
+        "num_iterations": section["num_iterations"],
+        "use_gpus": section["use_gpus"],
+        "metrics_compute_frequency": section["metrics_compute_frequency"],
+        "custom_objects": section["custom_objects"] or None,
+    }
 
 
 def _architecture_json(spec: str, base_dir: str | os.PathLike[str] | None, key: str) -> str:
