@@ -8,12 +8,19 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from dvml.cli._common import add_state_dir_argument, state_dir_of
+from dvml.cli._common import add_command, add_state_dir_argument, state_dir_of
 
 if TYPE_CHECKING:
     from dvml.cluster.attach import Cluster
 
-__all__ = ["add_cluster_options", "add_json_option", "attached", "drop_named", "print_json"]
+__all__ = [
+    "add_cluster_options",
+    "add_drop_command",
+    "add_json_option",
+    "attached",
+    "drop_named",
+    "print_json",
+]
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +56,21 @@ def attached(args: argparse.Namespace, section: dict[str, Any] | None = None) ->
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def add_drop_command(
+    commands: Any, handler: Callable[[argparse.Namespace], int], what: str
+) -> argparse.ArgumentParser:
+    """``drop NAME [--missing-ok]`` plus the cluster options, for a group of named objects."""
+    drop = add_command(
+        commands, "drop", handler, help=f"remove a {what} and free its memory on every worker."
+    )
+    drop.add_argument("name", help=f"the {what}'s name.")
+    drop.add_argument(
+        "--missing-ok", action="store_true", help=f"exit 0 when no {what} has this name."
+    )
+    add_cluster_options(drop)
+    return drop
 
 
 def drop_named(

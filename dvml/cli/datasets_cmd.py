@@ -11,6 +11,7 @@ from typing import Any
 
 from dvml.cli._attach import (
     add_cluster_options,
+    add_drop_command,
     add_json_option,
     attached,
     drop_named,
@@ -65,15 +66,7 @@ def register(subparsers: Any) -> None:
     add_json_option(describe)
     add_cluster_options(describe)
 
-    drop = add_command(
-        commands, "drop", _drop,
-        help="remove a dataset and free its memory on every worker.",
-    )  # fmt: skip
-    drop.add_argument("name", help="the dataset's name.")
-    drop.add_argument(
-        "--missing-ok", action="store_true", help="exit 0 when no dataset has this name."
-    )
-    add_cluster_options(drop)
+    add_drop_command(commands, _drop, "dataset")
 
 
 def _list(args: argparse.Namespace) -> int:
