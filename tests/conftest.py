@@ -124,14 +124,14 @@ def cluster2() -> Iterator[dvml.LocalCluster]:
 # -- worker-side vineyard probes (top-level, so they pickle by reference) --------------------
 # They use a plain vineyard client and never close it: in vineyard 0.24.2 every client of a
 # socket in one process shares one connection, and closing it would cut the worker's own
-# (see dvml.store.local.local_client).
+# (see dvml.store.tensors.local_client).
 
 
 def vineyard_contents() -> dict[str, Any]:
     """On a worker: its instance id, memory in use, local tensors and staging names."""
     import vineyard
 
-    from dvml.store.local import STAGING_PREFIX
+    from dvml.store.tensors import STAGING_PREFIX
 
     client = vineyard.connect()  # VINEYARD_IPC_SOCKET names this worker's own vineyardd
     iid = int(client.instance_id)

@@ -312,7 +312,7 @@ def run_workflow(
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     from dvml.exceptions import ConfigError
-    from dvml.jobs.config import load
+    from dvml.jobs.yaml_schema import load
 
     try:
         job = load(args.config, schema)
@@ -382,7 +382,7 @@ def recover(ctx: RunContext, client: Any) -> list[str]:
     previous run of this job is found, the staging objects that appeared while it ran are
     deleted: they belong to a preprocessing (or featurization) it never finished.
     """
-    from dvml.jobs.cluster import (
+    from dvml.jobs.job_cluster import (
         abort_orphaned_trainers,
         drop_staging,
         staging_runs,

@@ -7,7 +7,7 @@ workers), the worker ↔ vineyard instance mapping and the GPU inventory. It lea
 
 from dvml.cluster.attach import Cluster, connect, current_client
 from dvml.cluster.gpu import gpu_configuration
-from dvml.cluster.local import LocalCluster
+from dvml.cluster.local_cluster import LocalCluster
 from dvml.cluster.workers import WorkerInfo
 
 __all__ = [

@@ -49,7 +49,7 @@ def _probe_vineyard() -> dict[str, Any]:
     """Run on a worker: can its vineyardd be reached, and how full is it?"""
     import os
 
-    from dvml.store.local import local_client
+    from dvml.store.tensors import local_client
 
     sock = os.environ.get("VINEYARD_IPC_SOCKET")
     if not sock:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dvml.cluster.local import LocalCluster
+    from dvml.cluster.local_cluster import LocalCluster
 
 __all__ = ["build_parser", "main", "parse_gpus", "parse_hosts"]
 
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    from dvml.cluster.local import LocalCluster
+    from dvml.cluster.local_cluster import LocalCluster
     from dvml.exceptions import DvmlError
 
     try:

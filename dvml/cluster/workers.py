@@ -119,7 +119,7 @@ def gpu_index(description: str) -> int | None:
 def _local_instance_id() -> int | None:
     """The instance id of this worker's vineyardd, through the process's shared connection."""
     from dvml.exceptions import DaemonDiedError
-    from dvml.store.local import local_client
+    from dvml.store.tensors import local_client
 
     try:
         return int(local_client().instance_id)

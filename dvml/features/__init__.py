@@ -18,7 +18,7 @@ images to :mod:`dvml.preprocess`, storage to :mod:`dvml.store` and training to
 Modules: :mod:`~dvml.features.keys` (pure: fingerprints and the key),
 :mod:`~dvml.features.backbone` (building and checking a backbone on the client),
 :mod:`~dvml.features.source` (what the features are computed from),
-:mod:`~dvml.features.worker` (the tasks on the workers), :mod:`~dvml.features.build`
+:mod:`~dvml.features.featurize` (the tasks on the workers), :mod:`~dvml.features.build`
 (``cache``), :mod:`~dvml.features.manage` and :mod:`~dvml.features.persist`.
 """
 

@@ -5,7 +5,7 @@ Keras application name (``"MobileNetV2"``), or ``{"application": "ResNet50", "we
 "/path/file.h5", "kwargs": {...}}``. Everything is checked here, before any Dask task runs:
 the layer exists, the source images fit the backbone's input, a weights file matches the
 architecture. Workers receive only the feature extractor's JSON and weights
-(:meth:`Backbone.spec`) and rebuild it once per process (:mod:`dvml.features.worker`).
+(:meth:`Backbone.spec`) and rebuild it once per process (:mod:`dvml.features.featurize`).
 
 dvml never downloads weights: ``"imagenet"`` is refused with the way to provide the file.
 """

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from dvml.cluster import current_client
 from dvml.cluster.pinned import run_pinned
 from dvml.exceptions import ClusterError, DatasetExistsError, ModelMismatchError, StoreError
-from dvml.features import worker
+from dvml.features import featurize
 from dvml.features.backbone import Backbone, resolve_backbone
 from dvml.features.keys import (
     cache_key,
@@ -358,7 +358,7 @@ def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_
             )
             index = buffers[i]["index"]
             return client.submit(
-                worker.featurize_buffer, src.name, dataset_id, index, arg, batch_size,
+                featurize.featurize_buffer, src.name, dataset_id, index, arg, batch_size,
                 staging_name(run_id, index, attempt), abort_name, workers=[address],
                 allow_other_workers=False, pure=False, retries=0,
             )  # fmt: skip

@@ -33,7 +33,7 @@ from dvml.cluster import current_client
 from dvml.cluster.pinned import run_pinned
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import DatasetExistsError, StoreError
-from dvml.features import worker
+from dvml.features import featurize
 from dvml.features.build import KIND
 from dvml.features.keys import check_cache_name
 from dvml.features.lookup import existing, intact, source_workers
@@ -86,7 +86,7 @@ def save(name: str, directory: str | os.PathLike[str], overwrite: bool = False,
 
     def submit(i: int, address: str, attempt: int) -> Any:
         return client.submit(
-            worker.save_buffer, ds.name, ds.summary["dataset_id"], buffers[i]["index"], root,
+            featurize.save_buffer, ds.name, ds.summary["dataset_id"], buffers[i]["index"], root,
             workers=[address], allow_other_workers=False, pure=False, retries=0,
         )  # fmt: skip
 
@@ -179,7 +179,7 @@ def load(directory: str | os.PathLike[str], name: str | None = None, overwrite: 
     def produce(run_id: str) -> list[dict[str, Any]]:
         def submit(j: int, address: str, attempt: int) -> Any:
             return client.submit(
-                worker.load_buffer, root, pieces[j], j, staging_name(run_id, j, attempt),
+                featurize.load_buffer, root, pieces[j], j, staging_name(run_id, j, attempt),
                 workers=[address], allow_other_workers=False, pure=False, retries=0,
             )  # fmt: skip
 

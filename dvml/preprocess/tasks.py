@@ -219,7 +219,7 @@ def pack_buffer(
     """
     from distributed import get_worker
 
-    from dvml.store.local import write_arrays
+    from dvml.store.tensors import write_arrays
 
     parts = [
         {field: values[start:stop] for field, values in piece.items()}

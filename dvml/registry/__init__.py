@@ -22,7 +22,7 @@ from typing import Any
 import numpy.typing as npt
 import pandas as pd
 
-from dvml.registry.store import Registry
+from dvml.registry.database import Registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 
 __all__ = [

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from dvml.resolve.batches import BatchPlan
-from dvml.resolve.local import LocalPartitions
+from dvml.resolve.partitions import LocalPartitions
 
 __all__ = ["evaluation_dataset", "training_dataset"]
 

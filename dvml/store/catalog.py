@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from dvml.exceptions import DatasetExistsError, DatasetNotFoundError
-from dvml.store.local import STAGING_PREFIX, local_client
+from dvml.store.tensors import STAGING_PREFIX, local_client
 
 __all__ = [
     "DATASET_TYPENAME",

@@ -14,7 +14,7 @@ from dvml.cluster.attach import current_client, discover_workers
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ClusterError
 from dvml.store import catalog
-from dvml.store.local import delete_objects
+from dvml.store.tensors import delete_objects
 
 if TYPE_CHECKING:
     import pandas as pd

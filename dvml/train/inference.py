@@ -48,7 +48,7 @@ def model_for(spec: dict[str, Any]) -> Any:
 
 def evaluate_local(dataset: str, spec: dict[str, Any], batch_size: int) -> dict[str, Any]:
     """Loss and metrics on this worker's local rows of ``dataset`` (rows=0 when none)."""
-    from dvml.resolve.local import open_local
+    from dvml.resolve.partitions import open_local
     from dvml.resolve.tfdata import evaluation_dataset
 
     parts = open_local(dataset, require=False)

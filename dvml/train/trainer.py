@@ -106,7 +106,7 @@ def run(job: dict[str, Any]) -> None:
     import tensorflow as tf
 
     keras = _keras()
-    from dvml.resolve.local import open_local
+    from dvml.resolve.partitions import open_local
     from dvml.resolve.tfdata import training_dataset
 
     tf.random.set_seed(job["seed"])

@@ -83,7 +83,7 @@ def batches(client: Any) -> int:
 
 def read_dataset(client: Any, name: str) -> dict[int, dict[str, np.ndarray]]:
     """Every buffer of any dataset, by buffer index (copies; small datasets only)."""
-    from dvml.features.worker import read_buffers
+    from dvml.features.featurize import read_buffers
 
     merged: dict[int, dict[str, np.ndarray]] = {}
     for part in client.run(read_buffers, name).values():

@@ -292,7 +292,7 @@ def test_bad_requests_fail_before_any_work(env: dict[str, Any], cleanup: None) -
 
 def test_a_failed_featurization_leaves_nothing(env: dict[str, Any], cleanup: None) -> None:
     """One worker's vineyardd has no room: the other's features are deleted, no name appears."""
-    from dvml.store.local import delete_objects, put_arrays
+    from dvml.store.tensors import delete_objects, put_arrays
 
     client, cluster = env["client"], env["cluster"]
     k = keras()

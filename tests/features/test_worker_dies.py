@@ -25,7 +25,7 @@ from feature_helpers import (
 )
 
 import dvml
-from dvml.features.worker import calls
+from dvml.features.featurize import calls
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ import pytest
 import dvml.config
 import dvml.registry
 from dvml.exceptions import RegistryError, RegistryNotFoundError
-from dvml.registry import Registry, keras_json, store
+from dvml.registry import Registry, database, keras_json
 from dvml.registry.custom import check_source, compile_function
 
 # ----------------------------------------------------------------------------- helpers
@@ -534,7 +534,7 @@ def test_failure_inside_the_transaction_rolls_back(reg, arch_id, url, monkeypatc
     def broken(conn, model_id, rows):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(store, "_insert_iterations", broken)
+    monkeypatch.setattr(database, "_insert_iterations", broken)
     with pytest.raises(RuntimeError, match="disk on fire"):
         reg.save_model("new", arch_id, _weights(), iterations=ITERATIONS)
     with pytest.raises(RuntimeError, match="disk on fire"):
@@ -625,7 +625,7 @@ def test_register_list_load_delete_custom_function(reg, url, monkeypatch):
         ("text", GOOD_SOURCE)
     ]
 
-    monkeypatch.setattr(store, "_tensorflow", lambda: FakeTf)
+    monkeypatch.setattr(database, "_tensorflow", lambda: FakeTf)
     functions = reg.load_custom_objects(["scaled_mae"])
     assert list(functions) == ["scaled_mae"]
     assert functions["scaled_mae"](np.array([1.0, 2.0]), np.array([2.0, 4.0])) == 3.0
@@ -651,7 +651,7 @@ def test_custom_function_sources(reg):
 
 def test_load_missing_custom_functions_names_them(reg, monkeypatch):
     reg.register_custom_function("scaled_mae", GOOD_SOURCE)
-    monkeypatch.setattr(store, "_tensorflow", lambda: pytest.fail("TF must not load"))
+    monkeypatch.setattr(database, "_tensorflow", lambda: pytest.fail("TF must not load"))
     with pytest.raises(RegistryNotFoundError, match=r"'nope', 'gone'.*list_custom_functions"):
         reg.load_custom_objects(["scaled_mae", "nope", "gone"])
 
@@ -731,7 +731,7 @@ def test_source_edited_in_the_database_is_checked_again(reg, url, tmp_path, monk
     evil = f"__import__('os').system('touch {marker}')\n" + GOOD_SOURCE
     with sqlite3.connect(_sqlite_path(url)) as conn:
         conn.execute("UPDATE custom_functions SET source = ?", (evil,))
-    monkeypatch.setattr(store, "_tensorflow", lambda: FakeTf)
+    monkeypatch.setattr(database, "_tensorflow", lambda: FakeTf)
     with pytest.raises(ValueError, match="Expr"):
         reg.load_custom_objects(["scaled_mae"])
     assert not marker.exists()
@@ -874,17 +874,17 @@ _KILLED_WRITER = textwrap.dedent(
     """
     import pathlib, sys, time
     import numpy as np
-    from dvml.registry import Registry, store
+    from dvml.registry import Registry, database
 
     url, marker, arch_id, replace = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    real_insert = store._insert_iterations
+    real_insert = database._insert_iterations
 
     def insert_then_hang(conn, model_id, rows):
         real_insert(conn, model_id, rows)  # every row of the save is written, not committed
         pathlib.Path(marker).write_text("in transaction")
         time.sleep(600)
 
-    store._insert_iterations = insert_then_hang
+    database._insert_iterations = insert_then_hang
     registry = Registry(url)
     iterations = [{"iteration": k, "training_loss": 9.0} for k in range(1, 6)]
     registry.save_model(

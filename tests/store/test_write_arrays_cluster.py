@@ -19,14 +19,14 @@ ROWS = 25 << 20  # float32: 100 MiB
 
 def memory_usage() -> int:
     """On a worker: bytes in use in its vineyardd."""
-    from dvml.store.local import local_client
+    from dvml.store.tensors import local_client
 
     return int(local_client().status.memory_usage)
 
 
 def write_and_die_once(marker: str, run_id: str) -> dict[str, Any]:
     """On a worker: fill a 100 MiB tensor; the first attempt dies half way through the fill."""
-    from dvml.store.local import STAGING_PREFIX, write_arrays
+    from dvml.store.tensors import STAGING_PREFIX, write_arrays
 
     def fill(out: dict[str, np.ndarray]) -> None:
         out["x"][: ROWS // 2] = 1.0

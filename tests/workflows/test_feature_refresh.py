@@ -157,7 +157,7 @@ def _task_prefixes(dask_scheduler: Any) -> list[str]:
 
 
 def test_killed_while_featurizing(refresh: Refresh, backbone: int, cluster2: Any) -> None:
-    from dvml.jobs.cluster import staging_runs, wait_for_released_tasks
+    from dvml.jobs.job_cluster import staging_runs, wait_for_released_tasks
     from dvml.preprocess.api import INTERNAL_PREFIX
 
     hidden = f"{INTERNAL_PREFIX}features-source/{NAME}-features"

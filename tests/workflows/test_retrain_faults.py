@@ -22,7 +22,7 @@ import pytest
 from conftest import pid_gone, poll_for
 
 import dvml
-from dvml.jobs.cluster import staging_runs
+from dvml.jobs.job_cluster import staging_runs
 from dvml.registry import Registry
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -131,7 +131,7 @@ def open_cluster(
     import warnings
 
     from dvml.cluster.attach import connect
-    from dvml.cluster.local import LocalCluster
+    from dvml.cluster.local_cluster import LocalCluster
 
     section = section or {}
     timeout = float(section.get("timeout") or 30.0)
@@ -232,7 +232,7 @@ def staging_runs(client: Client) -> dict[str, list[tuple[str, int, int]]]:
     """Staged (never published) objects by preprocessing run id: ``[(name, id, instance)]``."""
     from dvml.store import catalog
     from dvml.store.datasets import run_on
-    from dvml.store.local import STAGING_PREFIX
+    from dvml.store.tensors import STAGING_PREFIX
 
     runs: dict[str, list[tuple[str, int, int]]] = {}
     for name, oid, iid in run_on(client, None, catalog.staging_objects):
@@ -244,7 +244,7 @@ def staging_runs(client: Client) -> dict[str, list[tuple[str, int, int]]]:
 def drop_staging(client: Client, run_ids: Iterable[str]) -> int:
     """Delete the staged objects (and their names) of ``run_ids``; return how many names."""
     from dvml.store.datasets import delete_by_instance, run_on
-    from dvml.store.local import delete_objects
+    from dvml.store.tensors import delete_objects
 
     wanted = set(run_ids)
     ids: dict[int, list[int]] = {}

@@ -89,7 +89,7 @@ def _where() -> dict[str, str]:
 
 
 def _local_buffer(parts: Any, name: str, dataset_id: str, index: int) -> int:
-    from dvml.store.local import this_worker_name
+    from dvml.store.tensors import this_worker_name
 
     if parts.summary.get("dataset_id") != dataset_id:
         raise StoreError(
@@ -144,8 +144,8 @@ def featurize_buffer(
     When the Dask event ``abort_event`` is set (the run failed elsewhere), the task stops
     between batches and puts nothing.
     """
-    from dvml.resolve.local import open_local
-    from dvml.store.local import put_arrays
+    from dvml.resolve.partitions import open_local
+    from dvml.store.tensors import put_arrays
 
     start = time.perf_counter()
     abort = _Abort(abort_event)
@@ -192,7 +192,7 @@ def save_buffer(name: str, dataset_id: str, index: int, directory: str) -> dict[
 
     Each file is written under a temporary name and renamed, so a file is whole or absent.
     """
-    from dvml.resolve.local import open_local
+    from dvml.resolve.partitions import open_local
 
     where = _where()
     folder = _safe(where["worker_name"])
@@ -221,7 +221,7 @@ def save_buffer(name: str, dataset_id: str, index: int, directory: str) -> dict[
 
 
 def _read(directory: str, meta: dict[str, Any]) -> np.ndarray:
-    from dvml.store.local import this_worker_name
+    from dvml.store.tensors import this_worker_name
 
     path = os.path.join(directory, meta["path"])
     try:
@@ -256,7 +256,7 @@ def load_buffer(
     ``pieces`` are ``(files of a saved buffer, row indices or None for all rows)``; the rows
     of every piece are concatenated, field by field.
     """
-    from dvml.store.local import put_arrays
+    from dvml.store.tensors import put_arrays
 
     fields: dict[str, list[np.ndarray]] = {}
     for files, rows in pieces:
@@ -279,7 +279,7 @@ def load_buffer(
 
 def read_buffers(name: str) -> dict[int, dict[str, np.ndarray]]:
     """Copies of this worker's buffers of ``name``: ``{buffer index: {field: array}}``."""
-    from dvml.resolve.local import open_local
+    from dvml.resolve.partitions import open_local
 
     parts = open_local(name, require=False)
     try:
