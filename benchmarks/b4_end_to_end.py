@@ -53,7 +53,7 @@ def digits_frames(copies: int, seed: int = SEED) -> tuple[Any, Any]:
     import numpy as np
     import pandas as pd
 
-    from dvml.demo import digits_frame
+    from dvml.examples import digits_frame
 
     base = digits_frame(seed)
     images = np.stack(base["pixels"].to_list())
@@ -150,7 +150,7 @@ def cleanup(context: dict[str, Any]) -> None:
 
 def dvml_side(context: dict[str, Any]) -> float:
     import dvml
-    from dvml.demo import COMPILE_PARAMS
+    from dvml.examples import COMPILE_PARAMS
 
     client, registry = context["cluster"].client, context["registry"]
     first: list[tuple[float, float]] = []
@@ -219,7 +219,7 @@ def plain_runner(copies: int, epochs: int) -> int:
     import numpy as np
     import tf_keras as keras
 
-    from dvml.demo import digits_cnn_json
+    from dvml.examples import digits_cnn_json
 
     model_json = digits_cnn_json()
     train, valid = digits_frames(copies)

@@ -6,50 +6,14 @@ scikit-learn's digits (8x8 images). ``dvml demo`` runs it and prints what it did
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+import dvml
+from dvml.examples import COMPILE_PARAMS, digits_cnn_json, digits_frame
+
 __all__ = ["digits_cnn_json", "digits_frame", "run_demo"]
-
-COMPILE_PARAMS = (
-    "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.003)', metrics=['accuracy']"
-)
-
-
-def digits_frame(seed: int = 0) -> Any:
-    """scikit-learn's digits as a shuffled DataFrame: ``id``, ``pixels`` (8x8x1), ``label``."""
-    import numpy as np
-    import pandas as pd
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    frame = pd.DataFrame(
-        {
-            "id": np.arange(len(d.target)),
-            "pixels": list(d.images.reshape(-1, 8, 8, 1).astype("float32")),
-            "label": d.target,
-        }
-    )
-    return frame.sample(frac=1.0, random_state=seed).reset_index(drop=True)
-
-
-def digits_cnn_json() -> str:
-    """A small CNN for 8x8x1 digits, as Keras JSON (loads tf-keras)."""
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tf_keras as keras
-
-    model = keras.Sequential(
-        [
-            keras.layers.InputLayer(input_shape=(8, 8, 1)),
-            keras.layers.Conv2D(16, 3, activation="relu", padding="same"),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(10, activation="softmax"),
-        ]
-    )
-    return str(model.to_json())
 
 
 def run_demo(
@@ -61,8 +25,6 @@ def run_demo(
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the whole flow on a fresh LocalCluster; return what it measured."""
-    import dvml
-
     started = time.monotonic()
     frame = digits_frame()
     split = int(len(frame) * 0.8)

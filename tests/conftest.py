@@ -124,7 +124,7 @@ def cluster2() -> Iterator[dvml.LocalCluster]:
 # -- worker-side vineyard probes (top-level, so they pickle by reference) --------------------
 # They use a plain vineyard client and never close it: in vineyard 0.24.2 every client of a
 # socket in one process shares one connection, and closing it would cut the worker's own
-# (see dvml.store.tensors.local_client).
+# (see dvml.cluster.connection.local_client).
 
 
 def vineyard_contents() -> dict[str, Any]:

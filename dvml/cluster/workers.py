@@ -14,12 +14,20 @@ import re
 import shutil
 import socket
 import subprocess
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.connection import local_client
+from dvml.exceptions import DaemonDiedError, NoClusterError
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 __all__ = [
     "WorkerInfo",
+    "current_client",
     "describe_this_worker",
     "detect_gpus",
+    "discover_workers",
     "gpu_index",
     "parse_nvidia_smi_list",
     "visible_gpus",
@@ -118,9 +126,6 @@ def gpu_index(description: str) -> int | None:
 
 def _local_instance_id() -> int | None:
     """The instance id of this worker's vineyardd, through the process's shared connection."""
-    from dvml.exceptions import DaemonDiedError
-    from dvml.store.tensors import local_client
-
     try:
         return int(local_client().instance_id)
     except DaemonDiedError:
@@ -139,3 +144,33 @@ def describe_this_worker(dask_worker: Any) -> dict[str, Any]:
         "gpus": list(detect_gpus()),
         "pid": os.getpid(),
     }
+
+
+def current_client(client: Client | None = None) -> Client:
+    """Return ``client``, else the default Dask client, else raise :class:`NoClusterError`."""
+    if client is not None:
+        return client
+    from distributed import default_client
+
+    try:
+        return default_client()
+    except ValueError:
+        raise NoClusterError(
+            "No Dask client is available. Start one with `with dvml.LocalCluster() as "
+            "cluster:`, attach with `dvml.connect('tcp://scheduler:8786')`, or pass client=."
+        ) from None
+
+
+def _natural_key(text: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def discover_workers(client: Client | None = None) -> list[WorkerInfo]:
+    """Ask every worker for its host, vineyard socket and instance, and GPUs.
+
+    Returns the workers sorted by name (``worker-2`` before ``worker-10``).
+    """
+    client = current_client(client)
+    answers = client.run(describe_this_worker)
+    infos = [WorkerInfo.from_dict(d) for d in answers.values()]
+    return sorted(infos, key=lambda w: _natural_key(w.name))

@@ -22,8 +22,8 @@ Modules: :mod:`~dvml.features.keys` (pure: fingerprints and the key),
 (``cache``), :mod:`~dvml.features.manage` and :mod:`~dvml.features.persist`.
 """
 
-from dvml.features.build import KIND, cache
-from dvml.features.manage import calls, describe, drop, list, to_numpy
+from dvml.features.build import cache
+from dvml.features.manage import KIND, calls, describe, drop, list, to_numpy
 from dvml.features.persist import load, save
 
 __all__ = ["KIND", "cache", "calls", "describe", "drop", "list", "load", "save", "to_numpy"]

@@ -23,6 +23,8 @@ import numpy as np
 
 from dvml.exceptions import ModelMismatchError
 from dvml.features.keys import json_fingerprint, weights_fingerprint
+from dvml.registry import Registry
+from dvml.registry.weights import weights_to_bytes
 
 if TYPE_CHECKING:
     from dvml.registry import Registry
@@ -149,7 +151,6 @@ def resolve_backbone(
         output = _pool(keras, output, pooling, output_layer)
         extractor = keras.Model(model.inputs, output, name="dvml_feature_extractor")
         feature_shape = _feature_shape(extractor, shape, description)
-        from dvml.registry.weights import weights_to_bytes
 
         blob = weights_to_bytes(list(extractor.get_weights()))
         extractor_json = extractor.to_json()
@@ -208,8 +209,6 @@ def _what_backbone(backbone: Any) -> str:
 
 
 def _from_registry(keras: Any, arch_id: int, registry: Registry | str | None) -> tuple[Any, str]:
-    from dvml.registry import Registry
-
     reg = registry if isinstance(registry, Registry) else Registry(registry)
     try:
         arch = reg.get_architecture(arch_id)

@@ -20,8 +20,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from dvml._version import __version__
 from dvml.cluster import current_client
 from dvml.cluster.pinned import run_pinned
+from dvml.cluster.workers import discover_workers
 from dvml.exceptions import ClusterError, DatasetExistsError, ModelMismatchError, StoreError
 from dvml.features import featurize
 from dvml.features.backbone import Backbone, resolve_backbone
@@ -34,9 +36,13 @@ from dvml.features.keys import (
     default_name,
 )
 from dvml.features.lookup import existing, intact, source_workers
+from dvml.features.manage import KIND
+from dvml.features.manage import describe as describe_cache
 from dvml.features.source import SourcePlan, pack_source, plan_source
+from dvml.placement import DistributionRules, resolve_rules
+from dvml.preprocess.api import INTERNAL_PREFIX
 from dvml.store import catalog
-from dvml.store.datasets import Dataset, run_on
+from dvml.store.datasets import Dataset, drop, run_on
 from dvml.store.publish import publish_run, staging_name
 
 if TYPE_CHECKING:
@@ -44,11 +50,9 @@ if TYPE_CHECKING:
 
     from dvml.registry import Registry
 
-__all__ = ["KIND", "cache"]
+__all__ = ["cache"]
 
 logger = logging.getLogger("dvml.features")
-
-KIND = "feature_cache"
 
 
 def cache(
@@ -155,8 +159,6 @@ def cache(
     hidden = None
     try:
         if plan.dataset is None:
-            from dvml.preprocess.api import INTERNAL_PREFIX
-
             hidden = f"{INTERNAL_PREFIX}features-source/{name}"
             src = pack_source(plan, hidden, rules, client, training_cache)
         else:
@@ -183,9 +185,6 @@ def _check_placement(client: Client, plan: SourcePlan, rules: Any, use_gpus: boo
             )
         workers = source_workers(client, plan.dataset)
     else:
-        from dvml.cluster.attach import discover_workers
-        from dvml.placement import DistributionRules, resolve_rules
-
         if rules is None and training_cache is not None:
             rules = training_cache.summary["distribution_rules"]["given"]
         elif rules is None:
@@ -210,8 +209,6 @@ def _training_link(
     The link (``{"name", "dataset_id"}``) becomes the cache's ``training_dataset``, which
     :func:`dvml.fit` checks against its training set.
     """
-    from dvml.features.manage import describe as describe_cache
-
     origin = plan.dataset.summary.get("training_dataset") if plan.dataset is not None else None
     if training is None:
         return (None if origin is None else _find_training_cache(client, plan, origin, bb)), None
@@ -284,8 +281,6 @@ def _same_features(summary: dict[str, Any], bb: Backbone) -> bool:
 def _summary(plan: SourcePlan, src: Dataset, bb: Backbone, key: str, name: str,
              batch_size: int, use_gpus: bool,
              link: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
-    import dvml
-
     s = src.summary
     summary = {
         "kind": KIND,
@@ -328,7 +323,7 @@ def _summary(plan: SourcePlan, src: Dataset, bb: Backbone, key: str, name: str,
         "batch_size": batch_size,
         "use_gpus": use_gpus,
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "dvml_version": dvml.__version__,
+        "dvml_version": __version__,
     }
     if link is not None:
         summary["training_dataset"] = link
@@ -390,8 +385,6 @@ def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_
 
 
 def _drop_quietly(client: Client, name: str) -> None:
-    from dvml.store.datasets import drop
-
     try:
         drop(name, client=client)
     except Exception:  # gone already, or the cluster is failing: nothing more to free

@@ -20,7 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from dvml.cluster.connection import this_worker_name
 from dvml.exceptions import StoreError
+from dvml.registry.weights import weights_from_bytes
+from dvml.resolve.partitions import open_local
+from dvml.store.tensors import put_arrays
 
 __all__ = [
     "CALLS",
@@ -64,8 +68,6 @@ def extractor_for(spec: dict[str, Any]) -> tuple[Any, str]:
         import tensorflow as tf
         import tf_keras as keras
 
-        from dvml.registry.weights import weights_from_bytes
-
         device = _device(bool(spec.get("use_gpus")))
         with tf.device(device):
             model = keras.models.model_from_json(spec["model_json"])
@@ -89,8 +91,6 @@ def _where() -> dict[str, str]:
 
 
 def _local_buffer(parts: Any, name: str, dataset_id: str, index: int) -> int:
-    from dvml.store.tensors import this_worker_name
-
     if parts.summary.get("dataset_id") != dataset_id:
         raise StoreError(
             f"Dataset {name!r} was replaced while this task ran: it now has dataset_id "
@@ -144,9 +144,6 @@ def featurize_buffer(
     When the Dask event ``abort_event`` is set (the run failed elsewhere), the task stops
     between batches and puts nothing.
     """
-    from dvml.resolve.partitions import open_local
-    from dvml.store.tensors import put_arrays
-
     start = time.perf_counter()
     abort = _Abort(abort_event)
     parts = open_local(source, require=False)
@@ -192,8 +189,6 @@ def save_buffer(name: str, dataset_id: str, index: int, directory: str) -> dict[
 
     Each file is written under a temporary name and renamed, so a file is whole or absent.
     """
-    from dvml.resolve.partitions import open_local
-
     where = _where()
     folder = _safe(where["worker_name"])
     os.makedirs(os.path.join(directory, folder), exist_ok=True)
@@ -221,8 +216,6 @@ def save_buffer(name: str, dataset_id: str, index: int, directory: str) -> dict[
 
 
 def _read(directory: str, meta: dict[str, Any]) -> np.ndarray:
-    from dvml.store.tensors import this_worker_name
-
     path = os.path.join(directory, meta["path"])
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -256,8 +249,6 @@ def load_buffer(
     ``pieces`` are ``(files of a saved buffer, row indices or None for all rows)``; the rows
     of every piece are concatenated, field by field.
     """
-    from dvml.store.tensors import put_arrays
-
     fields: dict[str, list[np.ndarray]] = {}
     for files, rows in pieces:
         for field, meta in files.items():
@@ -279,8 +270,6 @@ def load_buffer(
 
 def read_buffers(name: str) -> dict[int, dict[str, np.ndarray]]:
     """Copies of this worker's buffers of ``name``: ``{buffer index: {field: array}}``."""
-    from dvml.resolve.partitions import open_local
-
     parts = open_local(name, require=False)
     try:
         return {

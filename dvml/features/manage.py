@@ -13,7 +13,6 @@ import numpy as np
 from dvml.cluster import current_client
 from dvml.exceptions import DatasetNotFoundError, StoreError
 from dvml.features import featurize
-from dvml.features.build import KIND
 from dvml.features.lookup import source_workers
 from dvml.store import catalog, datasets
 from dvml.store.datasets import Dataset, run_on
@@ -22,7 +21,10 @@ if TYPE_CHECKING:
     import pandas as pd
     from distributed import Client
 
-__all__ = ["calls", "describe", "drop", "list", "to_numpy"]
+__all__ = ["KIND", "calls", "describe", "drop", "list", "to_numpy"]
+
+# The kind of dataset a feature cache is: plain datasets and feature caches share one catalog.
+KIND = "feature_cache"
 
 COLUMNS = [
     "name", "rows", "feature_shape", "backbone", "layer", "pooling", "source",

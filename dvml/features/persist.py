@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml.cluster import current_client
 from dvml.cluster.pinned import run_pinned
+from dvml.cluster.spec import parse_memory
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import DatasetExistsError, StoreError
 from dvml.features import featurize
-from dvml.features.build import KIND
 from dvml.features.keys import check_cache_name
 from dvml.features.lookup import existing, intact, source_workers
-from dvml.features.manage import describe
+from dvml.features.manage import KIND, describe
+from dvml.placement import partition_seed, plan_layout, split_partition
 from dvml.store.datasets import Dataset, vineyard_workers
 from dvml.store.publish import publish_run, staging_name
 
@@ -194,9 +195,6 @@ def _rebalance(
     saved: list[dict[str, Any]], summary: dict[str, Any], workers: list[WorkerInfo]
 ) -> tuple[list[WorkerInfo], list[list[tuple[dict[str, Any], Any]]]]:
     """Spread the saved rows evenly over ``workers``: which rows of which file go where."""
-    from dvml.cluster.spec import parse_memory
-    from dvml.placement import partition_seed, plan_layout, split_partition
-
     if not workers:
         raise StoreError("No worker has a reachable vineyardd to load the cache into.")
     rows = [int(b["rows"]) for b in saved]

@@ -19,6 +19,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from dvml.exceptions import DataError, DatasetNotFoundError
+from dvml.preprocess.api import training_preprocessor, validation_preprocessor
+from dvml.preprocess.images import check_size, list_image_folder
+from dvml.preprocess.shards import expand_braces
 from dvml.store.datasets import Dataset, describe
 
 if TYPE_CHECKING:
@@ -170,9 +173,6 @@ def _files_token(paths: list[str]) -> str:
 
 
 def _images(path: str, kwargs: dict[str, Any]) -> SourcePlan:
-    from dvml.preprocess.images import check_size, list_image_folder
-    from dvml.preprocess.shards import expand_braces
-
     size = kwargs.get("image_size")
     if size is None:
         raise ValueError(
@@ -216,8 +216,6 @@ def pack_source(
     With ``training_cache``, the source is a validation set: it is packed with the class
     values, normalization, image size and placement of the images that cache was computed from.
     """
-    from dvml.preprocess.api import training_preprocessor, validation_preprocessor
-
     if plan.dataset is not None:
         return plan.dataset
     if training_cache is None:

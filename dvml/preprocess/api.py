@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
-from dvml.cluster.attach import current_client, discover_workers
+from dvml._version import __version__
+from dvml.cluster.spec import parse_memory
+from dvml.cluster.workers import current_client, discover_workers
 from dvml.exceptions import DataError, DatasetExistsError
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
@@ -298,7 +300,7 @@ def _plan_and_pack(
         "channels": channels if src.image_size else None,
         "seed": seed,
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "dvml_version": _version(),
+        "dvml_version": __version__,
     }
     if training is not None:
         summary["training_dataset"] = {
@@ -419,14 +421,6 @@ def _sum_invalid(stats: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _max_buffer_bytes() -> int:
-    from dvml.cluster.spec import parse_memory
-
     return parse_memory(
         config.get("preprocess.max-buffer-bytes"), "dvml.preprocess.max-buffer-bytes"
     )
-
-
-def _version() -> str:
-    import dvml
-
-    return dvml.__version__

@@ -16,6 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from dvml.exceptions import DataError
+from dvml.preprocess.images import list_image_folder
+from dvml.preprocess.shards import expand_braces
+from dvml.preprocess.tasks import (
+    prepare_arrays,
+    prepare_image_files,
+    prepare_table,
+    prepare_tar_shard,
+)
 
 # More x inputs than this, each a single column, is most likely one input meant as a list.
 MANY_INPUTS = 16
@@ -120,8 +128,6 @@ def _need(value: Any, what: str) -> Any:
 def _table(ddf: Any, y: str | None, x: Any, on_invalid: str, desc: str) -> SourceParts:
     from dask import delayed
 
-    from dvml.preprocess.tasks import prepare_table
-
     y = _need(y, "y (the label column)")
     groups = normalize_x(_need(x, "x (the feature column or columns)"))
     columns = list(ddf.columns)
@@ -166,8 +172,6 @@ def _arrays(
     import dask.array as da
     from dask import delayed
 
-    from dvml.preprocess.tasks import prepare_arrays
-
     y = _need(y, "y (the key of the label array)")
     groups = normalize_x(_need(x, "x (the key of the feature array)"))
     names = [g[0] for g in groups]
@@ -199,9 +203,6 @@ def _image_folder(
 ) -> SourceParts:
     from dask import delayed
 
-    from dvml.preprocess.images import list_image_folder
-    from dvml.preprocess.tasks import prepare_image_files
-
     size = _need(image_size, "image_size=(height, width)")
     paths, labels = list_image_folder(path)
     parts = [
@@ -217,9 +218,6 @@ def _tar_shards(
     pattern: str, image_size: tuple[int, int] | None, channels: int, desc: str
 ) -> SourceParts:
     from dask import delayed
-
-    from dvml.preprocess.shards import expand_braces
-    from dvml.preprocess.tasks import prepare_tar_shard
 
     size = _need(image_size, "image_size=(height, width)")
     shards = expand_braces(pattern)

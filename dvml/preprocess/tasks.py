@@ -18,6 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from dvml.exceptions import DataError
+from dvml.placement.planner import split_partition
+from dvml.preprocess.encode import check_finite, normalize, one_hot, x_to_array
+from dvml.preprocess.images import decode_image
+from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
+from dvml.store.tensors import write_arrays
+
 __all__ = [
     "pack_buffer",
     "part_stats",
@@ -37,8 +44,6 @@ def _finish(
     With ``"raise"`` the rows are kept and only counted (rows, NaN and inf values per input):
     the client raises with the totals of the whole source, not those of one partition.
     """
-    from dvml.preprocess.encode import check_finite
-
     keep = np.ones(len(labels), dtype=bool)
     nonfinite: dict[str, dict[str, int]] = {}
     for name, x in zip(names, xs, strict=True):
@@ -71,8 +76,6 @@ def _finish(
 def _label_mask(labels: np.ndarray, y: str) -> np.ndarray:
     import pandas as pd
 
-    from dvml.exceptions import DataError
-
     missing = pd.isna(labels)
     if missing.any():
         raise DataError(
@@ -86,9 +89,6 @@ def prepare_table(
     frame: Any, x_groups: Sequence[Sequence[str]], y: str, on_invalid: str
 ) -> dict[str, Any]:
     """Prepare one pandas partition: x arrays per input group, labels, invalid rows."""
-    from dvml.exceptions import DataError
-    from dvml.preprocess.encode import x_to_array
-
     if y not in frame.columns:
         raise DataError(
             f"The label column {y!r} is missing. Available columns: {list(frame.columns)}."
@@ -103,8 +103,6 @@ def prepare_arrays(
     xs: Sequence[np.ndarray], labels: np.ndarray, x_names: Sequence[str], y: str, on_invalid: str
 ) -> dict[str, Any]:
     """Prepare one block of array sources (dask or numpy arrays aligned on axis 0)."""
-    from dvml.exceptions import DataError
-
     labels = np.asarray(labels)
     arrays = []
     for name, x in zip(x_names, xs, strict=True):
@@ -124,8 +122,6 @@ def prepare_image_files(
     paths: Sequence[str], labels: Sequence[str], size: tuple[int, int], channels: int
 ) -> dict[str, Any]:
     """Decode and resize a chunk of image files (runs on a worker)."""
-    from dvml.preprocess.images import decode_image
-
     images = []
     for path in paths:
         with open(path, "rb") as f:
@@ -137,8 +133,6 @@ def prepare_image_files(
 
 def prepare_tar_shard(path: str, size: tuple[int, int], channels: int) -> dict[str, Any]:
     """Decode the samples of one WebDataset-style tar shard (runs on a worker)."""
-    from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
-
     images, labels = samples_to_images_labels(read_tar_samples(path), size, channels=channels)
     return {"x": [images], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
 
@@ -175,9 +169,6 @@ def split_part(
     slice (:func:`take_piece`). x is copied once: gathered in the permuted order, then
     converted and divided in place (the same float32 values as normalizing first).
     """
-    from dvml.placement.planner import split_partition
-    from dvml.preprocess.encode import normalize, one_hot
-
     normalize(part["x"][0][:0], normalizing_const)  # validates the constant and the dtype
     y = one_hot(part["labels"], class_values, num_classes)
     pieces = split_partition(len(y), np.asarray(ordered_counts), seed)
@@ -218,8 +209,6 @@ def pack_buffer(
     shared memory: the only copy of the buffer's bytes on this worker.
     """
     from distributed import get_worker
-
-    from dvml.store.tensors import write_arrays
 
     parts = [
         {field: values[start:stop] for field, values in piece.items()}

@@ -25,7 +25,7 @@ from dvml.registry import values as v
 from dvml.registry.schema import custom_functions, metadata, model_arch, model_iterations, models
 from dvml.registry.weights import WEIGHTS_FORMAT, weights_from_bytes, weights_to_bytes
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "open_registry", "opened_registry"]
 
 BUSY_TIMEOUT_S = 60.0
 """How long an SQLite connection waits for another process's write lock before failing."""
@@ -560,3 +560,30 @@ class Registry:
         return {
             name: custom.compile_function(name, src, namespace) for name, src in sources.items()
         }
+
+
+def open_registry(registry: Registry | str | None) -> Registry:
+    """``registry`` itself when it is a :class:`Registry`, else one opened on that URL.
+
+    The caller owns (and closes) a registry opened here; use :func:`opened_registry` when the
+    registry is needed only for the length of a ``with`` block.
+    """
+    if isinstance(registry, Registry):
+        return registry
+    if registry is not None and not isinstance(registry, str):
+        raise TypeError(
+            f"registry must be a Registry, a URL string or None. Received: "
+            f"{type(registry).__name__}."
+        )
+    return Registry(registry)
+
+
+@contextlib.contextmanager
+def opened_registry(registry: Registry | str | None) -> Iterator[Registry]:
+    """:func:`open_registry` for a ``with`` block: closes the registry if it opened it."""
+    opened = open_registry(registry)
+    try:
+        yield opened
+    finally:
+        if opened is not registry:
+            opened.close()

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dvml.cluster.connection import local_client
 from dvml.exceptions import DatasetExistsError, DatasetNotFoundError
-from dvml.store.tensors import STAGING_PREFIX, local_client
+from dvml.store.tensors import STAGING_PREFIX
 
 __all__ = [
     "DATASET_TYPENAME",

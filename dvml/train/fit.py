@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
-from dvml.cluster.attach import current_client
-from dvml.cluster.workers import WorkerInfo
+from dvml._version import __version__
+from dvml.cluster.workers import WorkerInfo, current_client
 from dvml.exceptions import (
     ModelMismatchError,
     PlacementError,
@@ -20,44 +20,27 @@ from dvml.exceptions import (
     TrainerFailedError,
     TrainingError,
 )
+from dvml.registry.database import Registry, open_registry
+from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.resolve.batches import per_worker_batch_size, steps_per_epoch
-from dvml.store.datasets import Dataset, describe, vineyard_workers
+from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import launch
+from dvml.train.model import Model
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
 from dvml.train.summary import build_summary, check_shapes, iteration_record
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from dvml.registry import Registry
-
-__all__ = ["fit", "open_registry", "resolve_dataset", "trainer_workers"]
+__all__ = ["fit", "trainer_workers"]
 
 logger = logging.getLogger("dvml.train")
 
 
-def open_registry(registry: Registry | str | None) -> Registry:
-    from dvml.registry import Registry
-
-    return registry if isinstance(registry, Registry) else Registry(registry)
-
-
-def resolve_dataset(value: str | Dataset, client: Client) -> Dataset:
-    return value if isinstance(value, Dataset) else describe(value, client)
-
-
 def trainer_workers(client: Client, dataset: Dataset) -> list[WorkerInfo]:
-    """The live workers that hold buffers of ``dataset``, in buffer order."""
-    by_instance = vineyard_workers(client)
+    """The live workers that hold buffers of ``dataset``, each once, in buffer order."""
     workers: list[WorkerInfo] = []
-    for b in dataset.layout["buffers"]:
-        w = by_instance.get(b["instance_id"])
-        if w is None:
-            raise TrainingError(
-                f"Buffer {b['index']} of {dataset.name!r} lives on vineyard instance "
-                f"{b['instance_id']} (worker {b['worker_name']}), which no live worker serves. "
-                "Its data is lost with its daemon: preprocess the dataset again."
-            )
+    for w in buffer_workers(client, dataset, TrainingError):
         if w not in workers:
             workers.append(w)
     return workers
@@ -184,8 +167,6 @@ def fit(
     """
     from distributed import Event
 
-    from dvml.train.model import Model
-
     client = current_client(client)
     reg = open_registry(registry)
     _check_fit_args(model, num_iterations, metrics_compute_frequency)
@@ -242,7 +223,6 @@ def fit(
         if resumed is not None:
             start_iteration, weights_blob, history = resumed
             logger.warning("resuming %s from iteration %d", model, start_iteration - 1)
-    from dvml.registry.weights import weights_to_bytes
 
     if start_iteration == 1:
         weights_blob = weights_to_bytes(weights) if weights is not None else None
@@ -314,7 +294,6 @@ def fit(
     iterations = [iteration_record(per_iteration[i]) for i in sorted(per_iteration)]
     shas = {r["weights_sha256"] for r in results}
     final_blob = next(r["weights"] for r in results if r["weights"] is not None)
-    from dvml.registry.weights import weights_from_bytes
 
     summary = build_summary(
         training=train,
@@ -336,7 +315,7 @@ def fit(
         trainers=[w.name for w in workers],
         weights_identical=len(shas) == 1,
         warm_start=warm_start,
-        version=_version(),
+        version=__version__,
     )
     summary["custom_objects"] = sorted(custom_sources)
     summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None
@@ -525,9 +504,3 @@ class _Progress:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-
-def _version() -> str:
-    import dvml
-
-    return dvml.__version__

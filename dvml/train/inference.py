@@ -12,6 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from dvml.exceptions import DataError
+from dvml.preprocess.encode import normalize, x_to_array
+from dvml.registry.weights import weights_from_bytes
+from dvml.resolve.partitions import open_local
+from dvml.resolve.tfdata import evaluation_dataset
+from dvml.train.params import compile_kwargs
+from dvml.train.trainer import custom_objects_from_sources
+
 __all__ = ["evaluate_local", "format_predictions", "model_for", "predict_partition"]
 
 _CACHE: OrderedDict[str, Any] = OrderedDict()
@@ -29,10 +37,6 @@ def model_for(spec: dict[str, Any]) -> Any:
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "" if spec.get("use_gpus") else "-1")
     import tf_keras as keras
 
-    from dvml.registry.weights import weights_from_bytes
-    from dvml.train.params import compile_kwargs
-    from dvml.train.trainer import custom_objects_from_sources
-
     custom = custom_objects_from_sources(spec.get("custom_objects") or {})
     model = keras.models.model_from_json(spec["model_json"], custom_objects=custom)
     if spec.get("weights") is not None:
@@ -48,9 +52,6 @@ def model_for(spec: dict[str, Any]) -> Any:
 
 def evaluate_local(dataset: str, spec: dict[str, Any], batch_size: int) -> dict[str, Any]:
     """Loss and metrics on this worker's local rows of ``dataset`` (rows=0 when none)."""
-    from dvml.resolve.partitions import open_local
-    from dvml.resolve.tfdata import evaluation_dataset
-
     parts = open_local(dataset, require=False)
     try:
         if parts.rows == 0:
@@ -117,9 +118,6 @@ def predict_partition(
     batch_size: int = 256,
 ) -> Any:
     """Predict one raw (unpacked) partition with the training normalization applied."""
-    from dvml.exceptions import DataError
-    from dvml.preprocess.encode import normalize, x_to_array
-
     if id_col not in frame.columns:
         raise DataError(f"The id column {id_col!r} is missing. Available: {list(frame.columns)}.")
     if len(frame) == 0:

@@ -6,29 +6,27 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dvml.cluster.attach import current_client
+from dvml.cluster.workers import current_client
 from dvml.exceptions import DataError, TrainingError
-from dvml.store.datasets import Dataset, vineyard_workers
+from dvml.preprocess.sources import normalize_x
+from dvml.registry.database import Registry, opened_registry
+from dvml.registry.weights import weights_to_bytes
+from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import inference
-from dvml.train.fit import open_registry, resolve_dataset
+from dvml.train.params import parse_compile_params
 from dvml.train.summary import aggregate
 
 if TYPE_CHECKING:
     from distributed import Client
-
-    from dvml.registry import Registry
 
 __all__ = ["evaluate", "model_spec", "predict", "predict_byom"]
 
 
 def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a worker needs to rebuild a registered model, and the model's summary."""
-    from dvml.registry.weights import weights_to_bytes
-
     entry = registry.get_model(model)
     arch = registry.get_architecture(entry["arch_id"])
     summary = entry["summary"]
-    from dvml.train.params import parse_compile_params
 
     blob = weights_to_bytes(entry["weights"])
     spec = {
@@ -66,8 +64,8 @@ def evaluate(
         ``loss_type`` and ``rows``.
     """
     client = current_client(client)
-    reg = open_registry(registry)
-    spec, summary = model_spec(reg, model)
+    with opened_registry(registry) as reg:
+        spec, summary = model_spec(reg, model)
     ds = resolve_dataset(dataset, client)
     if ds.summary["class_values"] != summary["class_values"]:
         raise DataError(
@@ -75,14 +73,10 @@ def evaluate(
             f"{model!r} was trained on {summary['class_values']}. Preprocess it with "
             "dvml.validation_preprocessor(..., training=<the model's training set>)."
         )
-    workers = vineyard_workers(client)
-    instances = sorted({b["instance_id"] for b in ds.layout["buffers"]})
-    missing = [i for i in instances if i not in workers]
-    if missing:
-        raise TrainingError(
-            f"Dataset {ds.name!r} has buffers on vineyard instances {missing} that no live "
-            "worker serves; preprocess it again."
-        )
+    # One task per vineyard instance that holds buffers, in instance order.
+    live = buffer_workers(client, ds, TrainingError)
+    workers = {b["instance_id"]: w for b, w in zip(ds.layout["buffers"], live, strict=True)}
+    instances = sorted(workers)
     spec_future = _share(client, spec)
     futures = [
         client.submit(
@@ -122,8 +116,6 @@ def _predict(
 ) -> Any:
     import dask.dataframe as dd
     import pandas as pd
-
-    from dvml.preprocess.sources import normalize_x
 
     _check_pred_type(pred_type)
     groups = normalize_x(x)
@@ -195,7 +187,8 @@ def predict(
     with MADlib's columns ``id, class_name, class_value, prob, rank``.
     """
     client = current_client(client)
-    spec, summary = model_spec(open_registry(registry), model)
+    with opened_registry(registry) as reg:
+        spec, summary = model_spec(reg, model)
     return _predict(
         spec,
         data,
@@ -226,14 +219,13 @@ def predict_byom(
     ``class_values`` name the model's outputs (default: 0..n-1).
     """
     client = current_client(client)
-    reg = open_registry(registry)
-    arch = reg.get_architecture(arch_id)
+    with opened_registry(registry) as reg:
+        arch = reg.get_architecture(arch_id)
     if arch["weights"] is None:
         raise TrainingError(
             f"Architecture {arch_id} has no weights to predict with. Load it with "
             "dvml.load_keras_model(model_json, weights=...)."
         )
-    from dvml.registry.weights import weights_to_bytes
 
     n_out = (arch.get("output_shape") or [None])[-1]
     values = list(class_values) if class_values is not None else list(range(n_out or 0))

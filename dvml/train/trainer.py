@@ -23,6 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from dvml.resolve.partitions import open_local
+from dvml.resolve.tfdata import evaluation_dataset, training_dataset
+from dvml.train.params import compile_kwargs
+
+# dvml.registry.* is imported where it is used: the registry package loads pandas, SQLAlchemy
+# and dask.config, which a trainer process does not need to start training.
+
 PROTOCOL_PREFIX = "DVML "
 
 
@@ -51,8 +58,6 @@ def build_model(keras: Any, job: dict[str, Any], custom_objects: dict[str, Any])
 
 
 def compile_model(model: Any, job: dict[str, Any], custom_objects: dict[str, Any]) -> None:
-    from dvml.train.params import compile_kwargs
-
     model.compile(**compile_kwargs(job["compile_params"], custom_objects))
 
 
@@ -70,8 +75,6 @@ def custom_objects_from_sources(sources: dict[str, str]) -> dict[str, Any]:
 
 def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
     """Loss and metrics of ``model`` on every local row (aggregated over workers later)."""
-    from dvml.resolve.tfdata import evaluation_dataset
-
     result = model.evaluate(evaluation_dataset(parts, batch_size), verbose=0, return_dict=True)
     return {"rows": parts.rows, "values": {k: float(v) for k, v in result.items()}}
 
@@ -106,9 +109,6 @@ def run(job: dict[str, Any]) -> None:
     import tensorflow as tf
 
     keras = _keras()
-    from dvml.resolve.partitions import open_local
-    from dvml.resolve.tfdata import training_dataset
-
     tf.random.set_seed(job["seed"])
     custom_objects = custom_objects_from_sources(job.get("custom_objects", {}))
     # 0 (the default) means no per-collective timeout: see dvml.yaml, train.peer-timeout.

@@ -19,7 +19,7 @@ ROWS = 25 << 20  # float32: 100 MiB
 
 def memory_usage() -> int:
     """On a worker: bytes in use in its vineyardd."""
-    from dvml.store.tensors import local_client
+    from dvml.cluster.connection import local_client
 
     return int(local_client().status.memory_usage)
 
