@@ -1,6 +1,6 @@
 """What dvml knows about each worker, discovered from the workers themselves.
 
-A worker tells its simulated or real host (``DVML_HOST``, else its hostname), its vineyard
+A worker tells its simulated or real host (:func:`worker_host`), its vineyard
 socket (``VINEYARD_IPC_SOCKET``), the instance id of that vineyardd and its GPUs (declared in
 ``DVML_GPUS`` for a simulated cluster, else found with ``nvidia-smi -L``).
 """
@@ -12,8 +12,8 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.connection import local_client
@@ -31,6 +31,7 @@ __all__ = [
     "gpu_index",
     "parse_nvidia_smi_list",
     "visible_gpus",
+    "worker_host",
 ]
 
 HOST_ENV = "DVML_HOST"
@@ -132,13 +133,29 @@ def _local_instance_id() -> int | None:
         return None
 
 
+def worker_host(address: str) -> str:
+    """The host of the worker at ``address``, as worker tables, buffers and rules name it.
+
+    ``DVML_HOST`` when it is set (a :class:`~dvml.LocalCluster` simulates hosts with it; a
+    deployment may name its hosts), else the host part of the worker's address
+    (``tcp://10.0.0.5:40123`` → ``10.0.0.5``): what tells the machines of a real multi-host
+    cluster apart, the same for every worker of one machine whatever its port. Run in the
+    worker's own process (it reads the worker's environment).
+    """
+    named = os.environ.get(HOST_ENV)
+    if named:
+        return named
+    host = urllib.parse.urlsplit(address).hostname if "://" in address else None
+    return host or address
+
+
 def describe_this_worker(dask_worker: Any) -> dict[str, Any]:
     """Run on a worker (through ``client.run``): describe it as a :class:`WorkerInfo` dict."""
     sock = os.environ.get(SOCKET_ENV)
     return {
         "address": dask_worker.address,
         "name": str(dask_worker.name),
-        "host": os.environ.get(HOST_ENV) or socket.gethostname(),
+        "host": worker_host(dask_worker.address),
         "vineyard_socket": sock,
         "vineyard_instance_id": _local_instance_id() if sock else None,
         "gpus": list(detect_gpus()),

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from dvml.cluster.connection import this_worker_name
+from dvml.cluster.workers import worker_host
 from dvml.exceptions import StoreError
 from dvml.registry.weights import weights_from_bytes
 from dvml.resolve.partitions import open_local
@@ -86,7 +87,7 @@ def _where() -> dict[str, str]:
     return {
         "worker": worker.address,
         "worker_name": str(worker.name),
-        "host": os.environ.get("DVML_HOST") or worker.address,
+        "host": worker_host(worker.address),
     }
 
 

@@ -12,12 +12,12 @@ are counted, and the client raises with the totals of the whole source.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from dvml.cluster.workers import worker_host
 from dvml.exceptions import DataError
 from dvml.placement.planner import split_partition
 from dvml.preprocess.encode import check_finite, normalize, one_hot, x_to_array
@@ -238,6 +238,6 @@ def pack_buffer(
         "instance_id": record["instance_id"],
         "worker": worker.address,
         "worker_name": str(worker.name),
-        "host": os.environ.get("DVML_HOST") or worker.address,
+        "host": worker_host(worker.address),
         "fields": record["fields"],
     }

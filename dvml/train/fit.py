@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -116,7 +117,7 @@ def fit(
     progress: bool = True,
     registry: Registry | str | None = None,
     client: Client | None = None,
-) -> Any:
+) -> Model:
     """Train ``arch_id`` on ``training_set`` with one trainer per worker that holds data.
 
     Parameters
@@ -165,10 +166,77 @@ def fit(
     dvml.Model
         The registered model: ``.summary`` has every field of MADlib's fit summary.
     """
-    from distributed import Event
-
     client = current_client(client)
     reg = open_registry(registry)
+    plan = _plan(
+        reg, client, training_set, model, arch_id, compile_params, fit_params, num_iterations,
+        use_gpus, validation_set, metrics_compute_frequency, warm_start, custom_objects,
+        tensorboard_dir, seed, timeout,
+    )  # fmt: skip
+    start_iteration, weights_blob, history = _resume(client, plan, resume)
+    endpoints = _reserve_ports(client, plan.workers)
+    collector = _Progress(len(plan.workers), model, num_iterations, on_iteration, progress)
+    start = _now()
+    results = _run_trainers(
+        client, plan, _job(plan, start_iteration, history), endpoints, weights_blob, collector
+    )
+    end = _now()
+    iterations = _aggregate(history, results)
+    summary = _summary(plan, results, iterations, start, end, start_iteration, name, description)
+    final_blob = next(r["weights"] for r in results if r["weights"] is not None)
+    reg.save_model(
+        model, arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
+    )
+    _clear_checkpoints(client, plan)
+    return Model(model, reg)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything fit decided before any trainer starts: checked arguments and placement."""
+
+    model: str
+    arch_id: int
+    arch: dict[str, Any]
+    train: Dataset
+    valid: Dataset | None
+    workers: list[WorkerInfo]
+    compile_params: dict[str, Any]
+    fit_params: dict[str, Any]
+    num_iterations: int
+    frequency: int
+    per_worker_batch: int
+    steps_per_epoch: int
+    custom_sources: dict[str, str]
+    weights: Any
+    warm_start: bool
+    use_gpus: bool
+    tensorboard_dir: str | None
+    seed: int
+    timeout: float
+    key: str
+    checkpoint_dir: str
+
+
+def _plan(
+    reg: Registry,
+    client: Client,
+    training_set: str | Dataset,
+    model: str,
+    arch_id: int,
+    compile_params: str | dict[str, Any],
+    fit_params: str | dict[str, Any] | None,
+    num_iterations: int,
+    use_gpus: bool,
+    validation_set: str | Dataset | None,
+    metrics_compute_frequency: int | None,
+    warm_start: bool,
+    custom_objects: list[str] | None,
+    tensorboard_dir: str | None,
+    seed: int | None,
+    timeout: float | None,
+) -> _Plan:
+    """Check every argument and decide the trainers, batches and job key (starts nothing)."""
     _check_fit_args(model, num_iterations, metrics_compute_frequency)
     freq = metrics_compute_frequency or num_iterations
     compile_parsed = parse_compile_params(compile_params)
@@ -202,7 +270,6 @@ def fit(
         _check_tensorboard()
     seed = int(config.get("preprocess.seed", seed))
     timeout = float(config.get("train.trainer-timeout", timeout))
-
     key = _job_key(
         train.summary["dataset_id"],
         valid.summary["dataset_id"] if valid else None,
@@ -215,53 +282,98 @@ def fit(
         warm_start,
         len(workers),
     )
-    ckpt_dir = str(config.state_dir() / "checkpoints" / f"{model}-{key}")
-    start_iteration, history = 1, list[dict[str, Any]]()
-    weights_blob: bytes | None = None
+    return _Plan(
+        model=model,
+        arch_id=arch_id,
+        arch=arch,
+        train=train,
+        valid=valid,
+        workers=workers,
+        compile_params=compile_parsed,
+        fit_params=fit_parsed,
+        num_iterations=num_iterations,
+        frequency=freq,
+        per_worker_batch=per_worker,
+        steps_per_epoch=steps,
+        custom_sources=custom_sources,
+        weights=weights,
+        warm_start=warm_start,
+        use_gpus=use_gpus,
+        tensorboard_dir=tensorboard_dir,
+        seed=seed,
+        timeout=timeout,
+        key=key,
+        checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{model}-{key}"),
+    )
+
+
+def _resume(
+    client: Client, plan: _Plan, resume: bool
+) -> tuple[int, bytes | None, list[dict[str, Any]]]:
+    """The first iteration to run, the weights to start from and the history so far."""
+    start_iteration, weights_blob, history = 1, None, list[dict[str, Any]]()
     if resume:
-        resumed = _find_checkpoint(client, workers, ckpt_dir, key)
+        resumed = _find_checkpoint(client, plan.workers, plan.checkpoint_dir, plan.key)
         if resumed is not None:
             start_iteration, weights_blob, history = resumed
-            logger.warning("resuming %s from iteration %d", model, start_iteration - 1)
-
+            logger.warning("resuming %s from iteration %d", plan.model, start_iteration - 1)
     if start_iteration == 1:
-        weights_blob = weights_to_bytes(weights) if weights is not None else None
+        weights_blob = weights_to_bytes(plan.weights) if plan.weights is not None else None
+    return start_iteration, weights_blob, history
 
+
+def _reserve_ports(client: Client, workers: list[WorkerInfo]) -> list[str]:
+    """One free ``host:port`` per trainer, reserved on its own worker (the TF_CONFIG peers)."""
     addresses = [
         client.submit(
             launch.reserve_port, workers=[w.address], allow_other_workers=False, pure=False
         )
         for w in workers
     ]
-    endpoints = [f"{h}:{p}" for h, p in client.gather(addresses)]
-    job_id = uuid.uuid4().hex[:12]
-    topic, abort_name = f"dvml-fit-{job_id}", f"dvml-fit-abort-{job_id}"
-    base_job = {
-        "job_key": key,
-        "model_json": arch["model_json"],
-        "compile_params": compile_parsed,
-        "fit_params": fit_parsed,
-        "num_iterations": num_iterations,
+    return [f"{h}:{p}" for h, p in client.gather(addresses)]
+
+
+def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every trainer is told (each adds its own ``tf_config``)."""
+    return {
+        "job_key": plan.key,
+        "model_json": plan.arch["model_json"],
+        "compile_params": plan.compile_params,
+        "fit_params": plan.fit_params,
+        "num_iterations": plan.num_iterations,
         "start_iteration": start_iteration,
         "history": history,
-        "metrics_compute_frequency": freq,
-        "training": train.name,
-        "validation": valid.name if valid else None,
-        "per_worker_batch": per_worker,
-        "steps_per_epoch": steps,
-        "seed": seed,
-        "custom_objects": custom_sources,
-        "checkpoint_dir": ckpt_dir,
-        "tensorboard_dir": tensorboard_dir,
-        "use_gpus": use_gpus,
+        "metrics_compute_frequency": plan.frequency,
+        "training": plan.train.name,
+        "validation": plan.valid.name if plan.valid else None,
+        "per_worker_batch": plan.per_worker_batch,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "seed": plan.seed,
+        "custom_objects": plan.custom_sources,
+        "checkpoint_dir": plan.checkpoint_dir,
+        "tensorboard_dir": plan.tensorboard_dir,
+        "use_gpus": plan.use_gpus,
         "peer_timeout": config.get("train.peer-timeout"),
     }
-    collector = _Progress(len(workers), model, num_iterations, on_iteration, progress)
+
+
+def _run_trainers(
+    client: Client,
+    plan: _Plan,
+    base_job: dict[str, Any],
+    endpoints: list[str],
+    weights_blob: bytes | None,
+    collector: _Progress,
+) -> list[dict[str, Any]]:
+    """Launch one trainer per worker and wait for all; progress events go to ``collector``."""
+    from distributed import Event
+
+    job_id = uuid.uuid4().hex[:12]
+    topic, abort_name = f"dvml-fit-{job_id}", f"dvml-fit-abort-{job_id}"
     client.subscribe_topic(topic, collector)
     abort = Event(abort_name, client=client)
-    start = _now()
     futures = []
-    for i, w in enumerate(workers):
+    for i, w in enumerate(plan.workers):
         job = {
             **base_job,
             "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
@@ -273,7 +385,7 @@ def fit(
                 weights_blob,
                 topic,
                 abort_name,
-                timeout,
+                plan.timeout,
                 workers=[w.address],
                 allow_other_workers=False,
                 pure=False,
@@ -282,42 +394,58 @@ def fit(
             )
         )
     try:
-        results = _wait_trainers(client, futures, workers, abort)
+        return _wait_trainers(client, futures, plan.workers, abort)
     finally:
         client.unsubscribe_topic(topic)
-    end = _now()
 
+
+def _aggregate(
+    history: list[dict[str, Any]], results: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One record per iteration: the resumed history, then every trainer's reports merged."""
     per_iteration: dict[int, list[dict[str, Any]]] = {r["iteration"]: [r] for r in history}
     for result in results:
         for r in result["iterations"]:
             per_iteration.setdefault(r["iteration"], []).append(r)
-    iterations = [iteration_record(per_iteration[i]) for i in sorted(per_iteration)]
+    return [iteration_record(per_iteration[i]) for i in sorted(per_iteration)]
+
+
+def _summary(
+    plan: _Plan,
+    results: list[dict[str, Any]],
+    iterations: list[dict[str, Any]],
+    start: str,
+    end: str,
+    start_iteration: int,
+    name: str | None,
+    description: str | None,
+) -> dict[str, Any]:
+    """MADlib's fit summary, plus what each trainer read and where the run resumed."""
     shas = {r["weights_sha256"] for r in results}
     final_blob = next(r["weights"] for r in results if r["weights"] is not None)
-
     summary = build_summary(
-        training=train,
-        validation=valid,
-        model=model,
-        arch_id=arch_id,
-        compile_params=compile_parsed,
-        fit_params=fit_parsed,
-        compile_text=format_params(compile_parsed),
-        fit_text=format_params(fit_parsed),
-        num_iterations=num_iterations,
-        metrics_compute_frequency=freq,
+        training=plan.train,
+        validation=plan.valid,
+        model=plan.model,
+        arch_id=plan.arch_id,
+        compile_params=plan.compile_params,
+        fit_params=plan.fit_params,
+        compile_text=format_params(plan.compile_params),
+        fit_text=format_params(plan.fit_params),
+        num_iterations=plan.num_iterations,
+        metrics_compute_frequency=plan.frequency,
         name=name,
         description=description,
         start=start,
         end=end,
         iterations=iterations,
         model_size_kb=len(final_blob) / 1024,
-        trainers=[w.name for w in workers],
+        trainers=[w.name for w in plan.workers],
         weights_identical=len(shas) == 1,
-        warm_start=warm_start,
+        warm_start=plan.warm_start,
         version=__version__,
     )
-    summary["custom_objects"] = sorted(custom_sources)
+    summary["custom_objects"] = sorted(plan.custom_sources)
     summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None
     # What each trainer read: its vineyard instance and the buffers it resolved locally.
     summary["trainer_partitions"] = {
@@ -328,16 +456,19 @@ def fit(
         }
         for r in results
     }
-    reg.save_model(
-        model, arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
-    )
+    return summary
+
+
+def _clear_checkpoints(client: Client, plan: _Plan) -> None:
+    """The model is saved: its checkpoints on every trainer's worker are no longer needed."""
     client.gather(
         [
-            client.submit(launch.clear_checkpoint, ckpt_dir, workers=[w.address], pure=False)
-            for w in workers
+            client.submit(
+                launch.clear_checkpoint, plan.checkpoint_dir, workers=[w.address], pure=False
+            )
+            for w in plan.workers
         ]
     )
-    return Model(model, reg)
 
 
 def _check_tensorboard() -> None:
