@@ -169,9 +169,11 @@ def fit(
     client = current_client(client)
     reg = open_registry(registry)
     plan = _plan(
-        reg, client, training_set, model, arch_id, compile_params, fit_params, num_iterations,
-        use_gpus, validation_set, metrics_compute_frequency, warm_start, custom_objects,
-        tensorboard_dir, seed, timeout,
+        reg, client, training_set, model=model, arch_id=arch_id, compile_params=compile_params,
+        fit_params=fit_params, num_iterations=num_iterations, use_gpus=use_gpus,
+        validation_set=validation_set, metrics_compute_frequency=metrics_compute_frequency,
+        warm_start=warm_start, custom_objects=custom_objects, tensorboard_dir=tensorboard_dir,
+        seed=seed, timeout=timeout,
     )  # fmt: skip
     start_iteration, weights_blob, history = _resume(client, plan, resume)
     endpoints = _reserve_ports(client, plan.workers)
@@ -183,10 +185,7 @@ def fit(
     end = _now()
     iterations = _aggregate(history, results)
     summary = _summary(plan, results, iterations, start, end, start_iteration, name, description)
-    final_blob = next(r["weights"] for r in results if r["weights"] is not None)
-    reg.save_model(
-        model, arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
-    )
+    _save(reg, plan, results, summary, iterations)
     _clear_checkpoints(client, plan)
     return Model(model, reg)
 
@@ -222,6 +221,7 @@ def _plan(
     reg: Registry,
     client: Client,
     training_set: str | Dataset,
+    *,
     model: str,
     arch_id: int,
     compile_params: str | dict[str, Any],
@@ -457,6 +457,20 @@ def _summary(
         for r in results
     }
     return summary
+
+
+def _save(
+    reg: Registry,
+    plan: _Plan,
+    results: list[dict[str, Any]],
+    summary: dict[str, Any],
+    iterations: list[dict[str, Any]],
+) -> None:
+    """Register the trained model (replacing one of the same name) with its history."""
+    final_blob = next(r["weights"] for r in results if r["weights"] is not None)
+    reg.save_model(
+        plan.model, plan.arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
+    )
 
 
 def _clear_checkpoints(client: Client, plan: _Plan) -> None:
