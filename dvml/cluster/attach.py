@@ -1,4 +1,4 @@
-"""Attaching to a running cluster and discovering its worker ↔ vineyard mapping."""
+"""Attaching to a running cluster: the :class:`Cluster` handle and :func:`connect`."""
 
 from __future__ import annotations
 

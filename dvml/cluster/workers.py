@@ -3,6 +3,7 @@
 A worker tells its simulated or real host (:func:`worker_host`), its vineyard
 socket (``VINEYARD_IPC_SOCKET``), the instance id of that vineyardd and its GPUs (declared in
 ``DVML_GPUS`` for a simulated cluster, else found with ``nvidia-smi -L``).
+:func:`discover_workers` asks every worker of the :func:`current_client`.
 """
 
 from __future__ import annotations
