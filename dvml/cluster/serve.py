@@ -21,6 +21,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from dvml.exceptions import ArgumentError
+
 if TYPE_CHECKING:
     from dvml.cluster.local import LocalCluster
 
@@ -38,7 +40,7 @@ def parse_gpus(text: str) -> int | list[int]:
     try:
         counts = [int(p) for p in parts]
     except ValueError:
-        raise ValueError(
+        raise ArgumentError(
             "--gpus must be a GPU count for every worker or one count per worker, such as "
             f"'1' or '1,1,0,0'. Received: --gpus={text!r}."
         ) from None

@@ -22,6 +22,7 @@ from typing import Any
 import numpy.typing as npt
 import pandas as pd
 
+from dvml.exceptions import ArgumentTypeError
 from dvml.registry.store import Registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 
@@ -48,7 +49,7 @@ def _opened(registry: Registry | str | None) -> Iterator[Registry]:
         yield registry
         return
     if registry is not None and not isinstance(registry, str):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"registry must be a Registry, a URL string or None. Received: "
             f"{type(registry).__name__}."
         )

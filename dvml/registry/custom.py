@@ -16,6 +16,8 @@ import keyword
 from collections.abc import Callable
 from typing import Any
 
+from dvml.exceptions import ArgumentError, ArgumentTypeError
+
 __all__ = ["KINDS", "MAX_SOURCE_LENGTH", "check_name", "check_source", "compile_function"]
 
 KINDS = ("loss", "metric")
@@ -36,9 +38,9 @@ def check_name(name: Any) -> str:
     TypeError, ValueError
     """
     if not isinstance(name, str):
-        raise TypeError(f"name must be a string. Received: {type(name).__name__} {name!r}.")
+        raise ArgumentTypeError(f"name must be a string. Received: {type(name).__name__} {name!r}.")
     if not name.isidentifier() or keyword.iskeyword(name):
-        raise ValueError(
+        raise ArgumentError(
             f"name must be a Python identifier, the name of the function defined in the "
             f"source. Received: name={name!r}. Use letters, digits and underscores."
         )
@@ -80,7 +82,7 @@ def check_source(name: str, source: Any) -> ast.Module:
     """
     check_name(name)
     if not isinstance(source, str):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"source must be Python source text. Received: {type(source).__name__}. Pass the "
             f"text of `def {name}(y_true, y_pred): ...` (inspect.getsource gives it)."
         )
@@ -149,5 +151,5 @@ def compile_function(
     exec(compile(tree, f"<dvml custom function {name}>", "exec"), scope)
     function = scope[name]
     if not callable(function):  # pragma: no cover - check_source guarantees a def
-        raise ValueError(f"Custom function {name!r} did not define a function.")
+        raise ArgumentError(f"Custom function {name!r} did not define a function.")
     return function
