@@ -87,7 +87,11 @@ def _is_abstract_body(function: ast.AST) -> bool:
 
 
 def _builtin_raises() -> list[tuple[str, int, str, str, ast.AST | None]]:
-    """(file, line, enclosing function, exception, function node) of every builtin raise."""
+    """(file, line, enclosing function, exception, function node) of every builtin raise.
+
+    Also a builtin exception built anywhere else (``return ValueError(...)`` in a helper whose
+    result the caller raises): it reaches the user all the same.
+    """
     found = []
     for path in _files():
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -95,9 +99,14 @@ def _builtin_raises() -> list[tuple[str, int, str, str, ast.AST | None]]:
             n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
         ]
         for node in ast.walk(tree):
-            if not isinstance(node, ast.Raise) or node.exc is None:
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                if isinstance(node.exc, ast.Call):
+                    continue  # the call itself is visited below
+                name = _raised_name(node)
+            elif isinstance(node, ast.Call):
+                name = _raised_name(ast.Raise(exc=node))
+            else:
                 continue  # a bare `raise` re-raises the error being handled
-            name = _raised_name(node)
             if name not in BUILTIN_EXCEPTIONS:
                 continue  # a DvmlError, or a variable holding a caught exception
             enclosing = [f for f in functions if f.lineno <= node.lineno <= (f.end_lineno or 0)]
@@ -116,7 +125,7 @@ def _offenders() -> list[str]:
             continue
         if name == "NotImplementedError" and node is not None and _is_abstract_body(node):
             continue
-        offenders.append(f"{rel}:{line}: raise {name} in {function}()")
+        offenders.append(f"{rel}:{line}: {name} raised or built in {function}()")
     return offenders
 
 

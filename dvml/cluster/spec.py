@@ -33,7 +33,9 @@ def parse_memory(value: int | str, what: str = "vineyard_memory") -> int:
 
     Raises
     ------
-    ValueError
+    ArgumentTypeError
+        When the value is a bool.
+    ArgumentError
         When the value does not parse or is not positive.
     """
     if isinstance(value, bool):

@@ -69,7 +69,7 @@ def plan_source(source: Any, client: Client, preprocess_kwargs: dict[str, Any]) 
     ------
     DatasetNotFoundError
         A dataset name that does not exist (dropped).
-    TypeError, ValueError, DataError
+    ArgumentTypeError, ArgumentError, DataError
         A source of an unknown type, unknown preprocessing arguments, or data that cannot be
         one image per row.
     """

@@ -149,14 +149,14 @@ def plan_layout(
 
     Raises
     ------
-    ValueError
-        For a negative partition size, ``buffer_size <= 0`` or duplicate targets.
-    TypeError
+    ArgumentError
+        For a negative partition size or ``buffer_size <= 0``.
+    ArgumentTypeError
         For non-integer sizes or seed.
     DataError
         For an empty input, fewer rows than targets, or 10**9 rows or more.
     PlacementError
-        For an empty target list.
+        For an empty target list or duplicate targets.
 
     Notes
     -----

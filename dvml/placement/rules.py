@@ -98,7 +98,7 @@ class DistributionRules:
 
         Raises
         ------
-        TypeError
+        ArgumentTypeError
             For any other type, or list items that are not strings.
         PlacementError
             For a blank string, or a DataFrame without a usable column or with empty cells.

@@ -40,7 +40,9 @@ def expand_braces(pattern: str) -> list[str]:
 
     Raises
     ------
-    ValueError
+    ArgumentTypeError
+        When ``pattern`` is not a string.
+    ArgumentError
         For unbalanced braces, an empty group, or a group that is neither a range of integers
         nor a comma list.
     """

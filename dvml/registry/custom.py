@@ -35,7 +35,7 @@ def check_name(name: Any) -> str:
 
     Raises
     ------
-    TypeError, ValueError
+    ArgumentTypeError, ArgumentError
     """
     if not isinstance(name, str):
         raise ArgumentTypeError(f"name must be a string. Received: {type(name).__name__} {name!r}.")
@@ -47,9 +47,9 @@ def check_name(name: Any) -> str:
     return name
 
 
-def _refuse(name: str, what: str, line: int | None = None) -> ValueError:
+def _refuse(name: str, what: str, line: int | None = None) -> ArgumentError:
     where = f" (line {line})" if line else ""
-    return ValueError(
+    return ArgumentError(
         f"The source of custom function {name!r} is refused. Received: source that {what}"
         f"{where}. The source must be exactly `def {name}(y_true, y_pred): ...`, optionally "
         "after `import tensorflow as tf` and `import numpy as np`, with nothing else at top "
@@ -74,9 +74,9 @@ def check_source(name: str, source: Any) -> ast.Module:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         When ``source`` is not a string.
-    ValueError
+    ArgumentError
         When it does not parse or contains anything beyond the allowed imports and the one
         ``def``.
     """

@@ -40,9 +40,9 @@ def parse_model_json(model_json: str) -> dict[str, Any]:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         When ``model_json`` is not a string.
-    ValueError
+    ArgumentError
         When it is not JSON, or not an object with a ``"config"`` key.
     """
     if not isinstance(model_json, str):

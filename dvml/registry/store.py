@@ -521,7 +521,7 @@ class Registry:
         ------
         RegistryNotFoundError
             Naming every requested function that does not exist.
-        ValueError
+        ArgumentError
             When a stored source no longer passes the checks (it was edited in the database).
         """
         wanted = [names] if isinstance(names, str) else list(names)

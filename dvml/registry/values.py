@@ -63,7 +63,7 @@ def dumps(value: Any, what: str) -> str | None:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         Naming ``what`` when a part of the value has no JSON form.
     """
     if value is None:
@@ -144,7 +144,7 @@ def iteration_rows(iterations: Any) -> list[dict[str, Any]]:
 
     Raises
     ------
-    TypeError, ValueError
+    ArgumentTypeError, ArgumentError
         Naming the record and the key at fault.
     """
     if iterations is None:

@@ -42,7 +42,7 @@ def weights_to_bytes(weights: Sequence[npt.NDArray[Any]]) -> bytes:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         When ``weights`` is not a list or tuple of numpy arrays, or an array has an object
         dtype (it could only be stored with pickle).
     """
