@@ -16,6 +16,7 @@ from typing import Any
 
 from dvml.cli._cluster_options import add_cluster_options, add_json_option, attached, print_json
 from dvml.cli._common import format_table
+from dvml.exceptions import ArgumentError
 
 __all__ = ["register"]
 
@@ -199,7 +200,7 @@ def _predict(args: argparse.Namespace) -> int:
     if output is None and spec["output"]:
         output = os.path.join(base, os.path.expanduser(spec["output"]))
     if output is not None and not output.lower().endswith((".csv", ".parquet")):
-        raise ValueError(
+        raise ArgumentError(
             f"The predictions file must end in .csv or .parquet. Received: output={output!r}. "
             "Choose one of these formats."
         )

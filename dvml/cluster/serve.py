@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.local_cluster import LocalCluster
 from dvml.cluster.state import process_start_time, remove_state, state_path, write_state
-from dvml.exceptions import DvmlError
+from dvml.exceptions import ArgumentError, DvmlError
 
 if TYPE_CHECKING:
     from dvml.cluster.local_cluster import LocalCluster
@@ -42,7 +42,7 @@ def parse_gpus(text: str) -> int | list[int]:
     try:
         counts = [int(p) for p in parts]
     except ValueError:
-        raise ValueError(
+        raise ArgumentError(
             "--gpus must be a GPU count for every worker or one count per worker, such as "
             f"'1' or '1,1,0,0'. Received: --gpus={text!r}."
         ) from None

@@ -24,7 +24,14 @@ from dvml._version import __version__
 from dvml.cluster import current_client
 from dvml.cluster.pinned import run_pinned
 from dvml.cluster.workers import discover_workers
-from dvml.exceptions import ClusterError, DatasetExistsError, ModelMismatchError, StoreError
+from dvml.exceptions import (
+    ArgumentTypeError,
+    ClusterError,
+    DatasetExistsError,
+    ModelMismatchError,
+    PlacementError,
+    StoreError,
+)
 from dvml.features import featurize
 from dvml.features.backbone import Backbone, resolve_backbone
 from dvml.features.keys import (
@@ -132,7 +139,7 @@ def cache(
     layer, pooling = check_layer(layer), check_pooling(pooling)
     batch_size, name = check_batch_size(batch_size), check_cache_name(name)
     if not isinstance(use_gpus, bool):
-        raise TypeError(f"use_gpus must be True or False. Received: use_gpus={use_gpus!r}.")
+        raise ArgumentTypeError(f"use_gpus must be True or False. Received: use_gpus={use_gpus!r}.")
     plan = plan_source(source, client, preprocess_kwargs)
     bb = resolve_backbone(backbone, layer, pooling, plan.input_shape, registry)
     link, training_cache = _training_link(client, plan, training, bb)
@@ -178,7 +185,7 @@ def _check_placement(client: Client, plan: SourcePlan, rules: Any, use_gpus: boo
     """
     if plan.dataset is not None:
         if rules is not None:
-            raise ValueError(
+            raise PlacementError(
                 f"distribution_rules apply to raw sources only: the features of dataset "
                 f"{plan.dataset.name!r} stay on the workers that hold its images. Received: "
                 f"distribution_rules={rules!r}."

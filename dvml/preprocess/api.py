@@ -17,7 +17,7 @@ from dvml import config
 from dvml._version import __version__
 from dvml.cluster.spec import parse_memory
 from dvml.cluster.workers import current_client, discover_workers
-from dvml.exceptions import DataError, DatasetExistsError
+from dvml.exceptions import ArgumentError, DataError, DatasetExistsError
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
 from dvml.preprocess.encode import class_values_of
@@ -143,7 +143,7 @@ def validation_preprocessor(
     training set never saw are refused.
     """
     if training is None:
-        raise ValueError(
+        raise ArgumentError(
             "training= (the training dataset or its name) is required. Received: None."
         )
     client = current_client(client)
@@ -331,27 +331,27 @@ def _check_arguments(
 ) -> str:
     internal = isinstance(name, str) and name.startswith(INTERNAL_PREFIX)
     if not isinstance(name, str) or not name or (name.startswith("__") and not internal):
-        raise ValueError(
+        raise ArgumentError(
             f"name must be a non-empty string not starting with '__'. Received: name={name!r}."
         )
     if buffer_size is not None and (
         isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0
     ):
-        raise ValueError(f"buffer_size must be a positive int. Received: {buffer_size!r}.")
+        raise ArgumentError(f"buffer_size must be a positive int. Received: {buffer_size!r}.")
     try:
         const = float(normalizing_const)
     except (TypeError, ValueError):
         const = float("nan")
     if not math.isfinite(const) or const <= 0:
-        raise ValueError(
+        raise ArgumentError(
             f"normalizing_const must be a positive number. Received: {normalizing_const!r}."
         )
     if num_classes is not None and (
         isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
     ):
-        raise ValueError(f"num_classes must be a positive int. Received: {num_classes!r}.")
+        raise ArgumentError(f"num_classes must be a positive int. Received: {num_classes!r}.")
     if channels not in (1, 3):
-        raise ValueError(f"channels must be 1 or 3. Received: {channels!r}.")
+        raise ArgumentError(f"channels must be 1 or 3. Received: {channels!r}.")
     return str(name)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dvml.exceptions import DataError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 
 __all__ = ["check_finite", "class_values_of", "normalize", "one_hot", "x_to_array"]
 
@@ -24,7 +24,7 @@ def _as_series(labels: Any, name: str = "labels") -> pd.Series:
     if isinstance(labels, pd.Series):
         return labels
     if isinstance(labels, str | bytes) or np.ndim(labels) != 1:
-        raise ValueError(
+        raise DataError(
             f"{name} must be 1-D (one label per row). Received: {type(labels).__name__} with "
             f"shape {np.shape(labels)}. Pass a list, 1-D array or pandas Series."
         )
@@ -134,14 +134,16 @@ def one_hot(labels: Any, class_values: Sequence[Any], num_classes: int | None = 
     """
     classes = list(class_values)
     if not classes:
-        raise ValueError(
+        raise ArgumentError(
             "class_values is empty. Received: class_values=[]. Pass the classes, for example "
             "class_values_of(labels)."
         )
     width = len(classes)
     if num_classes is not None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
-            raise TypeError(f"num_classes must be an int. Received: num_classes={num_classes!r}.")
+            raise ArgumentTypeError(
+                f"num_classes must be an int. Received: num_classes={num_classes!r}."
+            )
         if num_classes < len(classes):
             raise DataError(
                 f"num_classes is smaller than the number of class values. Received: "
@@ -151,7 +153,7 @@ def one_hot(labels: Any, class_values: Sequence[Any], num_classes: int | None = 
         width = int(num_classes)
     class_kind = _python_values(pd.Series(classes, dtype=object), "class_values")[1]
     if len(set(classes)) != len(classes):
-        raise ValueError(f"class_values must be distinct. Received: class_values={classes}.")
+        raise ArgumentError(f"class_values must be distinct. Received: class_values={classes}.")
     series = _as_series(labels)
     n = len(series)
     out = np.zeros((n, width), dtype=np.float32)
@@ -208,10 +210,12 @@ def x_to_array(frame: pd.DataFrame, x_cols: Sequence[str]) -> np.ndarray:
         cells mixed with other columns.
     """
     if not isinstance(frame, pd.DataFrame):
-        raise TypeError(f"frame must be a pandas DataFrame. Received: {type(frame).__name__}.")
+        raise ArgumentTypeError(
+            f"frame must be a pandas DataFrame. Received: {type(frame).__name__}."
+        )
     cols = [x_cols] if isinstance(x_cols, str) else list(x_cols)
     if not cols:
-        raise ValueError("x_cols is empty. Received: x_cols=[]. Name at least one column.")
+        raise ArgumentError("x_cols is empty. Received: x_cols=[]. Name at least one column.")
     missing = [c for c in cols if c not in frame.columns]
     if missing:
         raise DataError(
@@ -303,12 +307,12 @@ def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.nd
         With ``on_invalid="raise"``, counting the rows and the NaN and inf values.
     """
     if on_invalid not in ("raise", "drop"):
-        raise ValueError(
+        raise ArgumentError(
             f"on_invalid must be 'raise' or 'drop'. Received: on_invalid={on_invalid!r}."
         )
     arr = np.asarray(x)
     if arr.ndim == 0:
-        raise ValueError(f"x must have one row per sample. Received: a scalar for {column!r}.")
+        raise DataError(f"x must have one row per sample. Received: a scalar for {column!r}.")
     n = arr.shape[0]
     if not np.issubdtype(arr.dtype, np.inexact):
         return np.ones(n, dtype=bool)
@@ -343,18 +347,18 @@ def normalize(x: np.ndarray, normalizing_const: float) -> np.ndarray:
     if isinstance(normalizing_const, bool) or not isinstance(
         normalizing_const, int | float | np.integer | np.floating
     ):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"normalizing_const must be a number. Received: "
             f"normalizing_const={normalizing_const!r}."
         )
     if not math.isfinite(normalizing_const) or normalizing_const <= 0:
-        raise ValueError(
+        raise ArgumentError(
             f"normalizing_const must be a positive finite number. Received: "
             f"normalizing_const={normalizing_const!r}. Use 1.0 to leave x as it is."
         )
     arr = np.asarray(x)
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        raise TypeError(f"x must be numeric to normalize. Received: dtype {arr.dtype}.")
+        raise ArgumentTypeError(f"x must be numeric to normalize. Received: dtype {arr.dtype}.")
     out = arr.astype(np.float32, copy=True)
     out /= np.float32(normalizing_const)
     return out

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from dvml.exceptions import DataError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 from dvml.preprocess.images import list_image_folder
 from dvml.preprocess.shards import expand_braces
 from dvml.preprocess.tasks import (
@@ -50,7 +50,7 @@ def normalize_x(x: str | Sequence[str | Sequence[str]]) -> list[list[str]]:
     if isinstance(x, str):
         return [[x]]
     if not isinstance(x, Sequence) or not x:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"x must be a column name, a list of names (one input each) or a list of lists "
             f"(columns of one input). Received: x={x!r}."
         )
@@ -58,7 +58,7 @@ def normalize_x(x: str | Sequence[str | Sequence[str]]) -> list[list[str]]:
     for item in x:
         group = [item] if isinstance(item, str) else list(item)
         if not group or not all(isinstance(c, str) for c in group):
-            raise TypeError(f"x entries must be column names. Received: x={x!r}.")
+            raise ArgumentTypeError(f"x entries must be column names. Received: x={x!r}.")
         groups.append(group)
     return groups
 
@@ -92,7 +92,7 @@ def source_parts(
     import pandas as pd
 
     if on_invalid not in ("raise", "drop"):
-        raise ValueError(f"on_invalid must be 'raise' or 'drop'. Received: {on_invalid!r}.")
+        raise ArgumentError(f"on_invalid must be 'raise' or 'drop'. Received: {on_invalid!r}.")
     desc = describe_source(source)
     if isinstance(source, str | os.PathLike):
         path = os.fspath(source)
@@ -113,7 +113,7 @@ def source_parts(
         return _table(source, y, x, on_invalid, desc)
     if isinstance(source, dict):
         return _arrays(source, y, x, on_invalid, desc)
-    raise TypeError(
+    raise ArgumentTypeError(
         "source must be a Dask or pandas DataFrame, a Parquet/CSV path, a dict of arrays, an "
         f"image folder or a tar-shard pattern. Received: {type(source).__name__}."
     )
@@ -121,7 +121,7 @@ def source_parts(
 
 def _need(value: Any, what: str) -> Any:
     if value is None:
-        raise ValueError(f"{what} is required for this kind of source. Received: None.")
+        raise ArgumentError(f"{what} is required for this kind of source. Received: None.")
     return value
 
 
@@ -176,7 +176,9 @@ def _arrays(
     groups = normalize_x(_need(x, "x (the key of the feature array)"))
     names = [g[0] for g in groups]
     if any(len(g) != 1 for g in groups):
-        raise TypeError(f"For a dict of arrays, x names arrays, one per input. Received: x={x!r}.")
+        raise ArgumentTypeError(
+            f"For a dict of arrays, x names arrays, one per input. Received: x={x!r}."
+        )
     missing = [k for k in [y, *names] if k not in source]
     if missing:
         raise DataError(f"Arrays {missing} are missing. Available: {sorted(source)}.")

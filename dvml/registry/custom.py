@@ -16,6 +16,8 @@ import keyword
 from collections.abc import Callable
 from typing import Any
 
+from dvml.exceptions import ArgumentError, ArgumentTypeError
+
 __all__ = ["KINDS", "MAX_SOURCE_LENGTH", "check_name", "check_source", "compile_function"]
 
 KINDS = ("loss", "metric")
@@ -33,21 +35,21 @@ def check_name(name: Any) -> str:
 
     Raises
     ------
-    TypeError, ValueError
+    ArgumentTypeError, ArgumentError
     """
     if not isinstance(name, str):
-        raise TypeError(f"name must be a string. Received: {type(name).__name__} {name!r}.")
+        raise ArgumentTypeError(f"name must be a string. Received: {type(name).__name__} {name!r}.")
     if not name.isidentifier() or keyword.iskeyword(name):
-        raise ValueError(
+        raise ArgumentError(
             f"name must be a Python identifier, the name of the function defined in the "
             f"source. Received: name={name!r}. Use letters, digits and underscores."
         )
     return name
 
 
-def _refuse(name: str, what: str, line: int | None = None) -> ValueError:
+def _refuse(name: str, what: str, line: int | None = None) -> ArgumentError:
     where = f" (line {line})" if line else ""
-    return ValueError(
+    return ArgumentError(
         f"The source of custom function {name!r} is refused. Received: source that {what}"
         f"{where}. The source must be exactly `def {name}(y_true, y_pred): ...`, optionally "
         "after `import tensorflow as tf` and `import numpy as np`, with nothing else at top "
@@ -72,15 +74,15 @@ def check_source(name: str, source: Any) -> ast.Module:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         When ``source`` is not a string.
-    ValueError
+    ArgumentError
         When it does not parse or contains anything beyond the allowed imports and the one
         ``def``.
     """
     check_name(name)
     if not isinstance(source, str):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"source must be Python source text. Received: {type(source).__name__}. Pass the "
             f"text of `def {name}(y_true, y_pred): ...` (inspect.getsource gives it)."
         )
@@ -149,5 +151,5 @@ def compile_function(
     exec(compile(tree, f"<dvml custom function {name}>", "exec"), scope)
     function = scope[name]
     if not callable(function):  # pragma: no cover - check_source guarantees a def
-        raise ValueError(f"Custom function {name!r} did not define a function.")
+        raise ArgumentError(f"Custom function {name!r} did not define a function.")
     return function

@@ -19,7 +19,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from dvml import config
-from dvml.exceptions import RegistryError, RegistryNotFoundError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, RegistryNotFoundError
 from dvml.registry import custom, keras_json
 from dvml.registry import values as v
 from dvml.registry.schema import custom_functions, metadata, model_arch, model_iterations, models
@@ -116,14 +116,14 @@ class Registry:
     def __init__(self, url: str | None = None) -> None:
         raw = config.registry_url() if url is None else url
         if not isinstance(raw, str) or not raw:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"url must be an SQLAlchemy URL string or None. Received: {raw!r}. For "
                 "example 'sqlite:////tmp/registry.db'."
             )
         try:
             self._url = sa.make_url(raw)
         except sa.exc.ArgumentError as exc:
-            raise ValueError(
+            raise ArgumentError(
                 f"url is not an SQLAlchemy URL: {exc}. Received: url={raw!r}. For example "
                 "'sqlite:////tmp/registry.db'."
             ) from None
@@ -327,7 +327,9 @@ class Registry:
         name = v.check_model_name(name)
         arch_id = v.check_id(arch_id, "arch_id")
         if summary is not None and not isinstance(summary, Mapping):
-            raise TypeError(f"summary must be a dict or None. Received: {type(summary).__name__}.")
+            raise ArgumentTypeError(
+                f"summary must be a dict or None. Received: {type(summary).__name__}."
+            )
         blob = weights_to_bytes(weights)
         summary_text = v.dumps(dict(summary or {}), "summary")
         rows = v.iteration_rows(iterations)
@@ -464,7 +466,9 @@ class Registry:
         """
         custom.check_source(name, source)
         if kind not in custom.KINDS:
-            raise ValueError(f"kind must be one of {list(custom.KINDS)}. Received: kind={kind!r}.")
+            raise ArgumentError(
+                f"kind must be one of {list(custom.KINDS)}. Received: kind={kind!r}."
+            )
         row = {
             "name": name,
             "kind": kind,
@@ -517,7 +521,7 @@ class Registry:
         ------
         RegistryNotFoundError
             Naming every requested function that does not exist.
-        ValueError
+        ArgumentError
             When a stored source no longer passes the checks (it was edited in the database).
         """
         wanted = [names] if isinstance(names, str) else list(names)
@@ -571,7 +575,7 @@ def open_registry(registry: Registry | str | None) -> Registry:
     if isinstance(registry, Registry):
         return registry
     if registry is not None and not isinstance(registry, str):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"registry must be a Registry, a URL string or None. Received: "
             f"{type(registry).__name__}."
         )

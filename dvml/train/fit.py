@@ -15,6 +15,7 @@ from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import WorkerInfo, current_client
 from dvml.exceptions import (
+    ArgumentError,
     ModelMismatchError,
     PlacementError,
     RegistryNotFoundError,
@@ -497,16 +498,23 @@ def _check_tensorboard() -> None:
 
 def _check_fit_args(model: Any, num_iterations: Any, freq: Any) -> None:
     if not isinstance(model, str) or not model:
-        raise ValueError(f"model must be a non-empty name. Received: model={model!r}.")
+        raise ArgumentError(
+            f"model must be a non-empty name. Received: model={model!r}. Pass the name under "
+            "which the trained model is saved, for example model='digits-cnn'."
+        )
     if (
         isinstance(num_iterations, bool)
         or not isinstance(num_iterations, int)
         or num_iterations < 1
     ):
-        raise ValueError(f"num_iterations must be a positive int. Received: {num_iterations!r}.")
+        raise ArgumentError(
+            f"num_iterations must be a positive int. Received: num_iterations={num_iterations!r}. "
+            "Pass the number of training iterations, for example num_iterations=10."
+        )
     if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
-        raise ValueError(
-            f"metrics_compute_frequency must be a positive int or None. Received: {freq!r}."
+        raise ArgumentError(
+            f"metrics_compute_frequency must be a positive int or None. Received: "
+            f"metrics_compute_frequency={freq!r}. None computes metrics after the last iteration."
         )
 
 

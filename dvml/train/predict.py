@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import current_client
-from dvml.exceptions import DataError, TrainingError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, TrainingError
 from dvml.preprocess.sources import normalize_x
 from dvml.registry.database import Registry, opened_registry
 from dvml.registry.weights import weights_to_bytes
@@ -125,7 +125,7 @@ def _predict(
         with dask.config.set({"dataframe.convert-string": False}):
             data = dd.from_pandas(data, npartitions=max(1, min(len(data) // 500 + 1, 16)))
     if not isinstance(data, dd.DataFrame):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"data must be a pandas or Dask DataFrame. Received: {type(data).__name__}."
         )
     missing = [c for c in [id_col, *(c for g in groups for c in g)] if c not in data.columns]
@@ -166,7 +166,7 @@ def _check_pred_type(pred_type: Any) -> None:
         or (isinstance(pred_type, float) and 0.0 < pred_type <= 1.0)
     )
     if not ok:
-        raise ValueError(
+        raise ArgumentError(
             "pred_type must be 'response', 'prob', an int k >= 1 (top k) or a float p in (0, 1] "
             f"(classes with probability >= p). Received: pred_type={pred_type!r}."
         )
@@ -240,5 +240,5 @@ def predict_byom(
         "weights": blob,
     }
     if normalizing_const <= 0:
-        raise ValueError(f"normalizing_const must be positive. Received: {normalizing_const!r}.")
+        raise ArgumentError(f"normalizing_const must be positive. Received: {normalizing_const!r}.")
     return _predict(spec, data, id_col, x, pred_type, values, normalizing_const, class_name, client)
