@@ -11,7 +11,18 @@ from typing import Any
 import dask.array as da
 import numpy as np
 import pytest
-from feature_helpers import (
+from PIL import Image
+
+import dvml
+from dvml.exceptions import (
+    ClusterError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    ModelMismatchError,
+    StoreError,
+    VineyardMemoryError,
+)
+from tests.helpers import (
     CLASSES,
     batches,
     color_images,
@@ -24,17 +35,6 @@ from feature_helpers import (
     vineyard_usage,
     write_image_folder,
     write_tar_shards,
-)
-from PIL import Image
-
-import dvml
-from dvml.exceptions import (
-    ClusterError,
-    DatasetExistsError,
-    DatasetNotFoundError,
-    ModelMismatchError,
-    StoreError,
-    VineyardMemoryError,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from typing import Any
 
 import dask.config
@@ -25,16 +24,9 @@ import dvml.registry
 from dvml.exceptions import RegistryError, RegistryNotFoundError
 from dvml.registry import Registry, database, keras_json
 from dvml.registry.custom import check_source, compile_function
+from tests.helpers import poll_for
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def poll_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 def _dense(units: int, name: str = "dense", **config: Any) -> dict[str, Any]:
@@ -739,11 +731,13 @@ def test_source_edited_in_the_database_is_checked_again(reg, url, tmp_path, monk
 
 def test_compile_function_uses_a_fresh_namespace():
     check_source("scaled_mae", GOOD_SOURCE)
-    first = compile_function("scaled_mae", GOOD_SOURCE, {"tf": FakeTf, "np": np})
-    second = compile_function("scaled_mae", GOOD_SOURCE, {"tf": FakeTf, "np": np})
+    namespace = {"tf": FakeTf, "np": np}
+    first = compile_function("scaled_mae", GOOD_SOURCE, namespace)
+    second = compile_function("scaled_mae", GOOD_SOURCE, namespace)
     assert first is not second
     assert first.__globals__ is not second.__globals__
-    assert "scaled_mae" not in globals()
+    # The caller's namespace is copied, never written to: the function's name does not leak.
+    assert namespace == {"tf": FakeTf, "np": np}
 
 
 @pytest.mark.tf
@@ -905,7 +899,9 @@ def test_writer_killed_mid_transaction_leaves_no_half_entry(url, tmp_path, repla
         [sys.executable, "-c", _KILLED_WRITER, url, str(marker), str(arch), str(int(replace))]
     )
     try:
-        poll_for(lambda: marker.exists() or child.poll() is not None, timeout=120)
+        assert poll_for(lambda: marker.exists() or child.poll() is not None, 120), (
+            "the writer neither reached its transaction nor exited within 120 s"
+        )
         assert child.poll() is None, "the writer exited before reaching its transaction"
         os.kill(child.pid, signal.SIGKILL)
         assert child.wait(timeout=30) == -signal.SIGKILL

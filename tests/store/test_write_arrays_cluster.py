@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,9 +47,8 @@ def read_sum(oid: int) -> float:
 
 
 @pytest.fixture
-def one_worker() -> Iterator[dvml.LocalCluster]:
-    with dvml.LocalCluster(n_workers=1, vineyard_memory="256MiB", set_as_default=False) as c:
-        yield c
+def one_worker(local_cluster: Callable[..., dvml.LocalCluster]) -> dvml.LocalCluster:
+    return local_cluster(n_workers=1, vineyard_memory="256MiB")
 
 
 def test_worker_killed_while_filling_leaks_no_memory(
