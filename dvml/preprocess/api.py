@@ -18,7 +18,7 @@ from dvml.cluster.attach import current_client, discover_workers
 from dvml.exceptions import DataError, DatasetExistsError
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
-from dvml.preprocess.encode import class_values_of
+from dvml.preprocess.encode import check_normalizing_const, class_values_of
 from dvml.preprocess.graph import compute_stats, pack_and_publish
 from dvml.preprocess.sources import source_parts
 from dvml.store.datasets import Dataset, describe, exists
@@ -200,7 +200,9 @@ def _preprocess(
             "choose another name."
         )
 
-    src = source_parts(source, y, x, len(targets), on_invalid, image_size, channels)
+    src = source_parts(
+        source, y, x, len(targets), on_invalid, image_size, channels, float(normalizing_const)
+    )
     if not src.parts:
         raise DataError("The source has no partitions: there is nothing to preprocess.")
     prepared, stats = compute_stats(client, src.parts, progress)
@@ -336,14 +338,7 @@ def _check_arguments(
         isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0
     ):
         raise ValueError(f"buffer_size must be a positive int. Received: {buffer_size!r}.")
-    try:
-        const = float(normalizing_const)
-    except (TypeError, ValueError):
-        const = float("nan")
-    if not math.isfinite(const) or const <= 0:
-        raise ValueError(
-            f"normalizing_const must be a positive number. Received: {normalizing_const!r}."
-        )
+    check_normalizing_const(normalizing_const)
     if num_classes is not None and (
         isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
     ):
