@@ -18,7 +18,8 @@ IRIS = ["Iris-setosa", "Iris-versicolor", "Iris-virginica"]
 
 @pytest.mark.parametrize(
     ("given", "expected"),
-    [(None, [0, 1, 2]), (IRIS, IRIS), ([IRIS], IRIS), ((tuple(IRIS),), IRIS), ([0, 1, 2], [0, 1, 2])],
+    [(None, [0, 1, 2]), (IRIS, IRIS), ([IRIS], IRIS), ((tuple(IRIS),), IRIS),
+     ([0, 1, 2], [0, 1, 2])],
 )  # fmt: skip
 def test_class_values_forms(given: Any, expected: list[Any]) -> None:
     assert byom_class_values(given, 3, 7) == expected
