@@ -155,7 +155,7 @@ def cache(
     hidden = None
     try:
         if plan.dataset is None:
-            from dvml.preprocess.api import INTERNAL_PREFIX
+            from dvml.names import INTERNAL_PREFIX
 
             hidden = f"{INTERNAL_PREFIX}features-source/{name}"
             src = pack_source(plan, hidden, rules, client, training_cache)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml.cluster.attach import current_client, discover_workers
 from dvml.exceptions import DataError, DatasetExistsError
+from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
 from dvml.preprocess.encode import check_normalizing_const, class_values_of
@@ -27,11 +28,6 @@ if TYPE_CHECKING:
     from distributed import Client
 
 __all__ = ["INTERNAL_PREFIX", "training_preprocessor", "validation_preprocessor"]
-
-# Names that start with "__" are dvml's own; users' names may not. Datasets that dvml builds
-# for its own use (the image source of a feature cache, dropped once the features are
-# published) are named under this prefix.
-INTERNAL_PREFIX = "__dvml_internal__/"
 
 
 def training_preprocessor(
@@ -329,11 +325,7 @@ def _plan_and_pack(
 def _check_arguments(
     name: Any, buffer_size: Any, normalizing_const: Any, num_classes: Any, channels: Any
 ) -> str:
-    internal = isinstance(name, str) and name.startswith(INTERNAL_PREFIX)
-    if not isinstance(name, str) or not name or (name.startswith("__") and not internal):
-        raise ValueError(
-            f"name must be a non-empty string not starting with '__'. Received: name={name!r}."
-        )
+    check_name(name, internal=True)
     if buffer_size is not None and (
         isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0
     ):

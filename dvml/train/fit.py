@@ -20,6 +20,7 @@ from dvml.exceptions import (
     TrainerFailedError,
     TrainingError,
 )
+from dvml.names import check_name
 from dvml.resolve.batches import per_worker_batch_size, steps_per_epoch
 from dvml.store.datasets import Dataset, describe, vineyard_workers
 from dvml.train import launch
@@ -372,8 +373,7 @@ def _check_tensorboard() -> None:
 
 
 def _check_fit_args(model: Any, num_iterations: Any, freq: Any) -> None:
-    if not isinstance(model, str) or not model:
-        raise ValueError(f"model must be a non-empty name. Received: model={model!r}.")
+    check_name(model, "model")
     if (
         isinstance(num_iterations, bool)
         or not isinstance(num_iterations, int)
