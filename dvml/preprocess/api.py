@@ -283,6 +283,7 @@ def _plan_and_pack(
         "independent_varname": src.x_names,
         "dependent_vartype": type(class_values[0]).__name__,
         "class_values": class_values,
+        f"{src.y}_class_values": class_values,  # MADlib's name for class_values
         "num_classes": n_classes,
         "buffer_size": layout.buffer_size,
         "normalizing_const": float(normalizing_const),
@@ -292,6 +293,11 @@ def _plan_and_pack(
         "dropped_rows": sum(s["dropped"] for s in stats),
         "invalid_counts": _sum_invalid(stats),
         "distribution_rules": describe_resolution(rules, targets),
+        # MADlib records where the data went as __internal_gpu_config__: 'all_segments' or
+        # the segments; dvml's segments are workers.
+        "__internal_gpu_config__": "all_segments"
+        if rules.kind == "all_workers"
+        else [t.name for t in targets],
         "image_size": list(src.image_size) if src.image_size else None,
         "channels": channels if src.image_size else None,
         "seed": seed,

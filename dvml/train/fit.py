@@ -25,7 +25,7 @@ from dvml.resolve.batches import per_worker_batch_size, steps_per_epoch
 from dvml.store.datasets import Dataset, describe, vineyard_workers
 from dvml.train import launch
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
-from dvml.train.summary import build_summary, check_shapes, iteration_record
+from dvml.train.summary import build_summary, check_shapes, iteration_record, weights_size_kb
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -317,6 +317,8 @@ def fit(
     final_blob = next(r["weights"] for r in results if r["weights"] is not None)
     from dvml.registry.weights import weights_from_bytes
 
+    final_weights = weights_from_bytes(final_blob)
+
     summary = build_summary(
         training=train,
         validation=valid,
@@ -333,7 +335,7 @@ def fit(
         start=start,
         end=end,
         iterations=iterations,
-        model_size_kb=len(final_blob) / 1024,
+        model_size_kb=weights_size_kb(final_weights),
         trainers=[w.name for w in workers],
         weights_identical=len(shas) == 1,
         warm_start=warm_start,
@@ -350,9 +352,7 @@ def fit(
         }
         for r in results
     }
-    reg.save_model(
-        model, arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
-    )
+    reg.save_model(model, arch_id, final_weights, summary, iterations, replace=True)
     client.gather(
         [
             client.submit(launch.clear_checkpoint, ckpt_dir, workers=[w.address], pure=False)
