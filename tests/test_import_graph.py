@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "dvml"
 # Lowest first. Units within one layer do not import each other.
 LAYERS: list[set[str]] = [
     {"dvml._version", "dvml.exceptions", "dvml.examples"},
-    {"dvml.config"},
+    {"dvml.config", "dvml.names"},
     {"dvml.cluster", "dvml.registry"},
     {"dvml.placement", "dvml.store"},
     {"dvml.resolve"},

@@ -46,8 +46,8 @@ from dvml.features.lookup import existing, intact, source_workers
 from dvml.features.manage import KIND
 from dvml.features.manage import describe as describe_cache
 from dvml.features.source import SourcePlan, pack_source, plan_source
+from dvml.names import INTERNAL_PREFIX
 from dvml.placement import DistributionRules, resolve_rules
-from dvml.preprocess.api import INTERNAL_PREFIX
 from dvml.store import catalog
 from dvml.store.datasets import Dataset, drop, run_on
 from dvml.store.publish import publish_run, staging_name

@@ -104,12 +104,9 @@ def default_name(key: str) -> str:
 def check_cache_name(name: Any) -> str | None:
     if name is None:
         return None
-    if not isinstance(name, str) or not name or name.startswith("__"):
-        raise ArgumentError(
-            f"name must be None or a non-empty string not starting with '__'. Received: "
-            f"name={name!r}."
-        )
-    return name
+    from dvml.names import check_name
+
+    return check_name(name)
 
 
 def check_batch_size(batch_size: Any) -> int:

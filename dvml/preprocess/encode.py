@@ -15,7 +15,15 @@ import pandas as pd
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 
-__all__ = ["check_finite", "class_values_of", "normalize", "one_hot", "x_to_array"]
+__all__ = [
+    "check_finite",
+    "check_normalizing_const",
+    "class_values_of",
+    "normalize",
+    "one_hot",
+    "overflow_limit",
+    "x_to_array",
+]
 
 _MAX_SHOWN = 5
 
@@ -283,8 +291,34 @@ def _stack_cells(column: pd.Series, name: str) -> np.ndarray:
     return stacked
 
 
-def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.ndarray:
-    """Find the rows of ``x`` whose values are all finite.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def overflow_limit(dtype: Any, normalizing_const: float) -> float | None:
+    """The magnitude above which ``x / normalizing_const`` overflows float32, or None.
+
+    None when no value of ``dtype`` can overflow (float32 or narrower, or small integers,
+    divided by a constant of at least 1): the common case skips the extra pass over x.
+    """
+    limit = _FLOAT32_MAX * float(normalizing_const)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        widest = float(np.finfo(dtype).max)
+    elif dtype.kind in "iu":
+        widest = float(np.iinfo(dtype).max)
+    else:
+        return None
+    return limit if widest > limit else None
+
+
+def check_finite(
+    x: np.ndarray, column: str, on_invalid: str = "raise", normalizing_const: float = 1.0
+) -> np.ndarray:
+    """Find the rows of ``x`` whose values are all finite once normalized and cast to float32.
+
+    A value such as 1e300 is finite as float64 but is stored as inf in float32 (or after
+    dividing by a tiny ``normalizing_const``): it counts as an inf value here, so that the
+    check sees what will be stored, not what was read.
 
     Parameters
     ----------
@@ -295,6 +329,8 @@ def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.nd
     on_invalid : {"raise", "drop"}
         ``"raise"``: a row with NaN or inf is an error. ``"drop"``: return the mask, and let
         the caller drop and count the rows.
+    normalizing_const : float
+        The constant x will be divided by before it is stored as float32.
 
     Returns
     -------
@@ -314,12 +350,16 @@ def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.nd
     if arr.ndim == 0:
         raise DataError(f"x must have one row per sample. Received: a scalar for {column!r}.")
     n = arr.shape[0]
-    if not np.issubdtype(arr.dtype, np.inexact):
+    limit = overflow_limit(arr.dtype, normalizing_const) if arr.dtype.kind in "iuf" else None
+    if not np.issubdtype(arr.dtype, np.inexact) and limit is None:
         return np.ones(n, dtype=bool)
-    finite = np.isfinite(arr)
-    mask = finite.reshape(n, -1).all(axis=1) if n else np.ones(0, dtype=bool)
+    finite = np.isfinite(arr) if np.issubdtype(arr.dtype, np.inexact) else np.ones_like(arr, bool)
+    if limit is not None:
+        with np.errstate(invalid="ignore"):
+            finite &= ~(np.abs(arr) > limit)
+    mask = np.asarray(finite.reshape(n, -1).all(axis=1)) if n else np.ones(0, dtype=bool)
     if on_invalid == "raise" and not mask.all():
-        n_nan = int(np.isnan(arr).sum())
+        n_nan = int(np.isnan(arr).sum()) if np.issubdtype(arr.dtype, np.inexact) else 0
         n_inf = int((~finite).sum()) - n_nan
         raise DataError(
             f"Column {column!r} holds values that are not finite. Received: {int(n - mask.sum())}"
@@ -327,6 +367,25 @@ def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.nd
             f"or pass on_invalid='drop' to drop those rows."
         )
     return mask
+
+
+def check_normalizing_const(normalizing_const: Any) -> None:
+    """Refuse a constant that is not a positive number that float32 can hold.
+
+    x is divided by ``float32(normalizing_const)``: 1e-300 would become 0 (every value inf)
+    and 1e300 would become inf (every value 0).
+    """
+    try:
+        c = float("nan") if isinstance(normalizing_const, bool) else float(normalizing_const)
+    except (TypeError, ValueError):
+        c = float("nan")
+    tiny = float(np.finfo(np.float32).tiny)
+    if not math.isfinite(c) or not tiny <= c <= _FLOAT32_MAX:
+        raise ArgumentError(
+            f"normalizing_const must be a positive number that float32 can hold, between "
+            f"{tiny:.3g} and {_FLOAT32_MAX:.3g}. Received: {normalizing_const!r}. Use 1.0 to "
+            "leave x as it is, or e.g. 255.0 for 8-bit images."
+        )
 
 
 def normalize(x: np.ndarray, normalizing_const: float) -> np.ndarray:
@@ -351,11 +410,7 @@ def normalize(x: np.ndarray, normalizing_const: float) -> np.ndarray:
             f"normalizing_const must be a number. Received: "
             f"normalizing_const={normalizing_const!r}."
         )
-    if not math.isfinite(normalizing_const) or normalizing_const <= 0:
-        raise ArgumentError(
-            f"normalizing_const must be a positive finite number. Received: "
-            f"normalizing_const={normalizing_const!r}. Use 1.0 to leave x as it is."
-        )
+    check_normalizing_const(normalizing_const)
     arr = np.asarray(x)
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise ArgumentTypeError(f"x must be numeric to normalize. Received: dtype {arr.dtype}.")

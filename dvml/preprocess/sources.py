@@ -86,8 +86,12 @@ def source_parts(
     on_invalid: str,
     image_size: tuple[int, int] | None,
     channels: int,
+    normalizing_const: float = 1.0,
 ) -> SourceParts:
-    """Build the delayed prepared parts of ``source`` (nothing is computed here)."""
+    """Build the delayed prepared parts of ``source`` (nothing is computed here).
+
+    ``normalizing_const`` lets the parts count values that overflow float32 once normalized.
+    """
     import dask.dataframe as dd
     import pandas as pd
 
@@ -110,9 +114,9 @@ def source_parts(
         with dask.config.set({"dataframe.convert-string": False}):
             source = dd.from_pandas(source, npartitions=max(1, min(2 * n_targets, len(source))))
     if isinstance(source, dd.DataFrame):
-        return _table(source, y, x, on_invalid, desc)
+        return _table(source, y, x, (on_invalid, normalizing_const), desc)
     if isinstance(source, dict):
-        return _arrays(source, y, x, on_invalid, desc)
+        return _arrays(source, y, x, (on_invalid, normalizing_const), desc)
     raise ArgumentTypeError(
         "source must be a Dask or pandas DataFrame, a Parquet/CSV path, a dict of arrays, an "
         f"image folder or a tar-shard pattern. Received: {type(source).__name__}."
@@ -125,7 +129,7 @@ def _need(value: Any, what: str) -> Any:
     return value
 
 
-def _table(ddf: Any, y: str | None, x: Any, on_invalid: str, desc: str) -> SourceParts:
+def _table(ddf: Any, y: str | None, x: Any, invalid: tuple[str, float], desc: str) -> SourceParts:
     from dask import delayed
 
     y = _need(y, "y (the label column)")
@@ -145,7 +149,7 @@ def _table(ddf: Any, y: str | None, x: Any, on_invalid: str, desc: str) -> Sourc
             UserWarning,
             stacklevel=5,  # the caller of training_preprocessor
         )
-    parts = [delayed(prepare_table)(p, groups, y, on_invalid) for p in ddf.to_delayed()]
+    parts = [delayed(prepare_table)(p, groups, y, *invalid) for p in ddf.to_delayed()]
     return SourceParts(parts, groups, y, desc)
 
 
@@ -167,7 +171,7 @@ def _read_table(path: str) -> Any:
 
 
 def _arrays(
-    source: dict[str, Any], y: str | None, x: Any, on_invalid: str, desc: str
+    source: dict[str, Any], y: str | None, x: Any, invalid: tuple[str, float], desc: str
 ) -> SourceParts:
     import dask.array as da
     from dask import delayed
@@ -194,7 +198,7 @@ def _arrays(
     x_blocks = [a.to_delayed().reshape(len(chunks), -1)[:, 0] for a in xs]
     y_blocks = labels.rechunk({0: chunks}).to_delayed().ravel()
     parts = [
-        delayed(prepare_arrays)([xb[i] for xb in x_blocks], y_blocks[i], names, y, on_invalid)
+        delayed(prepare_arrays)([xb[i] for xb in x_blocks], y_blocks[i], names, y, *invalid)
         for i in range(len(chunks))
     ]
     return SourceParts(parts, groups, y, desc)

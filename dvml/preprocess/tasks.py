@@ -20,7 +20,7 @@ import numpy as np
 from dvml.cluster.workers import worker_host
 from dvml.exceptions import DataError
 from dvml.placement.planner import split_partition
-from dvml.preprocess.encode import check_finite, normalize, one_hot, x_to_array
+from dvml.preprocess.encode import check_finite, normalize, one_hot, overflow_limit, x_to_array
 from dvml.preprocess.images import decode_image
 from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
 from dvml.store.tensors import write_arrays
@@ -37,9 +37,14 @@ __all__ = [
 
 
 def _finish(
-    xs: list[np.ndarray], labels: np.ndarray, names: Sequence[str], on_invalid: str
+    xs: list[np.ndarray],
+    labels: np.ndarray,
+    names: Sequence[str],
+    on_invalid: str,
+    normalizing_const: float,
 ) -> dict[str, Any]:
-    """Find the rows whose x holds NaN or inf; drop them when ``on_invalid == "drop"``.
+    """Find the rows whose x holds NaN or inf (as float32, once normalized); drop them when
+    ``on_invalid == "drop"``.
 
     With ``"raise"`` the rows are kept and only counted (rows, NaN and inf values per input):
     the client raises with the totals of the whole source, not those of one partition.
@@ -47,15 +52,22 @@ def _finish(
     keep = np.ones(len(labels), dtype=bool)
     nonfinite: dict[str, dict[str, int]] = {}
     for name, x in zip(names, xs, strict=True):
-        mask = check_finite(x, name, "drop")
+        mask = check_finite(x, name, "drop", normalizing_const)
         if mask.all():
             continue
         keep &= mask
         arr = np.asarray(x)
+        floating = arr.dtype.kind == "f"
+        # inf as stored: inf in the source, or finite but beyond float32 once normalized
+        inf = int(np.isinf(arr).sum()) if floating else 0
+        limit = overflow_limit(arr.dtype, normalizing_const)
+        if limit is not None:
+            with np.errstate(invalid="ignore"):
+                inf += int((np.isfinite(arr) & (np.abs(arr) > limit)).sum())
         nonfinite[name] = {
             "rows": int((~mask).sum()),
-            "nan": int(np.isnan(arr).sum()),
-            "inf": int(np.isinf(arr).sum()),
+            "nan": int(np.isnan(arr).sum()) if floating else 0,
+            "inf": inf,
         }
     invalid_rows = int((~keep).sum())
     dropped = 0
@@ -86,7 +98,11 @@ def _label_mask(labels: np.ndarray, y: str) -> np.ndarray:
 
 
 def prepare_table(
-    frame: Any, x_groups: Sequence[Sequence[str]], y: str, on_invalid: str
+    frame: Any,
+    x_groups: Sequence[Sequence[str]],
+    y: str,
+    on_invalid: str,
+    normalizing_const: float = 1.0,
 ) -> dict[str, Any]:
     """Prepare one pandas partition: x arrays per input group, labels, invalid rows."""
     if y not in frame.columns:
@@ -96,11 +112,17 @@ def prepare_table(
     xs = [x_to_array(frame, list(group)) for group in x_groups]
     labels = frame[y].to_numpy()
     _label_mask(labels, y)
-    return _finish(xs, labels, [",".join(group) for group in x_groups], on_invalid)
+    names = [",".join(group) for group in x_groups]
+    return _finish(xs, labels, names, on_invalid, normalizing_const)
 
 
 def prepare_arrays(
-    xs: Sequence[np.ndarray], labels: np.ndarray, x_names: Sequence[str], y: str, on_invalid: str
+    xs: Sequence[np.ndarray],
+    labels: np.ndarray,
+    x_names: Sequence[str],
+    y: str,
+    on_invalid: str,
+    normalizing_const: float = 1.0,
 ) -> dict[str, Any]:
     """Prepare one block of array sources (dask or numpy arrays aligned on axis 0)."""
     labels = np.asarray(labels)
@@ -115,7 +137,7 @@ def prepare_arrays(
             )
         arrays.append(x)
     _label_mask(labels, y)
-    return _finish(arrays, labels, list(x_names), on_invalid)
+    return _finish(arrays, labels, list(x_names), on_invalid, normalizing_const)
 
 
 def prepare_image_files(
@@ -139,8 +161,12 @@ def prepare_tar_shard(path: str, size: tuple[int, int], channels: int) -> dict[s
 
 def part_stats(part: dict[str, Any]) -> dict[str, Any]:
     """Small facts about a prepared part, gathered by the client to plan the layout."""
+    import pandas as pd
+
     labels = part["labels"]
-    uniques = np.unique(labels) if len(labels) else np.array([])
+    # pd.unique does not sort: np.unique of [1, "1"] raises a raw TypeError here, before the
+    # client can say that the labels mix types (encode.class_values_of).
+    uniques = pd.unique(pd.Series(labels, dtype=labels.dtype)) if len(labels) else []
     return {
         "rows": len(labels),
         "labels": [u.item() if isinstance(u, np.generic) else u for u in uniques],

@@ -22,6 +22,7 @@ from dvml.exceptions import (
     TrainerFailedError,
     TrainingError,
 )
+from dvml.names import check_name
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.resolve.batches import per_worker_batch_size, steps_per_epoch
@@ -29,7 +30,7 @@ from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import launch
 from dvml.train.model import Model
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
-from dvml.train.summary import build_summary, check_shapes, iteration_record
+from dvml.train.summary import build_summary, check_shapes, iteration_record, weights_size_kb
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -440,7 +441,7 @@ def _summary(
         start=start,
         end=end,
         iterations=iterations,
-        model_size_kb=len(final_blob) / 1024,
+        model_size_kb=weights_size_kb(weights_from_bytes(final_blob)),
         trainers=[w.name for w in plan.workers],
         weights_identical=len(shas) == 1,
         warm_start=plan.warm_start,
@@ -497,11 +498,7 @@ def _check_tensorboard() -> None:
 
 
 def _check_fit_args(model: Any, num_iterations: Any, freq: Any) -> None:
-    if not isinstance(model, str) or not model:
-        raise ArgumentError(
-            f"model must be a non-empty name. Received: model={model!r}. Pass the name under "
-            "which the trained model is saved, for example model='digits-cnn'."
-        )
+    check_name(model, "model")
     if (
         isinstance(num_iterations, bool)
         or not isinstance(num_iterations, int)

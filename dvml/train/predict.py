@@ -202,6 +202,39 @@ def predict(
     )
 
 
+def byom_class_values(class_values: Any, n_out: int | None, arch_id: int) -> list[Any]:
+    """The class names of a BYOM model's outputs, from either of MADlib's forms.
+
+    ``class_values`` is a flat list (``['a', 'b', 'c']``) or MADlib's 2-D form, one list per
+    model output (``[['a', 'b', 'c']]``); dvml predicts single-output models, so the 2-D form
+    holds exactly one list. None names the outputs 0..n-1. The count must equal the model's
+    output size: a shorter or longer list would label rows wrongly.
+    """
+    if class_values is None:
+        return list(range(n_out or 0))
+    if isinstance(class_values, str | bytes) or not isinstance(class_values, Sequence):
+        raise DataError(
+            "class_values must be a list of class names, or MADlib's form with one list per "
+            f"model output. Received: {class_values!r}."
+        )
+    values = list(class_values)
+    nested = [isinstance(v, list | tuple) for v in values]
+    if any(nested):
+        if not all(nested) or len(values) != 1:
+            raise DataError(
+                "class_values in MADlib's 2-D form must hold one list per model output, and "
+                f"architecture {arch_id} has one output. Received {len(values)} entries: "
+                f"{class_values!r}. Pass [[name, ...]] or a flat [name, ...]."
+            )
+        values = list(values[0])
+    if n_out is not None and len(values) != n_out:
+        raise DataError(
+            f"class_values names {len(values)} classes but architecture {arch_id} has {n_out} "
+            f"outputs. Received: {class_values!r}. Give one name per output, in output order."
+        )
+    return values
+
+
 def predict_byom(
     arch_id: int,
     data: Any,
@@ -216,7 +249,8 @@ def predict_byom(
 ) -> Any:
     """Predict with a model trained elsewhere: an architecture with its weights (BYOM).
 
-    ``class_values`` name the model's outputs (default: 0..n-1).
+    ``class_values`` name the model's outputs (default: 0..n-1), as a flat list or in
+    MADlib's 2-D form (one list per output); the count must match the model's output size.
     """
     client = current_client(client)
     with opened_registry(registry) as reg:
@@ -228,11 +262,7 @@ def predict_byom(
         )
 
     n_out = (arch.get("output_shape") or [None])[-1]
-    values = list(class_values) if class_values is not None else list(range(n_out or 0))
-    if n_out is not None and len(values) > n_out:
-        raise DataError(
-            f"{len(values)} class_values given but architecture {arch_id} has {n_out} outputs."
-        )
+    values = byom_class_values(class_values, n_out, arch_id)
     blob = weights_to_bytes(arch["weights"])
     spec = {
         "key": f"byom:{arch_id}:{hashlib.sha256(blob).hexdigest()[:16]}",

@@ -177,6 +177,12 @@ def _empty_arrays() -> dict[str, Any]:
     return {"x": da.zeros((0, 3), chunks=1), "y": da.zeros((0,), chunks=1)}
 
 
+def _mixed_labels() -> pd.DataFrame:
+    frame = _good()
+    frame["y"] = pd.Series([1, "1"] * (len(frame) // 2), dtype=object)  # in every partition
+    return frame
+
+
 def _empty_dask_frame() -> Any:
     return dd.from_pandas(pd.DataFrame({"a": np.zeros(0), "y": np.zeros(0, int)}), npartitions=1)
 
@@ -198,12 +204,16 @@ def _empty_dask_frame() -> Any:
         (_good, {"normalizing_const": 0}, ValueError, r"normalizing_const.*Received: 0"),
         (_good, {"normalizing_const": -255.0}, ValueError, r"normalizing_const.*-255"),
         (_good, {"num_classes": 2}, DataError, r"num_classes=2 is smaller than the 3 distinct"),
+        (_good, {"normalizing_const": 1e-300}, ValueError, r"float32 can hold.*1e-300"),
+        (_good, {"normalizing_const": 1e300}, ValueError, r"float32 can hold.*1e\+300"),
+        (_mixed_labels, {}, DataError, r"mix value types.*\['int', 'str'\]"),
     ],
     ids=[
         "missing-x", "missing-x-in-group", "missing-y", "non-numeric-x", "ragged-rows",
         "ragged-partitions", "empty-pandas", "empty-arrays", "empty-dask", "buffer-size-0",
         "buffer-size-negative", "normalizing-const-0", "normalizing-const-negative",
-        "num-classes-too-small",
+        "num-classes-too-small", "normalizing-const-tiny", "normalizing-const-huge",
+        "mixed-label-types",
     ],
 )  # fmt: skip
 def test_bad_data(
@@ -237,6 +247,25 @@ def test_nan_and_inf_are_reported_with_counts(cluster2: dvml.LocalCluster) -> No
     assert "3 NaN, 2 inf" in message
     assert "on_invalid='drop'" in message
     assert_nothing_left(cluster2, "pp_nan", before)
+
+
+def test_values_beyond_float32_count_as_inf(cluster2: dvml.LocalCluster) -> None:
+    # 1e300 is finite as float64 but would be stored as inf in the float32 buffers; so would
+    # 1e30 divided by normalizing_const=1e-10.
+    frame = _good(60)
+    frame.loc[[4, 40], "a"] = 1e300
+    frame.loc[10, "b"] = 1e30
+    before = snapshot(cluster2)
+    with pytest.raises(DataError, match=r"2 of 60 rows .*0 NaN, 2 inf"):
+        dvml.training_preprocessor(
+            frame, y="y", x=[["a", "b"]], name="pp_big", client=cluster2.client
+        )
+    with pytest.raises(DataError, match=r"3 of 60 rows .*0 NaN, 3 inf"):
+        dvml.training_preprocessor(
+            frame, y="y", x=[["a", "b"]], normalizing_const=1e-10, name="pp_big",
+            client=cluster2.client,
+        )  # fmt: skip
+    assert_nothing_left(cluster2, "pp_big", before)
 
 
 def test_nan_and_inf_rows_dropped(cluster2: dvml.LocalCluster) -> None:
