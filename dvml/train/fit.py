@@ -25,6 +25,7 @@ from dvml.store.datasets import Dataset, describe, vineyard_workers
 from dvml.train import launch
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
 from dvml.train.summary import build_summary, check_shapes, iteration_record
+from dvml.train.sync import check_sync, choose_sync
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -126,6 +127,7 @@ def fit(
     custom_objects: list[str] | None = None,
     *,
     tensorboard_dir: str | None = None,
+    sync: str | int | None = None,
     resume: bool = True,
     seed: int | None = None,
     timeout: float | None = None,
@@ -168,6 +170,13 @@ def fit(
         :func:`dvml.registry.register_custom_function`.
     tensorboard_dir : str, optional
         Write TensorBoard logs there (one sub-directory per trainer).
+    sync : {"step", "iteration"} or int, optional
+        How the trainers synchronise. ``"step"``: MultiWorkerMirroredStrategy all-reduces the
+        gradients at every step. ``"iteration"``: MADlib's model averaging; each trainer fits
+        its local rows with its own optimizer for the iteration's epochs, then all weights
+        are averaged, weighted by the trainers' row counts. An int ``k``: average every ``k``
+        steps (local SGD). Default (config ``dvml.train.sync``, null = automatic): ``"step"``
+        when ``use_gpus=True`` and every trainer has a GPU, else ``"iteration"``.
     resume : bool
         Resume from the checkpoint of an interrupted run of the same job, if there is one.
     timeout : float, optional
@@ -186,6 +195,7 @@ def fit(
 
     from dvml.train.model import Model
 
+    requested_sync = check_sync(config.get("train.sync", check_sync(sync)))
     client = current_client(client)
     reg = open_registry(registry)
     _check_fit_args(model, num_iterations, metrics_compute_frequency)
@@ -213,6 +223,8 @@ def fit(
                 f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
                 "or train with use_gpus=False."
             )
+    sync_mode, sync_reason = choose_sync(requested_sync, use_gpus, [w.gpus for w in workers])
+    logger.info("training %s with sync=%r: %s", model, sync_mode, sync_reason)
     per_worker = per_worker_batch_size(global_batch, len(workers))
     rows = _rows_per_worker(train, workers)
     steps = steps_per_epoch(list(rows.values()), per_worker)
@@ -233,6 +245,7 @@ def fit(
         seed,
         warm_start,
         len(workers),
+        sync_mode,
     )
     ckpt_dir = str(config.state_dir() / "checkpoints" / f"{model}-{key}")
     start_iteration, history = 1, list[dict[str, Any]]()
@@ -274,6 +287,7 @@ def fit(
         "checkpoint_dir": ckpt_dir,
         "tensorboard_dir": tensorboard_dir,
         "use_gpus": use_gpus,
+        "sync": sync_mode,
         "peer_timeout": config.get("train.peer-timeout"),
     }
     collector = _Progress(len(workers), model, num_iterations, on_iteration, progress)
@@ -339,6 +353,7 @@ def fit(
         version=_version(),
     )
     summary["custom_objects"] = sorted(custom_sources)
+    summary["sync"] = sync_mode
     summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None
     # What each trainer read: its vineyard instance and the buffers it resolved locally.
     summary["trainer_partitions"] = {
@@ -505,6 +520,9 @@ class _Progress:
             return
         record = iteration_record(bucket)
         record["fit_loss"] = sum(m["fit_loss"] for m in bucket) / len(bucket)
+        # training time alone (the slowest trainer), and the part of it spent averaging
+        record["fit_seconds"] = max(m.get("fit_seconds", 0.0) for m in bucket)
+        record["averaging_seconds"] = max(m.get("averaging_seconds", 0.0) for m in bucket)
         if self.echo:
             metrics = record.get("training_metrics") or {}
             extra = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
