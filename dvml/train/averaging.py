@@ -39,6 +39,17 @@ class Averager:
         total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, distributed, axis=None)
         return np.asarray(total.numpy())
 
+    def broadcast(self, model: Any, chief: bool) -> None:
+        """Give every trainer the chief's weights (bit for bit).
+
+        Each trainer builds its model outside the strategy's scope, so nothing else makes
+        their random initial weights equal; averaging models that started apart destroys
+        them. The others add zeros, so the sum is the chief's weights exactly.
+        """
+        weights = model.get_weights()
+        vector = flatten(weights) if chief else np.zeros(sum(w.size for w in weights))
+        model.set_weights(unflatten(self.all_reduce(vector), weights))
+
     def average(self, model: Any) -> None:
         """Replace every weight of ``model`` by the row-weighted mean over the trainers."""
         import time

@@ -154,6 +154,8 @@ def run(job: dict[str, Any]) -> None:
         model = build_model(keras, job, custom_objects)
         compile_model(model, job, custom_objects)
         averager = Averager(strategy, train.rows)
+        # Same start everywhere (MultiWorkerMirroredStrategy would do it inside its scope).
+        averager.broadcast(model, chief=int(job["tf_config"]["task"]["index"]) == 0)
     # A plain model with the same weights evaluates on LOCAL rows only (no collectives).
     evaluator = build_model(keras, {**job, "weights_path": None}, custom_objects)
     compile_model(evaluator, job, custom_objects)
