@@ -72,3 +72,16 @@ def test_flatten_round_trip_and_errors() -> None:
         weighted_average([like], [1, 2])
     with pytest.raises(ValueError, match="no rows"):
         weighted_average([like], [0])
+
+
+def test_config_key_is_automatic_by_default_and_checked() -> None:
+    import dask
+
+    from dvml import config
+
+    assert config.get("train.sync") is None  # null = automatic
+    with (
+        dask.config.set({"dvml.train.sync": "fast"}),
+        pytest.raises(ValueError, match=r"Received: sync='fast'"),
+    ):
+        dvml.fit("any", "model", 1, "loss='mse'", client=object())  # type: ignore[arg-type]
