@@ -11,7 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import dvml
+from dvml import config
 from dvml.examples import COMPILE_PARAMS, digits_cnn_json, digits_frame
+from dvml.train.sync import choose_sync
 
 __all__ = ["digits_cnn_json", "digits_frame", "run_demo"]
 
@@ -62,9 +64,14 @@ def run_demo(
             )
         )
         arch_id = dvml.load_keras_model(digits_cnn_json(), name="digits-cnn", registry=registry)
+        # The fastest correct mode for this machine: fit's automatic default (or the config's).
+        use_gpus = bool(cluster.workers) and all(w.gpus for w in cluster.workers)
+        sync, why = choose_sync(
+            config.get("train.sync"), use_gpus, [w.gpus for w in cluster.workers]
+        )
         say(
-            f"\nRegistered the CNN as architecture {arch_id}; training with one "
-            f"MultiWorkerMirroredStrategy trainer per worker..."
+            f"\nRegistered the CNN as architecture {arch_id}; training with one trainer per "
+            f"worker, sync={sync!r} because {why}..."
         )
         model = dvml.fit(
             ds,
@@ -75,6 +82,8 @@ def run_demo(
             num_iterations=num_iterations,
             validation_set=val,
             metrics_compute_frequency=1,
+            use_gpus=use_gpus,
+            sync=sync,
             registry=registry,
         )
         result = dvml.evaluate("demo_digits_cnn", val, registry=registry)
@@ -107,5 +116,6 @@ def run_demo(
         "validation_loss": result["loss"],
         "weights_identical": summary["weights_identical_on_all_trainers"],
         "trainers": summary["trainers"],
+        "sync": summary["sync"],
         "elapsed_s": elapsed,
     }

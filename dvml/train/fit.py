@@ -31,6 +31,7 @@ from dvml.train import launch
 from dvml.train.model import Model
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
 from dvml.train.summary import build_summary, check_shapes, iteration_record, weights_size_kb
+from dvml.train.sync import check_sync, choose_sync
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -112,6 +113,7 @@ def fit(
     custom_objects: list[str] | None = None,
     *,
     tensorboard_dir: str | None = None,
+    sync: str | int | None = None,
     resume: bool = True,
     seed: int | None = None,
     timeout: float | None = None,
@@ -154,6 +156,13 @@ def fit(
         :func:`dvml.registry.register_custom_function`.
     tensorboard_dir : str, optional
         Write TensorBoard logs there (one sub-directory per trainer).
+    sync : {"step", "iteration"} or int, optional
+        How the trainers synchronise. ``"step"``: MultiWorkerMirroredStrategy all-reduces the
+        gradients at every step. ``"iteration"``: MADlib's model averaging; each trainer fits
+        its local rows with its own optimizer for the iteration's epochs, then all weights
+        are averaged, weighted by the trainers' row counts. An int ``k``: average every ``k``
+        steps (local SGD). Default (config ``dvml.train.sync``, null = automatic): ``"step"``
+        when ``use_gpus=True`` and every trainer has a GPU, else ``"iteration"``.
     resume : bool
         Resume from the checkpoint of an interrupted run of the same job, if there is one.
     timeout : float, optional
@@ -168,6 +177,7 @@ def fit(
     dvml.Model
         The registered model: ``.summary`` has every field of MADlib's fit summary.
     """
+    requested_sync = check_sync(config.get("train.sync", check_sync(sync)))
     client = current_client(client)
     reg = open_registry(registry)
     plan = _plan(
@@ -175,7 +185,7 @@ def fit(
         fit_params=fit_params, num_iterations=num_iterations, use_gpus=use_gpus,
         validation_set=validation_set, metrics_compute_frequency=metrics_compute_frequency,
         warm_start=warm_start, custom_objects=custom_objects, tensorboard_dir=tensorboard_dir,
-        seed=seed, timeout=timeout,
+        seed=seed, timeout=timeout, sync=requested_sync,
     )  # fmt: skip
     start_iteration, weights_blob, history = _resume(client, plan, resume)
     endpoints = _reserve_ports(client, plan.workers)
@@ -215,6 +225,7 @@ class _Plan:
     tensorboard_dir: str | None
     seed: int
     timeout: float
+    sync: str | int
     key: str
     checkpoint_dir: str
 
@@ -237,6 +248,7 @@ def _plan(
     tensorboard_dir: str | None,
     seed: int | None,
     timeout: float | None,
+    sync: str | int | None,
 ) -> _Plan:
     """Check every argument and decide the trainers, batches and job key (starts nothing)."""
     _check_fit_args(model, num_iterations, metrics_compute_frequency)
@@ -264,6 +276,8 @@ def _plan(
                 f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
                 "or train with use_gpus=False."
             )
+    sync_mode, sync_reason = choose_sync(sync, use_gpus, [w.gpus for w in workers])
+    logger.info("training %s with sync=%r: %s", model, sync_mode, sync_reason)
     per_worker = per_worker_batch_size(global_batch, len(workers))
     rows = _rows_per_worker(train, workers)
     steps = steps_per_epoch(list(rows.values()), per_worker)
@@ -283,6 +297,7 @@ def _plan(
         seed,
         warm_start,
         len(workers),
+        sync_mode,
     )
     return _Plan(
         model=model,
@@ -304,6 +319,7 @@ def _plan(
         tensorboard_dir=tensorboard_dir,
         seed=seed,
         timeout=timeout,
+        sync=sync_mode,
         key=key,
         checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{model}-{key}"),
     )
@@ -355,6 +371,7 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
         "checkpoint_dir": plan.checkpoint_dir,
         "tensorboard_dir": plan.tensorboard_dir,
         "use_gpus": plan.use_gpus,
+        "sync": plan.sync,
         "peer_timeout": config.get("train.peer-timeout"),
     }
 
@@ -448,6 +465,7 @@ def _summary(
         version=__version__,
     )
     summary["custom_objects"] = sorted(plan.custom_sources)
+    summary["sync"] = plan.sync
     summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None
     # What each trainer read: its vineyard instance and the buffers it resolved locally.
     summary["trainer_partitions"] = {
@@ -634,6 +652,9 @@ class _Progress:
             return
         record = iteration_record(bucket)
         record["fit_loss"] = sum(m["fit_loss"] for m in bucket) / len(bucket)
+        # training time alone (the slowest trainer), and the part of it spent averaging
+        record["fit_seconds"] = max(m.get("fit_seconds", 0.0) for m in bucket)
+        record["averaging_seconds"] = max(m.get("averaging_seconds", 0.0) for m in bucket)
         if self.echo:
             metrics = record.get("training_metrics") or {}
             extra = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())

@@ -139,9 +139,23 @@ def run(job: dict[str, Any]) -> None:
             shuffle=job["fit_params"].get("shuffle", True),
         )
 
-    with strategy.scope():
+    # "step": the strategy all-reduces gradients every step. "iteration" and an int k: the
+    # model lives OUTSIDE the strategy's scope and trains on local rows only; the strategy
+    # is kept for its collective context, which averages the weights (dvml.train.averaging).
+    sync = job.get("sync", "step")
+    averager = None
+    if sync == "step":
+        with strategy.scope():
+            model = build_model(keras, job, custom_objects)
+            compile_model(model, job, custom_objects)
+    else:
+        from dvml.train.averaging import Averager
+
         model = build_model(keras, job, custom_objects)
         compile_model(model, job, custom_objects)
+        averager = Averager(strategy, train.rows)
+        # Same start everywhere (MultiWorkerMirroredStrategy would do it inside its scope).
+        averager.broadcast(model, chief=int(job["tf_config"]["task"]["index"]) == 0)
     # A plain model with the same weights evaluates on LOCAL rows only (no collectives).
     evaluator = build_model(keras, {**job, "weights_path": None}, custom_objects)
     compile_model(evaluator, job, custom_objects)
@@ -151,6 +165,24 @@ def run(job: dict[str, Any]) -> None:
         log_dir = os.path.join(job["tensorboard_dir"], job["worker_name"])
         callbacks.append(keras.callbacks.TensorBoard(log_dir=log_dir))
     creator = keras.utils.experimental.DatasetCreator(dataset_fn)
+    every_k = None
+    if isinstance(sync, int) and averager is not None:
+        from dvml.train.averaging import averaging_callback
+
+        every_k = averaging_callback(keras, averager, sync)
+        callbacks.append(every_k)
+    task = int(job["tf_config"]["task"]["index"])
+
+    def local_dataset(iteration: int) -> Any:
+        # A new shuffle each iteration (a fresh iterator restarts the generator's epochs).
+        return training_dataset(
+            train,
+            per_worker_batch,
+            steps,
+            job["seed"] + task + 7919 * iteration,
+            shuffle=job["fit_params"].get("shuffle", True),
+        )
+
     fit_kwargs = {
         k: v
         for k, v in job["fit_params"].items()
@@ -165,14 +197,24 @@ def run(job: dict[str, Any]) -> None:
     freq = int(job["metrics_compute_frequency"])
     for iteration in range(first, last + 1):
         t0 = time.monotonic()
-        fit_history = model.fit(creator, steps_per_epoch=steps, callbacks=callbacks, **fit_kwargs)
+        averaged = (averager.count, averager.seconds) if averager is not None else (0, 0.0)
+        data = creator if averager is None else local_dataset(iteration)
+        fit_history = model.fit(data, steps_per_epoch=steps, callbacks=callbacks, **fit_kwargs)
+        if every_k is not None:
+            every_k.flush(model)
+        elif averager is not None:
+            averager.average(model)  # MADlib: every trainer starts the next one from the mean
         weights = model.get_weights()
         record: dict[str, Any] = {
             "iteration": iteration,
             "fit_seconds": time.monotonic() - t0,
             "elapsed": time.monotonic() - started,
             "fit_loss": float(fit_history.history["loss"][-1]),
+            "sync": sync,
         }
+        if averager is not None:
+            record["averages"] = averager.count - averaged[0]
+            record["averaging_seconds"] = averager.seconds - averaged[1]
         if iteration % freq == 0 or iteration == last:
             evaluator.set_weights(weights)
             record["training"] = local_metrics(evaluator, train, per_worker_batch)

@@ -110,6 +110,7 @@ def trained(env: dict[str, Any]) -> dict[str, Any]:
         validation_set="fit_digits_val",
         metrics_compute_frequency=2,
         on_iteration=seen.append,
+        sync="iteration",
     )
     return {"model": model, "summary": model.summary, "seen": seen}
 
@@ -132,6 +133,8 @@ def top1(env: dict[str, Any], trained: dict[str, Any]) -> pd.DataFrame:
 
 def test_fit_reaches_the_validation_accuracy(trained: dict[str, Any]) -> None:
     s = trained["summary"]
+    # MADlib's model averaging converges: >= 90 % within 4 iterations (2 epochs each)
+    assert s["sync"] == "iteration"
     assert s["validation_metrics_final"] >= 0.90, s["validation_metrics"]
 
 
@@ -299,7 +302,7 @@ def test_warm_start_continues_from_the_trained_weights(
         "digits_cnn_warm", fitted["arch_id"], fitted["weights"], fitted["summary"], replace=True
     )
     # warm start continues from these weights: its first loss is already low
-    warm = run_fit(env, "digits_cnn_warm", num_iterations=1, warm_start=True)
+    warm = run_fit(env, "digits_cnn_warm", num_iterations=1, warm_start=True, sync="iteration")
     assert warm.summary["training_loss_final"] < 0.5
     assert warm.summary["warm_start"] is True
 
@@ -311,7 +314,8 @@ def test_transfer_learning_keeps_frozen_layers(env: dict[str, Any]) -> None:
     arch = dvml.load_keras_model(
         base.to_json(), weights=initial, name="frozen-conv", registry=env["registry"]
     )
-    model = run_fit(env, "transfer", arch_id=arch, num_iterations=1)
+    # under model averaging too: identical frozen weights average to themselves, bit for bit
+    model = run_fit(env, "transfer", arch_id=arch, num_iterations=1, sync="iteration")
     after = model.weights()
     np.testing.assert_array_equal(after[0], initial[0])  # conv kernel: frozen
     np.testing.assert_array_equal(after[1], initial[1])  # conv bias: frozen
@@ -456,6 +460,7 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
                 num_iterations=4,
                 fit_params="batch_size=32, epochs=2",
                 on_iteration=lambda r: first_iteration_done.set(),
+                sync="iteration",
             )
         except BaseException as exc:  # recorded for the main thread
             outcome["error"] = exc
@@ -475,8 +480,23 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
     # the other trainer is gone too
     assert poll_for(lambda: not _trainer_pids(cluster2, "worker-0"), 30)
 
-    resumed = run_fit(env, "resumable", num_iterations=4, fit_params="batch_size=32, epochs=2")
+    resumed = run_fit(
+        env, "resumable", num_iterations=4, fit_params="batch_size=32, epochs=2", sync="iteration"
+    )
     assert resumed.summary["resumed_from_iteration"] >= 1
+    assert resumed.summary["weights_identical_on_all_trainers"] is True
     assert resumed.summary["num_iterations"] == 4
     # the history of the interrupted run is carried over: every iteration appears once
     assert resumed.history()["iteration"].tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("sync", ["step", 5])
+def test_sync_modes_end_on_identical_weights(env: dict[str, Any], sync: Any) -> None:
+    """Gradient all-reduce per step, and local SGD averaging every 5 steps."""
+    model = run_fit(
+        env, f"sync_{sync}", num_iterations=1, sync=sync, validation_set="fit_digits_val"
+    )
+    s = model.summary
+    assert s["sync"] == sync
+    assert s["weights_identical_on_all_trainers"] is True
+    assert s["validation_metrics_final"] > 0.5, s["validation_metrics"]
