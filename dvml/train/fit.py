@@ -20,7 +20,7 @@ from dvml.exceptions import (
     TrainerFailedError,
     TrainingError,
 )
-from dvml.resolve.batches import per_worker_batch_size, steps_per_epoch
+from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
 from dvml.store.datasets import Dataset, describe, vineyard_workers
 from dvml.train import launch
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
@@ -149,7 +149,9 @@ def fit(
     compile_params, fit_params : str or dict
         MADlib-style strings (``"loss='categorical_crossentropy', optimizer='adam',
         metrics=['accuracy']"``) or dicts, parsed safely. ``batch_size`` is the GLOBAL batch,
-        split evenly over the trainers; ``epochs`` are run per iteration.
+        split as evenly as possible over the trainers (any ``batch_size`` >= the number of
+        trainers; some trainers take one row more per batch when it does not divide evenly,
+        with a warning); ``epochs`` are run per iteration.
     num_iterations : int
         Iterations; each runs ``fit_params`` on every trainer in lock-step.
     use_gpus : bool
@@ -213,9 +215,16 @@ def fit(
                 f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
                 "or train with use_gpus=False."
             )
-    per_worker = per_worker_batch_size(global_batch, len(workers))
     rows = _rows_per_worker(train, workers)
-    steps = steps_per_epoch(list(rows.values()), per_worker)
+    per_worker = per_worker_batch_sizes(global_batch, [rows[w.name] for w in workers])
+    steps = steps_per_epoch([rows[w.name] for w in workers], per_worker)
+    if len(set(per_worker)) > 1:
+        logger.warning(
+            "batch_size=%d does not divide evenly over %d trainers: per-trainer batches %s",
+            global_batch,
+            len(workers),
+            dict(zip([w.name for w in workers], per_worker, strict=True)),
+        )
     custom_sources = reg.custom_function_sources(custom_objects or [])
     if tensorboard_dir is not None:
         _check_tensorboard()
@@ -267,7 +276,6 @@ def fit(
         "metrics_compute_frequency": freq,
         "training": train.name,
         "validation": valid.name if valid else None,
-        "per_worker_batch": per_worker,
         "steps_per_epoch": steps,
         "seed": seed,
         "custom_objects": custom_sources,
@@ -284,6 +292,8 @@ def fit(
     for i, w in enumerate(workers):
         job = {
             **base_job,
+            # Each trainer's own share of the global batch (they differ by at most one row).
+            "per_worker_batch": per_worker[i],
             "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
         }
         futures.append(
