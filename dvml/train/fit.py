@@ -192,7 +192,8 @@ def fit(
     reg = open_registry(registry)
     _check_fit_args(model, num_iterations, metrics_compute_frequency)
     freq = metrics_compute_frequency or num_iterations
-    compile_parsed = parse_compile_params(compile_params)
+    # With the custom names, a loss or metric the trainers could not resolve is refused here.
+    compile_parsed = parse_compile_params(compile_params, custom_names=custom_objects or [])
     fit_parsed = parse_fit_params(fit_params)
     fit_parsed.setdefault("epochs", 1)
     global_batch = int(fit_parsed.setdefault("batch_size", 32))
