@@ -294,10 +294,42 @@ def test_custom_loss_and_tensorboard(env: dict[str, Any]) -> None:
     assert result["loss_type"] == "scaled_ce" and result["loss"] > 0
 
 
+def test_loss_and_metric_objects_with_an_uneven_global_batch(
+    env: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # MADlib's users write Keras objects; 33 rows per step split 17 + 16 over two trainers.
+    with caplog.at_level("WARNING", logger="dvml.train"):
+        model = run_fit(
+            env,
+            "smoothed",
+            num_iterations=1,
+            compile_params="loss=CategoricalCrossentropy(label_smoothing=0.1), "
+            "optimizer=Adam(learning_rate=0.003), metrics=['accuracy', AUC(name='auc')]",
+            fit_params="batch_size=33, epochs=2",
+        )
+    assert "per-trainer batches" in caplog.text and "17" in caplog.text and "16" in caplog.text
+    summary = model.summary
+    assert summary["loss_type"] == "CategoricalCrossentropy(label_smoothing=0.1)"
+    assert summary["metrics_type"] == ["accuracy", "auc"]
+    assert "AUC(name='auc')" in summary["compile_params"]
+    result = dvml.evaluate(
+        "smoothed", "fit_digits_val", registry=env["registry"], client=env["client"]
+    )
+    assert (
+        0.5 < result["metrics"]["auc"] <= 1.0 and result["metric"] == result["metrics"]["accuracy"]
+    )
+    assert result["loss"] > 0
+
+
 @pytest.mark.parametrize(
     "compile_params",
     [
         "loss=__import__('os').system('touch /tmp/dvml-pwned')",
+        # Each of these passed the client's check before and failed inside the trainers.
+        "loss='CategoricalCrossentropy(from_logit=True)', optimizer='adam'",
+        "loss='sparse_categorical_crossentropy', optimizer='adam'",
+        "loss='categorical_crossentropy', metrics=['accuracy', 'acuracy']",
+        "loss='categorical_crossentropy', metrics=[AUC(curve='roc')]",
         "loss='categorical_crossentropy', optimizer='adam', lr=1e309",
         "loss='categorical_crossentropy', nonsense_key=1",
         "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy'",
