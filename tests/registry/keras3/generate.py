@@ -115,6 +115,21 @@ def global_1d() -> keras.Model:
     )
 
 
+def digits_cnn() -> keras.Model:
+    # For the 8x8 digits of tests/train/test_fit_cluster.py: a Keras 3 model trained by dvml.
+    return Sequential(
+        [
+            Input((8, 8, 1)),
+            layers.Conv2D(16, 3, activation="relu", padding="same"),
+            layers.BatchNormalization(),
+            layers.MaxPooling2D(),
+            layers.Flatten(),
+            layers.Dropout(0.1),
+            layers.Dense(10, activation="softmax"),
+        ]
+    )
+
+
 def unsupported() -> keras.Model:
     # A layer outside the converted set: refused by name at load time.
     return Sequential(
@@ -122,9 +137,60 @@ def unsupported() -> keras.Model:
     )
 
 
+def zoo() -> dict[str, str]:
+    """One tiny model per converted layer that the models above do not use: {layer: JSON}."""
+    image, seq, flat = (6, 6, 2), (8, 3), (6,)
+    one_input = {
+        "Conv3D": ((4, 4, 4, 1), layers.Conv3D(2, 2)),
+        "DepthwiseConv2D": (image, layers.DepthwiseConv2D(3, depth_multiplier=2)),
+        "SeparableConv2D": (image, layers.SeparableConv2D(3, 3, padding="same")),
+        "Conv2DTranspose": (image, layers.Conv2DTranspose(2, 3, strides=2)),
+        "MaxPooling1D": (seq, layers.MaxPooling1D(2)),
+        "MaxPooling3D": ((4, 4, 4, 1), layers.MaxPooling3D(2)),
+        "AveragePooling3D": ((4, 4, 4, 1), layers.AveragePooling3D(2)),
+        "GlobalMaxPooling1D": (seq, layers.GlobalMaxPooling1D()),
+        "GlobalMaxPooling2D": (image, layers.GlobalMaxPooling2D(keepdims=True)),
+        "SpatialDropout1D": (seq, layers.SpatialDropout1D(0.2)),
+        "SpatialDropout2D": (image, layers.SpatialDropout2D(0.2)),
+        "LayerNormalization": (seq, layers.LayerNormalization(epsilon=1e-5)),
+        "LeakyReLU": (flat, layers.LeakyReLU(negative_slope=0.2)),
+        "Softmax": (flat, layers.Softmax()),
+        "ELU": (flat, layers.ELU(alpha=0.5)),
+        "PReLU": (flat, layers.PReLU()),
+        "Permute": (seq, layers.Permute((2, 1))),
+        "RepeatVector": (flat, layers.RepeatVector(2)),
+        "ZeroPadding1D": (seq, layers.ZeroPadding1D(1)),
+        "ZeroPadding2D": (image, layers.ZeroPadding2D(1)),
+        "Cropping2D": (image, layers.Cropping2D(1)),
+        "UpSampling2D": (image, layers.UpSampling2D(2, interpolation="bilinear")),
+        "SimpleRNN": (seq, layers.SimpleRNN(4, return_sequences=True)),
+        "GRU": (seq, layers.GRU(4, reset_after=False)),
+        "Embedding": ((5,), layers.Embedding(10, 3, mask_zero=True)),
+    }
+    out = {}
+    for name, (shape, layer) in one_input.items():
+        inputs = Input(shape, dtype="int32" if name == "Embedding" else "float32")
+        x = layers.Flatten()(layer(inputs))
+        out[name] = Model(inputs, layers.Dense(2)(x)).to_json()
+    for merge in (layers.Subtract, layers.Multiply, layers.Average, layers.Maximum, layers.Minimum):
+        a, b = Input((4,)), Input((4,))
+        out[merge.__name__] = Model([a, b], layers.Dense(2)(merge()([a, b]))).to_json()
+    return out
+
+
 MODELS = {
     f.__name__: f
-    for f in (iris, iris_built, cnn, resnet_block, two_inputs, text, global_1d, unsupported)
+    for f in (
+        iris,
+        iris_built,
+        cnn,
+        resnet_block,
+        two_inputs,
+        text,
+        global_1d,
+        digits_cnn,
+        unsupported,
+    )
 }
 
 if __name__ == "__main__":
@@ -132,4 +198,5 @@ if __name__ == "__main__":
     for name, build in MODELS.items():
         keras.utils.set_random_seed(0)
         (here / f"{name}.json").write_text(build().to_json() + "\n")
+    (here / "zoo.json").write_text(json.dumps(zoo(), indent=0) + "\n")
     (here / "VERSION").write_text(f"keras {keras.__version__}\n")
