@@ -3,6 +3,9 @@
 Only what the registry shows and what data checks need is read: the input shapes (without the
 batch dimension) and the number of output units. Anything this module cannot tell for sure is
 reported as None rather than guessed.
+
+Keras 3 JSON is converted to tf-keras' form (:func:`tf_keras_json`), JSON to JSON, for the
+common layers; anything else is refused by name.
 """
 
 from __future__ import annotations

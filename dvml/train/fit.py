@@ -148,7 +148,10 @@ def fit(
         frozen).
     compile_params, fit_params : str or dict
         MADlib-style strings (``"loss='categorical_crossentropy', optimizer='adam',
-        metrics=['accuracy']"``) or dicts, parsed safely. ``batch_size`` is the GLOBAL batch,
+        metrics=['accuracy']"``) or dicts, parsed safely; the loss, metrics and optimizer may
+        be tf-keras classes with literal arguments (``loss=CategoricalCrossentropy(
+        label_smoothing=0.1)``), checked here before any trainer starts, as are loss and
+        metric names (tf-keras' own or ``custom_objects``). ``batch_size`` is the GLOBAL batch,
         split as evenly as possible over the trainers (any ``batch_size`` >= the number of
         trainers; some trainers take one row more per batch when it does not divide evenly,
         with a warning); ``epochs`` are run per iteration.

@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -319,6 +320,21 @@ def test_loss_and_metric_objects_with_an_uneven_global_batch(
         0.5 < result["metrics"]["auc"] <= 1.0 and result["metric"] == result["metrics"]["accuracy"]
     )
     assert result["loss"] > 0
+
+
+def test_keras3_model_json_trains(env: dict[str, Any]) -> None:
+    # What `from tensorflow.keras import ...` writes under TF 2.21 (Keras 3): before, it passed
+    # load_keras_model and failed in the trainers with "Unrecognized keyword arguments".
+    keras3_json = (
+        Path(__file__).parents[1] / "registry" / "keras3" / "digits_cnn.json"
+    ).read_text()
+    arch = dvml.load_keras_model(keras3_json, name="keras3_cnn", registry=env["registry"])
+    model = run_fit(env, "keras3", arch_id=arch, num_iterations=1)
+    assert np.isfinite(model.summary["training_loss_final"])
+    result = dvml.evaluate(
+        "keras3", "fit_digits_val", registry=env["registry"], client=env["client"]
+    )
+    assert result["metrics"]["accuracy"] > 0.5
 
 
 @pytest.mark.parametrize(
