@@ -1,4 +1,4 @@
-"""The tf-keras losses and metrics that compile parameters may name, without importing Keras.
+"""The tf-keras losses, metrics and optimizers compile parameters may name, without Keras.
 
 A loss or metric given as an object, ``loss=CategoricalCrossentropy(label_smoothing=0.1)``, is
 checked on the client against these tables: the class must be one of tf-keras' own (2.21),
@@ -20,6 +20,7 @@ __all__ = [
     "LOSS_NAMES",
     "METRIC_CLASSES",
     "METRIC_NAMES",
+    "OPTIMIZER_CLASSES",
     "SPARSE_REPLACEMENTS",
 ]
 
@@ -71,6 +72,73 @@ LOSS_CLASSES: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
         "sparse_categorical_crossentropy",
     ),
     "SquaredHinge": (("reduction", "name"), (), "squared_hinge"),
+}
+
+_OPTIMIZER_COMMON = (
+    "weight_decay",
+    "clipnorm",
+    "clipvalue",
+    "global_clipnorm",
+    "use_ema",
+    "ema_momentum",
+    "ema_overwrite_frequency",
+    "jit_compile",
+    "name",
+)
+
+# optimizer class -> the keyword arguments of its __init__ (tf-keras' optimizers refuse others)
+OPTIMIZER_CLASSES: dict[str, tuple[str, ...]] = {
+    "Adadelta": ("learning_rate", "rho", "epsilon", *_OPTIMIZER_COMMON),
+    "Adafactor": (
+        "learning_rate",
+        "beta_2_decay",
+        "epsilon_1",
+        "epsilon_2",
+        "clip_threshold",
+        "relative_step",
+        *_OPTIMIZER_COMMON,
+    ),
+    "Adagrad": ("learning_rate", "initial_accumulator_value", "epsilon", *_OPTIMIZER_COMMON),
+    "Adam": (
+        "learning_rate",
+        "beta_1",
+        "beta_2",
+        "epsilon",
+        "adaptive_epsilon",
+        "amsgrad",
+        *_OPTIMIZER_COMMON,
+    ),
+    "AdamW": (
+        "learning_rate",
+        "weight_decay",
+        "beta_1",
+        "beta_2",
+        "epsilon",
+        "amsgrad",
+        *_OPTIMIZER_COMMON[1:],
+    ),
+    "Adamax": ("learning_rate", "beta_1", "beta_2", "epsilon", *_OPTIMIZER_COMMON),
+    "Ftrl": (
+        "learning_rate",
+        "learning_rate_power",
+        "initial_accumulator_value",
+        "l1_regularization_strength",
+        "l2_regularization_strength",
+        "l2_shrinkage_regularization_strength",
+        "beta",
+        *_OPTIMIZER_COMMON,
+    ),
+    "Lion": ("learning_rate", "beta_1", "beta_2", *_OPTIMIZER_COMMON),
+    "Nadam": ("learning_rate", "beta_1", "beta_2", "epsilon", *_OPTIMIZER_COMMON),
+    "RMSprop": (
+        "learning_rate",
+        "rho",
+        "momentum",
+        "epsilon",
+        "centered",
+        *_OPTIMIZER_COMMON,
+    ),
+    "SGD": ("learning_rate", "momentum", "nesterov", *_OPTIMIZER_COMMON),
 }
 
 _NAME_DTYPE = ("name", "dtype")

@@ -200,6 +200,9 @@ _unit_real = _opt_check(
     lambda v: _is_real(v) and math.isfinite(v) and 0 <= v <= 1, "a number between 0 and 1"
 )
 _any_real = _opt_check(lambda v: _is_real(v) and math.isfinite(v), "a finite number")
+_nonpositive_real = _opt_check(
+    lambda v: _is_real(v) and math.isfinite(v) and v <= 0, "a finite number <= 0"
+)
 _plain_bool = _opt_check(lambda v: isinstance(v, bool), "a boolean (True or False)")
 _opt_positive_int = _opt_check(lambda v: _is_int(v) and 0 < v <= _MAX_INT, "a positive integer")
 
@@ -223,7 +226,7 @@ _OPTIMIZER_CONFIG: dict[str, _Check] = {
     "epsilon_2": _nonnegative_real,
     "clip_threshold": _nonnegative_real,
     "beta_2_decay": _any_real,
-    "learning_rate_power": _any_real,
+    "learning_rate_power": _nonpositive_real,
     "nesterov": _plain_bool,
     "amsgrad": _plain_bool,
     "centered": _plain_bool,
@@ -252,13 +255,21 @@ def _optimizer_config(key: str, name: str, pairs: list[tuple[str, Any]]) -> dict
                 f"(lr is another name for learning_rate)."
             )
         check = _OPTIMIZER_CONFIG.get(arg)
-        if check is None:
+        accepted = [a for a in ko.OPTIMIZER_CLASSES[name] if a in _OPTIMIZER_CONFIG]
+        if check is None or arg not in accepted:
+            known = dict.fromkeys(accepted)
             raise ParameterError(
-                f"Unknown optimizer argument {raw_key!r} for {name}. Received: {raw_key}="
-                f"{value!r}.{_did_you_mean(raw_key, _OPTIMIZER_CONFIG)} Known arguments: "
-                f"{sorted(_OPTIMIZER_CONFIG)}."
+                f"Unknown optimizer argument {raw_key!r} for {name}, so the trainers would "
+                f"refuse it. Received: {raw_key}={value!r}.{_did_you_mean(raw_key, known)} "
+                f"{name} accepts: {accepted}."
             )
         config[arg] = check(f"{name}.{arg}", value)
+    if "clipnorm" in config and "global_clipnorm" in config:
+        raise ParameterError(
+            f"{name} cannot take both clipnorm and global_clipnorm. Received: "
+            f"clipnorm={config['clipnorm']!r}, global_clipnorm={config['global_clipnorm']!r}. "
+            "Give one of them."
+        )
     return config
 
 
@@ -350,6 +361,18 @@ def _sparse_refusal(key: str, name: str, shown: Any) -> ParameterError:
     )
 
 
+def _cross_check(key: str, name: str, config: dict[str, Any], shown: Any) -> None:
+    """Arguments that tf-keras refuses together (found by tests/train/test_keras_objects.py)."""
+    problem = None
+    if name == "AUC" and config.get("num_labels") is not None and not config.get("multi_label"):
+        problem = "num_labels is used only with multi_label=True"
+    if problem:
+        raise ParameterError(
+            f"{name} would refuse its arguments: {problem}. Received: {key}={shown!r}. "
+            "Change or remove one of them."
+        )
+
+
 def _object_spec(key: str, kind: str, name: str, pairs: Any, shown: Any) -> dict[str, Any]:
     """Check ``name(**pairs)`` against tf-keras' own ``kind`` classes; return the spec."""
     classes = _CLASSES[kind]
@@ -379,6 +402,7 @@ def _object_spec(key: str, kind: str, name: str, pairs: Any, shown: Any) -> dict
                 f"Received: {key}={shown!r}.{hint} {canonical} accepts: {list(known)}."
             )
         config[arg] = _argument(f"{canonical}.{arg}", ko.ARGUMENT_KINDS[arg], value)
+    _cross_check(key, canonical, config, shown)
     missing = [arg for arg in required if arg not in config]
     if missing:
         raise ParameterError(
