@@ -277,3 +277,21 @@ def test_layer_key_tables_match_tf_keras() -> None:
         for name, keys in classes.items():
             config = getattr(getattr(tf_keras, kind), name)().get_config()
             assert set(config) == set(keys), (kind, name)
+
+
+@pytest.mark.tf
+def test_real_tf_keras_json_is_not_taken_for_keras3() -> None:
+    # tf-keras also wraps layers in "module"/"registered_name"; only its top level differs.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras
+
+    inputs = tf_keras.Input((4,))
+    outputs = tf_keras.layers.Dense(2, kernel_regularizer="l2")(inputs)
+    for model in (
+        tf_keras.Model(inputs, outputs),
+        tf_keras.Sequential(
+            [tf_keras.layers.InputLayer(input_shape=(4,)), tf_keras.layers.Dense(2)]
+        ),
+    ):
+        text = model.to_json()
+        assert kj.tf_keras_json(text)[0] == text
