@@ -55,7 +55,11 @@ def load_keras_model(
     model_json : str or tf-keras model
         ``model.to_json()``, or the model itself: then its JSON is stored and, when
         ``weights`` is None, its current weights too (pass ``model.to_json()`` to store the
-        architecture alone).
+        architecture alone). A Keras 3 model (``from tensorflow.keras import ...`` without
+        ``TF_USE_LEGACY_KERAS=1``) is converted to tf-keras' form, which the trainers use,
+        when all its layers are common ones (Dense, convolutions, pooling, normalization,
+        dropout, activations, reshaping, merging, Embedding, LSTM/GRU); otherwise it is
+        refused here, by layer name, with how to build it with ``import tf_keras``.
     weights : list of numpy.ndarray, optional
         Initial weights, for example pre-trained ones.
     name, description : str, optional

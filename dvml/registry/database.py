@@ -198,7 +198,8 @@ class Registry:
         int
             The new architecture's id; ids are never reused.
         """
-        model = keras_json.parse_model_json(model_json)
+        # A Keras 3 model is stored in tf-keras' form (the trainers' Keras), or refused here.
+        model_json, model = keras_json.tf_keras_json(model_json)
         row = {
             "name": v.check_text(name, "name", 255),
             "description": v.check_text(description, "description"),

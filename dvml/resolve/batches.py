@@ -9,39 +9,59 @@ import numpy as np
 
 from dvml.exceptions import ParameterError
 
-__all__ = ["BatchPlan", "per_worker_batch_size", "steps_per_epoch"]
+__all__ = ["BatchPlan", "per_worker_batch_sizes", "steps_per_epoch"]
 
 
-def per_worker_batch_size(global_batch_size: int, n_workers: int) -> int:
-    """The batch each worker feeds when ``global_batch_size`` is split over ``n_workers``.
+def per_worker_batch_sizes(global_batch_size: int, rows_per_worker: Sequence[int]) -> list[int]:
+    """Split the global batch over the workers as evenly as possible, one size per worker.
+
+    When ``global_batch_size`` does not divide evenly, the ``global_batch_size % n`` workers
+    that hold the most rows (the first of equals) feed one row more per batch, which keeps the
+    number of full batches every worker can run (:func:`steps_per_epoch`) as large as possible.
+    Each step then still uses exactly ``global_batch_size`` rows over all workers; the gradient
+    is the mean of the workers' per-batch means, so a row in a larger batch weighs slightly
+    less than one in a smaller batch.
 
     Raises
     ------
     ParameterError
-        When the global batch does not divide evenly (MultiWorkerMirroredStrategy needs equal
-        per-replica batches).
+        When ``global_batch_size`` is smaller than the number of workers (a worker would get
+        an empty batch).
     """
-    if global_batch_size < n_workers or global_batch_size % n_workers:
+    n_workers = len(rows_per_worker)
+    if global_batch_size < n_workers:
         raise ParameterError(
-            f"batch_size is the global batch, split evenly over the {n_workers} trainers, so it "
-            f"must be a multiple of {n_workers}. Received: batch_size={global_batch_size}."
+            f"batch_size is the global batch, split over the {n_workers} trainers, so it must "
+            f"be at least {n_workers}. Received: batch_size={global_batch_size}. Use "
+            f"batch_size >= {n_workers} or preprocess onto fewer workers."
         )
-    return global_batch_size // n_workers
+    base, extra = divmod(global_batch_size, n_workers)
+    most_rows_first = sorted(range(n_workers), key=lambda i: (-rows_per_worker[i], i))
+    larger = set(most_rows_first[:extra])
+    return [base + (i in larger) for i in range(n_workers)]
 
 
-def steps_per_epoch(rows_per_worker: Sequence[int], per_worker_batch: int) -> int:
+def steps_per_epoch(rows_per_worker: Sequence[int], per_worker_batch: int | Sequence[int]) -> int:
     """Steps every worker runs per epoch: the fewest full batches any worker holds.
 
-    Synchronous training needs the same number of steps everywhere; the preprocessor keeps
-    workers within one row of each other, so at most one batch of rows is left out per epoch
-    (a different one each epoch, since every epoch reshuffles).
+    ``per_worker_batch`` is one size for every worker or one per worker (from
+    :func:`per_worker_batch_sizes`). Synchronous training needs the same number of steps
+    everywhere; the preprocessor keeps workers within one row of each other, so at most one
+    batch of rows is left out per epoch (a different one each epoch, since every epoch
+    reshuffles).
     """
-    fewest = min(rows_per_worker)
-    steps = fewest // per_worker_batch
+    batches = (
+        [per_worker_batch] * len(rows_per_worker)
+        if isinstance(per_worker_batch, int)
+        else list(per_worker_batch)
+    )
+    steps = min(rows // batch for rows, batch in zip(rows_per_worker, batches, strict=True))
     if steps < 1:
+        short = min(range(len(batches)), key=lambda i: (rows_per_worker[i] // batches[i], i))
         raise ParameterError(
-            f"batch_size is too large: a worker holds only {fewest} rows, fewer than its "
-            f"per-worker batch of {per_worker_batch}. Use a smaller batch_size or fewer workers."
+            f"batch_size is too large: a worker holds only {rows_per_worker[short]} rows, fewer "
+            f"than its per-worker batch of {batches[short]}. Use a smaller batch_size or fewer "
+            "workers."
         )
     return steps
 

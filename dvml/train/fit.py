@@ -25,7 +25,7 @@ from dvml.exceptions import (
 from dvml.names import check_name
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
-from dvml.resolve.batches import per_worker_batch_size, steps_per_epoch
+from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import launch
 from dvml.train.model import Model
@@ -136,8 +136,13 @@ def fit(
         frozen).
     compile_params, fit_params : str or dict
         MADlib-style strings (``"loss='categorical_crossentropy', optimizer='adam',
-        metrics=['accuracy']"``) or dicts, parsed safely. ``batch_size`` is the GLOBAL batch,
-        split evenly over the trainers; ``epochs`` are run per iteration.
+        metrics=['accuracy']"``) or dicts, parsed safely; the loss, metrics and optimizer may
+        be tf-keras classes with literal arguments (``loss=CategoricalCrossentropy(
+        label_smoothing=0.1)``), checked here before any trainer starts, as are loss and
+        metric names (tf-keras' own or ``custom_objects``). ``batch_size`` is the GLOBAL batch,
+        split as evenly as possible over the trainers (any ``batch_size`` >= the number of
+        trainers; some trainers take one row more per batch when it does not divide evenly,
+        with a warning); ``epochs`` are run per iteration.
     num_iterations : int
         Iterations; each runs ``fit_params`` on every trainer in lock-step.
     use_gpus : bool
@@ -216,7 +221,7 @@ class _Plan:
     fit_params: dict[str, Any]
     num_iterations: int
     frequency: int
-    per_worker_batch: int
+    per_worker_batch: list[int]  # one per trainer, in workers' order
     steps_per_epoch: int
     custom_sources: dict[str, str]
     weights: Any
@@ -253,7 +258,8 @@ def _plan(
     """Check every argument and decide the trainers, batches and job key (starts nothing)."""
     _check_fit_args(model, num_iterations, metrics_compute_frequency)
     freq = metrics_compute_frequency or num_iterations
-    compile_parsed = parse_compile_params(compile_params)
+    # With the custom names, a loss or metric the trainers could not resolve is refused here.
+    compile_parsed = parse_compile_params(compile_params, custom_names=custom_objects or [])
     fit_parsed = parse_fit_params(fit_params)
     fit_parsed.setdefault("epochs", 1)
     global_batch = int(fit_parsed.setdefault("batch_size", 32))
@@ -278,9 +284,16 @@ def _plan(
             )
     sync_mode, sync_reason = choose_sync(sync, use_gpus, [w.gpus for w in workers])
     logger.info("training %s with sync=%r: %s", model, sync_mode, sync_reason)
-    per_worker = per_worker_batch_size(global_batch, len(workers))
     rows = _rows_per_worker(train, workers)
-    steps = steps_per_epoch(list(rows.values()), per_worker)
+    per_worker = per_worker_batch_sizes(global_batch, [rows[w.name] for w in workers])
+    steps = steps_per_epoch([rows[w.name] for w in workers], per_worker)
+    if len(set(per_worker)) > 1:
+        logger.warning(
+            "batch_size=%d does not divide evenly over %d trainers: per-trainer batches %s",
+            global_batch,
+            len(workers),
+            dict(zip([w.name for w in workers], per_worker, strict=True)),
+        )
     custom_sources = reg.custom_function_sources(custom_objects or [])
     if tensorboard_dir is not None:
         _check_tensorboard()
@@ -364,7 +377,6 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
         "metrics_compute_frequency": plan.frequency,
         "training": plan.train.name,
         "validation": plan.valid.name if plan.valid else None,
-        "per_worker_batch": plan.per_worker_batch,
         "steps_per_epoch": plan.steps_per_epoch,
         "seed": plan.seed,
         "custom_objects": plan.custom_sources,
@@ -395,6 +407,8 @@ def _run_trainers(
     for i, w in enumerate(plan.workers):
         job = {
             **base_job,
+            # Each trainer's own share of the global batch (they differ by at most one row).
+            "per_worker_batch": plan.per_worker_batch[i],
             "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
         }
         futures.append(

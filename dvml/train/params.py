@@ -9,9 +9,14 @@ Nothing in a parameter string is ever evaluated. The string is bounded in length
 depth, parsed with :func:`ast.parse` as the keyword arguments of a synthetic call, and only
 literal nodes are read: strings, finite numbers, ``True``/``False``/``None``, lists, tuples and
 dicts. Every other node (names, calls, attribute access, operators, lambdas, f-strings) is
-refused with a :class:`~dvml.exceptions.ParameterError`. The one call form allowed is the
-optimizer spec *inside a string*, ``optimizer='SGD(learning_rate=0.01)'``, which is parsed the
-same way into ``{"class_name": "SGD", "config": {"learning_rate": 0.01}}``.
+refused with a :class:`~dvml.exceptions.ParameterError`. The one call form allowed is a Keras
+class with keyword arguments for ``optimizer``, ``loss``, ``metrics`` and ``weighted_metrics``,
+written as a call or inside a string: ``optimizer=SGD(learning_rate=0.01)``,
+``optimizer='SGD(learning_rate=0.01)'``, ``loss=CategoricalCrossentropy(label_smoothing=0.1)``,
+``metrics=['accuracy', AUC(name='auc')]``. It is never called: the class name is looked up in
+fixed lists of tf-keras' own optimizers, losses and metrics (:mod:`dvml.train.keras_objects`),
+each argument is checked against that class's known keyword arguments, and the result is the
+spec ``{"class_name": "SGD", "config": {"learning_rate": 0.01}}``.
 
 The parsers are pure and never import TensorFlow; :func:`build_optimizer` and
 :func:`compile_kwargs` import ``tf_keras`` lazily, for the trainer processes.
@@ -20,13 +25,15 @@ The parsers are pure and never import TensorFlow; :func:`build_optimizer` and
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from dvml.exceptions import ParameterError
+from dvml.train import keras_objects as ko
 
 __all__ = [
     "COMPILE_KEYS",
@@ -36,8 +43,10 @@ __all__ = [
     "build_optimizer",
     "compile_kwargs",
     "format_params",
+    "object_text",
     "parse_compile_params",
     "parse_fit_params",
+    "reported_name",
 ]
 
 MAX_LENGTH = 10_000
@@ -69,6 +78,17 @@ _OPTIMIZERS = {
 _Check = Callable[[str, Any], Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """Internal: ``Name(key=literal, ...)`` as written, not yet checked against any class."""
+
+    name: str
+    pairs: tuple[tuple[str, Any], ...]
+
+    def __repr__(self) -> str:
+        return f"{self.name}({', '.join(f'{k}={v!r}' for k, v in self.pairs)})"
+
+
 class _Refused(Exception):
     """Internal: a value that is not a plain literal, with the reason and what was expected."""
 
@@ -97,18 +117,6 @@ def _string(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _fail(key, "a non-empty string", value, f"For example {key}='mse'.")
     return value
-
-
-def _string_list(key: str, value: Any) -> list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        raise _fail(key, "a list of strings", value, f"Write {key}=[{value!r}].")
-    if not isinstance(value, list | tuple) or not all(
-        isinstance(v, str) and v.strip() for v in value
-    ):
-        raise _fail(key, "a list of non-empty strings", value, f"For example {key}=['accuracy'].")
-    return list(value)
 
 
 def _bool(key: str, value: Any) -> bool | None:
@@ -192,6 +200,9 @@ _unit_real = _opt_check(
     lambda v: _is_real(v) and math.isfinite(v) and 0 <= v <= 1, "a number between 0 and 1"
 )
 _any_real = _opt_check(lambda v: _is_real(v) and math.isfinite(v), "a finite number")
+_nonpositive_real = _opt_check(
+    lambda v: _is_real(v) and math.isfinite(v) and v <= 0, "a finite number <= 0"
+)
 _plain_bool = _opt_check(lambda v: isinstance(v, bool), "a boolean (True or False)")
 _opt_positive_int = _opt_check(lambda v: _is_int(v) and 0 < v <= _MAX_INT, "a positive integer")
 
@@ -215,7 +226,7 @@ _OPTIMIZER_CONFIG: dict[str, _Check] = {
     "epsilon_2": _nonnegative_real,
     "clip_threshold": _nonnegative_real,
     "beta_2_decay": _any_real,
-    "learning_rate_power": _any_real,
+    "learning_rate_power": _nonpositive_real,
     "nesterov": _plain_bool,
     "amsgrad": _plain_bool,
     "centered": _plain_bool,
@@ -244,13 +255,21 @@ def _optimizer_config(key: str, name: str, pairs: list[tuple[str, Any]]) -> dict
                 f"(lr is another name for learning_rate)."
             )
         check = _OPTIMIZER_CONFIG.get(arg)
-        if check is None:
+        accepted = [a for a in ko.OPTIMIZER_CLASSES[name] if a in _OPTIMIZER_CONFIG]
+        if check is None or arg not in accepted:
+            known = dict.fromkeys(accepted)
             raise ParameterError(
-                f"Unknown optimizer argument {raw_key!r} for {name}. Received: {raw_key}="
-                f"{value!r}.{_did_you_mean(raw_key, _OPTIMIZER_CONFIG)} Known arguments: "
-                f"{sorted(_OPTIMIZER_CONFIG)}."
+                f"Unknown optimizer argument {raw_key!r} for {name}, so the trainers would "
+                f"refuse it. Received: {raw_key}={value!r}.{_did_you_mean(raw_key, known)} "
+                f"{name} accepts: {accepted}."
             )
         config[arg] = check(f"{name}.{arg}", value)
+    if "clipnorm" in config and "global_clipnorm" in config:
+        raise ParameterError(
+            f"{name} cannot take both clipnorm and global_clipnorm. Received: "
+            f"clipnorm={config['clipnorm']!r}, global_clipnorm={config['global_clipnorm']!r}. "
+            "Give one of them."
+        )
     return config
 
 
@@ -267,6 +286,9 @@ def _optimizer(key: str, value: Any) -> str | dict[str, Any]:
             )
         name = _optimizer_name(key, value.get("class_name"))
         return {"class_name": name, "config": _optimizer_config(key, name, list(config.items()))}
+    if isinstance(value, _Call):
+        name = _optimizer_name(key, value.name)
+        return {"class_name": name, "config": _optimizer_config(key, name, list(value.pairs))}
     if not isinstance(value, str) or not value.strip():
         raise _fail(key, "a string such as 'adam' or 'SGD(learning_rate=0.01)'", value)
     if "(" not in value:
@@ -281,17 +303,217 @@ def _optimizer(key: str, value: Any) -> str | dict[str, Any]:
     return {"class_name": name, "config": _optimizer_config(key, name, pairs)}
 
 
+# ----------------------------------------------------------------- loss and metric objects
+
+
+def _argument(key: str, kind: str, value: Any) -> Any:
+    """Check one keyword argument of a loss or metric class by its kind (keras_objects)."""
+    if kind in ko.ENUMS:
+        if value not in ko.ENUMS[kind] or isinstance(value, bool):
+            raise _fail(key, f"one of {list(ko.ENUMS[kind])}", value)
+        return value
+    if value is None and kind.endswith("_or_none"):
+        return None
+    base = kind.removesuffix("_or_none")
+    if base == "str":
+        return _string(key, value)
+    if base == "bool":
+        return _plain_bool(key, value)
+    if base == "unit":
+        return _unit_real(key, value)
+    if base == "positive":
+        return _positive_real(key, value)
+    if base == "nonnegative":
+        return _nonnegative_real(key, value)
+    if base in ("int", "positive_int", "nonnegative_int", "threshold_count"):
+        low = {"int": -_MAX_INT, "positive_int": 1, "nonnegative_int": 0, "threshold_count": 2}
+        if not _is_int(value) or not low[base] <= value <= _MAX_INT:
+            what = "an integer" if base == "int" else f"an integer >= {low[base]}"
+            raise _fail(key, what + (" or None" if kind.endswith("_or_none") else ""), value)
+        return int(value)
+    if base == "int_list":
+        if not isinstance(value, list | tuple) or not value or not all(map(_is_int, value)):
+            raise _fail(key, "a non-empty list of integers", value)
+        return list(value)
+    if base == "real_list":
+        if not isinstance(value, list | tuple) or not all(
+            _is_real(v) and math.isfinite(v) for v in value
+        ):
+            raise _fail(key, "a list of finite numbers or None", value)
+        return list(value)
+    if base == "thresholds":
+        items = value if isinstance(value, list | tuple) else [value]
+        if not items or not all(_is_real(v) and 0 <= v <= 1 for v in items):
+            raise _fail(key, "a number between 0 and 1, a list of such numbers, or None", value)
+        return list(value) if isinstance(value, list | tuple) else value
+    # Only reachable through a bug in dvml.train.keras_objects' tables.
+    raise ParameterError(
+        f"dvml has no check for argument kind {kind!r} of {key!r}: a bug in "
+        "dvml.train.keras_objects. Please report it; meanwhile leave this argument out."
+    )
+
+
+_CLASSES = {"loss": ko.LOSS_CLASSES, "metric": ko.METRIC_CLASSES}
+_NAMES = {"loss": ko.LOSS_NAMES, "metric": ko.METRIC_NAMES}
+
+
+def _sparse_refusal(key: str, name: str, shown: Any) -> ParameterError:
+    return ParameterError(
+        f"{name} expects integer class labels, but dvml's labels are one-hot (the "
+        f"preprocessor one-hot encodes y). Received: {key}={shown!r}. Use "
+        f"{ko.SPARSE_REPLACEMENTS[name]} instead, with the same arguments."
+    )
+
+
+def _cross_check(key: str, name: str, config: dict[str, Any], shown: Any) -> None:
+    """Arguments that tf-keras refuses together (found by tests/train/test_keras_objects.py)."""
+    problem = None
+    if name == "AUC" and config.get("num_labels") is not None and not config.get("multi_label"):
+        problem = "num_labels is used only with multi_label=True"
+    if problem:
+        raise ParameterError(
+            f"{name} would refuse its arguments: {problem}. Received: {key}={shown!r}. "
+            "Change or remove one of them."
+        )
+
+
+def _object_spec(key: str, kind: str, name: str, pairs: Any, shown: Any) -> dict[str, Any]:
+    """Check ``name(**pairs)`` against tf-keras' own ``kind`` classes; return the spec."""
+    classes = _CLASSES[kind]
+    canonical = name if name in classes else None
+    if canonical is None:
+        matches = [known for known in classes if known.lower() == name.lower()]
+        canonical = matches[0] if matches else None
+    if canonical is None:
+        close = difflib.get_close_matches(name, list(classes), n=1)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        raise ParameterError(
+            f"Unknown {kind} class {name!r} in {key}. Received: {key}={shown!r}.{hint} "
+            f"Arguments can be given to tf-keras' own {kind} classes only: "
+            f"{sorted(n for n in classes if n not in ko.SPARSE_REPLACEMENTS)}; a custom "
+            f"{kind} is given by its registered name, without arguments."
+        )
+    if canonical in ko.SPARSE_REPLACEMENTS:
+        raise _sparse_refusal(key, canonical, shown)
+    known, required, _ = classes[canonical]
+    config: dict[str, Any] = {}
+    for arg, value in pairs:
+        if not isinstance(arg, str) or arg not in known:
+            close = difflib.get_close_matches(str(arg), list(known), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ParameterError(
+                f"{canonical} has no argument {arg!r}, so the trainers would refuse it. "
+                f"Received: {key}={shown!r}.{hint} {canonical} accepts: {list(known)}."
+            )
+        config[arg] = _argument(f"{canonical}.{arg}", ko.ARGUMENT_KINDS[arg], value)
+    _cross_check(key, canonical, config, shown)
+    missing = [arg for arg in required if arg not in config]
+    if missing:
+        raise ParameterError(
+            f"{canonical} needs the argument(s) {missing}. Received: {key}={shown!r}. Write "
+            f"{canonical}({', '.join(f'{arg}=...' for arg in missing)})."
+        )
+    return {"class_name": canonical, "config": config}
+
+
+def _keras_object(
+    key: str, kind: str, value: Any, custom_names: frozenset[str] | None
+) -> str | dict[str, Any]:
+    """A loss or one metric: a plain name, ``'Class(k=v)'``, ``Class(k=v)`` or a spec dict."""
+    expected = (
+        f"a {kind} name such as 'categorical_crossentropy', or a tf-keras {kind} class with "
+        f"arguments such as CategoricalCrossentropy(label_smoothing=0.1)"
+    )
+    if isinstance(value, _Call):
+        return _object_spec(key, kind, value.name, value.pairs, value)
+    if isinstance(value, Mapping):
+        config = value.get("config", {})
+        if (
+            set(value) - {"class_name", "config"}
+            or not isinstance(value.get("class_name"), str)
+            or not isinstance(config, Mapping)
+        ):
+            raise _fail(key, expected + ', or a dict {"class_name": ..., "config": {...}}', value)
+        return _object_spec(key, kind, value["class_name"], list(config.items()), value)
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(key, expected, value)
+    if "(" in value:
+        _guard(value, f"{key} spec")
+        call = _parse_call(value, value, what=f"{key} spec")
+        if not isinstance(call.func, ast.Name):
+            raise _fail(key, expected, value)
+        pairs = _keyword_pairs(call, value.strip(), value, what=f"{key} spec")
+        return _object_spec(key, kind, call.func.id, pairs, value)
+    if value in ko.SPARSE_REPLACEMENTS:
+        raise _sparse_refusal(key, value, value)
+    if custom_names is not None and value not in _NAMES[kind] and value not in custom_names:
+        close = difflib.get_close_matches(value, sorted(_NAMES[kind] | custom_names), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ParameterError(
+            f"Unknown {kind} {value!r}: it is neither a tf-keras {kind} nor a custom function "
+            f"listed in custom_objects. Received: {key}={value!r}.{hint} Register a custom "
+            "function with dvml.register_custom_function and list it in custom_objects."
+        )
+    return value
+
+
+def _loss_check(custom_names: frozenset[str] | None) -> _Check:
+    def check(key: str, value: Any) -> Any:
+        return _keras_object(key, "loss", value, custom_names)
+
+    return check
+
+
+def _metrics_check(custom_names: frozenset[str] | None) -> _Check:
+    def check(key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            raise _fail(key, "a list", value, f"Write {key}=[{value!r}].")
+        if not isinstance(value, list | tuple):
+            raise _fail(key, "a list of metric names or metric classes", value)
+        return [_keras_object(key, "metric", item, custom_names) for item in value]
+
+    return check
+
+
+def object_text(spec: str | Mapping[str, Any]) -> str:
+    """A loss, metric or optimizer spec as the user would write it: ``Name(key=value, ...)``.
+
+    A plain name is returned as it is.
+    """
+    if isinstance(spec, str):
+        return spec
+    config = spec.get("config") or {}
+    args = ", ".join(f"{k}={_render(v, str(spec.get('class_name')), 1)}" for k, v in config.items())
+    return f"{spec.get('class_name')}({args})"
+
+
+def reported_name(spec: str | Mapping[str, Any], kind: str = "metric") -> str:
+    """The name Keras reports a loss or metric under (its ``name=``, else the class default).
+
+    A plain name (``'accuracy'``, a custom function) is returned as it is.
+    """
+    if isinstance(spec, str):
+        return spec
+    name = (spec.get("config") or {}).get("name")
+    if isinstance(name, str):
+        return name
+    entry = _CLASSES[kind].get(str(spec.get("class_name")))
+    return entry[2] if entry else str(spec.get("class_name"))
+
+
 # compile/fit keys whose value may also be None (Keras' own default)
 _NULLABLE = frozenset(
     {"run_eagerly", "jit_compile", "steps_per_epoch", "validation_steps", "steps_per_execution"}
 )
 
 _COMPILE_CHECKS: dict[str, _Check] = {
-    "loss": _string,
+    "loss": _loss_check(None),
     "optimizer": _optimizer,
-    "metrics": _string_list,
+    "metrics": _metrics_check(None),
     "loss_weights": _loss_weights,
-    "weighted_metrics": _string_list,
+    "weighted_metrics": _metrics_check(None),
     "run_eagerly": _bool,
     "steps_per_execution": _positive_int,
     "jit_compile": _bool,
@@ -386,7 +608,9 @@ def _parse_call(source: str, shown: str, what: str) -> ast.Call:
     return tree.body
 
 
-def _keyword_pairs(call: ast.Call, source: str, text: str, what: str) -> list[tuple[str, Any]]:
+def _keyword_pairs(
+    call: ast.Call, source: str, text: str, what: str, calls: bool = False
+) -> list[tuple[str, Any]]:
     if call.args:
         raise ParameterError(
             f"Found a value without a name in the {what}: "
@@ -401,7 +625,7 @@ def _keyword_pairs(call: ast.Call, source: str, text: str, what: str) -> list[tu
                 "Write every parameter as key=value."
             )
         try:
-            value = _literal(keyword.value, depth=0)
+            value = _literal(keyword.value, depth=0, calls=calls)
         except _Refused as exc:
             raise ParameterError(
                 f"Parameter {keyword.arg!r} must be {exc.expected}. Received: {keyword.arg}="
@@ -417,9 +641,25 @@ def _snippet(source: str, node: ast.AST) -> str:
     return segment if len(segment) <= 80 else segment[:77] + "..."
 
 
-def _literal(node: ast.AST, depth: int) -> Any:
+def _literal(node: ast.AST, depth: int, calls: bool = False) -> Any:
+    """The plain value of ``node``; with ``calls``, also ``Name(key=literal, ...)`` as a _Call.
+
+    A call is only read, never made: its name and literal keyword arguments are kept for the
+    key's own check (loss, metrics and optimizer accept known Keras classes; every other check
+    refuses a _Call as a value of the wrong type). Calls do not nest.
+    """
     if depth > MAX_DEPTH:
         raise _Refused("nested too deeply")
+    if isinstance(node, ast.Call) and calls and isinstance(node.func, ast.Name):
+        if node.args or any(k.arg is None for k in node.keywords):
+            raise _Refused(
+                f"a Call of {node.func.id} with positional or ** arguments: write "
+                f"{node.func.id}(keyword=value, ...)"
+            )
+        return _Call(
+            node.func.id,
+            tuple((k.arg, _literal(k.value, depth + 1)) for k in node.keywords if k.arg),
+        )
     if isinstance(node, ast.Constant):
         return _constant(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
@@ -429,7 +669,7 @@ def _literal(node: ast.AST, depth: int) -> Any:
             return -value if isinstance(node.op, ast.USub) else value
         raise _Refused("a sign applies to a number only")
     if isinstance(node, ast.List | ast.Tuple):
-        items = [_literal(item, depth + 1) for item in node.elts]
+        items = [_literal(item, depth + 1, calls) for item in node.elts]
         return items if isinstance(node, ast.List) else tuple(items)
     if isinstance(node, ast.Dict):
         result: dict[Any, Any] = {}
@@ -508,7 +748,7 @@ def _pairs(value: str | Mapping[str, Any] | None, what: str) -> list[tuple[str, 
                 f"Cannot read the {what} as key=value pairs. Received: {value!r}. "
                 "Check for unbalanced brackets or quotes."
             )
-        return _keyword_pairs(call, source, value, what)
+        return _keyword_pairs(call, source, value, what, calls=True)
     if isinstance(value, Mapping):
         pairs = []
         for key, item in value.items():
@@ -556,7 +796,9 @@ def _check_pairs(
     return result
 
 
-def parse_compile_params(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
+def parse_compile_params(
+    value: str | Mapping[str, Any] | None, custom_names: Collection[str] | None = None
+) -> dict[str, Any]:
     """Parse and check MADlib-style ``compile`` parameters.
 
     Parameters
@@ -565,31 +807,50 @@ def parse_compile_params(value: str | Mapping[str, Any] | None) -> dict[str, Any
         A string such as ``"loss='categorical_crossentropy', optimizer='adam',
         metrics=['accuracy']"``, a dict of the same keys, or None (no parameters). Known keys:
         ``loss``, ``optimizer``, ``metrics``, ``loss_weights``, ``weighted_metrics``,
-        ``run_eagerly``, ``steps_per_execution``, ``jit_compile``.
+        ``run_eagerly``, ``steps_per_execution``, ``jit_compile``. The optimizer, the loss
+        and each metric may be a tf-keras class with literal keyword arguments, written as a
+        call or quoted: ``loss=CategoricalCrossentropy(label_smoothing=0.1)``,
+        ``metrics=['accuracy', AUC(name='auc')]``, ``optimizer='SGD(lr=0.01)'``.
+    custom_names : collection of str, optional
+        Names of the custom losses and metrics the model may use. When given, a plain loss
+        or metric name must be a tf-keras one or one of these (as the trainers require);
+        when None, any plain name is accepted.
 
     Returns
     -------
     dict
-        The checked values, in the order given. An optimizer given with arguments,
-        ``optimizer='SGD(lr=0.01, momentum=0.9)'``, becomes
+        The checked values, in the order given. An optimizer, loss or metric given with
+        arguments becomes a spec, ``optimizer='SGD(lr=0.01, momentum=0.9)'`` becomes
         ``{"class_name": "SGD", "config": {"learning_rate": 0.01, "momentum": 0.9}}``
         (``lr`` is renamed ``learning_rate``); a plain name such as ``'adam'`` stays a string.
-        A loss or metric name is only checked to be a string, so a registered custom
-        function's name is accepted.
+        The losses and metrics for integer labels (``sparse_categorical_crossentropy``,
+        ``SparseCategoricalAccuracy``, ...) are refused: dvml's labels are one-hot.
 
     Raises
     ------
     ParameterError
         On anything that is not a known key with a literal value of the right type, naming
-        the key and the value received. Nothing in the string is ever evaluated.
+        the key and the value received; on an unknown class or class argument. Nothing in
+        the string is ever evaluated.
 
     Examples
     --------
     >>> parse_compile_params("loss='mse', optimizer='Adam(lr=0.001)'")
     {'loss': 'mse', 'optimizer': {'class_name': 'Adam', 'config': {'learning_rate': 0.001}}}
+    >>> parse_compile_params("loss=CategoricalCrossentropy(from_logits=True)")
+    {'loss': {'class_name': 'CategoricalCrossentropy', 'config': {'from_logits': True}}}
     """
     what = "compile parameters"
-    return _check_pairs(_pairs(value, what), _COMPILE_CHECKS, {}, what)
+    checks = _COMPILE_CHECKS
+    if custom_names is not None:
+        names = frozenset(n for n in custom_names if isinstance(n, str))
+        checks = {
+            **_COMPILE_CHECKS,
+            "loss": _loss_check(names),
+            "metrics": _metrics_check(names),
+            "weighted_metrics": _metrics_check(names),
+        }
+    return _check_pairs(_pairs(value, what), checks, {}, what)
 
 
 def parse_fit_params(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -665,7 +926,8 @@ def format_params(params: Mapping[str, Any]) -> str:
 
     ``parse_compile_params(format_params(d)) == d`` for every ``d`` that
     :func:`parse_compile_params` returns (and likewise for fit parameters). A structured
-    optimizer is written back in its string form, ``optimizer='SGD(learning_rate=0.01)'``.
+    optimizer is written back in its string form, ``optimizer='SGD(learning_rate=0.01)'``; a
+    structured loss or metric as a call, ``loss=CategoricalCrossentropy(label_smoothing=0.1)``.
 
     Parameters
     ----------
@@ -699,6 +961,20 @@ def format_params(params: Mapping[str, Any]) -> str:
             config = value.get("config") or {}
             args = ", ".join(f"{k}={_render(v, key, 1)}" for k, v in config.items())
             value = f"{name}({args})"
+        elif key == "loss" and isinstance(value, Mapping):
+            parts.append(f"{key}={object_text(value)}")
+            continue
+        elif (
+            key in ("metrics", "weighted_metrics")
+            and isinstance(value, list | tuple)
+            and any(isinstance(item, Mapping) for item in value)
+        ):
+            items = [
+                object_text(item) if isinstance(item, Mapping) else _render(item, key, 1)
+                for item in value
+            ]
+            parts.append(f"{key}=[{', '.join(items)}]")
+            continue
         parts.append(f"{key}={_render(value, key, 0)}")
     return ", ".join(parts)
 
@@ -752,9 +1028,10 @@ def compile_kwargs(
 ) -> dict[str, Any]:
     """Turn compile parameters into keyword arguments for a tf-keras ``model.compile``.
 
-    The optimizer is built with :func:`build_optimizer`; a loss or metric name found in
-    ``custom_objects`` (for example from :meth:`dvml.registry.Registry.load_custom_objects`)
-    is replaced by that function. Call it inside the distribution strategy's scope.
+    The optimizer is built with :func:`build_optimizer`, a loss or metric spec with its
+    tf-keras class; a loss or metric name found in ``custom_objects`` (for example from
+    :meth:`dvml.registry.Registry.load_custom_objects`) is replaced by that function. Call it
+    inside the distribution strategy's scope.
 
     Parameters
     ----------
@@ -768,13 +1045,31 @@ def compile_kwargs(
     dict
         Ready for ``model.compile(**kwargs)``.
     """
-    kwargs = parse_compile_params(params)
     objects = dict(custom_objects or {})
+    kwargs = parse_compile_params(params, custom_names=objects)
     if "optimizer" in kwargs:
         kwargs["optimizer"] = build_optimizer(kwargs["optimizer"])
-    if isinstance(kwargs.get("loss"), str):
-        kwargs["loss"] = objects.get(kwargs["loss"], kwargs["loss"])
+
+    def build(key: str, module: str, spec: Any) -> Any:
+        if isinstance(spec, str):
+            return objects.get(spec, spec)
+        import os
+
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        import tf_keras as keras
+
+        name, config = spec["class_name"], spec["config"]
+        try:
+            return getattr(getattr(keras, module), name)(**config)
+        except (TypeError, ValueError) as exc:
+            raise ParameterError(
+                f"{name} refused its arguments: {exc}. Received: {key}={object_text(spec)}. "
+                f"Check the arguments {name} accepts in the tf-keras documentation."
+            ) from None
+
+    if kwargs.get("loss") is not None:
+        kwargs["loss"] = build("loss", "losses", kwargs["loss"])
     for key in ("metrics", "weighted_metrics"):
         if isinstance(kwargs.get(key), list):
-            kwargs[key] = [objects.get(name, name) for name in kwargs[key]]
+            kwargs[key] = [build(key, "metrics", spec) for spec in kwargs[key]]
     return kwargs

@@ -56,10 +56,12 @@ def weights_size_kb(weights: Sequence[Any]) -> float:
 
 
 def metric_names(compile_params: dict[str, Any]) -> tuple[list[str], str]:
-    """The metric names and the loss name as Keras reports them."""
-    metrics = [m if isinstance(m, str) else str(m) for m in compile_params.get("metrics", [])]
+    """The metric names as Keras reports them, and the loss as it was written."""
+    from dvml.train.params import object_text, reported_name
+
+    metrics = [reported_name(m) for m in compile_params.get("metrics") or []]
     loss = compile_params.get("loss")
-    return metrics, loss if isinstance(loss, str) else str(loss)
+    return metrics, object_text(loss) if isinstance(loss, str | dict) else str(loss)
 
 
 def aggregate(per_worker: Sequence[dict[str, Any]]) -> dict[str, float]:

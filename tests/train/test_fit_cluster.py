@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -349,10 +350,57 @@ def test_custom_loss_and_tensorboard(env: dict[str, Any]) -> None:
     assert result["loss_type"] == "scaled_ce" and result["loss"] > 0
 
 
+def test_loss_and_metric_objects_with_an_uneven_global_batch(
+    env: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # MADlib's users write Keras objects; 33 rows per step split 17 + 16 over two trainers.
+    with caplog.at_level("WARNING", logger="dvml.train"):
+        model = run_fit(
+            env,
+            "smoothed",
+            num_iterations=1,
+            compile_params="loss=CategoricalCrossentropy(label_smoothing=0.1), "
+            "optimizer=Adam(learning_rate=0.003), metrics=['accuracy', AUC(name='auc')]",
+            fit_params="batch_size=33, epochs=2",
+        )
+    assert "per-trainer batches" in caplog.text and "17" in caplog.text and "16" in caplog.text
+    summary = model.summary
+    assert summary["loss_type"] == "CategoricalCrossentropy(label_smoothing=0.1)"
+    assert summary["metrics_type"] == ["accuracy", "auc"]
+    assert "AUC(name='auc')" in summary["compile_params"]
+    result = dvml.evaluate(
+        "smoothed", "fit_digits_val", registry=env["registry"], client=env["client"]
+    )
+    assert (
+        0.5 < result["metrics"]["auc"] <= 1.0 and result["metric"] == result["metrics"]["accuracy"]
+    )
+    assert result["loss"] > 0
+
+
+def test_keras3_model_json_trains(env: dict[str, Any]) -> None:
+    # What `from tensorflow.keras import ...` writes under TF 2.21 (Keras 3): before, it passed
+    # load_keras_model and failed in the trainers with "Unrecognized keyword arguments".
+    keras3_json = (
+        Path(__file__).parents[1] / "registry" / "keras3" / "digits_cnn.json"
+    ).read_text()
+    arch = dvml.load_keras_model(keras3_json, name="keras3_cnn", registry=env["registry"])
+    model = run_fit(env, "keras3", arch_id=arch, num_iterations=1)
+    assert np.isfinite(model.summary["training_loss_final"])
+    result = dvml.evaluate(
+        "keras3", "fit_digits_val", registry=env["registry"], client=env["client"]
+    )
+    assert result["metrics"]["accuracy"] > 0.5
+
+
 @pytest.mark.parametrize(
     "compile_params",
     [
         "loss=__import__('os').system('touch /tmp/dvml-pwned')",
+        # Each of these passed the client's check before and failed inside the trainers.
+        "loss='CategoricalCrossentropy(from_logit=True)', optimizer='adam'",
+        "loss='sparse_categorical_crossentropy', optimizer='adam'",
+        "loss='categorical_crossentropy', metrics=['accuracy', 'acuracy']",
+        "loss='categorical_crossentropy', metrics=[AUC(curve='roc')]",
         "loss='categorical_crossentropy', optimizer='adam', lr=1e309",
         "loss='categorical_crossentropy', nonsense_key=1",
         "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy'",
@@ -383,8 +431,8 @@ def test_fit_refuses_bad_inputs_before_training(env: dict[str, Any], cluster2: A
         run_fit(env, "never_trained", warm_start=True)
     with pytest.raises(TrainingError, match="no GPU"):
         run_fit(env, "x", use_gpus=True)
-    with pytest.raises(ParameterError, match="multiple of 2"):
-        run_fit(env, "x", fit_params="batch_size=33")
+    with pytest.raises(ParameterError, match="at least 2"):
+        run_fit(env, "x", fit_params="batch_size=1")
 
     # a validation set preprocessed for another training set
     client, (train, test) = env["client"], (env["test"], env["test"])

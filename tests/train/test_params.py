@@ -552,5 +552,204 @@ def test_compile_kwargs_compiles_a_tiny_model():
     assert type(build_optimizer("adam")).__name__ == "Adam"
     plain = compile_kwargs({"loss": "mse", "optimizer": "rmsprop"})
     assert type(plain["optimizer"]).__name__ == "RMSprop"
-    with pytest.raises(ParameterError, match="Adam refused its arguments"):
+    with pytest.raises(ParameterError, match="argument 'momentum' for Adam"):
         build_optimizer("Adam(momentum=0.9)")
+
+
+# ----------------------------------------------------------------------------- loss/metric objects
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "loss=CategoricalCrossentropy(from_logits=True)",
+            {"class_name": "CategoricalCrossentropy", "config": {"from_logits": True}},
+        ),
+        (
+            "loss='CategoricalCrossentropy(from_logits=True, label_smoothing=0.1)'",
+            {
+                "class_name": "CategoricalCrossentropy",
+                "config": {"from_logits": True, "label_smoothing": 0.1},
+            },
+        ),
+        (
+            "loss=categoricalfocalcrossentropy(gamma=3, reduction='sum')",
+            {
+                "class_name": "CategoricalFocalCrossentropy",
+                "config": {"gamma": 3, "reduction": "sum"},
+            },
+        ),
+        ("loss=Huber()", {"class_name": "Huber", "config": {}}),
+    ],
+)
+def test_loss_objects(text, expected):
+    assert parse_compile_params(text)["loss"] == expected
+
+
+def test_metric_objects_mixed_with_names_and_optimizer_call():
+    parsed = parse_compile_params(
+        "loss='categorical_crossentropy', optimizer=SGD(lr=0.01, momentum=0.9), "
+        "metrics=['accuracy', AUC(name='auc', curve='PR'), 'TopKCategoricalAccuracy(k=3)'], "
+        "weighted_metrics=[Precision(thresholds=[0.3, 0.7])]"
+    )
+    assert parsed["optimizer"] == {
+        "class_name": "SGD",
+        "config": {"learning_rate": 0.01, "momentum": 0.9},
+    }
+    assert parsed["metrics"] == [
+        "accuracy",
+        {"class_name": "AUC", "config": {"name": "auc", "curve": "PR"}},
+        {"class_name": "TopKCategoricalAccuracy", "config": {"k": 3}},
+    ]
+    assert parsed["weighted_metrics"] == [
+        {"class_name": "Precision", "config": {"thresholds": [0.3, 0.7]}}
+    ]
+    assert parse_compile_params(format_params(parsed)) == parsed
+    assert format_params({"loss": parsed["metrics"][1]}) == "loss=AUC(name='auc', curve='PR')"
+
+
+def test_dict_input_objects():
+    parsed = parse_compile_params(
+        {
+            "loss": {"class_name": "CategoricalCrossentropy", "config": {"label_smoothing": 0.2}},
+            "metrics": ["accuracy", "AUC(num_thresholds=50)"],
+        }
+    )
+    assert parsed == {
+        "loss": {"class_name": "CategoricalCrossentropy", "config": {"label_smoothing": 0.2}},
+        "metrics": ["accuracy", {"class_name": "AUC", "config": {"num_thresholds": 50}}],
+    }
+
+
+OBJECT_ROUND_TRIPS = [
+    "loss=CategoricalCrossentropy(label_smoothing=0.1), metrics=['accuracy']",
+    "loss='BinaryFocalCrossentropy(apply_class_balancing=True, alpha=0.5)', optimizer='adam'",
+    "metrics=[OneHotIoU(num_classes=3, target_class_ids=(0, 2)), F1Score(average=None)]",
+    'loss=Huber(delta=2, name="it\'s"), weighted_metrics=[RecallAtPrecision(precision=0.8)]',
+]
+
+
+@pytest.mark.parametrize("text", OBJECT_ROUND_TRIPS)
+def test_object_round_trip(text):
+    parsed = parse_compile_params(text)
+    formatted = format_params(parsed)
+    assert parse_compile_params(formatted) == parsed
+    assert format_params(parse_compile_params(formatted)) == formatted
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("loss=CategoricalCrossentropy(bogus=1)", r"has no argument 'bogus'.*accepts"),
+        ("loss='CategoricalCrossentropy(from_logit=True)'", "Did you mean 'from_logits'"),
+        ("loss=CategoricalCrossentropy(from_logits='True')", "from_logits.*boolean"),
+        ("loss=CategoricalCrossentropy(label_smoothing=2)", "label_smoothing.*between 0 and 1"),
+        ("loss=CategoricalCrossentropy(reduction='mean')", "one of"),
+        ("loss=CategoricalCrossentropy(0.1)", "positional"),
+        ("loss=CategoricalCrossentropy(**{'a': 1})", "positional or \\*\\*"),
+        ("loss=CategoricalCrossentropy(label_smoothing=abs(1))", "Call"),
+        ("loss=keras.losses.Huber()", "Call"),
+        (
+            "loss=CategoricalCrossentopy()",
+            "Unknown loss class.*Did you mean CategoricalCrossentropy",
+        ),
+        ("loss=AUC()", "Unknown loss class 'AUC'"),
+        ("metrics=[Huber()]", "Unknown metric class 'Huber'"),
+        ("metrics=[AUC(curve='roc')]", "one of \\['ROC', 'PR'\\]"),
+        ("metrics=[AUC(num_thresholds=1)]", "num_thresholds.*>= 2"),
+        ("metrics=[AUC(num_labels=2)]", "only with multi_label=True"),
+        ("metrics=[PrecisionAtRecall()]", r"needs the argument\(s\) \['recall'\]"),
+        ("metrics=AUC()", "'metrics' must be a list"),
+        ("optimizer=SGD(lr=-1)", "learning_rate"),
+        # each optimizer's own arguments: tf-keras' Adam has no momentum, SGD no beta_1
+        ("optimizer='Adam(momentum=0.9)'", r"argument 'momentum' for Adam.*Adam accepts"),
+        ("optimizer=SGD(beta_1=0.9)", "argument 'beta_1' for SGD"),
+        ("optimizer=Adafactor(epsilon=1e-3)", "Did you mean 'epsilon_"),
+        ("optimizer=SGD(clipnorm=1, global_clipnorm=1)", "both clipnorm and global_clipnorm"),
+        ("optimizer=Nope(lr=1)", "optimizer"),
+        ("batch_size=Foo()", "positive integer. Received: batch_size=Foo()"),
+        ("loss_weights=[Foo()]", "loss_weights"),
+        ("run_eagerly=Foo()", "run_eagerly"),
+    ],
+)
+def test_object_errors(text, match):
+    with pytest.raises(ParameterError, match=match):
+        (parse_fit_params if text.startswith("batch") else parse_compile_params)(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "use"),
+    [
+        ("loss='sparse_categorical_crossentropy'", "categorical_crossentropy"),
+        ("loss=SparseCategoricalCrossentropy(from_logits=True)", "CategoricalCrossentropy"),
+        ("loss='SparseCategoricalCrossentropy()'", "CategoricalCrossentropy"),
+        ("metrics=['sparse_categorical_accuracy']", "categorical_accuracy"),
+        ("metrics=[SparseTopKCategoricalAccuracy(k=2)]", "TopKCategoricalAccuracy"),
+        ("metrics=[MeanIoU(num_classes=3)]", "OneHotMeanIoU"),
+    ],
+)
+def test_sparse_losses_and_metrics_are_refused_with_the_one_hot_one(text, use):
+    with pytest.raises(ParameterError, match=f"labels are one-hot.*Use {use} instead"):
+        parse_compile_params(text)
+
+
+def test_custom_names_make_plain_names_strict():
+    text = "loss='my_loss', metrics=['accuracy', 'my_metric']"
+    assert parse_compile_params(text)["loss"] == "my_loss"  # no names given: any name
+    parsed = parse_compile_params(text, custom_names=["my_loss", "my_metric"])
+    assert parsed == {"loss": "my_loss", "metrics": ["accuracy", "my_metric"]}
+    with pytest.raises(ParameterError, match=r"Unknown metric 'my_metric'.*custom_objects"):
+        parse_compile_params(text, custom_names=["my_loss"])
+    with pytest.raises(ParameterError, match="Did you mean 'categorical_crossentropy'"):
+        parse_compile_params("loss='categorical_crossentropie'", custom_names=[])
+    for name in ("mse", "categorical_crossentropy", "CategoricalCrossentropy", "huber"):
+        assert parse_compile_params({"loss": name}, custom_names=[])["loss"] == name
+    for name in ("acc", "accuracy", "ce", "AUC", "top_k_categorical_accuracy"):
+        assert parse_compile_params({"metrics": [name]}, custom_names=[])["metrics"] == [name]
+
+
+def test_reported_names_follow_keras():
+    from dvml.train.params import reported_name
+    from dvml.train.summary import metric_names
+
+    parsed = parse_compile_params(
+        "loss=CategoricalCrossentropy(label_smoothing=0.1), "
+        "metrics=['accuracy', AUC(), Precision(name='p'), TopKCategoricalAccuracy(k=2)]"
+    )
+    assert [reported_name(m) for m in parsed["metrics"]] == [
+        "accuracy",
+        "auc",
+        "p",
+        "top_k_categorical_accuracy",
+    ]
+    metrics, loss = metric_names(parsed)
+    assert metrics[1] == "auc" and loss == "CategoricalCrossentropy(label_smoothing=0.1)"
+
+
+@pytest.mark.tf
+def test_compile_kwargs_builds_loss_and_metric_objects():
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as keras
+
+    kwargs = compile_kwargs(
+        "loss=CategoricalCrossentropy(label_smoothing=0.1, from_logits=True), optimizer='adam', "
+        "metrics=['accuracy', AUC(name='auc'), TopKCategoricalAccuracy(k=2)]"
+    )
+    loss = kwargs["loss"]
+    assert isinstance(loss, keras.losses.CategoricalCrossentropy)
+    assert loss.get_config()["label_smoothing"] == pytest.approx(0.1)
+    assert loss.get_config()["from_logits"] is True
+    assert kwargs["metrics"][0] == "accuracy"
+    assert (
+        isinstance(kwargs["metrics"][1], keras.metrics.AUC) and kwargs["metrics"][1].name == "auc"
+    )
+    assert kwargs["metrics"][2].get_config()["k"] == 2
+
+    model = keras.Sequential([keras.layers.Dense(3, input_shape=(4,))])
+    model.compile(**kwargs)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 4)).astype("float32")
+    y = np.eye(3, dtype="float32")[rng.integers(0, 3, 32)]
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert {"loss", "accuracy", "auc", "top_k_categorical_accuracy"} <= set(history.history)
