@@ -6,7 +6,6 @@ scikit-learn's digits (8x8 images). ``dvml demo`` runs it and prints what it did
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,8 +36,9 @@ def digits_frame(seed: int = 0) -> Any:
 
 def digits_cnn_json() -> str:
     """A small CNN for 8x8x1 digits, as Keras JSON (loads tf-keras)."""
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tf_keras as keras
+    from dvml import tf_runtime
+
+    keras = tf_runtime.keras()
 
     model = keras.Sequential(
         [

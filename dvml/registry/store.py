@@ -87,12 +87,9 @@ def _new_id(result: sa.CursorResult[Any]) -> int:
 
 
 def _tensorflow() -> Any:
-    import os
+    from dvml import tf_runtime
 
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tensorflow as tf
-
-    return tf
+    return tf_runtime.tensorflow()
 
 
 class Registry:
@@ -544,7 +541,7 @@ class Registry:
         """Compile stored custom functions, for ``custom_objects=`` and ``model.compile``.
 
         Each source runs with :func:`exec` in a fresh namespace holding ``tf`` (TensorFlow,
-        imported here with ``TF_USE_LEGACY_KERAS=1``) and ``np``. This runs code that a
+        started through :mod:`dvml.tf_runtime`) and ``np``. This runs code that a
         registry user registered on purpose: the trust boundary is who may write to the
         registry. Weights, in contrast, are data and never run anything.
 

@@ -275,6 +275,9 @@ def fit(
         "tensorboard_dir": tensorboard_dir,
         "use_gpus": use_gpus,
         "peer_timeout": config.get("train.peer-timeout"),
+        # Thread budget (dvml.tf_runtime.thread_budget): None = share of the host's cores.
+        "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
+        "standby": bool(config.get("train.standby-trainer")),
     }
     collector = _Progress(len(workers), model, num_iterations, on_iteration, progress)
     client.subscribe_topic(topic, collector)
@@ -285,6 +288,9 @@ def fit(
         job = {
             **base_job,
             "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
+            # Trainers that share this machine's cores: its network address, not DVML_HOST
+            # (a LocalCluster's simulated hosts are one machine).
+            "trainers_on_host": sum(1 for o in workers if _machine(o) == _machine(w)),
         }
         futures.append(
             client.submit(
@@ -349,6 +355,8 @@ def fit(
         }
         for r in results
     }
+    # Where each trainer's seconds before its first step went (and its thread budget).
+    summary["trainer_startup"] = {r["worker"]: r.get("startup") for r in results}
     reg.save_model(
         model, arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
     )
@@ -359,6 +367,11 @@ def fit(
         ]
     )
     return Model(model, reg)
+
+
+def _machine(worker: WorkerInfo) -> str:
+    """The network host of a worker's address (``tcp://10.0.0.5:4242`` -> ``10.0.0.5``)."""
+    return worker.address.split("://")[-1].rsplit(":", 1)[0]
 
 
 def _check_tensorboard() -> None:
@@ -410,12 +423,9 @@ def _warm_start_weights(reg: Registry, model: str, arch_id: int) -> Any:
 
 def weight_shapes(model_json: str) -> list[list[int]]:
     """Shapes of a Keras model's weights, built from its JSON (loads TensorFlow)."""
-    import os
+    from dvml import tf_runtime
 
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tf_keras as keras
-
-    model = keras.models.model_from_json(model_json)
+    model = tf_runtime.keras().models.model_from_json(model_json)
     return [list(w.shape) for w in model.get_weights()]
 
 
