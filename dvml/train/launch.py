@@ -150,11 +150,14 @@ def _register_teardown(worker: Any) -> None:
     atexit.register(stop_standby)
 
 
-def start_standby() -> None:
-    """Start this worker's standby trainer unless one is alive (CPU jobs only, see above)."""
+def start_standby(dask_worker: Any = None) -> None:
+    """Start this worker's standby trainer unless one is alive (CPU jobs only, see above).
+
+    Runs in a task, or with ``client.run(start_standby)`` to warm every worker before a fit.
+    """
     from distributed import get_worker
 
-    worker = get_worker()
+    worker = dask_worker or get_worker()
     with _STANDBY_LOCK:
         proc = _STANDBY.get("proc")
         if proc is not None and proc.poll() is None:
