@@ -26,3 +26,42 @@ def test_standby_exits_when_its_stdin_closes() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _standbys(worker_pid: int) -> list[int]:
+    import psutil
+
+    found = []
+    for child in psutil.Process(worker_pid).children(recursive=True):
+        try:
+            if "dvml.train.trainer --standby" in " ".join(child.cmdline()):
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_standby_goes_with_its_worker(tmp_path: object) -> None:
+    import signal
+
+    import dask.config
+    from conftest import pid_gone, poll_for
+
+    import dvml
+    from dvml.train import launch
+
+    with (
+        dask.config.set({"dvml.cluster.state-dir": str(tmp_path)}),
+        dvml.LocalCluster(n_workers=2, set_as_default=False) as cluster,
+    ):
+        cluster.client.run(launch.start_standby)
+        cluster.client.run(launch.start_standby)  # one per worker, not two
+        pids = cluster.processes()
+        first, second = pids["dask worker worker-0"], pids["dask worker worker-1"]
+        assert poll_for(lambda: len(_standbys(first)) == len(_standbys(second)) == 1, 30)
+        killed, kept = _standbys(first)[0], _standbys(second)[0]
+        # A worker killed outright: its standby reads EOF on stdin and exits by itself.
+        os.kill(first, signal.SIGKILL)
+        assert poll_for(lambda: pid_gone(killed), 120)
+    # A worker closed normally stops its standby (WorkerPlugin teardown).
+    assert poll_for(lambda: pid_gone(kept), 30)
