@@ -2,7 +2,7 @@
 
 A synthetic dataset here is what a preprocessor would pack: ``x_0`` (float32 features) and
 ``y`` (one-hot float32 labels), put into ONE worker's vineyardd with dvml's own
-:func:`dvml.store.local.put_arrays` and published with :func:`dvml.store.catalog.publish`, the
+:func:`dvml.store.tensors.put_arrays` and published with :func:`dvml.store.catalog.publish`, the
 same two calls a pack task makes. Building it this way skips the preprocessing graph, so a
 1 GiB buffer is ready in seconds; the stored objects and the catalog entry are identical to
 what :func:`dvml.training_preprocessor` writes. The arrays are a pure function of
@@ -68,7 +68,7 @@ def _put_and_publish(name: str, rows: int, features: int, classes: int, seed: in
     from distributed import get_worker
 
     from dvml.store import catalog
-    from dvml.store.local import put_arrays
+    from dvml.store.tensors import put_arrays
 
     arrays = synthetic_arrays(rows, features, classes, seed)
     record = put_arrays(arrays)

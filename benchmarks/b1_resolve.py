@@ -68,7 +68,7 @@ def cleanup(context: dict[str, Any]) -> None:
 
 
 def _resolve_time(context: dict[str, Any], name: str) -> float:
-    from dvml.resolve.local import open_local
+    from dvml.resolve.partitions import open_local
 
     times = []
     for _ in range(CALLS):

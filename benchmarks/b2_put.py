@@ -3,7 +3,7 @@
 What is measured, inside ONE worker task per repeat and side, with ``time.perf_counter``
 around the call only:
 
-- dvml side: :func:`dvml.store.local.put_arrays` of ``{"x_0": buffer}``: it checks the
+- dvml side: :func:`dvml.store.tensors.put_arrays` of ``{"x_0": buffer}``: it checks the
   daemon's free memory, allocates a blob in vineyard shared memory, copies the bytes into it
   (the pack tasks write their shuffled rows there instead of copying), seals it as a
   ``vineyard::Tensor`` and persists it, through the worker's cached connection to its own
@@ -45,7 +45,7 @@ def make_buffer(nbytes: int) -> Any:
 
 def timed_put(buffer: Any) -> float:
     """Worker task: GB/s of ``put_arrays`` of ``buffer`` into this worker's vineyardd."""
-    from dvml.store.local import delete_objects, put_arrays
+    from dvml.store.tensors import delete_objects, put_arrays
 
     start = time.perf_counter()
     record = put_arrays({"x_0": buffer})

@@ -185,7 +185,7 @@ class _Runner:
         # Imports are a process's one-time cost, not part of any input's throughput.
         import pyarrow.parquet  # noqa: F401
 
-        import dvml.resolve.local
+        import dvml.resolve.partitions
         import dvml.resolve.tfdata  # noqa: F401
 
         self.warm = tf.data.Dataset.from_tensor_slices((self.x[: 2 * BATCH], self.y[: 2 * BATCH]))
@@ -210,7 +210,7 @@ class _Runner:
         return ds.shuffle(self.rows, seed=SEED).batch(BATCH), None, None
 
     def dvml(self) -> tuple[Any, int | None, Any]:
-        from dvml.resolve.local import open_local
+        from dvml.resolve.partitions import open_local
         from dvml.resolve.tfdata import training_dataset
 
         parts = open_local(self.setup["dataset"])

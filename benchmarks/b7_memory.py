@@ -155,7 +155,7 @@ def reader(argv: list[str]) -> int:
 
     side, *rest = argv
     if side == "dvml":
-        from dvml.resolve.local import open_local
+        from dvml.resolve.partitions import open_local
 
         parts = open_local(rest[0])
         arrays = [a for views in parts.fields.values() for a in views]

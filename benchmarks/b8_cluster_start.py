@@ -28,7 +28,7 @@ def prepare(quick: bool) -> None:
     import distributed  # noqa: F401
     import vineyard  # noqa: F401
 
-    import dvml.cluster.local  # noqa: F401
+    import dvml.cluster.local_cluster  # noqa: F401
 
 
 def dvml_side(context: None) -> float:

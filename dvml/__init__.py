@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from dvml._version import __version__
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {

@@ -38,17 +38,42 @@ def defaults() -> dict[str, Any]:
 def get(key: str, override: Any = None) -> Any:
     """Return ``override`` if it is not None, else the configured value of ``dvml.<key>``.
 
+    This is ``dask.config.get(f"dvml.{key}", override_with=override)``, with dvml's default
+    (from ``dvml.yaml``) as the fallback and the key checked against the known keys first, so
+    a misspelt key fails even when an override is given.
+
     Parameters
     ----------
     key : str
-        Dotted key under the ``dvml`` namespace, for example ``"cluster.n-workers"``.
+        Dotted key under the ``dvml`` namespace, for example ``"cluster.n-workers"``
+        (``_`` and ``-`` are interchangeable, as everywhere in Dask's configuration).
     override : optional
         A keyword argument given by the caller; wins when not None.
+
+    Raises
+    ------
+    ConfigError
+        When ``key`` is not a dvml configuration key, naming the known keys at that level.
     """
-    if override is not None:
-        return override
-    defaults()
-    return dask.config.get(f"dvml.{key}")
+    default = _default_of(key)
+    return dask.config.get(f"dvml.{key}", default=default, override_with=override)
+
+
+def _default_of(key: str) -> Any:
+    """The value of ``dvml.<key>`` in ``dvml.yaml``; ConfigError when there is no such key."""
+    node: Any = defaults()["dvml"]
+    path = "dvml"
+    for part in key.split("."):
+        name = part.replace("_", "-")
+        if not isinstance(node, dict) or name not in node:
+            known = sorted(node) if isinstance(node, dict) else []
+            raise ConfigError(
+                f"Unknown configuration key dvml.{key}. Received: key={key!r}. Known keys under "
+                f"{path!r}: {known}. The keys are listed in dvml/dvml.yaml."
+            )
+        node = node[name]
+        path = f"{path}.{name}"
+    return node
 
 
 def validate() -> None:

@@ -12,7 +12,10 @@ the process-wide choices TensorFlow fixes at start-up are made in one place:
   ``dvml.train.intra-op-threads`` / ``inter-op-threads``;
 - GPU visibility (see :func:`start`);
 - models built from a spec (JSON, weights, custom objects, compile arguments) and a
-  per-process cache of them with a lock (:class:`ModelCache`).
+  per-process cache of them with a lock (:class:`ModelCache`). Registered custom functions
+  are compiled against this module's TensorFlow by
+  :func:`dvml.registry.custom.custom_objects_from_sources` (the registry sits above this
+  module in the layers).
 
 Importing this module imports neither TensorFlow nor tf-keras: :func:`tensorflow` and
 :func:`keras` do, on first use.
@@ -23,16 +26,17 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from dvml.exceptions import ArgumentError
 
 __all__ = [
     "ModelCache",
     "ThreadBudget",
     "budget_from_env",
     "build_model",
-    "custom_objects_from_sources",
     "device_for",
     "host_cores",
     "keras",
@@ -71,7 +75,7 @@ def _threads(name: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be a positive int, or null for automatic. Received: {name}={value!r}. "
             f"Set dvml.train.{name} to a thread count or null."
         )
@@ -99,13 +103,13 @@ def thread_budget(
         None means automatic.
     """
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-        raise ValueError(f"cores must be a positive int. Received: cores={cores!r}.")
+        raise ArgumentError(f"cores must be a positive int. Received: cores={cores!r}.")
     if (
         isinstance(processes_on_host, bool)
         or not isinstance(processes_on_host, int)
         or processes_on_host < 1
     ):
-        raise ValueError(
+        raise ArgumentError(
             "processes_on_host must be a positive int. Received: "
             f"processes_on_host={processes_on_host!r}."
         )
@@ -124,9 +128,14 @@ def host_cores() -> int:
 
 
 def _configured_threads() -> tuple[int | None, int | None]:
-    from dvml import config
+    # dask.config directly, not dvml.config: this module sits below it in the layers. Both
+    # keys default to null (automatic), which a missing key means too.
+    import dask.config
 
-    return config.get("train.intra-op-threads"), config.get("train.inter-op-threads")
+    return (
+        dask.config.get("dvml.train.intra-op-threads", None),
+        dask.config.get("dvml.train.inter-op-threads", None),
+    )
 
 
 def local_budget(processes_on_host: int | None = None) -> ThreadBudget:
@@ -280,25 +289,13 @@ def device_for(use_gpus: bool) -> str:
 # --------------------------------------------------------------------------- models
 
 
-def custom_objects_from_sources(sources: Mapping[str, str]) -> dict[str, Any]:
-    """Compile registered custom losses and metrics (source checked again) with ``tf``, ``np``."""
-    if not sources:
-        return {}
-    import numpy as np
-
-    from dvml.registry.custom import compile_function
-
-    namespace = {"tf": tensorflow(), "np": np}
-    return {name: compile_function(name, src, namespace) for name, src in sources.items()}
-
-
 def build_model(
     model_json: str,
-    weights: bytes | None = None,
+    weights: Sequence[Any] | None = None,
     custom_objects: Mapping[str, Any] | None = None,
     compile_kwargs: Mapping[str, Any] | None = None,
 ) -> Any:
-    """A tf-keras model from its JSON, with ``weights`` (dvml's weight blob), compiled with
+    """A tf-keras model from its JSON, with ``weights`` (a list of arrays), compiled with
     ``compile_kwargs`` (from :func:`dvml.train.params.compile_kwargs`) when given.
 
     Build it inside the device or distribution-strategy scope its variables belong to.
@@ -306,9 +303,7 @@ def build_model(
     custom = dict(custom_objects or {})
     model = keras().models.model_from_json(model_json, custom_objects=custom)
     if weights is not None:
-        from dvml.registry.weights import weights_from_bytes
-
-        model.set_weights(weights_from_bytes(weights))
+        model.set_weights(list(weights))
     if compile_kwargs:
         model.compile(**compile_kwargs)
     return model

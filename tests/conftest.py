@@ -1,100 +1,32 @@
-"""Fixtures shared by the whole suite: real clusters and a check that no process leaks.
+"""Fixtures shared by the whole suite: real clusters, a clean-vineyard check and a leak check.
 
 ``cluster4`` (4 workers on 2 simulated hosts, GPUs declared on the first two) and ``cluster2``
 (2 workers) start once per session with ``set_as_default=False``: pass
 ``client=cluster.client`` explicitly. A test that needs to break or stop a cluster starts its
-own ``dvml.LocalCluster`` instead.
+own with the ``local_cluster`` factory instead.
 
 Every test is checked for leaked child processes: a child of the test process that appears
 during the test and still runs after it (a few seconds of grace) fails the test. The session
-clusters' processes and multiprocessing's resource tracker are not counted. The helpers are
-importable (``from conftest import poll_for, assert_no_new_processes``).
+clusters' processes and multiprocessing's resource tracker are not counted.
+
+Helpers (polling, probes, builders) live in the importable package ``tests.helpers``; this
+file holds fixtures only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-import psutil
 import pytest
 
-from dvml.cluster.processes import poll_for
+from tests.helpers.clusters import running_cluster
+from tests.helpers.processes import SESSION_CLUSTERS, assert_no_new_processes, child_processes
+from tests.helpers.vineyard_probes import snapshot
 
 if TYPE_CHECKING:
     import dvml
-
-__all__ = [
-    "assert_no_new_processes",
-    "child_processes",
-    "object_exists",
-    "pid_gone",
-    "poll_for",
-    "snapshot",
-    "vineyard_contents",
-]
-
-# Session clusters, whose processes are excluded from the leak check.
-_SESSION_CLUSTERS: list[dvml.LocalCluster] = []
-
-
-def pid_gone(pid: int) -> bool:
-    """Whether ``pid`` no longer runs (a zombie counts as gone: it holds nothing but its pid)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _excluded_pids() -> set[int]:
-    pids: set[int] = set()
-    for cluster in _SESSION_CLUSTERS:
-        pids.update(cluster.processes().values())
-    # A session cluster's workers keep a standby trainer between fits (dvml.train.launch); it
-    # belongs to the worker and is stopped with it, like the worker itself.
-    for pid in list(pids):
-        try:
-            for child in psutil.Process(pid).children(recursive=True):
-                if "dvml.train.trainer --standby" in " ".join(child.cmdline()):
-                    pids.add(child.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return pids
-
-
-def child_processes() -> dict[int, str]:
-    """Running descendants of the test process: ``{pid: command line}``.
-
-    Zombies, multiprocessing's resource tracker (it lives as long as the interpreter) and the
-    session clusters' processes are left out.
-    """
-    excluded = _excluded_pids()
-    found = {}
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.pid in excluded or proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            cmdline = " ".join(proc.cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if "multiprocessing.resource_tracker" in cmdline:
-            continue
-        found[proc.pid] = cmdline
-    return found
-
-
-def assert_no_new_processes(before: dict[int, str], timeout: float = 10.0) -> None:
-    """Fail when a child process not in ``before`` still runs after ``timeout`` seconds."""
-    new: dict[int, str] = {}
-
-    def none_new() -> bool:
-        nonlocal new
-        new = {p: c for p, c in child_processes().items() if p not in before}
-        return not new
-
-    if not poll_for(none_new, timeout, interval=0.1):
-        lines = "\n".join(f"  pid {p}: {c[:200]}" for p, c in sorted(new.items()))
-        pytest.fail(f"{len(new)} child process(es) started by this test still run:\n{lines}")
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +40,7 @@ def _start(**kwargs: object) -> dvml.LocalCluster:
     import dvml
 
     cluster = dvml.LocalCluster(set_as_default=False, **kwargs)  # type: ignore[arg-type]
-    _SESSION_CLUSTERS.append(cluster)
+    SESSION_CLUSTERS.append(cluster)
     return cluster
 
 
@@ -118,7 +50,7 @@ def cluster4() -> Iterator[dvml.LocalCluster]:
     cluster = _start(n_workers=4, hosts=2, gpus=[1, 1, 0, 0], vineyard_memory="256MiB")
     yield cluster
     cluster.close()
-    _SESSION_CLUSTERS.remove(cluster)
+    SESSION_CLUSTERS.remove(cluster)
 
 
 @pytest.fixture(scope="session")
@@ -127,66 +59,37 @@ def cluster2() -> Iterator[dvml.LocalCluster]:
     cluster = _start(n_workers=2, vineyard_memory="256MiB")
     yield cluster
     cluster.close()
-    _SESSION_CLUSTERS.remove(cluster)
+    SESSION_CLUSTERS.remove(cluster)
 
 
-# -- worker-side vineyard probes (top-level, so they pickle by reference) --------------------
-# They use a plain vineyard client and never close it: in vineyard 0.24.2 every client of a
-# socket in one process shares one connection, and closing it would cut the worker's own
-# (see dvml.store.local.local_client).
+@pytest.fixture
+def clean_vineyard4(cluster4: dvml.LocalCluster) -> Iterator[list[str]]:
+    """Names of datasets a test creates on ``cluster4``: dropped afterwards, and every
+    vineyardd checked to hold exactly what it held before the test (tensors, staging names,
+    bytes)."""
+    import dvml
+
+    before = snapshot(cluster4)
+    names: list[str] = []
+    yield names
+    for name in names:
+        if dvml.datasets.exists(name, client=cluster4.client):
+            dvml.datasets.drop(name, client=cluster4.client)
+    assert snapshot(cluster4) == before, "the vineyardds do not hold what they held before"
 
 
-def vineyard_contents() -> dict[str, Any]:
-    """On a worker: its instance id, memory in use, local tensors and staging names."""
-    import vineyard
+@pytest.fixture
+def local_cluster() -> Iterator[Callable[..., dvml.LocalCluster]]:
+    """A factory: ``local_cluster(n_workers=2, vineyard_memory="128MiB")`` starts a
+    ``dvml.LocalCluster`` of the test's own (``set_as_default=False`` unless given).
 
-    from dvml.store.local import STAGING_PREFIX
-
-    client = vineyard.connect()  # VINEYARD_IPC_SOCKET names this worker's own vineyardd
-    iid = int(client.instance_id)
-    metas = client.ipc_client.list_metadatas("vineyard::Tensor*", limit=1_000_000)
-    staging = client.ipc_client.list_names(STAGING_PREFIX + "*", limit=1_000_000)
-    return {
-        "instance_id": iid,
-        "memory_usage": int(client.status.memory_usage),
-        "tensors": sorted(int(m.id) for m in metas if int(m.instance_id) == iid),
-        "staging": sorted(str(n) for n in staging),
-    }
-
-
-def object_exists(ids: Sequence[int]) -> list[bool]:
-    """On a worker: whether each object still exists in the vineyard cluster."""
-    import vineyard
-
-    client = vineyard.connect()
-    return [bool(client.exists(vineyard.ObjectID(int(i)))) for i in ids]
-
-
-def snapshot(cluster: dvml.LocalCluster) -> dict[int, dict[str, Any]]:
-    """What every vineyardd holds, by instance id."""
-    return {a["instance_id"]: a for a in cluster.client.run(vineyard_contents).values()}
-
-
-def execute_notebook(path: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Run a notebook top to bottom in a fresh kernel; return every cell output.
-
-    Asserts that the notebook is stored without outputs and that no cell raised. The kernel
-    inherits this environment: a private registry and state directory, a non-GUI plot backend.
+    Every cluster it started is closed when the test ends, newest first, and then checked to
+    have left no process behind (:func:`tests.helpers.running_cluster`). Closing one earlier in
+    the test is allowed (a second ``close()`` does nothing).
     """
-    import nbformat
-    from nbclient import NotebookClient
+    with ExitStack() as stack:
 
-    notebook = nbformat.read(path, as_version=4)
-    assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code"), (
-        f"{path.name} is stored with outputs; strip them before committing"
-    )
-    monkeypatch.setenv("DASK_DVML__CLUSTER__STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("DASK_DVML__REGISTRY__URL", f"sqlite:///{tmp_path / 'registry.db'}")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    NotebookClient(
-        notebook, timeout=600, kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
-    ).execute()  # fmt: skip
-    outputs = [o for c in notebook.cells for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.output_type == "error"]
-    return outputs
+        def start(**kwargs: Any) -> dvml.LocalCluster:
+            return stack.enter_context(running_cluster(**kwargs))
+
+        yield start

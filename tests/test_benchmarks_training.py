@@ -1,4 +1,4 @@
-"""The training-side benchmarks (B1, B3, B4, B7): one real quick run, and their pure pieces.
+"""The training-side benchmarks (B1, B3, B4, B7, B10): real quick runs, and their pure pieces.
 
 The run checks that every row has numbers, not that the targets are met: on a shared 2-core
 machine the ratios are only meaningful at full sizes and with several repeats.
@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder run as `pytho
 
 from benchmarks import _training, harness  # noqa: E402
 
-ROWS = ("B1a", "B1b", "B3a", "B3b", "B3c", "B4", "B7")
+ROWS = ("B1a", "B1b", "B3a", "B3b", "B3c", "B4a", "B4b", "B7")
 
 
 def test_training_benchmarks_are_registered_and_grouped() -> None:
@@ -31,6 +31,13 @@ def test_training_benchmarks_are_registered_and_grouped() -> None:
     assert chosen[0].prepare is chosen[1].prepare
     assert chosen[2].prepare is chosen[3].prepare is chosen[4].prepare
     assert [b.key for b in harness.select(registry, ["b3b"])] == ["B3b"]
+    # B4: one row per sync mode on one cluster; B10: iteration rows first, then step rows
+    assert chosen[5].prepare is chosen[6].prepare
+    b10 = harness.select(registry, ["B10"])
+    assert len(b10) in (4, 6) and len({b.prepare for b in b10}) == 1
+    assert [b.target for b in b10[: len(b10) // 2]] == [1.0] * (len(b10) // 2)
+    assert all("'iteration'" in b.title for b in b10[: len(b10) // 2])
+    assert all("'step'" in b.title for b in b10[len(b10) // 2 :])
 
 
 def test_run_all_prepares_a_shared_context_once() -> None:
@@ -103,6 +110,35 @@ def test_quick_training_benchmarks_write_a_row_each(tmp_path: pathlib.Path) -> N
         for field in ("dvml", "baseline", "ratio_median"):
             assert isinstance(row[field], float) and row[field] > 0, (key, field, row[field])
         assert len(row["dvml_figures"]) == len(row["baseline_figures"]) == 1
-    assert "trainer start s (median)" in rows["B4"]["details"]
+    for key, sync in (("B4a", "iteration"), ("B4b", "step")):
+        assert rows[key]["details"]["sync"] == sync
+        assert "trainer start s (median)" in rows[key]["details"]
+        assert rows[key]["details"]["fit s, training only (median)"] > 0
     table = (out / "results.md").read_text()
     assert all(f"| {key}: " in table for key in ROWS)
+
+
+@pytest.mark.cluster
+@pytest.mark.tf
+def test_quick_b10_reports_samples_per_second_and_the_collective_cost(
+    tmp_path: pathlib.Path,
+) -> None:
+    out = tmp_path / "results"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "B10", "--repeats", "1",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=540, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    assert len(rows) in (4, 6)
+    for key, row in rows.items():
+        assert row["error"] is None, (key, row["error"])
+        assert row["dvml"] > 0 and row["baseline"] > 0 and row["ratio_median"] > 0
+        assert row["details"]["ms per step"] > 0
+    assert rows["B10a"]["details"]["trainers"] == 1
+    assert rows["B10b"]["details"]["sync"] == "iteration"
+    assert rows["B10b"]["details"]["s per weight average"] > 0
+    details = [r["details"] for r in rows.values()]
+    (step_two,) = [d for d in details if d["sync"] == "step" and d["trainers"] == 2]
+    assert "all-reduce ms per step" in step_two

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from conftest import execute_notebook
+
+from tests.helpers import execute_notebook
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 

@@ -33,6 +33,8 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dvml.exceptions import LockHeldError  # a DvmlError; re-exported for the workflows
+
 __all__ = [
     "EXIT_CONFIG",
     "EXIT_FAILED",
@@ -49,10 +51,6 @@ EXIT_OK = 0  # done: trained (promoted or not), refreshed, or nothing new to do
 EXIT_FAILED = 1  # the run failed; what it published is consistent and a re-run is safe
 EXIT_CONFIG = 2  # bad arguments or job file: nothing was started
 EXIT_LOCKED = 3  # another run of the same job holds the lock: nothing was started
-
-
-class LockHeldError(Exception):
-    """Another process holds the run lock."""
 
 
 def _now() -> str:
@@ -312,7 +310,7 @@ def run_workflow(
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     from dvml.exceptions import ConfigError
-    from dvml.jobs.config import load
+    from dvml.jobs.yaml_schema import load
 
     try:
         job = load(args.config, schema)
@@ -382,7 +380,7 @@ def recover(ctx: RunContext, client: Any) -> list[str]:
     previous run of this job is found, the staging objects that appeared while it ran are
     deleted: they belong to a preprocessing (or featurization) it never finished.
     """
-    from dvml.jobs.cluster import (
+    from dvml.jobs.job_cluster import (
         abort_orphaned_trainers,
         drop_staging,
         staging_runs,

@@ -76,7 +76,7 @@ def _key(ctx: RunContext, train: Any, valid: Any | None) -> str:
 
 def plan(ctx: RunContext) -> list[str]:
     """The steps a run would take now, read-only."""
-    from dvml.jobs.cluster import cluster_plan
+    from dvml.jobs.job_cluster import cluster_plan
 
     job = ctx.job
     name = job["name"]
@@ -108,7 +108,7 @@ def plan(ctx: RunContext) -> list[str]:
 
 
 def run(ctx: RunContext) -> int:
-    from dvml.jobs.cluster import open_cluster
+    from dvml.jobs.job_cluster import open_cluster
     from dvml.registry import Registry
 
     job, log = ctx.job, ctx.log

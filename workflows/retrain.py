@@ -46,8 +46,8 @@ def _keys(ctx: RunContext, fingerprint: str) -> tuple[str, str]:
 
 def plan(ctx: RunContext) -> list[str]:
     """The steps a run would take now, read-only (files are only listed and stat'ed)."""
-    from dvml.jobs.cluster import cluster_plan
     from dvml.jobs.data import dataset_names, resolve_source
+    from dvml.jobs.job_cluster import cluster_plan
     from dvml.jobs.models import metric_mode
 
     job = ctx.job
@@ -98,8 +98,8 @@ def plan(ctx: RunContext) -> list[str]:
 
 def run(ctx: RunContext) -> int:
     """Run the steps; return the exit code (failures raise and are logged by the caller)."""
-    from dvml.jobs.cluster import open_cluster
     from dvml.jobs.data import resolve_source
+    from dvml.jobs.job_cluster import open_cluster
     from dvml.registry import Registry
 
     job, log = ctx.job, ctx.log

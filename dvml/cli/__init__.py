@@ -32,7 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered command group."""
-    from dvml import __version__
+    from dvml._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="dvml",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dvml.cli._attach import (
+from dvml.cli._cluster_options import (
     add_cluster_options,
     add_drop_command,
     add_json_option,

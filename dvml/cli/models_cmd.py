@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dvml.cli._attach import add_json_option, print_json
+from dvml.cli._cluster_options import add_json_option, print_json
 from dvml.cli._common import add_command, add_group, format_table
 
 __all__ = ["register"]

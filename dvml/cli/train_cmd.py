@@ -14,8 +14,9 @@ import argparse
 import time
 from typing import Any
 
-from dvml.cli._attach import add_cluster_options, add_json_option, attached, print_json
+from dvml.cli._cluster_options import add_cluster_options, add_json_option, attached, print_json
 from dvml.cli._common import format_table
+from dvml.exceptions import ArgumentError
 
 __all__ = ["register"]
 
@@ -83,8 +84,8 @@ def register(subparsers: Any) -> None:
 
 
 def _job(args: argparse.Namespace) -> dict[str, Any]:
-    from dvml.jobs.config import load
     from dvml.jobs.schemas import JOB_SCHEMA
+    from dvml.jobs.yaml_schema import load
 
     return load(args.config, JOB_SCHEMA)
 
@@ -96,8 +97,8 @@ def _registry(args: argparse.Namespace, job: dict[str, Any]) -> Any:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from dvml.jobs.cluster import abort_orphaned_trainers, cluster_plan
     from dvml.jobs.data import config_dir, dataset_names, prepare_datasets, resolve_source
+    from dvml.jobs.job_cluster import abort_orphaned_trainers, cluster_plan
     from dvml.jobs.models import architecture_id, fit_arguments, model_exists
     from dvml.train.fit import fit
 
@@ -199,7 +200,7 @@ def _predict(args: argparse.Namespace) -> int:
     if output is None and spec["output"]:
         output = os.path.join(base, os.path.expanduser(spec["output"]))
     if output is not None and not output.lower().endswith((".csv", ".parquet")):
-        raise ValueError(
+        raise ArgumentError(
             f"The predictions file must end in .csv or .parquet. Received: output={output!r}. "
             "Choose one of these formats."
         )

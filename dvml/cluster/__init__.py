@@ -5,10 +5,27 @@ workers), the worker ↔ vineyard instance mapping and the GPU inventory. It lea
 :mod:`dvml.placement` and storage to :mod:`dvml.store`.
 """
 
-from dvml.cluster.attach import Cluster, connect, current_client
-from dvml.cluster.gpu import gpu_configuration
-from dvml.cluster.local import LocalCluster
-from dvml.cluster.workers import WorkerInfo
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dvml.cluster.attach import Cluster, connect
+    from dvml.cluster.gpu import gpu_configuration
+    from dvml.cluster.local_cluster import LocalCluster
+    from dvml.cluster.workers import WorkerInfo, current_client
+
+# Imported on first use, like dvml's own names: a trainer process imports
+# dvml.cluster.connection and must not pay for LocalCluster, dask.config and the rest.
+_EXPORTS: dict[str, str] = {
+    "Cluster": "dvml.cluster.attach",
+    "LocalCluster": "dvml.cluster.local_cluster",
+    "WorkerInfo": "dvml.cluster.workers",
+    "connect": "dvml.cluster.attach",
+    "current_client": "dvml.cluster.workers",
+    "gpu_configuration": "dvml.cluster.gpu",
+}
 
 __all__ = [
     "Cluster",
@@ -18,3 +35,15 @@ __all__ = [
     "current_client",
     "gpu_configuration",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dvml.cluster' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

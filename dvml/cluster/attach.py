@@ -1,56 +1,24 @@
-"""Attaching to a running cluster and discovering its worker ↔ vineyard mapping."""
+"""Attaching to a running cluster: the :class:`Cluster` handle and :func:`connect`."""
 
 from __future__ import annotations
 
-import re
+import os
 from typing import TYPE_CHECKING, Any
 
-from dvml.cluster.workers import WorkerInfo, describe_this_worker
-from dvml.exceptions import ClusterError, NoClusterError
+from dvml.cluster.connection import local_client
+from dvml.cluster.gpu import gpu_configuration
+from dvml.cluster.workers import WorkerInfo, discover_workers
+from dvml.exceptions import ClusterError
 
 if TYPE_CHECKING:
     import pandas as pd
     from distributed import Client
 
-__all__ = ["Cluster", "connect", "current_client", "discover_workers"]
-
-
-def current_client(client: Client | None = None) -> Client:
-    """Return ``client``, else the default Dask client, else raise :class:`NoClusterError`."""
-    if client is not None:
-        return client
-    from distributed import default_client
-
-    try:
-        return default_client()
-    except ValueError:
-        raise NoClusterError(
-            "No Dask client is available. Start one with `with dvml.LocalCluster() as "
-            "cluster:`, attach with `dvml.connect('tcp://scheduler:8786')`, or pass client=."
-        ) from None
-
-
-def _natural_key(text: str) -> list[Any]:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
-
-
-def discover_workers(client: Client | None = None) -> list[WorkerInfo]:
-    """Ask every worker for its host, vineyard socket and instance, and GPUs.
-
-    Returns the workers sorted by name (``worker-2`` before ``worker-10``).
-    """
-    client = current_client(client)
-    answers = client.run(describe_this_worker)
-    infos = [WorkerInfo.from_dict(d) for d in answers.values()]
-    return sorted(infos, key=lambda w: _natural_key(w.name))
+__all__ = ["Cluster", "connect"]
 
 
 def _probe_vineyard() -> dict[str, Any]:
     """Run on a worker: can its vineyardd be reached, and how full is it?"""
-    import os
-
-    from dvml.store.local import local_client
-
     sock = os.environ.get("VINEYARD_IPC_SOCKET")
     if not sock:
         return {"vineyardd": "not configured", "memory_used": None, "memory_limit": None}
@@ -121,8 +89,6 @@ class Cluster:
 
     def gpu_configuration(self) -> pd.DataFrame:
         """See :func:`dvml.gpu_configuration`."""
-        from dvml.cluster.gpu import gpu_configuration
-
         return gpu_configuration(self.client)
 
     def close(self) -> None:

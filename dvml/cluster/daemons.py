@@ -95,7 +95,7 @@ def vineyard_instance_id(socket_path: str) -> int | None:
     """The instance id of the vineyardd behind ``socket_path``, or None when unreachable.
 
     For the process that STARTS daemons (it connects and closes). Code on workers uses
-    :func:`dvml.store.local.local_client`, whose connection is shared and never closed.
+    :func:`dvml.cluster.connection.local_client`, whose connection is shared and never closed.
     """
     if not os.path.exists(socket_path):
         return None

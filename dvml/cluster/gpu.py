@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from dvml.cluster.workers import discover_workers, gpu_index
+
 if TYPE_CHECKING:
     import pandas as pd
     from distributed import Client
@@ -31,9 +33,6 @@ def gpu_configuration(client: Client | None = None) -> pd.DataFrame:
         columns) on a cluster without GPUs.
     """
     import pandas as pd
-
-    from dvml.cluster.attach import discover_workers
-    from dvml.cluster.workers import gpu_index
 
     rows: list[dict[str, Any]] = []
     for info in discover_workers(client):

@@ -21,8 +21,12 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from dvml.cluster.local_cluster import LocalCluster
+from dvml.cluster.state import process_start_time, remove_state, state_path, write_state
+from dvml.exceptions import ArgumentError, DvmlError
+
 if TYPE_CHECKING:
-    from dvml.cluster.local import LocalCluster
+    from dvml.cluster.local_cluster import LocalCluster
 
 __all__ = ["build_parser", "main", "parse_gpus", "parse_hosts"]
 
@@ -38,7 +42,7 @@ def parse_gpus(text: str) -> int | list[int]:
     try:
         counts = [int(p) for p in parts]
     except ValueError:
-        raise ValueError(
+        raise ArgumentError(
             "--gpus must be a GPU count for every worker or one count per worker, such as "
             f"'1' or '1,1,0,0'. Received: --gpus={text!r}."
         ) from None
@@ -114,8 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _state_of(cluster: LocalCluster, log: str | None) -> dict[str, Any]:
-    from dvml.cluster.state import process_start_time
-
     try:
         dashboard: str | None = cluster.dashboard_link
     except Exception:  # no dashboard was started
@@ -138,8 +140,6 @@ def _state_of(cluster: LocalCluster, log: str | None) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the cluster, record it, wait for a signal or the state file's removal, stop."""
-    from dvml.cluster.state import remove_state, state_path, write_state
-
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     state_dir = pathlib.Path(args.state_dir).expanduser()
@@ -156,9 +156,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-
-    from dvml.cluster.local import LocalCluster
-    from dvml.exceptions import DvmlError
 
     try:
         cluster = LocalCluster(**cluster_kwargs(args), set_as_default=True)

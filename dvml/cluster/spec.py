@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from dask.utils import parse_bytes
 
+from dvml.exceptions import ArgumentError, ArgumentTypeError, SharedMemoryError
+
 __all__ = ["LocalWorkerSpec", "check_shared_memory", "parse_memory", "plan_workers"]
 
 
@@ -31,21 +33,25 @@ def parse_memory(value: int | str, what: str = "vineyard_memory") -> int:
 
     Raises
     ------
-    ValueError
+    ArgumentTypeError
+        When the value is a bool.
+    ArgumentError
         When the value does not parse or is not positive.
     """
     if isinstance(value, bool):
-        raise TypeError(f"{what} must be a byte count or a size string. Received: {value!r}.")
+        raise ArgumentTypeError(
+            f"{what} must be a byte count or a size string. Received: {value!r}."
+        )
     try:
         if not str(value).strip():  # dask's parse_bytes reads "" as 1 byte
             raise ValueError("empty size")
         nbytes = int(value) if isinstance(value, int) else parse_bytes(str(value))
     except (ValueError, TypeError) as exc:
-        raise ValueError(
+        raise ArgumentError(
             f"{what} must be a byte count or a size such as '512MiB' or '2GB'. Received: {value!r}."
         ) from exc
     if nbytes <= 0:
-        raise ValueError(f"{what} must be positive. Received: {value!r}.")
+        raise ArgumentError(f"{what} must be positive. Received: {value!r}.")
     return nbytes
 
 
@@ -58,13 +64,13 @@ def check_shared_memory(per_daemon: int, n_daemons: int, shm_path: str = "/dev/s
     try:
         free = shutil.disk_usage(shm_path).free
     except OSError as exc:
-        raise ValueError(
+        raise SharedMemoryError(
             f"Cannot read free shared memory at {shm_path}: {exc}. vineyardd needs a tmpfs "
             "there; mount one or run on a host that has it."
         ) from exc
     needed = per_daemon * n_daemons
     if needed > free:
-        raise ValueError(
+        raise SharedMemoryError(
             f"vineyard_memory={per_daemon} bytes for each of {n_daemons} vineyardd needs "
             f"{needed} bytes of shared memory, but {shm_path} has {free} bytes free. Lower "
             "vineyard_memory or n_workers, or enlarge /dev/shm."
@@ -91,9 +97,9 @@ def plan_workers(
         every worker is on its own host.
     """
     if isinstance(n_workers, bool) or not isinstance(n_workers, int):
-        raise TypeError(f"n_workers must be an int. Received: n_workers={n_workers!r}.")
+        raise ArgumentTypeError(f"n_workers must be an int. Received: n_workers={n_workers!r}.")
     if n_workers < 1:
-        raise ValueError(f"n_workers must be at least 1. Received: n_workers={n_workers}.")
+        raise ArgumentError(f"n_workers must be at least 1. Received: n_workers={n_workers}.")
 
     gpu_counts = _per_worker_gpus(gpus, n_workers)
     host_names = _per_worker_hosts(hosts, n_workers)
@@ -120,18 +126,18 @@ def plan_workers(
 
 def _per_worker_gpus(gpus: int | Sequence[int], n_workers: int) -> list[int]:
     if isinstance(gpus, bool):
-        raise TypeError(f"gpus must be an int or a list of ints. Received: gpus={gpus!r}.")
+        raise ArgumentTypeError(f"gpus must be an int or a list of ints. Received: gpus={gpus!r}.")
     counts = [gpus] * n_workers if isinstance(gpus, int) else list(gpus)
     if len(counts) != n_workers:
-        raise ValueError(
+        raise ArgumentError(
             f"gpus must give one count per worker ({n_workers} workers). Received {len(counts)} "
             f"counts: gpus={list(gpus)!r}."  # type: ignore[arg-type]
         )
     for count in counts:
         if isinstance(count, bool) or not isinstance(count, int):
-            raise TypeError(f"GPU counts must be ints. Received: gpus={gpus!r}.")
+            raise ArgumentTypeError(f"GPU counts must be ints. Received: gpus={gpus!r}.")
         if count < 0:
-            raise ValueError(f"GPU counts cannot be negative. Received: gpus={gpus!r}.")
+            raise ArgumentError(f"GPU counts cannot be negative. Received: gpus={gpus!r}.")
     return counts
 
 
@@ -139,20 +145,22 @@ def _per_worker_hosts(hosts: int | Sequence[str] | None, n_workers: int) -> list
     if hosts is None:
         return [f"host-{i}" for i in range(n_workers)]
     if isinstance(hosts, bool):
-        raise TypeError(f"hosts must be an int or a list of names. Received: hosts={hosts!r}.")
+        raise ArgumentTypeError(
+            f"hosts must be an int or a list of names. Received: hosts={hosts!r}."
+        )
     if isinstance(hosts, int):
         if not 1 <= hosts <= n_workers:
-            raise ValueError(
+            raise ArgumentError(
                 f"hosts must be between 1 and n_workers={n_workers}. Received: hosts={hosts}."
             )
         per_host = -(-n_workers // hosts)
         return [f"host-{i // per_host}" for i in range(n_workers)]
     names = [str(h) for h in hosts]
     if len(names) != n_workers:
-        raise ValueError(
+        raise ArgumentError(
             f"hosts must name one host per worker ({n_workers} workers). "
             f"Received {len(names)}: hosts={names!r}."
         )
     if any(not n for n in names):
-        raise ValueError(f"Host names cannot be empty. Received: hosts={names!r}.")
+        raise ArgumentError(f"Host names cannot be empty. Received: hosts={names!r}.")
     return names

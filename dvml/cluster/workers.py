@@ -1,8 +1,9 @@
 """What dvml knows about each worker, discovered from the workers themselves.
 
-A worker tells its simulated or real host (``DVML_HOST``, else its hostname), its vineyard
+A worker tells its simulated or real host (:func:`worker_host`), its vineyard
 socket (``VINEYARD_IPC_SOCKET``), the instance id of that vineyardd and its GPUs (declared in
 ``DVML_GPUS`` for a simulated cluster, else found with ``nvidia-smi -L``).
+:func:`discover_workers` asks every worker of the :func:`current_client`.
 """
 
 from __future__ import annotations
@@ -12,17 +13,26 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-from typing import Any
+import urllib.parse
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.connection import local_client
+from dvml.exceptions import DaemonDiedError, NoClusterError
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 __all__ = [
     "WorkerInfo",
+    "current_client",
     "describe_this_worker",
     "detect_gpus",
+    "discover_workers",
     "gpu_index",
     "parse_nvidia_smi_list",
     "visible_gpus",
+    "worker_host",
 ]
 
 HOST_ENV = "DVML_HOST"
@@ -118,13 +128,26 @@ def gpu_index(description: str) -> int | None:
 
 def _local_instance_id() -> int | None:
     """The instance id of this worker's vineyardd, through the process's shared connection."""
-    from dvml.exceptions import DaemonDiedError
-    from dvml.store.local import local_client
-
     try:
         return int(local_client().instance_id)
     except DaemonDiedError:
         return None
+
+
+def worker_host(address: str) -> str:
+    """The host of the worker at ``address``, as worker tables, buffers and rules name it.
+
+    ``DVML_HOST`` when it is set (a :class:`~dvml.LocalCluster` simulates hosts with it; a
+    deployment may name its hosts), else the host part of the worker's address
+    (``tcp://10.0.0.5:40123`` → ``10.0.0.5``): what tells the machines of a real multi-host
+    cluster apart, the same for every worker of one machine whatever its port. Run in the
+    worker's own process (it reads the worker's environment).
+    """
+    named = os.environ.get(HOST_ENV)
+    if named:
+        return named
+    host = urllib.parse.urlsplit(address).hostname if "://" in address else None
+    return host or address
 
 
 def describe_this_worker(dask_worker: Any) -> dict[str, Any]:
@@ -133,9 +156,39 @@ def describe_this_worker(dask_worker: Any) -> dict[str, Any]:
     return {
         "address": dask_worker.address,
         "name": str(dask_worker.name),
-        "host": os.environ.get(HOST_ENV) or socket.gethostname(),
+        "host": worker_host(dask_worker.address),
         "vineyard_socket": sock,
         "vineyard_instance_id": _local_instance_id() if sock else None,
         "gpus": list(detect_gpus()),
         "pid": os.getpid(),
     }
+
+
+def current_client(client: Client | None = None) -> Client:
+    """Return ``client``, else the default Dask client, else raise :class:`NoClusterError`."""
+    if client is not None:
+        return client
+    from distributed import default_client
+
+    try:
+        return default_client()
+    except ValueError:
+        raise NoClusterError(
+            "No Dask client is available. Start one with `with dvml.LocalCluster() as "
+            "cluster:`, attach with `dvml.connect('tcp://scheduler:8786')`, or pass client=."
+        ) from None
+
+
+def _natural_key(text: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def discover_workers(client: Client | None = None) -> list[WorkerInfo]:
+    """Ask every worker for its host, vineyard socket and instance, and GPUs.
+
+    Returns the workers sorted by name (``worker-2`` before ``worker-10``).
+    """
+    client = current_client(client)
+    answers = client.run(describe_this_worker)
+    infos = [WorkerInfo.from_dict(d) for d in answers.values()]
+    return sorted(infos, key=lambda w: _natural_key(w.name))

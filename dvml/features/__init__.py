@@ -18,12 +18,12 @@ images to :mod:`dvml.preprocess`, storage to :mod:`dvml.store` and training to
 Modules: :mod:`~dvml.features.keys` (pure: fingerprints and the key),
 :mod:`~dvml.features.backbone` (building and checking a backbone on the client),
 :mod:`~dvml.features.source` (what the features are computed from),
-:mod:`~dvml.features.worker` (the tasks on the workers), :mod:`~dvml.features.build`
+:mod:`~dvml.features.featurize` (the tasks on the workers), :mod:`~dvml.features.build`
 (``cache``), :mod:`~dvml.features.manage` and :mod:`~dvml.features.persist`.
 """
 
-from dvml.features.build import KIND, cache
-from dvml.features.manage import calls, describe, drop, list, to_numpy
+from dvml.features.build import cache
+from dvml.features.manage import KIND, calls, describe, drop, list, to_numpy
 from dvml.features.persist import load, save
 
 __all__ = ["KIND", "cache", "calls", "describe", "drop", "list", "load", "save", "to_numpy"]

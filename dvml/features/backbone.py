@@ -5,7 +5,7 @@ Keras application name (``"MobileNetV2"``), or ``{"application": "ResNet50", "we
 "/path/file.h5", "kwargs": {...}}``. Everything is checked here, before any Dask task runs:
 the layer exists, the source images fit the backbone's input, a weights file matches the
 architecture. Workers receive only the feature extractor's JSON and weights
-(:meth:`Backbone.spec`) and rebuild it once per process (:mod:`dvml.features.worker`).
+(:meth:`Backbone.spec`) and rebuild it once per process (:mod:`dvml.features.featurize`).
 
 dvml never downloads weights: ``"imagenet"`` is refused with the way to provide the file.
 """
@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dvml import tf_runtime
-from dvml.exceptions import ModelMismatchError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, ModelMismatchError
 from dvml.features.keys import json_fingerprint, weights_fingerprint
+from dvml.registry import Registry
+from dvml.registry.weights import weights_to_bytes
 
 if TYPE_CHECKING:
     from dvml.registry import Registry
@@ -141,7 +143,6 @@ def resolve_backbone(
         output = _pool(keras, output, pooling, output_layer)
         extractor = keras.Model(model.inputs, output, name="dvml_feature_extractor")
         feature_shape = _feature_shape(extractor, shape, description)
-        from dvml.registry.weights import weights_to_bytes
 
         blob = weights_to_bytes(list(extractor.get_weights()))
         extractor_json = extractor.to_json()
@@ -169,26 +170,26 @@ def _build(keras: Any, backbone: Any, shape: list[int],
            registry: Registry | str | None) -> tuple[Any, str]:  # fmt: skip
     if isinstance(backbone, keras.Model):
         if not backbone.built or not backbone.inputs:
-            raise ValueError(
+            raise ArgumentError(
                 f"The backbone model {backbone.name!r} has no inputs yet. Received: an unbuilt "
                 "model. Give it an Input layer (keras.Input or InputLayer) or call it once."
             )
         return backbone, f"tf-keras model {backbone.name!r}"
     if hasattr(backbone, "to_json") and hasattr(backbone, "get_weights"):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"The backbone is a {type(backbone).__module__}.{type(backbone).__name__}, not a "
             "tf-keras model. dvml runs legacy Keras (tf-keras, not Keras 3): build it with "
             "`import tf_keras as keras`."
         )
     if isinstance(backbone, bool):
-        raise TypeError(_what_backbone(backbone))
+        raise ArgumentTypeError(_what_backbone(backbone))
     if isinstance(backbone, int | np.integer):
         return _from_registry(keras, int(backbone), registry)
     if isinstance(backbone, str):
         return _from_application(keras, {"application": backbone}, shape)
     if isinstance(backbone, dict):
         return _from_application(keras, backbone, shape)
-    raise TypeError(_what_backbone(backbone))
+    raise ArgumentTypeError(_what_backbone(backbone))
 
 
 def _what_backbone(backbone: Any) -> str:
@@ -200,8 +201,6 @@ def _what_backbone(backbone: Any) -> str:
 
 
 def _from_registry(keras: Any, arch_id: int, registry: Registry | str | None) -> tuple[Any, str]:
-    from dvml.registry import Registry
-
     reg = registry if isinstance(registry, Registry) else Registry(registry)
     try:
         arch = reg.get_architecture(arch_id)
@@ -209,7 +208,7 @@ def _from_registry(keras: Any, arch_id: int, registry: Registry | str | None) ->
         if reg is not registry:
             reg.close()
     if arch["weights"] is None:
-        raise ValueError(
+        raise ArgumentError(
             f"Architecture {arch_id} in the registry has no weights: its features would be "
             "those of random weights, different on every build. Received: an architecture "
             "without weights. Load it with dvml.load_keras_model(model) or (model_json, weights)."
@@ -217,7 +216,7 @@ def _from_registry(keras: Any, arch_id: int, registry: Registry | str | None) ->
     try:
         model = keras.models.model_from_json(arch["model_json"])
     except Exception as exc:  # unknown layer classes, malformed configs
-        raise ValueError(
+        raise ArgumentError(
             f"Architecture {arch_id} in the registry cannot be built: {type(exc).__name__}: "
             f"{exc}. Received: arch_id={arch_id}. Custom layers cannot be used as a backbone "
             "by id; pass the model object instead."
@@ -241,7 +240,7 @@ def _applications(keras: Any) -> dict[str, Callable[..., Any]]:
 def _from_application(keras: Any, spec: dict[str, Any], shape: list[int]) -> tuple[Any, str]:
     unknown = sorted(set(spec) - set(APPLICATION_KEYS))
     if unknown or "application" not in spec:
-        raise ValueError(
+        raise ArgumentError(
             f"An application backbone is a dict with keys {list(APPLICATION_KEYS)} "
             f"('application' required). Received: keys {sorted(spec)}."
         )
@@ -249,18 +248,18 @@ def _from_application(keras: Any, spec: dict[str, Any], shape: list[int]) -> tup
     kwargs = dict(spec.get("kwargs") or {})
     apps = _applications(keras)
     if name not in apps:
-        raise ValueError(
+        raise ArgumentError(
             f"No Keras application named {name!r}. Received: application={name!r}. Available: "
             f"{sorted(apps)}."
         )
     taken = sorted({"weights", "input_shape", "input_tensor"} & set(kwargs))
     if taken:
-        raise ValueError(
+        raise ArgumentError(
             f"kwargs of an application may not set {taken}: the input shape comes from the "
             f"source images and weights from 'weights'. Received: kwargs={kwargs!r}."
         )
     if weights == "imagenet":
-        raise ValueError(
+        raise ArgumentError(
             f"weights='imagenet' would download the {name} weights, and dvml never downloads. "
             f"Received: weights='imagenet'. On a machine with network access run "
             f"`tf_keras.applications.{name}(weights='imagenet', include_top=False)` (the file "
@@ -269,7 +268,7 @@ def _from_application(keras: Any, spec: dict[str, Any], shape: list[int]) -> tup
         )
     if weights is not None and (not isinstance(weights, str | os.PathLike)
                                 or not os.path.isfile(weights)):  # fmt: skip
-        raise ValueError(
+        raise ArgumentError(
             f"weights must be None (random weights, seeded) or the path of an existing weights "
             f"file. Received: weights={weights!r}. Save one with model.save_weights('w.h5')."
         )
@@ -406,7 +405,7 @@ def _check_rebuildable(keras: Any, model: Any, description: str) -> None:
     custom = sorted({type(layer).__name__ for layer in _all_layers(model)
                      if not type(layer).__module__.startswith("tf_keras.")})  # fmt: skip
     if custom:
-        raise ValueError(
+        raise ArgumentError(
             f"The backbone {description} uses custom layer classes {custom}, which the workers "
             "cannot rebuild from its JSON. Received: a model with custom layers. Build the "
             "backbone from standard tf-keras layers."

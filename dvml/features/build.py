@@ -20,10 +20,19 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from dvml._version import __version__
 from dvml.cluster import current_client
 from dvml.cluster.pinned import run_pinned
-from dvml.exceptions import ClusterError, DatasetExistsError, ModelMismatchError, StoreError
-from dvml.features import worker
+from dvml.cluster.workers import discover_workers
+from dvml.exceptions import (
+    ArgumentTypeError,
+    ClusterError,
+    DatasetExistsError,
+    ModelMismatchError,
+    PlacementError,
+    StoreError,
+)
+from dvml.features import featurize
 from dvml.features.backbone import Backbone, resolve_backbone
 from dvml.features.keys import (
     cache_key,
@@ -34,9 +43,13 @@ from dvml.features.keys import (
     default_name,
 )
 from dvml.features.lookup import existing, intact, source_workers
+from dvml.features.manage import KIND
+from dvml.features.manage import describe as describe_cache
 from dvml.features.source import SourcePlan, pack_source, plan_source
+from dvml.names import INTERNAL_PREFIX
+from dvml.placement import DistributionRules, resolve_rules
 from dvml.store import catalog
-from dvml.store.datasets import Dataset, run_on
+from dvml.store.datasets import Dataset, drop, run_on
 from dvml.store.publish import publish_run, staging_name
 
 if TYPE_CHECKING:
@@ -44,11 +57,9 @@ if TYPE_CHECKING:
 
     from dvml.registry import Registry
 
-__all__ = ["KIND", "cache"]
+__all__ = ["cache"]
 
 logger = logging.getLogger("dvml.features")
-
-KIND = "feature_cache"
 
 
 def cache(
@@ -128,7 +139,7 @@ def cache(
     layer, pooling = check_layer(layer), check_pooling(pooling)
     batch_size, name = check_batch_size(batch_size), check_cache_name(name)
     if not isinstance(use_gpus, bool):
-        raise TypeError(f"use_gpus must be True or False. Received: use_gpus={use_gpus!r}.")
+        raise ArgumentTypeError(f"use_gpus must be True or False. Received: use_gpus={use_gpus!r}.")
     plan = plan_source(source, client, preprocess_kwargs)
     bb = resolve_backbone(backbone, layer, pooling, plan.input_shape, registry)
     link, training_cache = _training_link(client, plan, training, bb)
@@ -155,8 +166,6 @@ def cache(
     hidden = None
     try:
         if plan.dataset is None:
-            from dvml.preprocess.api import INTERNAL_PREFIX
-
             hidden = f"{INTERNAL_PREFIX}features-source/{name}"
             src = pack_source(plan, hidden, rules, client, training_cache)
         else:
@@ -176,16 +185,13 @@ def _check_placement(client: Client, plan: SourcePlan, rules: Any, use_gpus: boo
     """
     if plan.dataset is not None:
         if rules is not None:
-            raise ValueError(
+            raise PlacementError(
                 f"distribution_rules apply to raw sources only: the features of dataset "
                 f"{plan.dataset.name!r} stay on the workers that hold its images. Received: "
                 f"distribution_rules={rules!r}."
             )
         workers = source_workers(client, plan.dataset)
     else:
-        from dvml.cluster.attach import discover_workers
-        from dvml.placement import DistributionRules, resolve_rules
-
         if rules is None and training_cache is not None:
             rules = training_cache.summary["distribution_rules"]["given"]
         elif rules is None:
@@ -210,8 +216,6 @@ def _training_link(
     The link (``{"name", "dataset_id"}``) becomes the cache's ``training_dataset``, which
     :func:`dvml.fit` checks against its training set.
     """
-    from dvml.features.manage import describe as describe_cache
-
     origin = plan.dataset.summary.get("training_dataset") if plan.dataset is not None else None
     if training is None:
         return (None if origin is None else _find_training_cache(client, plan, origin, bb)), None
@@ -284,8 +288,6 @@ def _same_features(summary: dict[str, Any], bb: Backbone) -> bool:
 def _summary(plan: SourcePlan, src: Dataset, bb: Backbone, key: str, name: str,
              batch_size: int, use_gpus: bool,
              link: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
-    import dvml
-
     s = src.summary
     summary = {
         "kind": KIND,
@@ -328,7 +330,7 @@ def _summary(plan: SourcePlan, src: Dataset, bb: Backbone, key: str, name: str,
         "batch_size": batch_size,
         "use_gpus": use_gpus,
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "dvml_version": dvml.__version__,
+        "dvml_version": __version__,
     }
     if link is not None:
         summary["training_dataset"] = link
@@ -358,7 +360,7 @@ def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_
             )
             index = buffers[i]["index"]
             return client.submit(
-                worker.featurize_buffer, src.name, dataset_id, index, arg, batch_size,
+                featurize.featurize_buffer, src.name, dataset_id, index, arg, batch_size,
                 staging_name(run_id, index, attempt), abort_name, workers=[address],
                 allow_other_workers=False, pure=False, retries=0,
             )  # fmt: skip
@@ -390,8 +392,6 @@ def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_
 
 
 def _drop_quietly(client: Client, name: str) -> None:
-    from dvml.store.datasets import drop
-
     try:
         drop(name, client=client)
     except Exception:  # gone already, or the cluster is failing: nothing more to free

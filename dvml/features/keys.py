@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from dvml.exceptions import ArgumentError, ArgumentTypeError
+
 __all__ = [
     "POOLINGS",
     "cache_key",
@@ -39,7 +41,7 @@ def json_fingerprint(model_json: str) -> str:
     try:
         parsed = json.loads(model_json)
     except (TypeError, ValueError) as exc:
-        raise ValueError(
+        raise ArgumentError(
             f"The backbone's architecture is not valid JSON: {exc}. Received: "
             f"{str(model_json)[:80]!r}. Pass a tf-keras model or model.to_json()."
         ) from None
@@ -102,25 +104,26 @@ def default_name(key: str) -> str:
 def check_cache_name(name: Any) -> str | None:
     if name is None:
         return None
-    if not isinstance(name, str) or not name or name.startswith("__"):
-        raise ValueError(
-            f"name must be None or a non-empty string not starting with '__'. Received: "
-            f"name={name!r}."
-        )
-    return name
+    from dvml.names import check_name
+
+    return check_name(name)
 
 
 def check_batch_size(batch_size: Any) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
-        raise TypeError(f"batch_size must be a positive int. Received: batch_size={batch_size!r}.")
+        raise ArgumentTypeError(
+            f"batch_size must be a positive int. Received: batch_size={batch_size!r}."
+        )
     if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int. Received: batch_size={batch_size!r}.")
+        raise ArgumentError(
+            f"batch_size must be a positive int. Received: batch_size={batch_size!r}."
+        )
     return int(batch_size)
 
 
 def check_pooling(pooling: Any) -> str | None:
     if pooling not in POOLINGS:
-        raise ValueError(
+        raise ArgumentError(
             f"pooling must be None, 'avg' or 'max'. Received: pooling={pooling!r}. None keeps "
             "the layer's output as it is (for example (h, w, c) feature maps)."
         )
@@ -129,7 +132,7 @@ def check_pooling(pooling: Any) -> str | None:
 
 def check_layer(layer: Any) -> str | None:
     if layer is not None and (not isinstance(layer, str) or not layer):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"layer must be None (the backbone's output) or a layer name. Received: "
             f"layer={layer!r}."
         )

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import StoreError
 from dvml.store import catalog
-from dvml.store.datasets import Dataset, run_on, vineyard_workers
+from dvml.store.datasets import Dataset, buffer_workers, run_on, vineyard_workers
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -35,12 +35,4 @@ def source_workers(client: Client, dataset: Dataset) -> list[WorkerInfo]:
     StoreError
         When a buffer's vineyardd is served by no live worker (its data is lost).
     """
-    by_instance = vineyard_workers(client)
-    lost = sorted({b["worker_name"] for b in dataset.layout["buffers"]
-                   if b["instance_id"] not in by_instance})  # fmt: skip
-    if lost:
-        raise StoreError(
-            f"Buffers of {dataset.name!r} lived on {lost}, whose vineyardd no live worker "
-            "serves: that data is lost. Compute or preprocess it again."
-        )
-    return [by_instance[b["instance_id"]] for b in dataset.layout["buffers"]]
+    return buffer_workers(client, dataset, StoreError)

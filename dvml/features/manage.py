@@ -12,8 +12,7 @@ import numpy as np
 
 from dvml.cluster import current_client
 from dvml.exceptions import DatasetNotFoundError, StoreError
-from dvml.features import worker
-from dvml.features.build import KIND
+from dvml.features import featurize
 from dvml.features.lookup import source_workers
 from dvml.store import catalog, datasets
 from dvml.store.datasets import Dataset, run_on
@@ -22,7 +21,10 @@ if TYPE_CHECKING:
     import pandas as pd
     from distributed import Client
 
-__all__ = ["calls", "describe", "drop", "list", "to_numpy"]
+__all__ = ["KIND", "calls", "describe", "drop", "list", "to_numpy"]
+
+# The kind of dataset a feature cache is: plain datasets and feature caches share one catalog.
+KIND = "feature_cache"
 
 COLUMNS = [
     "name", "rows", "feature_shape", "backbone", "layer", "pooling", "source",
@@ -91,11 +93,11 @@ def drop(name: str, client: Client | None = None) -> None:
 def calls(client: Client | None = None) -> dict[str, int]:
     """Extractors built, backbone batches run and rows featurized, summed over the workers.
 
-    Counts live in the worker processes (:data:`dvml.features.worker.CALLS`) and restart from
+    Counts live in the worker processes (:data:`dvml.features.featurize.CALLS`) and restart from
     zero when a worker restarts: compare two readings to see whether a call ran the backbone.
     """
-    per_worker = current_client(client).run(worker.calls)
-    total = dict.fromkeys(worker.CALLS, 0)
+    per_worker = current_client(client).run(featurize.calls)
+    total = dict.fromkeys(featurize.CALLS, 0)
     for counts in per_worker.values():
         for k, v in counts.items():
             total[k] = total.get(k, 0) + int(v)
@@ -117,7 +119,7 @@ def to_numpy(name: str, max_bytes: int = 256 * 2**20,
             "Train on it where it lives (dvml.fit), or raise max_bytes."
         )
     workers = {w.address: w for w in source_workers(client, ds)}
-    futures = [client.submit(worker.read_buffers, name, workers=[a], allow_other_workers=False,
+    futures = [client.submit(featurize.read_buffers, name, workers=[a], allow_other_workers=False,
                              pure=False) for a in workers]  # fmt: skip
     buffers: dict[int, dict[str, np.ndarray]] = {}
     for part in client.gather(futures):

@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml.cluster import current_client
 from dvml.cluster.pinned import run_pinned
+from dvml.cluster.spec import parse_memory
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import DatasetExistsError, StoreError
-from dvml.features import worker
-from dvml.features.build import KIND
+from dvml.features import featurize
 from dvml.features.keys import check_cache_name
 from dvml.features.lookup import existing, intact, source_workers
-from dvml.features.manage import describe
+from dvml.features.manage import KIND, describe
+from dvml.placement import partition_seed, plan_layout, split_partition
 from dvml.store.datasets import Dataset, vineyard_workers
 from dvml.store.publish import publish_run, staging_name
 
@@ -86,7 +87,7 @@ def save(name: str, directory: str | os.PathLike[str], overwrite: bool = False,
 
     def submit(i: int, address: str, attempt: int) -> Any:
         return client.submit(
-            worker.save_buffer, ds.name, ds.summary["dataset_id"], buffers[i]["index"], root,
+            featurize.save_buffer, ds.name, ds.summary["dataset_id"], buffers[i]["index"], root,
             workers=[address], allow_other_workers=False, pure=False, retries=0,
         )  # fmt: skip
 
@@ -179,7 +180,7 @@ def load(directory: str | os.PathLike[str], name: str | None = None, overwrite: 
     def produce(run_id: str) -> list[dict[str, Any]]:
         def submit(j: int, address: str, attempt: int) -> Any:
             return client.submit(
-                worker.load_buffer, root, pieces[j], j, staging_name(run_id, j, attempt),
+                featurize.load_buffer, root, pieces[j], j, staging_name(run_id, j, attempt),
                 workers=[address], allow_other_workers=False, pure=False, retries=0,
             )  # fmt: skip
 
@@ -194,9 +195,6 @@ def _rebalance(
     saved: list[dict[str, Any]], summary: dict[str, Any], workers: list[WorkerInfo]
 ) -> tuple[list[WorkerInfo], list[list[tuple[dict[str, Any], Any]]]]:
     """Spread the saved rows evenly over ``workers``: which rows of which file go where."""
-    from dvml.cluster.spec import parse_memory
-    from dvml.placement import partition_seed, plan_layout, split_partition
-
     if not workers:
         raise StoreError("No worker has a reachable vineyardd to load the cache into.")
     rows = [int(b["rows"]) for b in saved]

@@ -18,7 +18,10 @@ import hashlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from dvml.exceptions import DataError, DatasetNotFoundError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, DatasetNotFoundError
+from dvml.preprocess.api import training_preprocessor, validation_preprocessor
+from dvml.preprocess.images import check_size, list_image_folder
+from dvml.preprocess.shards import expand_braces
 from dvml.store.datasets import Dataset, describe
 
 if TYPE_CHECKING:
@@ -69,13 +72,13 @@ def plan_source(source: Any, client: Client, preprocess_kwargs: dict[str, Any]) 
     ------
     DatasetNotFoundError
         A dataset name that does not exist (dropped).
-    TypeError, ValueError, DataError
+    ArgumentTypeError, ArgumentError, DataError
         A source of an unknown type, unknown preprocessing arguments, or data that cannot be
         one image per row.
     """
     unknown = sorted(set(preprocess_kwargs) - set(PREPROCESS_KEYS))
     if unknown:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"Unknown keyword arguments {unknown}. Received: {sorted(preprocess_kwargs)}. The "
             f"preprocessing arguments a raw source takes are {list(PREPROCESS_KEYS)}."
         )
@@ -88,7 +91,7 @@ def plan_source(source: Any, client: Client, preprocess_kwargs: dict[str, Any]) 
         return _dataset(path, client, preprocess_kwargs)
     if isinstance(source, dict):
         return _arrays(source, preprocess_kwargs)
-    raise TypeError(
+    raise ArgumentTypeError(
         "source must be a dataset (its name or a dvml.Dataset), a dict of image and label "
         "arrays, an image folder or a tar-shard pattern. Received: "
         f"{type(source).__name__}."
@@ -97,7 +100,7 @@ def plan_source(source: Any, client: Client, preprocess_kwargs: dict[str, Any]) 
 
 def _dataset(name: str, client: Client, kwargs: dict[str, Any]) -> SourcePlan:
     if kwargs:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"Preprocessing arguments {sorted(kwargs)} apply to raw sources only; dataset "
             f"{name!r} is preprocessed already. Received: {sorted(kwargs)}."
         )
@@ -135,7 +138,7 @@ def _arrays(source: dict[str, Any], kwargs: dict[str, Any]) -> SourcePlan:
     kwargs = {"x": "image", "y": "label", **kwargs}
     x, y = kwargs["x"], kwargs["y"]
     if not isinstance(x, str) or not isinstance(y, str):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"For a dict of arrays, x and y name one array each. Received: x={x!r}, y={y!r}."
         )
     missing = [k for k in (x, y) if k not in source]
@@ -170,12 +173,9 @@ def _files_token(paths: list[str]) -> str:
 
 
 def _images(path: str, kwargs: dict[str, Any]) -> SourcePlan:
-    from dvml.preprocess.images import check_size, list_image_folder
-    from dvml.preprocess.shards import expand_braces
-
     size = kwargs.get("image_size")
     if size is None:
-        raise ValueError(
+        raise ArgumentError(
             f"image_size=(height, width) is required for an image source. Received: "
             f"image_size=None for {path!r}."
         )
@@ -216,8 +216,6 @@ def pack_source(
     With ``training_cache``, the source is a validation set: it is packed with the class
     values, normalization, image size and placement of the images that cache was computed from.
     """
-    from dvml.preprocess.api import training_preprocessor, validation_preprocessor
-
     if plan.dataset is not None:
         return plan.dataset
     if training_cache is None:

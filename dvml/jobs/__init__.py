@@ -3,10 +3,10 @@
 ``dvml fit|evaluate|predict --config FILE`` and the scheduled workflows in ``workflows/`` read
 the same file format:
 
-- :mod:`dvml.jobs.config`: a small schema (key → type, required, default, help; nested
+- :mod:`dvml.jobs.yaml_schema`: a small schema (key → type, required, default, help; nested
   sections) and the loader that checks a file before anything runs (pure).
 - :mod:`dvml.jobs.schemas`: the schemas of job files (pure).
-- :mod:`dvml.jobs.cluster`: which cluster a job uses; cleaning up after a killed client.
+- :mod:`dvml.jobs.job_cluster`: which cluster a job uses; cleaning up after a killed client.
 - :mod:`dvml.jobs.data`: the newest input matching ``data.source``; preprocessing it.
 - :mod:`dvml.jobs.models`: architectures named in job files, model copies, promotion rules.
 
@@ -15,8 +15,8 @@ This package leaves preprocessing, training and storage to :mod:`dvml.preprocess
 workflows.
 """
 
-from dvml.jobs.config import Field, Section, describe, load, validate
 from dvml.jobs.schemas import FEATURE_REFRESH_SCHEMA, JOB_SCHEMA
+from dvml.jobs.yaml_schema import Field, Section, describe, load, validate
 
 __all__ = [
     "FEATURE_REFRESH_SCHEMA",

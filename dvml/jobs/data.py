@@ -20,8 +20,11 @@ import pathlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from dvml.examples import digits_frame
 from dvml.exceptions import DataError
 from dvml.jobs.schemas import SKLEARN_SOURCES
+from dvml.preprocess.api import training_preprocessor, validation_preprocessor
+from dvml.preprocess.shards import expand_braces
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -45,7 +48,7 @@ _KIND_NAMES = {
 }
 _TABLE_SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz")
 _GLOB_CHARS = "*?["
-# The columns of sklearn:digits (dvml.demo.digits_frame), used when x/y/id are not given.
+# The columns of sklearn:digits (dvml.examples.digits_frame), used when x/y/id are not given.
 _SKLEARN_COLUMNS = {"sklearn:digits": {"x": "pixels", "y": "label", "id": "id"}}
 
 
@@ -121,8 +124,6 @@ def resolve_source(
         return Source(spec, "sklearn", spec, hashlib.sha256(spec.encode()).hexdigest())
     path = _absolute(spec, base_dir)
     if "{" in path:
-        from dvml.preprocess.shards import expand_braces
-
         shards = expand_braces(path)
         missing = [s for s in shards if not os.path.isfile(s)]
         if missing:
@@ -173,8 +174,6 @@ def _classify(spec: str, path: str, key: str) -> Source:
 def read_rows(source: Source) -> Any:
     """The rows of a table source: pandas for ``sklearn:``, a Dask DataFrame for files."""
     if source.kind == "sklearn":
-        from dvml.demo import digits_frame
-
         return digits_frame()
     if source.kind != "table":
         raise DataError(
@@ -234,8 +233,6 @@ def prepare_datasets(
     (Dataset, Dataset)
         The training and the validation dataset.
     """
-    from dvml.preprocess.api import training_preprocessor, validation_preprocessor
-
     data, valid = job["data"], job["validation"]
     source = source or resolve_source(data["source"], base_dir)
     train_name, val_name = dataset_names(job["name"])

@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from dvml.examples import digits_cnn_json
 from dvml.exceptions import ConfigError, RegistryNotFoundError
 
 if TYPE_CHECKING:
@@ -49,8 +50,6 @@ def fit_arguments(section: Mapping[str, Any]) -> dict[str, Any]:
 def _architecture_json(spec: str, base_dir: str | os.PathLike[str] | None, key: str) -> str:
     if spec.startswith("builtin:"):
         if spec == "builtin:digits-cnn":
-            from dvml.demo import digits_cnn_json
-
             return digits_cnn_json()
         raise ConfigError(
             f"Unknown built-in architecture. Received: {key}={spec!r}. Known: "

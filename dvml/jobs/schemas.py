@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any
 
-from dvml.jobs.config import Field, Schema, Section, describe
+from dvml.jobs.yaml_schema import Field, Schema, Section, describe
 
 __all__ = [
     "FEATURE_REFRESH_SCHEMA",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dvml.exceptions import DataError, PlacementError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, PlacementError
 
 __all__ = [
     "BufferPlan",
@@ -80,9 +80,9 @@ class Layout:
 
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int. Received: {name}={value!r}.")
+        raise ArgumentTypeError(f"{name} must be an int. Received: {name}={value!r}.")
     if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}. Received: {name}={value!r}.")
+        raise ArgumentError(f"{name} must be at least {minimum}. Received: {name}={value!r}.")
     return int(value)
 
 
@@ -149,14 +149,14 @@ def plan_layout(
 
     Raises
     ------
-    ValueError
-        For a negative partition size, ``buffer_size <= 0`` or duplicate targets.
-    TypeError
+    ArgumentError
+        For a negative partition size or ``buffer_size <= 0``.
+    ArgumentTypeError
         For non-integer sizes or seed.
     DataError
         For an empty input, fewer rows than targets, or 10**9 rows or more.
     PlacementError
-        For an empty target list.
+        For an empty target list or duplicate targets.
 
     Notes
     -----
@@ -171,7 +171,7 @@ def plan_layout(
             "Resolve the distribution rules first (resolve_rules)."
         )
     if len(set(targets)) != len(targets):
-        raise ValueError(f"targets must be unique. Received: targets={targets}.")
+        raise PlacementError(f"targets must be unique. Received: targets={targets}.")
     seed = _check_int("seed", seed, 0)
     n_rows = sum(sizes)
     if n_rows == 0:
@@ -195,11 +195,11 @@ def plan_layout(
         buffer_size = default_buffer_size(n_rows, len(targets), row_bytes, max_buffer_bytes)
     else:
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int | np.integer):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"buffer_size must be an int or None. Received: buffer_size={buffer_size!r}."
             )
         if buffer_size <= 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"buffer_size must be a positive number of rows. Received: "
                 f"buffer_size={buffer_size}. Pass a positive int, or None for the default."
             )
@@ -219,11 +219,11 @@ def plan_layout(
 
 def _check_partition(position: int, n: object) -> int:
     if isinstance(n, bool) or not isinstance(n, int | np.integer):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"partition_rows must hold ints. Received: partition {position} has {n!r} rows."
         )
     if n < 0:
-        raise ValueError(
+        raise ArgumentError(
             f"partition_rows must not be negative. Received: partition {position} has {n} rows."
         )
     return int(n)
@@ -274,14 +274,14 @@ def split_partition(n_rows: int, counts_row: np.ndarray, seed: int) -> list[np.n
     seed = _check_int("seed", seed, 0)
     counts = np.asarray(counts_row)
     if counts.ndim != 1 or not np.issubdtype(counts.dtype, np.integer):
-        raise ValueError(
+        raise ArgumentError(
             f"counts_row must be a 1-D integer array. Received: shape {counts.shape}, "
             f"dtype {counts.dtype}."
         )
     if (counts < 0).any():
-        raise ValueError(f"counts_row must not be negative. Received: counts_row={counts}.")
+        raise ArgumentError(f"counts_row must not be negative. Received: counts_row={counts}.")
     if int(counts.sum()) != n_rows:
-        raise ValueError(
+        raise ArgumentError(
             f"counts_row must sum to n_rows. Received: n_rows={n_rows}, "
             f"sum(counts_row)={int(counts.sum())}. Pass layout.counts[p] with that partition's "
             f"row count."
@@ -343,12 +343,12 @@ def plan_pieces(counts: np.ndarray, buffer_targets: Sequence[str]) -> PiecePlan:
     """
     counts = np.asarray(counts)
     if counts.ndim != 2 or not np.issubdtype(counts.dtype, np.integer):
-        raise ValueError(
+        raise ArgumentError(
             f"counts must be a 2-D integer array. Received: shape {counts.shape}, "
             f"dtype {counts.dtype}."
         )
     if len(buffer_targets) != counts.shape[1]:
-        raise ValueError(
+        raise ArgumentError(
             f"buffer_targets must name one target per buffer. Received: "
             f"{len(buffer_targets)} targets for {counts.shape[1]} buffers."
         )

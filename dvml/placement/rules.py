@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dvml.exceptions import PlacementError
+from dvml.exceptions import ArgumentTypeError, PlacementError
 
 if TYPE_CHECKING:
     from dvml.cluster.workers import WorkerInfo
@@ -64,16 +64,16 @@ class DistributionRules:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(
+            raise PlacementError(
                 f"Unknown distribution rules kind. Received: kind={self.kind!r}. "
                 f"Use one of {list(KINDS)}."
             )
         if not isinstance(self.items, tuple) or not all(isinstance(i, str) for i in self.items):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"DistributionRules.items must be a tuple of str. Received: items={self.items!r}."
             )
         if self.kind in ("all_workers", "gpu_workers") and self.items:
-            raise ValueError(
+            raise PlacementError(
                 f"Keyword distribution rules take no items. Received: kind={self.kind!r}, "
                 f"items={self.items!r}."
             )
@@ -98,7 +98,7 @@ class DistributionRules:
 
         Raises
         ------
-        TypeError
+        ArgumentTypeError
             For any other type, or list items that are not strings.
         PlacementError
             For a blank string, or a DataFrame without a usable column or with empty cells.
@@ -112,7 +112,7 @@ class DistributionRules:
             return cls("workers", items, given=list(items))
         if _is_dataframe(value):
             return _parse_frame(value)
-        raise TypeError(
+        raise ArgumentTypeError(
             f"distribution_rules has an unsupported type. Received: type "
             f"{type(value).__name__} ({_short_repr(value)}). Pass {_ACCEPTED}."
         )
@@ -139,7 +139,7 @@ def _item_to_str(item: object, *, position: int) -> str:
         return str(item)
     if hasattr(item, "dtype") and getattr(item, "ndim", None) == 0:
         return _item_to_str(item.item(), position=position)  # type: ignore[attr-defined]
-    raise TypeError(
+    raise ArgumentTypeError(
         f"distribution_rules lists must hold worker addresses, worker names or host names "
         f"as strings. Received: item {position} = {item!r} of type {type(item).__name__}. "
         f"Pass strings such as 'tcp://127.0.0.1:3456', 'worker-0' or a host name."

@@ -14,11 +14,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
-from dvml.cluster.attach import current_client, discover_workers
-from dvml.exceptions import DataError, DatasetExistsError
+from dvml._version import __version__
+from dvml.cluster.spec import parse_memory
+from dvml.cluster.workers import current_client, discover_workers
+from dvml.exceptions import ArgumentError, DataError, DatasetExistsError
+from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
-from dvml.preprocess.encode import class_values_of
+from dvml.preprocess.encode import check_normalizing_const, class_values_of
 from dvml.preprocess.graph import compute_stats, pack_and_publish
 from dvml.preprocess.sources import source_parts
 from dvml.store.datasets import Dataset, describe, exists
@@ -27,11 +30,6 @@ if TYPE_CHECKING:
     from distributed import Client
 
 __all__ = ["INTERNAL_PREFIX", "training_preprocessor", "validation_preprocessor"]
-
-# Names that start with "__" are dvml's own; users' names may not. Datasets that dvml builds
-# for its own use (the image source of a feature cache, dropped once the features are
-# published) are named under this prefix.
-INTERNAL_PREFIX = "__dvml_internal__/"
 
 
 def training_preprocessor(
@@ -141,7 +139,7 @@ def validation_preprocessor(
     training set never saw are refused.
     """
     if training is None:
-        raise ValueError(
+        raise ArgumentError(
             "training= (the training dataset or its name) is required. Received: None."
         )
     client = current_client(client)
@@ -200,7 +198,9 @@ def _preprocess(
             "choose another name."
         )
 
-    src = source_parts(source, y, x, len(targets), on_invalid, image_size, channels)
+    src = source_parts(
+        source, y, x, len(targets), on_invalid, image_size, channels, float(normalizing_const)
+    )
     if not src.parts:
         raise DataError("The source has no partitions: there is nothing to preprocess.")
     prepared, stats = compute_stats(client, src.parts, progress)
@@ -285,6 +285,7 @@ def _plan_and_pack(
         "independent_varname": src.x_names,
         "dependent_vartype": type(class_values[0]).__name__,
         "class_values": class_values,
+        f"{src.y}_class_values": class_values,  # MADlib's name for class_values
         "num_classes": n_classes,
         "buffer_size": layout.buffer_size,
         "normalizing_const": float(normalizing_const),
@@ -294,11 +295,16 @@ def _plan_and_pack(
         "dropped_rows": sum(s["dropped"] for s in stats),
         "invalid_counts": _sum_invalid(stats),
         "distribution_rules": describe_resolution(rules, targets),
+        # MADlib records where the data went as __internal_gpu_config__: 'all_segments' or
+        # the segments; dvml's segments are workers.
+        "__internal_gpu_config__": "all_segments"
+        if rules.kind == "all_workers"
+        else [t.name for t in targets],
         "image_size": list(src.image_size) if src.image_size else None,
         "channels": channels if src.image_size else None,
         "seed": seed,
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "dvml_version": _version(),
+        "dvml_version": __version__,
     }
     if training is not None:
         summary["training_dataset"] = {
@@ -327,29 +333,18 @@ def _plan_and_pack(
 def _check_arguments(
     name: Any, buffer_size: Any, normalizing_const: Any, num_classes: Any, channels: Any
 ) -> str:
-    internal = isinstance(name, str) and name.startswith(INTERNAL_PREFIX)
-    if not isinstance(name, str) or not name or (name.startswith("__") and not internal):
-        raise ValueError(
-            f"name must be a non-empty string not starting with '__'. Received: name={name!r}."
-        )
+    check_name(name, internal=True)
     if buffer_size is not None and (
         isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0
     ):
-        raise ValueError(f"buffer_size must be a positive int. Received: {buffer_size!r}.")
-    try:
-        const = float(normalizing_const)
-    except (TypeError, ValueError):
-        const = float("nan")
-    if not math.isfinite(const) or const <= 0:
-        raise ValueError(
-            f"normalizing_const must be a positive number. Received: {normalizing_const!r}."
-        )
+        raise ArgumentError(f"buffer_size must be a positive int. Received: {buffer_size!r}.")
+    check_normalizing_const(normalizing_const)
     if num_classes is not None and (
         isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
     ):
-        raise ValueError(f"num_classes must be a positive int. Received: {num_classes!r}.")
+        raise ArgumentError(f"num_classes must be a positive int. Received: {num_classes!r}.")
     if channels not in (1, 3):
-        raise ValueError(f"channels must be 1 or 3. Received: {channels!r}.")
+        raise ArgumentError(f"channels must be 1 or 3. Received: {channels!r}.")
     return str(name)
 
 
@@ -419,14 +414,6 @@ def _sum_invalid(stats: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _max_buffer_bytes() -> int:
-    from dvml.cluster.spec import parse_memory
-
     return parse_memory(
         config.get("preprocess.max-buffer-bytes"), "dvml.preprocess.max-buffer-bytes"
     )
-
-
-def _version() -> str:
-    import dvml
-
-    return dvml.__version__

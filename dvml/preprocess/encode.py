@@ -13,9 +13,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dvml.exceptions import DataError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 
-__all__ = ["check_finite", "class_values_of", "normalize", "one_hot", "x_to_array"]
+__all__ = [
+    "check_finite",
+    "check_normalizing_const",
+    "class_values_of",
+    "normalize",
+    "one_hot",
+    "overflow_limit",
+    "x_to_array",
+]
 
 _MAX_SHOWN = 5
 
@@ -24,7 +32,7 @@ def _as_series(labels: Any, name: str = "labels") -> pd.Series:
     if isinstance(labels, pd.Series):
         return labels
     if isinstance(labels, str | bytes) or np.ndim(labels) != 1:
-        raise ValueError(
+        raise DataError(
             f"{name} must be 1-D (one label per row). Received: {type(labels).__name__} with "
             f"shape {np.shape(labels)}. Pass a list, 1-D array or pandas Series."
         )
@@ -134,14 +142,16 @@ def one_hot(labels: Any, class_values: Sequence[Any], num_classes: int | None = 
     """
     classes = list(class_values)
     if not classes:
-        raise ValueError(
+        raise ArgumentError(
             "class_values is empty. Received: class_values=[]. Pass the classes, for example "
             "class_values_of(labels)."
         )
     width = len(classes)
     if num_classes is not None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
-            raise TypeError(f"num_classes must be an int. Received: num_classes={num_classes!r}.")
+            raise ArgumentTypeError(
+                f"num_classes must be an int. Received: num_classes={num_classes!r}."
+            )
         if num_classes < len(classes):
             raise DataError(
                 f"num_classes is smaller than the number of class values. Received: "
@@ -151,7 +161,7 @@ def one_hot(labels: Any, class_values: Sequence[Any], num_classes: int | None = 
         width = int(num_classes)
     class_kind = _python_values(pd.Series(classes, dtype=object), "class_values")[1]
     if len(set(classes)) != len(classes):
-        raise ValueError(f"class_values must be distinct. Received: class_values={classes}.")
+        raise ArgumentError(f"class_values must be distinct. Received: class_values={classes}.")
     series = _as_series(labels)
     n = len(series)
     out = np.zeros((n, width), dtype=np.float32)
@@ -208,10 +218,12 @@ def x_to_array(frame: pd.DataFrame, x_cols: Sequence[str]) -> np.ndarray:
         cells mixed with other columns.
     """
     if not isinstance(frame, pd.DataFrame):
-        raise TypeError(f"frame must be a pandas DataFrame. Received: {type(frame).__name__}.")
+        raise ArgumentTypeError(
+            f"frame must be a pandas DataFrame. Received: {type(frame).__name__}."
+        )
     cols = [x_cols] if isinstance(x_cols, str) else list(x_cols)
     if not cols:
-        raise ValueError("x_cols is empty. Received: x_cols=[]. Name at least one column.")
+        raise ArgumentError("x_cols is empty. Received: x_cols=[]. Name at least one column.")
     missing = [c for c in cols if c not in frame.columns]
     if missing:
         raise DataError(
@@ -279,8 +291,34 @@ def _stack_cells(column: pd.Series, name: str) -> np.ndarray:
     return stacked
 
 
-def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.ndarray:
-    """Find the rows of ``x`` whose values are all finite.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def overflow_limit(dtype: Any, normalizing_const: float) -> float | None:
+    """The magnitude above which ``x / normalizing_const`` overflows float32, or None.
+
+    None when no value of ``dtype`` can overflow (float32 or narrower, or small integers,
+    divided by a constant of at least 1): the common case skips the extra pass over x.
+    """
+    limit = _FLOAT32_MAX * float(normalizing_const)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        widest = float(np.finfo(dtype).max)
+    elif dtype.kind in "iu":
+        widest = float(np.iinfo(dtype).max)
+    else:
+        return None
+    return limit if widest > limit else None
+
+
+def check_finite(
+    x: np.ndarray, column: str, on_invalid: str = "raise", normalizing_const: float = 1.0
+) -> np.ndarray:
+    """Find the rows of ``x`` whose values are all finite once normalized and cast to float32.
+
+    A value such as 1e300 is finite as float64 but is stored as inf in float32 (or after
+    dividing by a tiny ``normalizing_const``): it counts as an inf value here, so that the
+    check sees what will be stored, not what was read.
 
     Parameters
     ----------
@@ -291,6 +329,8 @@ def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.nd
     on_invalid : {"raise", "drop"}
         ``"raise"``: a row with NaN or inf is an error. ``"drop"``: return the mask, and let
         the caller drop and count the rows.
+    normalizing_const : float
+        The constant x will be divided by before it is stored as float32.
 
     Returns
     -------
@@ -303,19 +343,23 @@ def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.nd
         With ``on_invalid="raise"``, counting the rows and the NaN and inf values.
     """
     if on_invalid not in ("raise", "drop"):
-        raise ValueError(
+        raise ArgumentError(
             f"on_invalid must be 'raise' or 'drop'. Received: on_invalid={on_invalid!r}."
         )
     arr = np.asarray(x)
     if arr.ndim == 0:
-        raise ValueError(f"x must have one row per sample. Received: a scalar for {column!r}.")
+        raise DataError(f"x must have one row per sample. Received: a scalar for {column!r}.")
     n = arr.shape[0]
-    if not np.issubdtype(arr.dtype, np.inexact):
+    limit = overflow_limit(arr.dtype, normalizing_const) if arr.dtype.kind in "iuf" else None
+    if not np.issubdtype(arr.dtype, np.inexact) and limit is None:
         return np.ones(n, dtype=bool)
-    finite = np.isfinite(arr)
-    mask = finite.reshape(n, -1).all(axis=1) if n else np.ones(0, dtype=bool)
+    finite = np.isfinite(arr) if np.issubdtype(arr.dtype, np.inexact) else np.ones_like(arr, bool)
+    if limit is not None:
+        with np.errstate(invalid="ignore"):
+            finite &= ~(np.abs(arr) > limit)
+    mask = np.asarray(finite.reshape(n, -1).all(axis=1)) if n else np.ones(0, dtype=bool)
     if on_invalid == "raise" and not mask.all():
-        n_nan = int(np.isnan(arr).sum())
+        n_nan = int(np.isnan(arr).sum()) if np.issubdtype(arr.dtype, np.inexact) else 0
         n_inf = int((~finite).sum()) - n_nan
         raise DataError(
             f"Column {column!r} holds values that are not finite. Received: {int(n - mask.sum())}"
@@ -323,6 +367,25 @@ def check_finite(x: np.ndarray, column: str, on_invalid: str = "raise") -> np.nd
             f"or pass on_invalid='drop' to drop those rows."
         )
     return mask
+
+
+def check_normalizing_const(normalizing_const: Any) -> None:
+    """Refuse a constant that is not a positive number that float32 can hold.
+
+    x is divided by ``float32(normalizing_const)``: 1e-300 would become 0 (every value inf)
+    and 1e300 would become inf (every value 0).
+    """
+    try:
+        c = float("nan") if isinstance(normalizing_const, bool) else float(normalizing_const)
+    except (TypeError, ValueError):
+        c = float("nan")
+    tiny = float(np.finfo(np.float32).tiny)
+    if not math.isfinite(c) or not tiny <= c <= _FLOAT32_MAX:
+        raise ArgumentError(
+            f"normalizing_const must be a positive number that float32 can hold, between "
+            f"{tiny:.3g} and {_FLOAT32_MAX:.3g}. Received: {normalizing_const!r}. Use 1.0 to "
+            "leave x as it is, or e.g. 255.0 for 8-bit images."
+        )
 
 
 def normalize(x: np.ndarray, normalizing_const: float) -> np.ndarray:
@@ -343,18 +406,14 @@ def normalize(x: np.ndarray, normalizing_const: float) -> np.ndarray:
     if isinstance(normalizing_const, bool) or not isinstance(
         normalizing_const, int | float | np.integer | np.floating
     ):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"normalizing_const must be a number. Received: "
             f"normalizing_const={normalizing_const!r}."
         )
-    if not math.isfinite(normalizing_const) or normalizing_const <= 0:
-        raise ValueError(
-            f"normalizing_const must be a positive finite number. Received: "
-            f"normalizing_const={normalizing_const!r}. Use 1.0 to leave x as it is."
-        )
+    check_normalizing_const(normalizing_const)
     arr = np.asarray(x)
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        raise TypeError(f"x must be numeric to normalize. Received: dtype {arr.dtype}.")
+        raise ArgumentTypeError(f"x must be numeric to normalize. Received: dtype {arr.dtype}.")
     out = arr.astype(np.float32, copy=True)
     out /= np.float32(normalizing_const)
     return out

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.pinned import run_pinned
 from dvml.cluster.workers import WorkerInfo
-from dvml.placement.planner import plan_pieces
+from dvml.placement.planner import partition_seed, plan_pieces
 from dvml.preprocess import tasks
 from dvml.store.datasets import Dataset
 from dvml.store.publish import publish_run, staging_name
@@ -99,7 +99,7 @@ def _pack(
             tasks.split_part,
             prepared[p],
             plan.ordered_counts[p].tolist(),
-            seed + 7919 * (p + 1),
+            partition_seed(seed, p),
             pure=False,
             **split_args,
         )

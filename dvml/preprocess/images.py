@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from dvml.exceptions import DataError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 
 __all__ = ["IMAGE_EXTENSIONS", "check_size", "decode_image", "list_image_folder"]
 
@@ -88,10 +88,12 @@ def check_size(size: Sequence[int]) -> tuple[int, int]:
         or len(size) != 2
         or not all(isinstance(s, int | np.integer) and not isinstance(s, bool) for s in size)
     ):
-        raise TypeError(f"size must be a (height, width) pair of ints. Received: size={size!r}.")
+        raise ArgumentTypeError(
+            f"size must be a (height, width) pair of ints. Received: size={size!r}."
+        )
     height, width = int(size[0]), int(size[1])
     if height <= 0 or width <= 0:
-        raise ValueError(f"size must be positive. Received: size={size!r}.")
+        raise ArgumentError(f"size must be positive. Received: size={size!r}.")
     return height, width
 
 
@@ -125,11 +127,11 @@ def decode_image(
     from PIL import Image
 
     if not isinstance(data, bytes | bytearray | memoryview):
-        raise TypeError(f"data must be bytes. Received: {type(data).__name__}.")
+        raise ArgumentTypeError(f"data must be bytes. Received: {type(data).__name__}.")
     height, width = check_size(size)
     mode = _MODES.get(channels) if not isinstance(channels, bool) else None
     if mode is None:
-        raise ValueError(f"channels must be 1, 3 or 4. Received: channels={channels!r}.")
+        raise ArgumentError(f"channels must be 1, 3 or 4. Received: channels={channels!r}.")
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.load()

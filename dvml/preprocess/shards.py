@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dvml.exceptions import DataError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 from dvml.preprocess.images import check_size, decode_image
 
 __all__ = ["expand_braces", "read_tar_samples", "samples_to_images_labels"]
@@ -40,12 +40,14 @@ def expand_braces(pattern: str) -> list[str]:
 
     Raises
     ------
-    ValueError
+    ArgumentTypeError
+        When ``pattern`` is not a string.
+    ArgumentError
         For unbalanced braces, an empty group, or a group that is neither a range of integers
         nor a comma list.
     """
     if not isinstance(pattern, str):
-        raise TypeError(f"pattern must be a str. Received: {type(pattern).__name__}.")
+        raise ArgumentTypeError(f"pattern must be a str. Received: {type(pattern).__name__}.")
     return _expand(pattern, pattern)
 
 
@@ -56,7 +58,7 @@ def _expand(text: str, pattern: str) -> list[str]:
     while i < len(text):
         char = text[i]
         if char == "}":
-            raise ValueError(_brace_error(pattern, "a '}' without its '{'"))
+            raise ArgumentError(_brace_error(pattern, "a '}' without its '{'"))
         if char != "{":
             i += 1
             continue
@@ -77,7 +79,7 @@ def _matching_brace(text: str, start: int, pattern: str) -> int:
             depth -= 1
             if depth == 0:
                 return j
-    raise ValueError(_brace_error(pattern, "a '{' without its '}'"))
+    raise ArgumentError(_brace_error(pattern, "a '{' without its '}'"))
 
 
 def _split_top_level(body: str) -> list[str]:
@@ -96,13 +98,13 @@ def _split_top_level(body: str) -> list[str]:
 
 def _expand_group(body: str, pattern: str) -> list[str]:
     if not body:
-        raise ValueError(_brace_error(pattern, "an empty group '{}'"))
+        raise ArgumentError(_brace_error(pattern, "an empty group '{}'"))
     alternatives = _split_top_level(body)
     if len(alternatives) > 1:
         return [name for alt in alternatives for name in _expand(alt, pattern)]
     match = _RANGE.match(body)
     if match is None:
-        raise ValueError(
+        raise ArgumentError(
             _brace_error(
                 pattern,
                 f"the group {{{body}}} is neither a range like {{0..9}} nor a "
@@ -233,7 +235,7 @@ def samples_to_images_labels(
     """
     height, width = check_size(size)
     if channels not in (1, 3, 4) or isinstance(channels, bool):
-        raise ValueError(f"channels must be 1, 3 or 4. Received: channels={channels!r}.")
+        raise ArgumentError(f"channels must be 1, 3 or 4. Received: channels={channels!r}.")
     images = np.empty((len(samples), height, width, channels), dtype=np.uint8)
     labels: list[str] = []
     where = f" in {source!r}" if source else ""

@@ -15,7 +15,15 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from dvml.exceptions import DataError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
+from dvml.preprocess.images import list_image_folder
+from dvml.preprocess.shards import expand_braces
+from dvml.preprocess.tasks import (
+    prepare_arrays,
+    prepare_image_files,
+    prepare_table,
+    prepare_tar_shard,
+)
 
 # More x inputs than this, each a single column, is most likely one input meant as a list.
 MANY_INPUTS = 16
@@ -42,7 +50,7 @@ def normalize_x(x: str | Sequence[str | Sequence[str]]) -> list[list[str]]:
     if isinstance(x, str):
         return [[x]]
     if not isinstance(x, Sequence) or not x:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"x must be a column name, a list of names (one input each) or a list of lists "
             f"(columns of one input). Received: x={x!r}."
         )
@@ -50,7 +58,7 @@ def normalize_x(x: str | Sequence[str | Sequence[str]]) -> list[list[str]]:
     for item in x:
         group = [item] if isinstance(item, str) else list(item)
         if not group or not all(isinstance(c, str) for c in group):
-            raise TypeError(f"x entries must be column names. Received: x={x!r}.")
+            raise ArgumentTypeError(f"x entries must be column names. Received: x={x!r}.")
         groups.append(group)
     return groups
 
@@ -78,13 +86,17 @@ def source_parts(
     on_invalid: str,
     image_size: tuple[int, int] | None,
     channels: int,
+    normalizing_const: float = 1.0,
 ) -> SourceParts:
-    """Build the delayed prepared parts of ``source`` (nothing is computed here)."""
+    """Build the delayed prepared parts of ``source`` (nothing is computed here).
+
+    ``normalizing_const`` lets the parts count values that overflow float32 once normalized.
+    """
     import dask.dataframe as dd
     import pandas as pd
 
     if on_invalid not in ("raise", "drop"):
-        raise ValueError(f"on_invalid must be 'raise' or 'drop'. Received: {on_invalid!r}.")
+        raise ArgumentError(f"on_invalid must be 'raise' or 'drop'. Received: {on_invalid!r}.")
     desc = describe_source(source)
     if isinstance(source, str | os.PathLike):
         path = os.fspath(source)
@@ -102,10 +114,10 @@ def source_parts(
         with dask.config.set({"dataframe.convert-string": False}):
             source = dd.from_pandas(source, npartitions=max(1, min(2 * n_targets, len(source))))
     if isinstance(source, dd.DataFrame):
-        return _table(source, y, x, on_invalid, desc)
+        return _table(source, y, x, (on_invalid, normalizing_const), desc)
     if isinstance(source, dict):
-        return _arrays(source, y, x, on_invalid, desc)
-    raise TypeError(
+        return _arrays(source, y, x, (on_invalid, normalizing_const), desc)
+    raise ArgumentTypeError(
         "source must be a Dask or pandas DataFrame, a Parquet/CSV path, a dict of arrays, an "
         f"image folder or a tar-shard pattern. Received: {type(source).__name__}."
     )
@@ -113,14 +125,12 @@ def source_parts(
 
 def _need(value: Any, what: str) -> Any:
     if value is None:
-        raise ValueError(f"{what} is required for this kind of source. Received: None.")
+        raise ArgumentError(f"{what} is required for this kind of source. Received: None.")
     return value
 
 
-def _table(ddf: Any, y: str | None, x: Any, on_invalid: str, desc: str) -> SourceParts:
+def _table(ddf: Any, y: str | None, x: Any, invalid: tuple[str, float], desc: str) -> SourceParts:
     from dask import delayed
-
-    from dvml.preprocess.tasks import prepare_table
 
     y = _need(y, "y (the label column)")
     groups = normalize_x(_need(x, "x (the feature column or columns)"))
@@ -139,7 +149,7 @@ def _table(ddf: Any, y: str | None, x: Any, on_invalid: str, desc: str) -> Sourc
             UserWarning,
             stacklevel=5,  # the caller of training_preprocessor
         )
-    parts = [delayed(prepare_table)(p, groups, y, on_invalid) for p in ddf.to_delayed()]
+    parts = [delayed(prepare_table)(p, groups, y, *invalid) for p in ddf.to_delayed()]
     return SourceParts(parts, groups, y, desc)
 
 
@@ -161,18 +171,18 @@ def _read_table(path: str) -> Any:
 
 
 def _arrays(
-    source: dict[str, Any], y: str | None, x: Any, on_invalid: str, desc: str
+    source: dict[str, Any], y: str | None, x: Any, invalid: tuple[str, float], desc: str
 ) -> SourceParts:
     import dask.array as da
     from dask import delayed
-
-    from dvml.preprocess.tasks import prepare_arrays
 
     y = _need(y, "y (the key of the label array)")
     groups = normalize_x(_need(x, "x (the key of the feature array)"))
     names = [g[0] for g in groups]
     if any(len(g) != 1 for g in groups):
-        raise TypeError(f"For a dict of arrays, x names arrays, one per input. Received: x={x!r}.")
+        raise ArgumentTypeError(
+            f"For a dict of arrays, x names arrays, one per input. Received: x={x!r}."
+        )
     missing = [k for k in [y, *names] if k not in source]
     if missing:
         raise DataError(f"Arrays {missing} are missing. Available: {sorted(source)}.")
@@ -188,7 +198,7 @@ def _arrays(
     x_blocks = [a.to_delayed().reshape(len(chunks), -1)[:, 0] for a in xs]
     y_blocks = labels.rechunk({0: chunks}).to_delayed().ravel()
     parts = [
-        delayed(prepare_arrays)([xb[i] for xb in x_blocks], y_blocks[i], names, y, on_invalid)
+        delayed(prepare_arrays)([xb[i] for xb in x_blocks], y_blocks[i], names, y, *invalid)
         for i in range(len(chunks))
     ]
     return SourceParts(parts, groups, y, desc)
@@ -198,9 +208,6 @@ def _image_folder(
     path: str, image_size: tuple[int, int] | None, channels: int, desc: str
 ) -> SourceParts:
     from dask import delayed
-
-    from dvml.preprocess.images import list_image_folder
-    from dvml.preprocess.tasks import prepare_image_files
 
     size = _need(image_size, "image_size=(height, width)")
     paths, labels = list_image_folder(path)
@@ -217,9 +224,6 @@ def _tar_shards(
     pattern: str, image_size: tuple[int, int] | None, channels: int, desc: str
 ) -> SourceParts:
     from dask import delayed
-
-    from dvml.preprocess.shards import expand_braces
-    from dvml.preprocess.tasks import prepare_tar_shard
 
     size = _need(image_size, "image_size=(height, width)")
     shards = expand_braces(pattern)

@@ -12,11 +12,18 @@ are counted, and the client raises with the totals of the whole source.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from dvml.cluster.workers import worker_host
+from dvml.exceptions import DataError
+from dvml.placement.planner import split_partition
+from dvml.preprocess.encode import check_finite, normalize, one_hot, overflow_limit, x_to_array
+from dvml.preprocess.images import decode_image
+from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
+from dvml.store.tensors import write_arrays
 
 __all__ = [
     "pack_buffer",
@@ -30,27 +37,37 @@ __all__ = [
 
 
 def _finish(
-    xs: list[np.ndarray], labels: np.ndarray, names: Sequence[str], on_invalid: str
+    xs: list[np.ndarray],
+    labels: np.ndarray,
+    names: Sequence[str],
+    on_invalid: str,
+    normalizing_const: float,
 ) -> dict[str, Any]:
-    """Find the rows whose x holds NaN or inf; drop them when ``on_invalid == "drop"``.
+    """Find the rows whose x holds NaN or inf (as float32, once normalized); drop them when
+    ``on_invalid == "drop"``.
 
     With ``"raise"`` the rows are kept and only counted (rows, NaN and inf values per input):
     the client raises with the totals of the whole source, not those of one partition.
     """
-    from dvml.preprocess.encode import check_finite
-
     keep = np.ones(len(labels), dtype=bool)
     nonfinite: dict[str, dict[str, int]] = {}
     for name, x in zip(names, xs, strict=True):
-        mask = check_finite(x, name, "drop")
+        mask = check_finite(x, name, "drop", normalizing_const)
         if mask.all():
             continue
         keep &= mask
         arr = np.asarray(x)
+        floating = arr.dtype.kind == "f"
+        # inf as stored: inf in the source, or finite but beyond float32 once normalized
+        inf = int(np.isinf(arr).sum()) if floating else 0
+        limit = overflow_limit(arr.dtype, normalizing_const)
+        if limit is not None:
+            with np.errstate(invalid="ignore"):
+                inf += int((np.isfinite(arr) & (np.abs(arr) > limit)).sum())
         nonfinite[name] = {
             "rows": int((~mask).sum()),
-            "nan": int(np.isnan(arr).sum()),
-            "inf": int(np.isinf(arr).sum()),
+            "nan": int(np.isnan(arr).sum()) if floating else 0,
+            "inf": inf,
         }
     invalid_rows = int((~keep).sum())
     dropped = 0
@@ -71,8 +88,6 @@ def _finish(
 def _label_mask(labels: np.ndarray, y: str) -> np.ndarray:
     import pandas as pd
 
-    from dvml.exceptions import DataError
-
     missing = pd.isna(labels)
     if missing.any():
         raise DataError(
@@ -83,12 +98,13 @@ def _label_mask(labels: np.ndarray, y: str) -> np.ndarray:
 
 
 def prepare_table(
-    frame: Any, x_groups: Sequence[Sequence[str]], y: str, on_invalid: str
+    frame: Any,
+    x_groups: Sequence[Sequence[str]],
+    y: str,
+    on_invalid: str,
+    normalizing_const: float = 1.0,
 ) -> dict[str, Any]:
     """Prepare one pandas partition: x arrays per input group, labels, invalid rows."""
-    from dvml.exceptions import DataError
-    from dvml.preprocess.encode import x_to_array
-
     if y not in frame.columns:
         raise DataError(
             f"The label column {y!r} is missing. Available columns: {list(frame.columns)}."
@@ -96,15 +112,19 @@ def prepare_table(
     xs = [x_to_array(frame, list(group)) for group in x_groups]
     labels = frame[y].to_numpy()
     _label_mask(labels, y)
-    return _finish(xs, labels, [",".join(group) for group in x_groups], on_invalid)
+    names = [",".join(group) for group in x_groups]
+    return _finish(xs, labels, names, on_invalid, normalizing_const)
 
 
 def prepare_arrays(
-    xs: Sequence[np.ndarray], labels: np.ndarray, x_names: Sequence[str], y: str, on_invalid: str
+    xs: Sequence[np.ndarray],
+    labels: np.ndarray,
+    x_names: Sequence[str],
+    y: str,
+    on_invalid: str,
+    normalizing_const: float = 1.0,
 ) -> dict[str, Any]:
     """Prepare one block of array sources (dask or numpy arrays aligned on axis 0)."""
-    from dvml.exceptions import DataError
-
     labels = np.asarray(labels)
     arrays = []
     for name, x in zip(x_names, xs, strict=True):
@@ -117,15 +137,13 @@ def prepare_arrays(
             )
         arrays.append(x)
     _label_mask(labels, y)
-    return _finish(arrays, labels, list(x_names), on_invalid)
+    return _finish(arrays, labels, list(x_names), on_invalid, normalizing_const)
 
 
 def prepare_image_files(
     paths: Sequence[str], labels: Sequence[str], size: tuple[int, int], channels: int
 ) -> dict[str, Any]:
     """Decode and resize a chunk of image files (runs on a worker)."""
-    from dvml.preprocess.images import decode_image
-
     images = []
     for path in paths:
         with open(path, "rb") as f:
@@ -137,16 +155,18 @@ def prepare_image_files(
 
 def prepare_tar_shard(path: str, size: tuple[int, int], channels: int) -> dict[str, Any]:
     """Decode the samples of one WebDataset-style tar shard (runs on a worker)."""
-    from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
-
     images, labels = samples_to_images_labels(read_tar_samples(path), size, channels=channels)
     return {"x": [images], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
 
 
 def part_stats(part: dict[str, Any]) -> dict[str, Any]:
     """Small facts about a prepared part, gathered by the client to plan the layout."""
+    import pandas as pd
+
     labels = part["labels"]
-    uniques = np.unique(labels) if len(labels) else np.array([])
+    # pd.unique does not sort: np.unique of [1, "1"] raises a raw TypeError here, before the
+    # client can say that the labels mix types (encode.class_values_of).
+    uniques = pd.unique(pd.Series(labels, dtype=labels.dtype)) if len(labels) else []
     return {
         "rows": len(labels),
         "labels": [u.item() if isinstance(u, np.generic) else u for u in uniques],
@@ -175,9 +195,6 @@ def split_part(
     slice (:func:`take_piece`). x is copied once: gathered in the permuted order, then
     converted and divided in place (the same float32 values as normalizing first).
     """
-    from dvml.placement.planner import split_partition
-    from dvml.preprocess.encode import normalize, one_hot
-
     normalize(part["x"][0][:0], normalizing_const)  # validates the constant and the dtype
     y = one_hot(part["labels"], class_values, num_classes)
     pieces = split_partition(len(y), np.asarray(ordered_counts), seed)
@@ -219,8 +236,6 @@ def pack_buffer(
     """
     from distributed import get_worker
 
-    from dvml.store.local import write_arrays
-
     parts = [
         {field: values[start:stop] for field, values in piece.items()}
         for piece, (start, stop) in zip(pieces, ranges, strict=True)
@@ -249,6 +264,6 @@ def pack_buffer(
         "instance_id": record["instance_id"],
         "worker": worker.address,
         "worker_name": str(worker.name),
-        "host": os.environ.get("DVML_HOST") or worker.address,
+        "host": worker_host(worker.address),
         "fields": record["fields"],
     }

@@ -15,14 +15,13 @@ a URL string, or None for the configured default).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy.typing as npt
 import pandas as pd
 
-from dvml.registry.store import Registry
+from dvml.registry.database import Registry, opened_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 
 __all__ = [
@@ -40,23 +39,6 @@ __all__ = [
     "weights_from_bytes",
     "weights_to_bytes",
 ]
-
-
-@contextlib.contextmanager
-def _opened(registry: Registry | str | None) -> Iterator[Registry]:
-    if isinstance(registry, Registry):
-        yield registry
-        return
-    if registry is not None and not isinstance(registry, str):
-        raise TypeError(
-            f"registry must be a Registry, a URL string or None. Received: "
-            f"{type(registry).__name__}."
-        )
-    opened = Registry(registry)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def load_keras_model(
@@ -89,43 +71,43 @@ def load_keras_model(
         model_json = model.to_json()
         if weights is None and callable(getattr(model, "get_weights", None)):
             weights = list(model.get_weights())
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         return reg.add_architecture(model_json, weights, name=name, description=description)
 
 
 def list_architectures(registry: Registry | str | None = None) -> pd.DataFrame:
     """The architectures in the registry, without JSON or weights."""
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         return reg.list_architectures()
 
 
 def show_architecture(arch_id: int, registry: Registry | str | None = None) -> dict[str, Any]:
     """Everything stored about one architecture (:meth:`Registry.get_architecture`)."""
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         return reg.get_architecture(arch_id)
 
 
 def delete_architecture(arch_id: int, registry: Registry | str | None = None) -> None:
     """Delete an architecture; models trained from it stay."""
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         reg.delete_architecture(arch_id)
 
 
 def list_models(registry: Registry | str | None = None) -> pd.DataFrame:
     """The trained models in the registry, without weights."""
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         return reg.list_models()
 
 
 def show_model(name: str, registry: Registry | str | None = None) -> dict[str, Any]:
     """Everything stored about one model (:meth:`Registry.get_model`)."""
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         return reg.get_model(name)
 
 
 def delete_model(name: str, registry: Registry | str | None = None) -> None:
     """Delete a model and its iteration records."""
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         reg.delete_model(name)
 
 
@@ -141,17 +123,17 @@ def register_custom_function(
 
     The code runs wherever it is later loaded; see :meth:`Registry.register_custom_function`.
     """
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         return reg.register_custom_function(name, source, kind, description, replace)
 
 
 def list_custom_functions(registry: Registry | str | None = None) -> pd.DataFrame:
     """The custom functions in the registry, with their source."""
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         return reg.list_custom_functions()
 
 
 def delete_custom_function(name: str, registry: Registry | str | None = None) -> None:
     """Delete a custom function."""
-    with _opened(registry) as reg:
+    with opened_registry(registry) as reg:
         reg.delete_custom_function(name)

@@ -13,10 +13,19 @@ from __future__ import annotations
 
 import ast
 import keyword
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["KINDS", "MAX_SOURCE_LENGTH", "check_name", "check_source", "compile_function"]
+from dvml.exceptions import ArgumentError, ArgumentTypeError
+
+__all__ = [
+    "KINDS",
+    "MAX_SOURCE_LENGTH",
+    "check_name",
+    "check_source",
+    "compile_function",
+    "custom_objects_from_sources",
+]
 
 KINDS = ("loss", "metric")
 """The kinds of custom function the registry keeps."""
@@ -33,21 +42,21 @@ def check_name(name: Any) -> str:
 
     Raises
     ------
-    TypeError, ValueError
+    ArgumentTypeError, ArgumentError
     """
     if not isinstance(name, str):
-        raise TypeError(f"name must be a string. Received: {type(name).__name__} {name!r}.")
+        raise ArgumentTypeError(f"name must be a string. Received: {type(name).__name__} {name!r}.")
     if not name.isidentifier() or keyword.iskeyword(name):
-        raise ValueError(
+        raise ArgumentError(
             f"name must be a Python identifier, the name of the function defined in the "
             f"source. Received: name={name!r}. Use letters, digits and underscores."
         )
     return name
 
 
-def _refuse(name: str, what: str, line: int | None = None) -> ValueError:
+def _refuse(name: str, what: str, line: int | None = None) -> ArgumentError:
     where = f" (line {line})" if line else ""
-    return ValueError(
+    return ArgumentError(
         f"The source of custom function {name!r} is refused. Received: source that {what}"
         f"{where}. The source must be exactly `def {name}(y_true, y_pred): ...`, optionally "
         "after `import tensorflow as tf` and `import numpy as np`, with nothing else at top "
@@ -72,15 +81,15 @@ def check_source(name: str, source: Any) -> ast.Module:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         When ``source`` is not a string.
-    ValueError
+    ArgumentError
         When it does not parse or contains anything beyond the allowed imports and the one
         ``def``.
     """
     check_name(name)
     if not isinstance(source, str):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"source must be Python source text. Received: {type(source).__name__}. Pass the "
             f"text of `def {name}(y_true, y_pred): ...` (inspect.getsource gives it)."
         )
@@ -149,5 +158,19 @@ def compile_function(
     exec(compile(tree, f"<dvml custom function {name}>", "exec"), scope)
     function = scope[name]
     if not callable(function):  # pragma: no cover - check_source guarantees a def
-        raise ValueError(f"Custom function {name!r} did not define a function.")
+        raise ArgumentError(f"Custom function {name!r} did not define a function.")
     return function
+
+
+def custom_objects_from_sources(sources: Mapping[str, str]) -> dict[str, Callable[..., Any]]:
+    """Compile registered custom losses and metrics with ``tf`` (started through
+    :mod:`dvml.tf_runtime`) and ``np`` in their namespace: the one place that does it for the
+    registry, the trainers and the workers' inference tasks."""
+    if not sources:
+        return {}
+    import numpy as np
+
+    from dvml import tf_runtime
+
+    namespace = {"tf": tf_runtime.tensorflow(), "np": np}
+    return {name: compile_function(name, src, namespace) for name, src in sources.items()}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dvml.exceptions import ArgumentError, ArgumentTypeError
+
 __all__ = ["input_shapes", "output_shape", "parse_model_json"]
 
 # Layers that keep the shape of their input, so the units of a Dense before them still hold.
@@ -38,25 +40,25 @@ def parse_model_json(model_json: str) -> dict[str, Any]:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         When ``model_json`` is not a string.
-    ValueError
+    ArgumentError
         When it is not JSON, or not an object with a ``"config"`` key.
     """
     if not isinstance(model_json, str):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"model_json must be a JSON string. Received: {type(model_json).__name__}. "
             "Pass model.to_json(), or the model itself to load_keras_model."
         )
     try:
         model = json.loads(model_json)
     except (ValueError, RecursionError) as exc:
-        raise ValueError(
+        raise ArgumentError(
             f"model_json is not valid JSON: {exc}. Received: {model_json[:80]!r}. "
             "Pass the string that model.to_json() returns."
         ) from None
     if not isinstance(model, dict) or "config" not in model:
-        raise ValueError(
+        raise ArgumentError(
             "model_json must be a Keras model description with a 'config' key. Received: "
             f"{model_json[:80]!r}. Pass the string that model.to_json() returns."
         )

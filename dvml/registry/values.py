@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from dvml.exceptions import ArgumentError, ArgumentTypeError
+
 __all__ = [
     "ITERATION_COLUMNS",
     "check_id",
@@ -53,7 +55,7 @@ def _json_default(value: Any) -> Any:
         return value.tolist()
     if isinstance(value, dt.datetime | dt.date):
         return value.isoformat()
-    raise TypeError(f"a {type(value).__name__} has no JSON form")
+    raise ArgumentTypeError(f"a {type(value).__name__} has no JSON form")
 
 
 def dumps(value: Any, what: str) -> str | None:
@@ -61,7 +63,7 @@ def dumps(value: Any, what: str) -> str | None:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         Naming ``what`` when a part of the value has no JSON form.
     """
     if value is None:
@@ -69,7 +71,7 @@ def dumps(value: Any, what: str) -> str | None:
     try:
         return json.dumps(value, default=_json_default)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{what} must be JSON-serializable: {exc}. Received: {value!r:.200}. Use dicts, "
             "lists, strings, numbers, booleans and None."
         ) from None
@@ -83,9 +85,11 @@ def loads(text: str | None) -> Any:
 def check_model_name(name: Any, what: str = "name") -> str:
     """A model or function name: a non-empty string of at most 255 characters."""
     if not isinstance(name, str):
-        raise TypeError(f"{what} must be a string. Received: {type(name).__name__} {name!r}.")
+        raise ArgumentTypeError(
+            f"{what} must be a string. Received: {type(name).__name__} {name!r}."
+        )
     if not name.strip() or len(name) > 255:
-        raise ValueError(
+        raise ArgumentError(
             f"{what} must be a non-empty string of at most 255 characters. Received: "
             f"{what}={name[:80]!r} ({len(name)} characters)."
         )
@@ -97,9 +101,11 @@ def check_text(value: Any, what: str, max_length: int | None = None) -> str | No
     if value is None:
         return None
     if not isinstance(value, str):
-        raise TypeError(f"{what} must be a string or None. Received: {type(value).__name__}.")
+        raise ArgumentTypeError(
+            f"{what} must be a string or None. Received: {type(value).__name__}."
+        )
     if max_length is not None and len(value) > max_length:
-        raise ValueError(
+        raise ArgumentError(
             f"{what} is too long: {len(value)} characters, at most {max_length}. Received: "
             f"{what}={value[:80]!r}..."
         )
@@ -109,7 +115,7 @@ def check_text(value: Any, what: str, max_length: int | None = None) -> str | No
 def check_id(value: Any, what: str) -> int:
     """An integer id (numpy integers accepted, booleans refused)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{what} must be an integer id. Received: {type(value).__name__} {value!r}."
         )
     return int(value)
@@ -119,10 +125,10 @@ def _optional_float(value: Any, what: str, minimum: float | None = None) -> floa
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a number or None. Received: {value!r}.")
+        raise ArgumentTypeError(f"{what} must be a number or None. Received: {value!r}.")
     number = float(value)
     if minimum is not None and not (math.isnan(number) or number >= minimum):
-        raise ValueError(f"{what} must be at least {minimum}. Received: {value!r}.")
+        raise ArgumentError(f"{what} must be at least {minimum}. Received: {value!r}.")
     return number
 
 
@@ -138,13 +144,13 @@ def iteration_rows(iterations: Any) -> list[dict[str, Any]]:
 
     Raises
     ------
-    TypeError, ValueError
+    ArgumentTypeError, ArgumentError
         Naming the record and the key at fault.
     """
     if iterations is None:
         return []
     if isinstance(iterations, str | bytes) or not isinstance(iterations, Sequence):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"iterations must be a list of dicts. Received: {type(iterations).__name__}."
         )
     rows: list[dict[str, Any]] = []
@@ -152,16 +158,16 @@ def iteration_rows(iterations: Any) -> list[dict[str, Any]]:
     for position, record in enumerate(iterations, start=1):
         where = f"iterations[{position - 1}]"
         if not isinstance(record, Mapping):
-            raise TypeError(f"{where} must be a dict. Received: {type(record).__name__}.")
+            raise ArgumentTypeError(f"{where} must be a dict. Received: {type(record).__name__}.")
         unknown = set(record) - set(ITERATION_COLUMNS)
         if unknown:
-            raise ValueError(
+            raise ArgumentError(
                 f"{where} has unknown keys {sorted(map(str, unknown))}. Received: {record!r:.200}."
                 f" Known keys: {list(ITERATION_COLUMNS)}."
             )
         iteration = check_id(record.get("iteration", position), f"{where}['iteration']")
         if iteration < 0 or iteration in seen:
-            raise ValueError(
+            raise ArgumentError(
                 f"{where}['iteration'] must be a non-negative number not used by another "
                 f"record. Received: iteration={iteration}."
             )
@@ -173,7 +179,7 @@ def iteration_rows(iterations: Any) -> list[dict[str, Any]]:
         for key in ("training_metrics", "validation_metrics"):
             metrics = record.get(key)
             if metrics is not None and not isinstance(metrics, Mapping):
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"{where}[{key!r}] must be a dict of metric name to value or None. "
                     f"Received: {metrics!r:.200}."
                 )

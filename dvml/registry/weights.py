@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dvml.exceptions import RegistryError
+from dvml.exceptions import ArgumentTypeError, RegistryError
 
 __all__ = ["WEIGHTS_FORMAT", "weights_from_bytes", "weights_to_bytes"]
 
@@ -42,23 +42,23 @@ def weights_to_bytes(weights: Sequence[npt.NDArray[Any]]) -> bytes:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         When ``weights`` is not a list or tuple of numpy arrays, or an array has an object
         dtype (it could only be stored with pickle).
     """
     if not isinstance(weights, list | tuple):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"weights must be a list of numpy arrays. Received: {type(weights).__name__}. "
             "Pass model.get_weights()."
         )
     for index, array in enumerate(weights):
         if not isinstance(array, np.ndarray):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"weights[{index}] must be a numpy array. Received: {type(array).__name__}. "
                 "Convert it with numpy.asarray first."
             )
         if array.dtype.hasobject:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"weights[{index}] has dtype {array.dtype}, which holds Python objects and "
                 "could only be stored with pickle. Received: an object array of shape "
                 f"{array.shape}. Convert it to a numeric dtype first."
@@ -87,7 +87,7 @@ def weights_from_bytes(data: bytes) -> list[npt.NDArray[Any]]:
         When the bytes are not such an archive, or a member would need pickle.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
-        raise TypeError(f"data must be bytes. Received: {type(data).__name__}.")
+        raise ArgumentTypeError(f"data must be bytes. Received: {type(data).__name__}.")
     try:
         loaded = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):

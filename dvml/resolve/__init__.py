@@ -6,6 +6,6 @@ remote blobs) and feeding them to TensorFlow one batch at a time. Training itsel
 """
 
 from dvml.resolve.batches import BatchPlan, steps_per_epoch
-from dvml.resolve.local import LocalPartitions, open_local
+from dvml.resolve.partitions import LocalPartitions, open_local
 
 __all__ = ["BatchPlan", "LocalPartitions", "open_local", "steps_per_epoch"]

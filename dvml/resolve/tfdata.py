@@ -13,7 +13,7 @@ import numpy as np
 
 from dvml import tf_runtime
 from dvml.resolve.batches import BatchPlan
-from dvml.resolve.local import LocalPartitions
+from dvml.resolve.partitions import LocalPartitions
 
 __all__ = ["evaluation_dataset", "training_dataset"]
 

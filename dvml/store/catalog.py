@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dvml.exceptions import DatasetExistsError, DatasetNotFoundError
-from dvml.store.local import STAGING_PREFIX, local_client
+from dvml.cluster.connection import local_client
+from dvml.exceptions import ArgumentTypeError, DatasetExistsError, DatasetNotFoundError
+from dvml.store.tensors import STAGING_PREFIX
 
 __all__ = [
     "DATASET_TYPENAME",
@@ -192,4 +193,6 @@ def _json_default(value: Any) -> Any:
         return value.item()
     if isinstance(value, np.ndarray):
         return value.tolist()
-    raise TypeError(f"Summary value of type {type(value).__name__} is not JSON-serialisable.")
+    raise ArgumentTypeError(
+        f"Summary value of type {type(value).__name__} is not JSON-serialisable."
+    )

@@ -10,17 +10,26 @@ import builtins
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from dvml.cluster.attach import current_client, discover_workers
-from dvml.cluster.workers import WorkerInfo
-from dvml.exceptions import ClusterError
+from dvml.cluster.workers import WorkerInfo, current_client, discover_workers
+from dvml.exceptions import ClusterError, DvmlError, StoreError
 from dvml.store import catalog
-from dvml.store.local import delete_objects
+from dvml.store.tensors import delete_objects
 
 if TYPE_CHECKING:
     import pandas as pd
     from distributed import Client
 
-__all__ = ["Dataset", "describe", "drop", "exists", "list", "run_on", "vineyard_workers"]
+__all__ = [
+    "Dataset",
+    "buffer_workers",
+    "describe",
+    "drop",
+    "exists",
+    "list",
+    "resolve_dataset",
+    "run_on",
+    "vineyard_workers",
+]
 
 
 def vineyard_workers(client: Client) -> dict[int, WorkerInfo]:
@@ -30,6 +39,33 @@ def vineyard_workers(client: Client) -> dict[int, WorkerInfo]:
         for w in discover_workers(client)
         if w.vineyard_instance_id is not None
     }
+
+
+def buffer_workers(
+    client: Client, dataset: Dataset, error: type[DvmlError] = StoreError
+) -> builtins.list[WorkerInfo]:
+    """The live worker of every buffer of ``dataset``, in buffer order.
+
+    The one mapping from where a dataset's buffers were put to the workers that serve those
+    vineyard instances now, used by fit, evaluate and the feature cache.
+
+    Raises
+    ------
+    StoreError
+        (or ``error``, the caller's own class) when a buffer's vineyardd is served by no live
+        worker: its data is lost.
+    """
+    by_instance = vineyard_workers(client)
+    buffers = dataset.layout["buffers"]
+    lost = sorted({(b["worker_name"], b["instance_id"]) for b in buffers
+                   if b["instance_id"] not in by_instance})  # fmt: skip
+    if lost:
+        raise error(
+            f"Buffers of {dataset.name!r} lived on {[w for w, _ in lost]} (vineyard instances "
+            f"{[i for _, i in lost]}), which no live worker serves: that data is lost with its "
+            "daemon. Preprocess or compute it again."
+        )
+    return [by_instance[b["instance_id"]] for b in buffers]
 
 
 def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -139,6 +175,11 @@ def read_record(client: Client, name: str) -> dict[str, Any]:
 def describe(name: str, client: Client | None = None) -> Dataset:
     """The dataset called ``name``: summary and placement (raises DatasetNotFoundError)."""
     return Dataset.from_record(read_record(current_client(client), name))
+
+
+def resolve_dataset(value: str | Dataset, client: Client) -> Dataset:
+    """``value`` itself when it is a :class:`Dataset`, else the dataset it names."""
+    return value if isinstance(value, Dataset) else describe(value, client)
 
 
 def exists(name: str, client: Client | None = None) -> bool:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.store import catalog
 from dvml.store.datasets import Dataset, delete_by_instance, delete_layout, run_on
-from dvml.store.local import STAGING_PREFIX
+from dvml.store.tensors import STAGING_PREFIX, delete_objects
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -142,6 +142,4 @@ def cleanup_run(client: Client, run_id: str, keep: dict[str, Any] | None) -> Non
 
 
 def _drop_names(names: list[str]) -> None:
-    from dvml.store.local import delete_objects
-
     delete_objects([], names)

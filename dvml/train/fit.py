@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -11,53 +12,39 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
-from dvml.cluster.attach import current_client
-from dvml.cluster.workers import WorkerInfo
+from dvml._version import __version__
+from dvml.cluster.workers import WorkerInfo, current_client
 from dvml.exceptions import (
+    ArgumentError,
     ModelMismatchError,
     PlacementError,
     RegistryNotFoundError,
     TrainerFailedError,
     TrainingError,
 )
+from dvml.names import check_name
+from dvml.registry.database import Registry, open_registry
+from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.resolve.batches import per_worker_batch_size, steps_per_epoch
-from dvml.store.datasets import Dataset, describe, vineyard_workers
+from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import launch
+from dvml.train.model import Model
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
-from dvml.train.summary import build_summary, check_shapes, iteration_record
+from dvml.train.summary import build_summary, check_shapes, iteration_record, weights_size_kb
+from dvml.train.sync import check_sync, choose_sync
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from dvml.registry import Registry
-
-__all__ = ["fit", "open_registry", "resolve_dataset", "trainer_workers"]
+__all__ = ["fit", "trainer_workers"]
 
 logger = logging.getLogger("dvml.train")
 
 
-def open_registry(registry: Registry | str | None) -> Registry:
-    from dvml.registry import Registry
-
-    return registry if isinstance(registry, Registry) else Registry(registry)
-
-
-def resolve_dataset(value: str | Dataset, client: Client) -> Dataset:
-    return value if isinstance(value, Dataset) else describe(value, client)
-
-
 def trainer_workers(client: Client, dataset: Dataset) -> list[WorkerInfo]:
-    """The live workers that hold buffers of ``dataset``, in buffer order."""
-    by_instance = vineyard_workers(client)
+    """The live workers that hold buffers of ``dataset``, each once, in buffer order."""
     workers: list[WorkerInfo] = []
-    for b in dataset.layout["buffers"]:
-        w = by_instance.get(b["instance_id"])
-        if w is None:
-            raise TrainingError(
-                f"Buffer {b['index']} of {dataset.name!r} lives on vineyard instance "
-                f"{b['instance_id']} (worker {b['worker_name']}), which no live worker serves. "
-                "Its data is lost with its daemon: preprocess the dataset again."
-            )
+    for w in buffer_workers(client, dataset, TrainingError):
         if w not in workers:
             workers.append(w)
     return workers
@@ -126,6 +113,7 @@ def fit(
     custom_objects: list[str] | None = None,
     *,
     tensorboard_dir: str | None = None,
+    sync: str | int | None = None,
     resume: bool = True,
     seed: int | None = None,
     timeout: float | None = None,
@@ -133,7 +121,7 @@ def fit(
     progress: bool = True,
     registry: Registry | str | None = None,
     client: Client | None = None,
-) -> Any:
+) -> Model:
     """Train ``arch_id`` on ``training_set`` with one trainer per worker that holds data.
 
     Parameters
@@ -168,6 +156,13 @@ def fit(
         :func:`dvml.registry.register_custom_function`.
     tensorboard_dir : str, optional
         Write TensorBoard logs there (one sub-directory per trainer).
+    sync : {"step", "iteration"} or int, optional
+        How the trainers synchronise. ``"step"``: MultiWorkerMirroredStrategy all-reduces the
+        gradients at every step. ``"iteration"``: MADlib's model averaging; each trainer fits
+        its local rows with its own optimizer for the iteration's epochs, then all weights
+        are averaged, weighted by the trainers' row counts. An int ``k``: average every ``k``
+        steps (local SGD). Default (config ``dvml.train.sync``, null = automatic): ``"step"``
+        when ``use_gpus=True`` and every trainer has a GPU, else ``"iteration"``.
     resume : bool
         Resume from the checkpoint of an interrupted run of the same job, if there is one.
     timeout : float, optional
@@ -182,12 +177,80 @@ def fit(
     dvml.Model
         The registered model: ``.summary`` has every field of MADlib's fit summary.
     """
-    from distributed import Event
-
-    from dvml.train.model import Model
-
+    requested_sync = check_sync(config.get("train.sync", check_sync(sync)))
     client = current_client(client)
     reg = open_registry(registry)
+    plan = _plan(
+        reg, client, training_set, model=model, arch_id=arch_id, compile_params=compile_params,
+        fit_params=fit_params, num_iterations=num_iterations, use_gpus=use_gpus,
+        validation_set=validation_set, metrics_compute_frequency=metrics_compute_frequency,
+        warm_start=warm_start, custom_objects=custom_objects, tensorboard_dir=tensorboard_dir,
+        seed=seed, timeout=timeout, sync=requested_sync,
+    )  # fmt: skip
+    start_iteration, weights_blob, history = _resume(client, plan, resume)
+    endpoints = _reserve_ports(client, plan.workers)
+    collector = _Progress(len(plan.workers), model, num_iterations, on_iteration, progress)
+    start = _now()
+    results = _run_trainers(
+        client, plan, _job(plan, start_iteration, history), endpoints, weights_blob, collector
+    )
+    end = _now()
+    iterations = _aggregate(history, results)
+    summary = _summary(plan, results, iterations, start, end, start_iteration, name, description)
+    _save(reg, plan, results, summary, iterations)
+    _clear_checkpoints(client, plan)
+    return Model(model, reg)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything fit decided before any trainer starts: checked arguments and placement."""
+
+    model: str
+    arch_id: int
+    arch: dict[str, Any]
+    train: Dataset
+    valid: Dataset | None
+    workers: list[WorkerInfo]
+    compile_params: dict[str, Any]
+    fit_params: dict[str, Any]
+    num_iterations: int
+    frequency: int
+    per_worker_batch: int
+    steps_per_epoch: int
+    custom_sources: dict[str, str]
+    weights: Any
+    warm_start: bool
+    use_gpus: bool
+    tensorboard_dir: str | None
+    seed: int
+    timeout: float
+    sync: str | int
+    key: str
+    checkpoint_dir: str
+
+
+def _plan(
+    reg: Registry,
+    client: Client,
+    training_set: str | Dataset,
+    *,
+    model: str,
+    arch_id: int,
+    compile_params: str | dict[str, Any],
+    fit_params: str | dict[str, Any] | None,
+    num_iterations: int,
+    use_gpus: bool,
+    validation_set: str | Dataset | None,
+    metrics_compute_frequency: int | None,
+    warm_start: bool,
+    custom_objects: list[str] | None,
+    tensorboard_dir: str | None,
+    seed: int | None,
+    timeout: float | None,
+    sync: str | int | None,
+) -> _Plan:
+    """Check every argument and decide the trainers, batches and job key (starts nothing)."""
     _check_fit_args(model, num_iterations, metrics_compute_frequency)
     freq = metrics_compute_frequency or num_iterations
     compile_parsed = parse_compile_params(compile_params)
@@ -213,6 +276,8 @@ def fit(
                 f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
                 "or train with use_gpus=False."
             )
+    sync_mode, sync_reason = choose_sync(sync, use_gpus, [w.gpus for w in workers])
+    logger.info("training %s with sync=%r: %s", model, sync_mode, sync_reason)
     per_worker = per_worker_batch_size(global_batch, len(workers))
     rows = _rows_per_worker(train, workers)
     steps = steps_per_epoch(list(rows.values()), per_worker)
@@ -221,7 +286,6 @@ def fit(
         _check_tensorboard()
     seed = int(config.get("preprocess.seed", seed))
     timeout = float(config.get("train.trainer-timeout", timeout))
-
     key = _job_key(
         train.summary["dataset_id"],
         valid.summary["dataset_id"] if valid else None,
@@ -233,64 +297,111 @@ def fit(
         seed,
         warm_start,
         len(workers),
+        sync_mode,
     )
-    ckpt_dir = str(config.state_dir() / "checkpoints" / f"{model}-{key}")
-    start_iteration, history = 1, list[dict[str, Any]]()
-    weights_blob: bytes | None = None
+    return _Plan(
+        model=model,
+        arch_id=arch_id,
+        arch=arch,
+        train=train,
+        valid=valid,
+        workers=workers,
+        compile_params=compile_parsed,
+        fit_params=fit_parsed,
+        num_iterations=num_iterations,
+        frequency=freq,
+        per_worker_batch=per_worker,
+        steps_per_epoch=steps,
+        custom_sources=custom_sources,
+        weights=weights,
+        warm_start=warm_start,
+        use_gpus=use_gpus,
+        tensorboard_dir=tensorboard_dir,
+        seed=seed,
+        timeout=timeout,
+        sync=sync_mode,
+        key=key,
+        checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{model}-{key}"),
+    )
+
+
+def _resume(
+    client: Client, plan: _Plan, resume: bool
+) -> tuple[int, bytes | None, list[dict[str, Any]]]:
+    """The first iteration to run, the weights to start from and the history so far."""
+    start_iteration, weights_blob, history = 1, None, list[dict[str, Any]]()
     if resume:
-        resumed = _find_checkpoint(client, workers, ckpt_dir, key)
+        resumed = _find_checkpoint(client, plan.workers, plan.checkpoint_dir, plan.key)
         if resumed is not None:
             start_iteration, weights_blob, history = resumed
-            logger.warning("resuming %s from iteration %d", model, start_iteration - 1)
-    from dvml.registry.weights import weights_to_bytes
-
+            logger.warning("resuming %s from iteration %d", plan.model, start_iteration - 1)
     if start_iteration == 1:
-        weights_blob = weights_to_bytes(weights) if weights is not None else None
+        weights_blob = weights_to_bytes(plan.weights) if plan.weights is not None else None
+    return start_iteration, weights_blob, history
 
+
+def _reserve_ports(client: Client, workers: list[WorkerInfo]) -> list[str]:
+    """One free ``host:port`` per trainer, reserved on its own worker (the TF_CONFIG peers)."""
     addresses = [
         client.submit(
             launch.reserve_port, workers=[w.address], allow_other_workers=False, pure=False
         )
         for w in workers
     ]
-    endpoints = [f"{h}:{p}" for h, p in client.gather(addresses)]
-    job_id = uuid.uuid4().hex[:12]
-    topic, abort_name = f"dvml-fit-{job_id}", f"dvml-fit-abort-{job_id}"
-    base_job = {
-        "job_key": key,
-        "model_json": arch["model_json"],
-        "compile_params": compile_parsed,
-        "fit_params": fit_parsed,
-        "num_iterations": num_iterations,
+    return [f"{h}:{p}" for h, p in client.gather(addresses)]
+
+
+def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every trainer is told (each adds its own ``tf_config``)."""
+    return {
+        "job_key": plan.key,
+        "model_json": plan.arch["model_json"],
+        "compile_params": plan.compile_params,
+        "fit_params": plan.fit_params,
+        "num_iterations": plan.num_iterations,
         "start_iteration": start_iteration,
         "history": history,
-        "metrics_compute_frequency": freq,
-        "training": train.name,
-        "validation": valid.name if valid else None,
-        "per_worker_batch": per_worker,
-        "steps_per_epoch": steps,
-        "seed": seed,
-        "custom_objects": custom_sources,
-        "checkpoint_dir": ckpt_dir,
-        "tensorboard_dir": tensorboard_dir,
-        "use_gpus": use_gpus,
+        "metrics_compute_frequency": plan.frequency,
+        "training": plan.train.name,
+        "validation": plan.valid.name if plan.valid else None,
+        "per_worker_batch": plan.per_worker_batch,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "seed": plan.seed,
+        "custom_objects": plan.custom_sources,
+        "checkpoint_dir": plan.checkpoint_dir,
+        "tensorboard_dir": plan.tensorboard_dir,
+        "use_gpus": plan.use_gpus,
+        "sync": plan.sync,
         "peer_timeout": config.get("train.peer-timeout"),
         # Thread budget (dvml.tf_runtime.thread_budget): None = share of the host's cores.
         "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
         "standby": bool(config.get("train.standby-trainer")),
     }
-    collector = _Progress(len(workers), model, num_iterations, on_iteration, progress)
+
+
+def _run_trainers(
+    client: Client,
+    plan: _Plan,
+    base_job: dict[str, Any],
+    endpoints: list[str],
+    weights_blob: bytes | None,
+    collector: _Progress,
+) -> list[dict[str, Any]]:
+    """Launch one trainer per worker and wait for all; progress events go to ``collector``."""
+    from distributed import Event
+
+    job_id = uuid.uuid4().hex[:12]
+    topic, abort_name = f"dvml-fit-{job_id}", f"dvml-fit-abort-{job_id}"
     client.subscribe_topic(topic, collector)
     abort = Event(abort_name, client=client)
-    start = _now()
     futures = []
-    for i, w in enumerate(workers):
+    for i, w in enumerate(plan.workers):
         job = {
             **base_job,
             "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
             # Trainers that share this machine's cores: its network address, not DVML_HOST
             # (a LocalCluster's simulated hosts are one machine).
-            "trainers_on_host": sum(1 for o in workers if _machine(o) == _machine(w)),
+            "trainers_on_host": sum(1 for o in plan.workers if _machine(o) == _machine(w)),
         }
         futures.append(
             client.submit(
@@ -299,7 +410,7 @@ def fit(
                 weights_blob,
                 topic,
                 abort_name,
-                timeout,
+                plan.timeout,
                 workers=[w.address],
                 allow_other_workers=False,
                 pure=False,
@@ -308,43 +419,59 @@ def fit(
             )
         )
     try:
-        results = _wait_trainers(client, futures, workers, abort)
+        return _wait_trainers(client, futures, plan.workers, abort)
     finally:
         client.unsubscribe_topic(topic)
-    end = _now()
 
+
+def _aggregate(
+    history: list[dict[str, Any]], results: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One record per iteration: the resumed history, then every trainer's reports merged."""
     per_iteration: dict[int, list[dict[str, Any]]] = {r["iteration"]: [r] for r in history}
     for result in results:
         for r in result["iterations"]:
             per_iteration.setdefault(r["iteration"], []).append(r)
-    iterations = [iteration_record(per_iteration[i]) for i in sorted(per_iteration)]
+    return [iteration_record(per_iteration[i]) for i in sorted(per_iteration)]
+
+
+def _summary(
+    plan: _Plan,
+    results: list[dict[str, Any]],
+    iterations: list[dict[str, Any]],
+    start: str,
+    end: str,
+    start_iteration: int,
+    name: str | None,
+    description: str | None,
+) -> dict[str, Any]:
+    """MADlib's fit summary, plus what each trainer read and where the run resumed."""
     shas = {r["weights_sha256"] for r in results}
     final_blob = next(r["weights"] for r in results if r["weights"] is not None)
-    from dvml.registry.weights import weights_from_bytes
-
     summary = build_summary(
-        training=train,
-        validation=valid,
-        model=model,
-        arch_id=arch_id,
-        compile_params=compile_parsed,
-        fit_params=fit_parsed,
-        compile_text=format_params(compile_parsed),
-        fit_text=format_params(fit_parsed),
-        num_iterations=num_iterations,
-        metrics_compute_frequency=freq,
+        training=plan.train,
+        validation=plan.valid,
+        model=plan.model,
+        arch_id=plan.arch_id,
+        compile_params=plan.compile_params,
+        fit_params=plan.fit_params,
+        compile_text=format_params(plan.compile_params),
+        fit_text=format_params(plan.fit_params),
+        num_iterations=plan.num_iterations,
+        metrics_compute_frequency=plan.frequency,
         name=name,
         description=description,
         start=start,
         end=end,
         iterations=iterations,
-        model_size_kb=len(final_blob) / 1024,
-        trainers=[w.name for w in workers],
+        model_size_kb=weights_size_kb(weights_from_bytes(final_blob)),
+        trainers=[w.name for w in plan.workers],
         weights_identical=len(shas) == 1,
-        warm_start=warm_start,
-        version=_version(),
+        warm_start=plan.warm_start,
+        version=__version__,
     )
-    summary["custom_objects"] = sorted(custom_sources)
+    summary["custom_objects"] = sorted(plan.custom_sources)
+    summary["sync"] = plan.sync
     summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None
     # What each trainer read: its vineyard instance and the buffers it resolved locally.
     summary["trainer_partitions"] = {
@@ -357,16 +484,33 @@ def fit(
     }
     # Where each trainer's seconds before its first step went (and its thread budget).
     summary["trainer_startup"] = {r["worker"]: r.get("startup") for r in results}
+    return summary
+
+
+def _save(
+    reg: Registry,
+    plan: _Plan,
+    results: list[dict[str, Any]],
+    summary: dict[str, Any],
+    iterations: list[dict[str, Any]],
+) -> None:
+    """Register the trained model (replacing one of the same name) with its history."""
+    final_blob = next(r["weights"] for r in results if r["weights"] is not None)
     reg.save_model(
-        model, arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
+        plan.model, plan.arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
     )
+
+
+def _clear_checkpoints(client: Client, plan: _Plan) -> None:
+    """The model is saved: its checkpoints on every trainer's worker are no longer needed."""
     client.gather(
         [
-            client.submit(launch.clear_checkpoint, ckpt_dir, workers=[w.address], pure=False)
-            for w in workers
+            client.submit(
+                launch.clear_checkpoint, plan.checkpoint_dir, workers=[w.address], pure=False
+            )
+            for w in plan.workers
         ]
     )
-    return Model(model, reg)
 
 
 def _machine(worker: WorkerInfo) -> str:
@@ -385,17 +529,20 @@ def _check_tensorboard() -> None:
 
 
 def _check_fit_args(model: Any, num_iterations: Any, freq: Any) -> None:
-    if not isinstance(model, str) or not model:
-        raise ValueError(f"model must be a non-empty name. Received: model={model!r}.")
+    check_name(model, "model")
     if (
         isinstance(num_iterations, bool)
         or not isinstance(num_iterations, int)
         or num_iterations < 1
     ):
-        raise ValueError(f"num_iterations must be a positive int. Received: {num_iterations!r}.")
+        raise ArgumentError(
+            f"num_iterations must be a positive int. Received: num_iterations={num_iterations!r}. "
+            "Pass the number of training iterations, for example num_iterations=10."
+        )
     if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
-        raise ValueError(
-            f"metrics_compute_frequency must be a positive int or None. Received: {freq!r}."
+        raise ArgumentError(
+            f"metrics_compute_frequency must be a positive int or None. Received: "
+            f"metrics_compute_frequency={freq!r}. None computes metrics after the last iteration."
         )
 
 
@@ -515,6 +662,9 @@ class _Progress:
             return
         record = iteration_record(bucket)
         record["fit_loss"] = sum(m["fit_loss"] for m in bucket) / len(bucket)
+        # training time alone (the slowest trainer), and the part of it spent averaging
+        record["fit_seconds"] = max(m.get("fit_seconds", 0.0) for m in bucket)
+        record["averaging_seconds"] = max(m.get("averaging_seconds", 0.0) for m in bucket)
         if self.echo:
             metrics = record.get("training_metrics") or {}
             extra = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
@@ -535,9 +685,3 @@ class _Progress:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-
-def _version() -> str:
-    import dvml
-
-    return dvml.__version__

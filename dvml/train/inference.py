@@ -11,6 +11,13 @@ from typing import Any
 import numpy as np
 
 from dvml import tf_runtime
+from dvml.exceptions import DataError
+from dvml.preprocess.encode import normalize, x_to_array
+from dvml.registry.custom import custom_objects_from_sources
+from dvml.registry.weights import weights_from_bytes
+from dvml.resolve.partitions import open_local
+from dvml.resolve.tfdata import evaluation_dataset
+from dvml.train.params import compile_kwargs
 
 __all__ = ["evaluate_local", "format_predictions", "model_for", "predict_partition"]
 
@@ -24,13 +31,13 @@ def model_for(spec: dict[str, Any]) -> tuple[Any, str]:
     device = tf_runtime.device_for(bool(spec.get("use_gpus")))
 
     def build() -> Any:
-        from dvml.train.params import compile_kwargs
-
-        custom = tf_runtime.custom_objects_from_sources(spec.get("custom_objects") or {})
+        custom = custom_objects_from_sources(spec.get("custom_objects") or {})
         params = spec.get("compile_params")
         kwargs = compile_kwargs(params, custom) if params else None
+        blob = spec.get("weights")
+        weights = weights_from_bytes(blob) if blob is not None else None
         with tf_runtime.tensorflow().device(device):
-            model = tf_runtime.build_model(spec["model_json"], spec.get("weights"), custom, kwargs)
+            model = tf_runtime.build_model(spec["model_json"], weights, custom, kwargs)
         CALLS["builds"] += 1
         return model
 
@@ -40,9 +47,6 @@ def model_for(spec: dict[str, Any]) -> tuple[Any, str]:
 
 def evaluate_local(dataset: str, spec: dict[str, Any], batch_size: int) -> dict[str, Any]:
     """Loss and metrics on this worker's local rows of ``dataset`` (rows=0 when none)."""
-    from dvml.resolve.local import open_local
-    from dvml.resolve.tfdata import evaluation_dataset
-
     parts = open_local(dataset, require=False)
     try:
         if parts.rows == 0:
@@ -111,9 +115,6 @@ def predict_partition(
     batch_size: int = 256,
 ) -> Any:
     """Predict one raw (unpacked) partition with the training normalization applied."""
-    from dvml.exceptions import DataError
-    from dvml.preprocess.encode import normalize, x_to_array
-
     if id_col not in frame.columns:
         raise DataError(f"The id column {id_col!r} is missing. Available: {list(frame.columns)}.")
     if len(frame) == 0:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from dvml.train.predict import evaluate, predict
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -36,15 +38,11 @@ class Model:
         return plot_history(self.history(), title=self.name, ax=ax)
 
     def evaluate(self, dataset: Any, **kwargs: Any) -> dict[str, Any]:
-        from dvml.train.predict import evaluate
-
         return evaluate(self.name, dataset, registry=self.registry, **kwargs)
 
     def predict(
         self, data: Any, id_col: str, x: Any, pred_type: Any = "response", **kwargs: Any
     ) -> Any:
-        from dvml.train.predict import predict
-
         return predict(self.name, data, id_col, x, pred_type, registry=self.registry, **kwargs)
 
     def __repr__(self) -> str:

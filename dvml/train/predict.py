@@ -6,29 +6,27 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dvml.cluster.attach import current_client
-from dvml.exceptions import DataError, TrainingError
-from dvml.store.datasets import Dataset, vineyard_workers
+from dvml.cluster.workers import current_client
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, TrainingError
+from dvml.preprocess.sources import normalize_x
+from dvml.registry.database import Registry, opened_registry
+from dvml.registry.weights import weights_to_bytes
+from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import inference
-from dvml.train.fit import open_registry, resolve_dataset
+from dvml.train.params import parse_compile_params
 from dvml.train.summary import aggregate
 
 if TYPE_CHECKING:
     from distributed import Client
-
-    from dvml.registry import Registry
 
 __all__ = ["evaluate", "model_spec", "predict", "predict_byom"]
 
 
 def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a worker needs to rebuild a registered model, and the model's summary."""
-    from dvml.registry.weights import weights_to_bytes
-
     entry = registry.get_model(model)
     arch = registry.get_architecture(entry["arch_id"])
     summary = entry["summary"]
-    from dvml.train.params import parse_compile_params
 
     blob = weights_to_bytes(entry["weights"])
     spec = {
@@ -66,8 +64,8 @@ def evaluate(
         ``loss_type`` and ``rows``.
     """
     client = current_client(client)
-    reg = open_registry(registry)
-    spec, summary = model_spec(reg, model)
+    with opened_registry(registry) as reg:
+        spec, summary = model_spec(reg, model)
     ds = resolve_dataset(dataset, client)
     if ds.summary["class_values"] != summary["class_values"]:
         raise DataError(
@@ -75,14 +73,10 @@ def evaluate(
             f"{model!r} was trained on {summary['class_values']}. Preprocess it with "
             "dvml.validation_preprocessor(..., training=<the model's training set>)."
         )
-    workers = vineyard_workers(client)
-    instances = sorted({b["instance_id"] for b in ds.layout["buffers"]})
-    missing = [i for i in instances if i not in workers]
-    if missing:
-        raise TrainingError(
-            f"Dataset {ds.name!r} has buffers on vineyard instances {missing} that no live "
-            "worker serves; preprocess it again."
-        )
+    # One task per vineyard instance that holds buffers, in instance order.
+    live = buffer_workers(client, ds, TrainingError)
+    workers = {b["instance_id"]: w for b, w in zip(ds.layout["buffers"], live, strict=True)}
+    instances = sorted(workers)
     spec_future = _share(client, spec)
     futures = [
         client.submit(
@@ -123,8 +117,6 @@ def _predict(
     import dask.dataframe as dd
     import pandas as pd
 
-    from dvml.preprocess.sources import normalize_x
-
     _check_pred_type(pred_type)
     groups = normalize_x(x)
     if isinstance(data, pd.DataFrame):
@@ -133,7 +125,7 @@ def _predict(
         with dask.config.set({"dataframe.convert-string": False}):
             data = dd.from_pandas(data, npartitions=max(1, min(len(data) // 500 + 1, 16)))
     if not isinstance(data, dd.DataFrame):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"data must be a pandas or Dask DataFrame. Received: {type(data).__name__}."
         )
     missing = [c for c in [id_col, *(c for g in groups for c in g)] if c not in data.columns]
@@ -174,7 +166,7 @@ def _check_pred_type(pred_type: Any) -> None:
         or (isinstance(pred_type, float) and 0.0 < pred_type <= 1.0)
     )
     if not ok:
-        raise ValueError(
+        raise ArgumentError(
             "pred_type must be 'response', 'prob', an int k >= 1 (top k) or a float p in (0, 1] "
             f"(classes with probability >= p). Received: pred_type={pred_type!r}."
         )
@@ -195,7 +187,8 @@ def predict(
     with MADlib's columns ``id, class_name, class_value, prob, rank``.
     """
     client = current_client(client)
-    spec, summary = model_spec(open_registry(registry), model)
+    with opened_registry(registry) as reg:
+        spec, summary = model_spec(reg, model)
     return _predict(
         spec,
         data,
@@ -207,6 +200,39 @@ def predict(
         summary["dependent_varname"],
         client,
     )
+
+
+def byom_class_values(class_values: Any, n_out: int | None, arch_id: int) -> list[Any]:
+    """The class names of a BYOM model's outputs, from either of MADlib's forms.
+
+    ``class_values`` is a flat list (``['a', 'b', 'c']``) or MADlib's 2-D form, one list per
+    model output (``[['a', 'b', 'c']]``); dvml predicts single-output models, so the 2-D form
+    holds exactly one list. None names the outputs 0..n-1. The count must equal the model's
+    output size: a shorter or longer list would label rows wrongly.
+    """
+    if class_values is None:
+        return list(range(n_out or 0))
+    if isinstance(class_values, str | bytes) or not isinstance(class_values, Sequence):
+        raise DataError(
+            "class_values must be a list of class names, or MADlib's form with one list per "
+            f"model output. Received: {class_values!r}."
+        )
+    values = list(class_values)
+    nested = [isinstance(v, list | tuple) for v in values]
+    if any(nested):
+        if not all(nested) or len(values) != 1:
+            raise DataError(
+                "class_values in MADlib's 2-D form must hold one list per model output, and "
+                f"architecture {arch_id} has one output. Received {len(values)} entries: "
+                f"{class_values!r}. Pass [[name, ...]] or a flat [name, ...]."
+            )
+        values = list(values[0])
+    if n_out is not None and len(values) != n_out:
+        raise DataError(
+            f"class_values names {len(values)} classes but architecture {arch_id} has {n_out} "
+            f"outputs. Received: {class_values!r}. Give one name per output, in output order."
+        )
+    return values
 
 
 def predict_byom(
@@ -223,24 +249,20 @@ def predict_byom(
 ) -> Any:
     """Predict with a model trained elsewhere: an architecture with its weights (BYOM).
 
-    ``class_values`` name the model's outputs (default: 0..n-1).
+    ``class_values`` name the model's outputs (default: 0..n-1), as a flat list or in
+    MADlib's 2-D form (one list per output); the count must match the model's output size.
     """
     client = current_client(client)
-    reg = open_registry(registry)
-    arch = reg.get_architecture(arch_id)
+    with opened_registry(registry) as reg:
+        arch = reg.get_architecture(arch_id)
     if arch["weights"] is None:
         raise TrainingError(
             f"Architecture {arch_id} has no weights to predict with. Load it with "
             "dvml.load_keras_model(model_json, weights=...)."
         )
-    from dvml.registry.weights import weights_to_bytes
 
     n_out = (arch.get("output_shape") or [None])[-1]
-    values = list(class_values) if class_values is not None else list(range(n_out or 0))
-    if n_out is not None and len(values) > n_out:
-        raise DataError(
-            f"{len(values)} class_values given but architecture {arch_id} has {n_out} outputs."
-        )
+    values = byom_class_values(class_values, n_out, arch_id)
     blob = weights_to_bytes(arch["weights"])
     spec = {
         "key": f"byom:{arch_id}:{hashlib.sha256(blob).hexdigest()[:16]}",
@@ -248,5 +270,5 @@ def predict_byom(
         "weights": blob,
     }
     if normalizing_const <= 0:
-        raise ValueError(f"normalizing_const must be positive. Received: {normalizing_const!r}.")
+        raise ArgumentError(f"normalizing_const must be positive. Received: {normalizing_const!r}.")
     return _predict(spec, data, id_col, x, pred_type, values, normalizing_const, class_name, client)

@@ -7,7 +7,14 @@ from typing import Any
 
 from dvml.exceptions import ModelMismatchError
 
-__all__ = ["aggregate", "build_summary", "check_shapes", "iteration_record", "metric_names"]
+__all__ = [
+    "aggregate",
+    "build_summary",
+    "check_shapes",
+    "iteration_record",
+    "metric_names",
+    "weights_size_kb",
+]
 
 
 def check_shapes(arch: dict[str, Any], dataset_summary: dict[str, Any], dataset: str) -> None:
@@ -41,6 +48,11 @@ def check_shapes(arch: dict[str, Any], dataset_summary: dict[str, Any], dataset:
             f"{n_classes} classes (class values {dataset_summary['class_values']}). Make the "
             "last layer match, or preprocess with num_classes."
         )
+
+
+def weights_size_kb(weights: Sequence[Any]) -> float:
+    """MADlib's ``model_size``: the bytes of every weight array, in KB (193 float32: 0.75)."""
+    return sum(int(w.nbytes) for w in weights) / 1024
 
 
 def metric_names(compile_params: dict[str, Any]) -> tuple[list[str], str]:
@@ -97,7 +109,11 @@ def build_summary(
     warm_start: bool,
     version: str,
 ) -> dict[str, Any]:
-    """Every field of MADlib's ``madlib_keras_fit`` summary table, plus dvml's own."""
+    """Every field of MADlib's ``madlib_keras_fit`` summary table, plus dvml's own.
+
+    ``model_size_kb`` is MADlib's ``model_size``: the kilobytes of the weights themselves
+    (:func:`weights_size_kb`), not of their serialized form.
+    """
     metrics, loss = metric_names(compile_params)
     evaluated = [r for r in iterations if r.get("training_loss") is not None]
     first_metric = metrics[0] if metrics else None
@@ -130,8 +146,10 @@ def build_summary(
         "start_training_time": start,
         "end_training_time": end,
         "metrics_elapsed_time": [r["elapsed_s"] for r in evaluated],
+        "madlib_version": version,  # MADlib's name for the version that trained the model
         "version": version,
         "num_classes": ts["num_classes"],
+        f"{ts['dependent_varname']}_class_values": ts["class_values"],  # MADlib's name
         "class_values": ts["class_values"],
         "dependent_vartype": ts["dependent_vartype"],
         "normalizing_const": ts["normalizing_const"],

@@ -34,6 +34,12 @@ from typing import Any
 import numpy as np
 
 from dvml import tf_runtime
+from dvml.resolve.partitions import open_local
+from dvml.resolve.tfdata import evaluation_dataset, training_dataset
+from dvml.train.params import compile_kwargs
+
+# dvml.registry.* is imported where it is used: the registry package loads pandas, SQLAlchemy
+# and dask.config, which a trainer process does not need to start training.
 
 _MODULE_START = time.time()  # wall clock: the launcher's time stamps are from another process
 
@@ -93,24 +99,19 @@ def build_model(keras: Any, job: dict[str, Any], custom_objects: dict[str, Any])
     """The model from its JSON (layers' ``trainable`` flags are part of the JSON)."""
     weights = None
     if job.get("weights_path"):
+        from dvml.registry.weights import weights_from_bytes
+
         with open(job["weights_path"], "rb") as f:
-            weights = f.read()
+            weights = weights_from_bytes(f.read())
     return tf_runtime.build_model(job["model_json"], weights, custom_objects)
 
 
 def compile_model(model: Any, job: dict[str, Any], custom_objects: dict[str, Any]) -> None:
-    from dvml.train.params import compile_kwargs
-
     model.compile(**compile_kwargs(job["compile_params"], custom_objects))
-
-
-custom_objects_from_sources = tf_runtime.custom_objects_from_sources
 
 
 def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
     """Loss and metrics of ``model`` on every local row (aggregated over workers later)."""
-    from dvml.resolve.tfdata import evaluation_dataset
-
     result = model.evaluate(evaluation_dataset(parts, batch_size), verbose=0, return_dict=True)
     return {"rows": parts.rows, "values": {k: float(v) for k, v in result.items()}}
 
@@ -148,10 +149,9 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
     tf = tf_runtime.start()
     keras = tf_runtime.keras()
     startup.mark("runtime_start")
-    from dvml.resolve.local import open_local
-    from dvml.resolve.tfdata import training_dataset
-
     tf.random.set_seed(job["seed"])
+    from dvml.registry.custom import custom_objects_from_sources
+
     custom_objects = custom_objects_from_sources(job.get("custom_objects", {}))
     # 0 (the default) means no per-collective timeout: see dvml.yaml, train.peer-timeout.
     communication = tf.distribute.experimental.CommunicationOptions(
@@ -183,9 +183,23 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
             shuffle=job["fit_params"].get("shuffle", True),
         )
 
-    with strategy.scope():
+    # "step": the strategy all-reduces gradients every step. "iteration" and an int k: the
+    # model lives OUTSIDE the strategy's scope and trains on local rows only; the strategy
+    # is kept for its collective context, which averages the weights (dvml.train.averaging).
+    sync = job.get("sync", "step")
+    averager = None
+    if sync == "step":
+        with strategy.scope():
+            model = build_model(keras, job, custom_objects)
+            compile_model(model, job, custom_objects)
+    else:
+        from dvml.train.averaging import Averager
+
         model = build_model(keras, job, custom_objects)
         compile_model(model, job, custom_objects)
+        averager = Averager(strategy, train.rows)
+        # Same start everywhere (MultiWorkerMirroredStrategy would do it inside its scope).
+        averager.broadcast(model, chief=int(job["tf_config"]["task"]["index"]) == 0)
     # A plain model with the same weights evaluates on LOCAL rows only (no collectives).
     evaluator = build_model(keras, {**job, "weights_path": None}, custom_objects)
     compile_model(evaluator, job, custom_objects)
@@ -196,6 +210,24 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
         log_dir = os.path.join(job["tensorboard_dir"], job["worker_name"])
         callbacks.append(keras.callbacks.TensorBoard(log_dir=log_dir))
     creator = keras.utils.experimental.DatasetCreator(dataset_fn)
+    every_k = None
+    if isinstance(sync, int) and averager is not None:
+        from dvml.train.averaging import averaging_callback
+
+        every_k = averaging_callback(keras, averager, sync)
+        callbacks.append(every_k)
+    task = int(job["tf_config"]["task"]["index"])
+
+    def local_dataset(iteration: int) -> Any:
+        # A new shuffle each iteration (a fresh iterator restarts the generator's epochs).
+        return training_dataset(
+            train,
+            per_worker_batch,
+            steps,
+            job["seed"] + task + 7919 * iteration,
+            shuffle=job["fit_params"].get("shuffle", True),
+        )
+
     fit_kwargs = {
         k: v
         for k, v in job["fit_params"].items()
@@ -210,14 +242,24 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
     freq = int(job["metrics_compute_frequency"])
     for iteration in range(first, last + 1):
         t0 = time.monotonic()
-        fit_history = model.fit(creator, steps_per_epoch=steps, callbacks=callbacks, **fit_kwargs)
+        averaged = (averager.count, averager.seconds) if averager is not None else (0, 0.0)
+        data = creator if averager is None else local_dataset(iteration)
+        fit_history = model.fit(data, steps_per_epoch=steps, callbacks=callbacks, **fit_kwargs)
+        if every_k is not None:
+            every_k.flush(model)
+        elif averager is not None:
+            averager.average(model)  # MADlib: every trainer starts the next one from the mean
         weights = model.get_weights()
         record: dict[str, Any] = {
             "iteration": iteration,
             "fit_seconds": time.monotonic() - t0,
             "elapsed": time.monotonic() - started,
             "fit_loss": float(fit_history.history["loss"][-1]),
+            "sync": sync,
         }
+        if averager is not None:
+            record["averages"] = averager.count - averaged[0]
+            record["averaging_seconds"] = averager.seconds - averaged[1]
         if iteration % freq == 0 or iteration == last:
             evaluator.set_weights(weights)
             record["training"] = local_metrics(evaluator, train, per_worker_batch)
@@ -249,11 +291,12 @@ def _standby() -> tuple[dict[str, Any], dict[str, float]] | None:
     """Import TensorFlow now, then wait for one job line on stdin (None: stdin closed)."""
     imports = tf_runtime.preimport()
     t0 = time.perf_counter()
-    # What every job reads with: vineyard and dvml's resolvers, imported while waiting.
+    # What every job reads with (this module imported dvml's resolvers already): vineyard,
+    # the weights codec and the model averaging, imported while waiting.
+    import vineyard  # noqa: F401
+
     import dvml.registry.weights
-    import dvml.resolve.local
-    import dvml.resolve.tfdata
-    import dvml.train.params  # noqa: F401
+    import dvml.train.averaging  # noqa: F401
 
     imports["import_dvml"] = time.perf_counter() - t0
     imports["ready"] = time.time()

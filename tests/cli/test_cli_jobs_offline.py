@@ -4,7 +4,6 @@ help, job-file errors, missing clusters and registries. Every call is ``python -
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -12,38 +11,24 @@ from typing import Any
 
 import pytest
 
-JOB = """\
-name: clidigits
-registry: sqlite:///{registry}
-data:
-  source: sklearn:digits
-  normalizing_const: 16.0
-model:
-  architecture: builtin:digits-cnn
-  compile_params: "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
-"""
+from tests.helpers import (
+    digits_job,
+    dvml_command,
+    one_error_line,
+    with_state_dir,
+    write_job,
+)
+
+# "{registry}" stays a placeholder: job_file fills in the test's own registry file.
+JOB = digits_job("clidigits", "sqlite:///{registry}")
 
 
 def dvml_cli(*args: str, tmp_path: pathlib.Path, timeout: float = 120) -> Any:
-    env = {**os.environ, "DASK_DVML__CLUSTER__STATE_DIR": str(tmp_path / "state")}
-    return subprocess.run(
-        [sys.executable, "-m", "dvml", *args],
-        capture_output=True, text=True, timeout=timeout, check=False, env=env,
-    )  # fmt: skip
-
-
-def one_error_line(result: Any) -> str:
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("dvml: error: ")
-    return str(lines[0])
+    return dvml_command(*args, env=with_state_dir(tmp_path / "state"), timeout=timeout)
 
 
 def job_file(tmp_path: pathlib.Path, text: str = JOB) -> pathlib.Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(text.format(registry=tmp_path / "registry.db"))
-    return path
+    return write_job(tmp_path / "job.yaml", text.format(registry=tmp_path / "registry.db"))
 
 
 @pytest.mark.parametrize(

@@ -6,27 +6,15 @@ import json
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import pid_gone, poll_for
 
 from dvml.cluster.state import recorded_processes, same_process, write_state
+from tests.helpers import dvml_command, one_error_line, pid_gone, poll_for
 
 pytestmark = pytest.mark.cluster
-
-
-def dvml_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dvml", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def read_state(state_dir: pathlib.Path) -> dict[str, Any]:
@@ -46,17 +34,10 @@ def state_dir(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     yield path
     if (path / "cluster.json").exists():
         state = read_state(path)
-        dvml_cli("cluster", "down", "--state-dir", str(path), "--timeout", "20")
+        dvml_command("cluster", "down", "--state-dir", str(path), "--timeout", "20")
         for _, (pid, t) in recorded_processes(state).items():
             if same_process(pid, t):
                 os.kill(pid, signal.SIGKILL)
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("dvml: error: ")
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -65,22 +46,22 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
      ["cluster", "status", "--help"], ["cluster", "down", "--help"]],
 )  # fmt: skip
 def test_help(args: list[str]) -> None:
-    result = dvml_cli(*args, timeout=60)
+    result = dvml_command(*args, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: dvml")
 
 
 def test_version_and_usage_errors() -> None:
-    assert dvml_cli("--version", timeout=60).stdout.startswith("dvml ")
-    result = dvml_cli("cluster", "up", "--no-such-option", timeout=60)
+    assert dvml_command("--version", timeout=60).stdout.startswith("dvml ")
+    result = dvml_command("cluster", "up", "--no-such-option", timeout=60)
     assert result.returncode == 2
     assert "unrecognized arguments: --no-such-option" in result.stderr
-    assert dvml_cli("cluster", timeout=60).returncode == 2  # a group without its command
+    assert dvml_command("cluster", timeout=60).returncode == 2  # a group without its command
 
 
 def test_status_and_down_without_cluster(state_dir: pathlib.Path) -> None:
     for command in ("status", "down"):
-        result = dvml_cli("cluster", command, "--state-dir", str(state_dir), timeout=60)
+        result = dvml_command("cluster", command, "--state-dir", str(state_dir), timeout=60)
         assert result.returncode == 1
         assert "No cluster is recorded" in one_error_line(result)
         assert "Traceback" not in result.stderr
@@ -93,7 +74,7 @@ def test_status_removes_a_stale_state_file(state_dir: pathlib.Path) -> None:
         state_dir,
         {"pid": os.getpid(), "start_time": 1.0, "scheduler_address": "tcp://127.0.0.1:1"},
     )
-    result = dvml_cli("cluster", "status", "--state-dir", str(state_dir), timeout=60)
+    result = dvml_command("cluster", "status", "--state-dir", str(state_dir), timeout=60)
     assert result.returncode == 1
     assert "stale state file was removed" in one_error_line(result)
     assert not (state_dir / "cluster.json").exists()
@@ -110,20 +91,20 @@ def test_status_removes_a_stale_state_file(state_dir: pathlib.Path) -> None:
     ],
 )
 def test_up_rejects_bad_arguments(state_dir: pathlib.Path, args: list[str], match: str) -> None:
-    result = dvml_cli("cluster", "up", "--state-dir", str(state_dir), *args, timeout=60)
+    result = dvml_command("cluster", "up", "--state-dir", str(state_dir), *args, timeout=60)
     assert result.returncode == 1
     assert match in one_error_line(result)
     assert not state_dir.exists()  # rejected before anything was started or written
 
 
 def test_debug_shows_the_traceback(state_dir: pathlib.Path) -> None:
-    result = dvml_cli("--debug", "cluster", "status", "--state-dir", str(state_dir), timeout=60)
+    result = dvml_command("--debug", "cluster", "status", "--state-dir", str(state_dir), timeout=60)
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "NoClusterError" in result.stderr
 
 
 def test_up_status_down(state_dir: pathlib.Path) -> None:
-    up = dvml_cli(
+    up = dvml_command(
         "cluster", "up", "--state-dir", str(state_dir), "--n-workers", "2", "--hosts", "1",
         "--gpus", "1,0", "--vineyard-memory", "128MiB",
     )  # fmt: skip
@@ -136,23 +117,23 @@ def test_up_status_down(state_dir: pathlib.Path) -> None:
     assert len(running(state)) == 6  # serve, etcd, 2 vineyardd, 2 Dask workers
     assert os.path.isdir(state["directory"])
 
-    again = dvml_cli("cluster", "up", "--state-dir", str(state_dir), timeout=60)
+    again = dvml_command("cluster", "up", "--state-dir", str(state_dir), timeout=60)
     assert again.returncode == 1
     assert "already running" in one_error_line(again)
 
-    status = dvml_cli("cluster", "status", "--state-dir", str(state_dir), timeout=120)
+    status = dvml_command("cluster", "status", "--state-dir", str(state_dir), timeout=120)
     assert status.returncode == 0, status.stderr
     assert "worker-0" in status.stdout and "worker-1" in status.stdout
     rows = [line.split() for line in status.stdout.splitlines() if line.startswith("worker-")]
     assert len(rows) == 2 and all("running" in row for row in rows)
 
-    by_address = dvml_cli(
+    by_address = dvml_command(
         "cluster", "status", "--scheduler", state["scheduler_address"], timeout=120
     )
     assert by_address.returncode == 0, by_address.stderr
     assert "worker-1" in by_address.stdout
 
-    down = dvml_cli("cluster", "down", "--state-dir", str(state_dir), timeout=120)
+    down = dvml_command("cluster", "down", "--state-dir", str(state_dir), timeout=120)
     assert down.returncode == 0, down.stderr
     assert "Stopped the cluster" in down.stdout
     assert running(state) == []
@@ -160,13 +141,13 @@ def test_up_status_down(state_dir: pathlib.Path) -> None:
     assert not (state_dir / "cluster.json").exists()
     assert not os.path.exists(state["directory"])
 
-    after = dvml_cli("cluster", "status", "--state-dir", str(state_dir), timeout=60)
+    after = dvml_command("cluster", "status", "--state-dir", str(state_dir), timeout=60)
     assert after.returncode == 1
     one_error_line(after)
 
 
 def test_serve_stops_when_its_state_file_is_removed(state_dir: pathlib.Path) -> None:
-    up = dvml_cli("cluster", "up", "--state-dir", str(state_dir), "--n-workers", "1")
+    up = dvml_command("cluster", "up", "--state-dir", str(state_dir), "--n-workers", "1")
     assert up.returncode == 0, up.stderr
     state = read_state(state_dir)
     (state_dir / "cluster.json").unlink()
@@ -175,19 +156,19 @@ def test_serve_stops_when_its_state_file_is_removed(state_dir: pathlib.Path) -> 
 
 
 def test_down_after_the_serve_process_was_killed(state_dir: pathlib.Path) -> None:
-    up = dvml_cli("cluster", "up", "--state-dir", str(state_dir), "--n-workers", "1")
+    up = dvml_command("cluster", "up", "--state-dir", str(state_dir), "--n-workers", "1")
     assert up.returncode == 0, up.stderr
     state = read_state(state_dir)
     os.kill(state["pid"], signal.SIGKILL)
     assert poll_for(lambda: pid_gone(state["pid"]), 10)
 
     # The daemons outlive their owner: status says so and keeps the file for `down`.
-    status = dvml_cli("cluster", "status", "--state-dir", str(state_dir), timeout=60)
+    status = dvml_command("cluster", "status", "--state-dir", str(state_dir), timeout=60)
     assert status.returncode == 1
     assert "still run" in one_error_line(status)
     assert (state_dir / "cluster.json").exists()
 
-    down = dvml_cli("cluster", "down", "--state-dir", str(state_dir), "--timeout", "20")
+    down = dvml_command("cluster", "down", "--state-dir", str(state_dir), "--timeout", "20")
     assert down.returncode == 0, down.stderr
     assert running(state) == []
     assert not (state_dir / "cluster.json").exists()
@@ -197,7 +178,7 @@ def test_down_after_the_serve_process_was_killed(state_dir: pathlib.Path) -> Non
 def test_up_reports_a_cluster_that_fails_to_start(state_dir: pathlib.Path) -> None:
     # A real failure inside the serve process, after etcd and vineyardd started: the Dask
     # dashboard cannot bind an address (TEST-NET-3) that no machine has.
-    up = dvml_cli(
+    up = dvml_command(
         "cluster", "up", "--state-dir", str(state_dir), "--n-workers", "1",
         "--dashboard-address", "203.0.113.1:0",
     )  # fmt: skip

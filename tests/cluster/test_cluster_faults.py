@@ -9,15 +9,15 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import assert_no_new_processes, child_processes, pid_gone, poll_for
 
 import dvml
 import dvml.cluster.daemons
 from dvml.cluster.processes import ManagedProcess, free_port
 from dvml.exceptions import ClusterStartError, DaemonDiedError
+from tests.helpers import assert_no_new_processes, child_processes, pid_gone, poll_for
 
 pytestmark = pytest.mark.cluster
 
@@ -52,30 +52,39 @@ def left_behind(tmp: str) -> list[str]:
     ],
 )
 def test_bad_arguments_fail_before_anything_starts(
-    private_tmp: str, kwargs: dict, error: type[Exception], match: str
+    private_tmp: str,
+    local_cluster: Callable[..., dvml.LocalCluster],
+    kwargs: dict,
+    error: type[Exception],
+    match: str,
 ) -> None:
     before = child_processes()
     with pytest.raises(error, match=match):
-        dvml.LocalCluster(set_as_default=False, **kwargs)
+        local_cluster(**kwargs)
     assert child_processes() == before  # at once: nothing was started at all
     assert left_behind(private_tmp) == []
 
 
-def test_scheduler_port_taken(private_tmp: str) -> None:
+def test_scheduler_port_taken(
+    private_tmp: str, local_cluster: Callable[..., dvml.LocalCluster]
+) -> None:
     port = free_port()
     before = child_processes()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", port))
         taken.listen()
         with pytest.raises(ClusterStartError, match=f"scheduler port {port} .* already taken"):
-            dvml.LocalCluster(n_workers=1, scheduler_port=port, set_as_default=False)
+            local_cluster(n_workers=1, scheduler_port=port)
     assert child_processes() == before
     assert left_behind(private_tmp) == []
 
 
 @pytest.mark.parametrize("bad", [0, 1])
 def test_vineyardd_that_dies_at_once(
-    private_tmp: str, monkeypatch: pytest.MonkeyPatch, bad: int
+    private_tmp: str,
+    monkeypatch: pytest.MonkeyPatch,
+    local_cluster: Callable[..., dvml.LocalCluster],
+    bad: int,
 ) -> None:
     """A real vineyardd given an unknown flag exits at once; the start fails and cleans up.
 
@@ -92,7 +101,7 @@ def test_vineyardd_that_dies_at_once(
     monkeypatch.setattr(dvml.cluster.daemons, "ManagedProcess", WithBadFlag)
     before = child_processes()
     with pytest.raises(ClusterStartError, match=f"vineyardd of worker-{bad} exited") as info:
-        dvml.LocalCluster(n_workers=2, vineyard_memory="64MiB", set_as_default=False)
+        local_cluster(n_workers=2, vineyard_memory="64MiB")
     assert "no_such_flag" in str(info.value)  # the daemon's own log explains why
     assert_no_new_processes(before)
     assert left_behind(private_tmp) == []
@@ -104,48 +113,45 @@ def touch_vineyard() -> int:
     import vineyard
     from vineyard.core.builder import put
 
-    client = vineyard.connect()
-    try:
-        oid = put(client, np.zeros(8))
-        client.delete(oid)
-        return int(client.instance_id)
-    finally:
-        client.close()
+    client = vineyard.connect()  # shared by the whole worker process: never closed
+    oid = put(client, np.zeros(8))
+    client.delete(oid)
+    return int(client.instance_id)
 
 
-def test_killed_vineyardd_is_reported_and_fails_tasks_quickly() -> None:
+def test_killed_vineyardd_is_reported_and_fails_tasks_quickly(
+    local_cluster: Callable[..., dvml.LocalCluster],
+) -> None:
     before = child_processes()
-    cluster = dvml.LocalCluster(n_workers=2, vineyard_memory="128MiB", set_as_default=False)
-    try:
-        victim, survivor = cluster.workers[1], cluster.workers[0]
-        pid = cluster.processes()["vineyardd of worker-1"]
-        os.kill(pid, signal.SIGKILL)
-        assert poll_for(lambda: pid_gone(pid), 10)
+    cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
+    victim, survivor = cluster.workers[1], cluster.workers[0]
+    pid = cluster.processes()["vineyardd of worker-1"]
+    os.kill(pid, signal.SIGKILL)
+    assert poll_for(lambda: pid_gone(pid), 10)
 
-        status = cluster.status().set_index("name")
-        assert status.loc["worker-1", "vineyardd_process"] == "dead (exit -9)"
-        assert status.loc["worker-1", "vineyardd"] != "running"
-        assert status.loc["worker-0", "vineyardd_process"] == "running"
-        assert status.loc["worker-0", "vineyardd"] == "running"
-        with pytest.raises(DaemonDiedError, match=r"vineyardd of worker-1 .*not running"):
-            cluster.check_daemons()
+    status = cluster.status().set_index("name")
+    assert status.loc["worker-1", "vineyardd_process"] == "dead (exit -9)"
+    assert status.loc["worker-1", "vineyardd"] != "running"
+    assert status.loc["worker-0", "vineyardd_process"] == "running"
+    assert status.loc["worker-0", "vineyardd"] == "running"
+    with pytest.raises(DaemonDiedError, match=r"vineyardd of worker-1 .*not running"):
+        cluster.check_daemons()
 
-        start = time.monotonic()
-        future = cluster.client.submit(
-            touch_vineyard, workers=[victim.address], allow_other_workers=False, pure=False
-        )
-        with pytest.raises(Exception) as info:
-            future.result(timeout=30)
-        assert not isinstance(info.value, TimeoutError), "the task hung instead of failing"
-        assert victim.vineyard_socket in str(info.value)  # vineyard names the dead socket
-        assert time.monotonic() - start < 30
-        # The other worker and its daemon are unaffected.
-        healthy = cluster.client.submit(
-            touch_vineyard, workers=[survivor.address], allow_other_workers=False, pure=False
-        )
-        assert healthy.result(timeout=30) == survivor.vineyard_instance_id
-    finally:
-        cluster.close()
+    start = time.monotonic()
+    future = cluster.client.submit(
+        touch_vineyard, workers=[victim.address], allow_other_workers=False, pure=False
+    )
+    with pytest.raises(Exception) as info:
+        future.result(timeout=30)
+    assert not isinstance(info.value, TimeoutError), "the task hung instead of failing"
+    assert victim.vineyard_socket in str(info.value)  # vineyard names the dead socket
+    assert time.monotonic() - start < 30
+    # The other worker and its daemon are unaffected.
+    healthy = cluster.client.submit(
+        touch_vineyard, workers=[survivor.address], allow_other_workers=False, pure=False
+    )
+    assert healthy.result(timeout=30) == survivor.vineyard_instance_id
+    cluster.close()
     assert_no_new_processes(before)
 
 

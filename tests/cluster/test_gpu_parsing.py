@@ -1,10 +1,10 @@
-"""Pure GPU discovery: nvidia-smi parsing and CUDA_VISIBLE_DEVICES filtering."""
+"""Pure worker discovery: nvidia-smi parsing, CUDA_VISIBLE_DEVICES filtering, host names."""
 
 from __future__ import annotations
 
 import pytest
 
-from dvml.cluster.workers import gpu_index, parse_nvidia_smi_list, visible_gpus
+from dvml.cluster.workers import gpu_index, parse_nvidia_smi_list, visible_gpus, worker_host
 
 SMI = (
     "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1b2c)\n"
@@ -41,3 +41,14 @@ def test_visible_gpus(cuda_visible_devices: str | None, expected: list[int]) -> 
 def test_gpu_index() -> None:
     assert gpu_index("GPU 12: Tesla V100") == 12
     assert gpu_index("Declared GPU") is None
+
+
+def test_worker_host_is_dvml_host_else_the_address_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Buffers and the worker table both record this name, and host rules match it: on a real
+    # multi-host cluster the workers of one machine share their address's host, not a port.
+    monkeypatch.delenv("DVML_HOST", raising=False)
+    assert worker_host("tcp://10.0.0.5:40123") == "10.0.0.5"
+    assert worker_host("tcp://10.0.0.5:40999") == "10.0.0.5"
+    assert worker_host("tls://[::1]:8786") == "::1"
+    monkeypatch.setenv("DVML_HOST", "host-1")
+    assert worker_host("tcp://10.0.0.5:40123") == "host-1"

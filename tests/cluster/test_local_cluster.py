@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import assert_no_new_processes, child_processes, pid_gone
 
 import dvml
 from dvml.cluster.gpu import COLUMNS as GPU_COLUMNS
+from tests.helpers import assert_no_new_processes, child_processes, on_worker, pid_gone
 
 pytestmark = pytest.mark.cluster
 
 
-# Task functions are top-level, so that they pickle by reference.
+# Task functions are top-level, so that they pickle by reference. They never close their
+# vineyard client: every vineyard.connect() in a worker process shares the worker's one IPC
+# connection, and closing it would cut dvml's own (see tests.helpers.vineyard_probes).
 
 
 def put_local_array(seed: int) -> tuple[int, int]:
@@ -28,11 +31,8 @@ def put_local_array(seed: int) -> tuple[int, int]:
     from vineyard.core.builder import put
 
     client = vineyard.connect()  # VINEYARD_IPC_SOCKET names this worker's daemon
-    try:
-        oid = put(client, np.full((16, 4), seed, dtype="int64"), persist=True)
-        return int(oid), int(client.instance_id)
-    finally:
-        client.close()
+    oid = put(client, np.full((16, 4), seed, dtype="int64"), persist=True)
+    return int(oid), int(client.instance_id)
 
 
 def meta_of(oid: int) -> dict[str, Any]:
@@ -40,15 +40,12 @@ def meta_of(oid: int) -> dict[str, Any]:
     import vineyard
 
     client = vineyard.connect()
-    try:
-        meta = client.get_meta(vineyard.ObjectID(oid), sync_remote=True)
-        return {
-            "instance_id": int(meta.instance_id),
-            "typename": meta.typename,
-            "reader_instance_id": int(client.instance_id),
-        }
-    finally:
-        client.close()
+    meta = client.get_meta(vineyard.ObjectID(oid), sync_remote=True)
+    return {
+        "instance_id": int(meta.instance_id),
+        "typename": meta.typename,
+        "reader_instance_id": int(client.instance_id),
+    }
 
 
 def delete_objects(oids: list[int], names: list[str]) -> bool:
@@ -56,43 +53,26 @@ def delete_objects(oids: list[int], names: list[str]) -> bool:
     import vineyard
 
     client = vineyard.connect()
-    try:
-        for name in names:
-            client.drop_name(name)
-        ids = [vineyard.ObjectID(o) for o in oids]
-        client.delete(ids)
-        return not any(client.exists(i) for i in ids)
-    finally:
-        client.close()
+    for name in names:
+        client.drop_name(name)
+    ids = [vineyard.ObjectID(o) for o in oids]
+    client.delete(ids)
+    return not any(client.exists(i) for i in ids)
 
 
 def put_name(oid: int, name: str) -> None:
     import vineyard
 
-    client = vineyard.connect()
-    try:
-        client.put_name(vineyard.ObjectID(oid), name)
-    finally:
-        client.close()
+    vineyard.connect().put_name(vineyard.ObjectID(oid), name)
 
 
 def get_name(name: str) -> int | None:
     import vineyard
 
-    client = vineyard.connect()
     try:
-        return int(client.get_name(name, wait=False))
+        return int(vineyard.connect().get_name(name, wait=False))
     except Exception:  # not (yet) visible here
         return None
-    finally:
-        client.close()
-
-
-def _on(cluster: dvml.LocalCluster, worker: dvml.WorkerInfo, fn: Any, *args: Any) -> Any:
-    future = cluster.client.submit(
-        fn, *args, workers=[worker.address], allow_other_workers=False, pure=False
-    )
-    return future.result(timeout=60)
 
 
 def test_each_worker_puts_into_its_own_instance(cluster4: dvml.LocalCluster) -> None:
@@ -100,31 +80,31 @@ def test_each_worker_puts_into_its_own_instance(cluster4: dvml.LocalCluster) -> 
     ids = [w.vineyard_instance_id for w in workers]
     assert None not in ids and len(set(ids)) == 4  # one vineyardd per worker
 
-    placed = {w.name: _on(cluster4, w, put_local_array, i) for i, w in enumerate(workers)}
+    placed = {w.name: on_worker(cluster4, w, put_local_array, i) for i, w in enumerate(workers)}
     try:
         for i, w in enumerate(workers):
             oid, instance = placed[w.name]
             assert instance == w.vineyard_instance_id
             reader = workers[(i + 1) % len(workers)]  # another worker's instance
-            meta = _on(cluster4, reader, meta_of, oid)
+            meta = on_worker(cluster4, reader, meta_of, oid)
             assert meta["reader_instance_id"] == reader.vineyard_instance_id != instance
             assert meta["instance_id"] == w.vineyard_instance_id
             assert meta["typename"].startswith("vineyard::Tensor")
     finally:
         for w in workers:
-            assert _on(cluster4, w, delete_objects, [placed[w.name][0]], [])
+            assert on_worker(cluster4, w, delete_objects, [placed[w.name][0]], [])
 
 
 def test_name_is_visible_from_another_instance(cluster4: dvml.LocalCluster) -> None:
     first, other = cluster4.workers[0], cluster4.workers[3]
-    oid, _ = _on(cluster4, first, put_local_array, 7)
+    oid, _ = on_worker(cluster4, first, put_local_array, 7)
     name = f"dvml-test-{os.getpid()}"
     try:
-        _on(cluster4, first, put_name, oid, name)
-        assert _on(cluster4, other, get_name, name) == oid
+        on_worker(cluster4, first, put_name, oid, name)
+        assert on_worker(cluster4, other, get_name, name) == oid
     finally:
-        assert _on(cluster4, first, delete_objects, [oid], [name])
-    assert _on(cluster4, other, get_name, name) is None
+        assert on_worker(cluster4, first, delete_objects, [oid], [name])
+    assert on_worker(cluster4, other, get_name, name) is None
 
 
 def test_gpu_configuration(cluster4: dvml.LocalCluster, cluster2: dvml.LocalCluster) -> None:
@@ -158,9 +138,9 @@ def test_worker_table_and_resources(cluster4: dvml.LocalCluster) -> None:
     assert (status.memory_limit == 256 * 2**20).all()
 
 
-def test_close_stops_everything() -> None:
+def test_close_stops_everything(local_cluster: Callable[..., dvml.LocalCluster]) -> None:
     before = child_processes()
-    cluster = dvml.LocalCluster(n_workers=2, vineyard_memory="128MiB", set_as_default=False)
+    cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
     try:
         pids = cluster.processes()
         directory = cluster.directory

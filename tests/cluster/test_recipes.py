@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import dask.config
 import pytest
 import yaml
-from conftest import pid_gone, poll_for
 
 import dvml
 from dvml import config
 from dvml.cluster.processes import free_port
+from tests.helpers import pid_gone, poll_for
 
 pytestmark = pytest.mark.cluster
 

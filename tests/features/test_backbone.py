@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,15 +13,9 @@ import dvml
 from dvml.exceptions import ModelMismatchError
 from dvml.features.backbone import resolve_backbone
 from dvml.registry.weights import weights_from_bytes
+from tests.helpers import keras
 
 pytestmark = pytest.mark.tf
-
-
-def keras() -> Any:
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tf_keras
-
-    return tf_keras
 
 
 def tiny(input_shape: tuple[int, ...] = (32, 32, 3), seed: int = 1) -> Any:

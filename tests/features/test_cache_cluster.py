@@ -11,7 +11,18 @@ from typing import Any
 import dask.array as da
 import numpy as np
 import pytest
-from feature_helpers import (
+from PIL import Image
+
+import dvml
+from dvml.exceptions import (
+    ClusterError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    ModelMismatchError,
+    StoreError,
+    VineyardMemoryError,
+)
+from tests.helpers import (
     CLASSES,
     batches,
     color_images,
@@ -24,17 +35,6 @@ from feature_helpers import (
     vineyard_usage,
     write_image_folder,
     write_tar_shards,
-)
-from PIL import Image
-
-import dvml
-from dvml.exceptions import (
-    ClusterError,
-    DatasetExistsError,
-    DatasetNotFoundError,
-    ModelMismatchError,
-    StoreError,
-    VineyardMemoryError,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -292,7 +292,7 @@ def test_bad_requests_fail_before_any_work(env: dict[str, Any], cleanup: None) -
 
 def test_a_failed_featurization_leaves_nothing(env: dict[str, Any], cleanup: None) -> None:
     """One worker's vineyardd has no room: the other's features are deleted, no name appears."""
-    from dvml.store.local import delete_objects, put_arrays
+    from dvml.store.tensors import delete_objects, put_arrays
 
     client, cluster = env["client"], env["cluster"]
     k = keras()

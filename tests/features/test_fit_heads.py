@@ -7,7 +7,10 @@ from typing import Any
 
 import dask
 import pytest
-from feature_helpers import (
+
+import dvml
+from dvml.exceptions import ModelMismatchError
+from tests.helpers import (
     CLASSES,
     batches,
     dataset_names,
@@ -15,9 +18,6 @@ from feature_helpers import (
     tiny_backbone,
     write_image_folder,
 )
-
-import dvml
-from dvml.exceptions import ModelMismatchError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 

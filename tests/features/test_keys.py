@@ -78,7 +78,7 @@ def test_default_name_uses_the_key() -> None:
 
 @pytest.mark.parametrize("bad", ["", "__hidden", 3])
 def test_cache_name_check(bad: object) -> None:
-    with pytest.raises(ValueError, match="name must be None or a non-empty string"):
+    with pytest.raises(ValueError, match="name must be 1 to 128 characters"):
         keys.check_cache_name(bad)
     assert keys.check_cache_name(None) is None
     assert keys.check_cache_name("flowers") == "flowers"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from conftest import execute_notebook
+
+from tests.helpers import execute_notebook
 
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / "notebooks" / "03_feature_cache.ipynb"
 

@@ -9,23 +9,24 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import poll_for
-from feature_helpers import (
+
+import dvml
+from dvml.features.featurize import calls
+from tests.helpers import (
     color_images,
     dataset_names,
     keras,
+    poll_for,
     read_dataset,
     staging_names,
     vineyard_usage,
 )
-
-import dvml
-from dvml.features.worker import calls
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
 
@@ -41,63 +42,62 @@ def heavy_backbone() -> Any:
     return k.Model(inputs, x)
 
 
-def test_worker_killed_during_featurization() -> None:
-    cluster = dvml.LocalCluster(n_workers=2, vineyard_memory="256MiB", set_as_default=False)
-    try:
-        client = cluster.client
-        x, y = color_images(200, seed=5)
-        src = dvml.training_preprocessor(
-            {"image": da.from_array(x, chunks=200), "label": da.from_array(y, chunks=200)},
-            y="label",
-            x="image",
-            normalizing_const=255.0,
-            name="src",
-            client=client,
-        )
-        usage, names = vineyard_usage(cluster), dataset_names(client)
-        victim = next(w for w in cluster.workers if w.name == "worker-1")
-        outcome: dict[str, Any] = {}
+def test_worker_killed_during_featurization(
+    local_cluster: Callable[..., dvml.LocalCluster],
+) -> None:
+    cluster = local_cluster(n_workers=2, vineyard_memory="256MiB")
+    client = cluster.client
+    x, y = color_images(200, seed=5)
+    src = dvml.training_preprocessor(
+        {"image": da.from_array(x, chunks=200), "label": da.from_array(y, chunks=200)},
+        y="label",
+        x="image",
+        normalizing_const=255.0,
+        name="src",
+        client=client,
+    )
+    usage, names = vineyard_usage(cluster), dataset_names(client)
+    victim = next(w for w in cluster.workers if w.name == "worker-1")
+    outcome: dict[str, Any] = {}
 
-        def run() -> None:
-            try:
-                outcome["cache"] = dvml.features.cache(
-                    "src", heavy_backbone(), pooling="avg", batch_size=4, name="fc", client=client
-                )
-            except Exception as exc:  # either outcome is fine; what it leaves is checked
-                outcome["error"] = exc
+    def run() -> None:
+        try:
+            outcome["cache"] = dvml.features.cache(
+                "src", heavy_backbone(), pooling="avg", batch_size=4, name="fc", client=client
+            )
+        except Exception as exc:  # either outcome is fine; what it leaves is checked
+            outcome["error"] = exc
 
-        thread = threading.Thread(target=run)
-        thread.start()
+    thread = threading.Thread(target=run)
+    thread.start()
 
-        def victim_is_busy() -> bool:
-            try:
-                counts = client.run(calls, workers=[victim.address], nanny=False)
-            except Exception:
-                return False
-            return counts.get(victim.address, {}).get("batches", 0) > 0
+    def victim_is_busy() -> bool:
+        try:
+            counts = client.run(calls, workers=[victim.address], nanny=False)
+        except Exception:
+            return False
+        return counts.get(victim.address, {}).get("batches", 0) > 0
 
-        assert poll_for(victim_is_busy, 120, interval=0.05), "featurization never started"
-        os.kill(victim.pid, signal.SIGKILL)
-        thread.join(300)
-        assert not thread.is_alive()
+    assert poll_for(victim_is_busy, 120, interval=0.05), "featurization never started"
+    os.kill(victim.pid, signal.SIGKILL)
+    thread.join(300)
+    assert not thread.is_alive()
 
-        if "cache" in outcome:
-            cache = outcome["cache"]
-            assert cache.rows == 600
-            for mine, theirs in zip(cache.layout["buffers"], src.layout["buffers"], strict=True):
-                assert mine["instance_id"] == theirs["instance_id"]  # still beside the images
-            source, cached = read_dataset(client, "src"), read_dataset(client, "fc")
-            model = heavy_backbone()
-            for i, buf in source.items():
-                expected = np.asarray(model.predict_on_batch(buf["x_0"])).mean(axis=(1, 2))
-                np.testing.assert_allclose(cached[i]["x_0"], expected, rtol=1e-4, atol=1e-5)
-                np.testing.assert_array_equal(cached[i]["y"], buf["y"])
-            dvml.features.drop("fc", client=client)
-        else:
-            assert not dvml.datasets.exists("fc", client=client), outcome["error"]
-        # Nothing of the killed attempt stays: no staged object, no name, no memory.
-        assert staging_names(client) == []
-        assert dataset_names(client) == names
-        assert vineyard_usage(cluster) == usage
-    finally:
-        cluster.close()
+    if "cache" in outcome:
+        cache = outcome["cache"]
+        assert cache.rows == 600
+        for mine, theirs in zip(cache.layout["buffers"], src.layout["buffers"], strict=True):
+            assert mine["instance_id"] == theirs["instance_id"]  # still beside the images
+        source, cached = read_dataset(client, "src"), read_dataset(client, "fc")
+        model = heavy_backbone()
+        for i, buf in source.items():
+            expected = np.asarray(model.predict_on_batch(buf["x_0"])).mean(axis=(1, 2))
+            np.testing.assert_allclose(cached[i]["x_0"], expected, rtol=1e-4, atol=1e-5)
+            np.testing.assert_array_equal(cached[i]["y"], buf["y"])
+        dvml.features.drop("fc", client=client)
+    else:
+        assert not dvml.datasets.exists("fc", client=client), outcome["error"]
+    # Nothing of the killed attempt stays: no staged object, no name, no memory.
+    assert staging_names(client) == []
+    assert dataset_names(client) == names
+    assert vineyard_usage(cluster) == usage

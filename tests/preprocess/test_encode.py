@@ -9,7 +9,14 @@ import pandas as pd
 import pytest
 
 from dvml.exceptions import DataError
-from dvml.preprocess.encode import check_finite, class_values_of, normalize, one_hot, x_to_array
+from dvml.preprocess.encode import (
+    check_finite,
+    class_values_of,
+    normalize,
+    one_hot,
+    overflow_limit,
+    x_to_array,
+)
 
 
 @pytest.mark.parametrize(
@@ -228,7 +235,7 @@ def test_normalize(x: np.ndarray, const: float, expected: list) -> None:
 @pytest.mark.parametrize(
     ("const", "error"),
     [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
-     ("255", TypeError), (True, TypeError)],
+     ("255", TypeError), (True, TypeError), (1e-300, ValueError), (1e300, ValueError)],
 )  # fmt: skip
 def test_normalize_refuses(const: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="normalizing_const"):
@@ -238,3 +245,26 @@ def test_normalize_refuses(const: object, error: type[Exception]) -> None:
 def test_normalize_refuses_text() -> None:
     with pytest.raises(TypeError, match="numeric"):
         normalize(np.array(["a"]), 1.0)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "const", "limit"),
+    [(np.float32, 1.0, None), (np.uint8, 1e-30, None), (np.float16, 255.0, None),
+     (np.float64, 1.0, float(np.finfo(np.float32).max)),
+     (np.float32, 0.5, float(np.finfo(np.float32).max) * 0.5),
+     (np.int64, 1e-20, float(np.finfo(np.float32).max) * 1e-20)],
+)  # fmt: skip
+def test_overflow_limit(dtype: type, const: float, limit: float | None) -> None:
+    assert overflow_limit(dtype, const) == limit
+
+
+def test_values_beyond_float32_are_not_finite() -> None:
+    # Finite as float64, inf once stored as float32 (or once divided by a tiny constant).
+    x = np.array([[1.0, 2.0], [1e300, 0.0], [1e30, 0.0], [-1e39, 0.0]])
+    np.testing.assert_array_equal(check_finite(x, "x", "drop"), [True, False, True, False])
+    np.testing.assert_array_equal(
+        check_finite(x, "x", "drop", normalizing_const=1e-10), [True, False, False, False]
+    )
+    with pytest.raises(DataError, match=r"2 of 4 rows .*0 NaN, 2 inf"):
+        check_finite(x, "x")
+    assert np.isfinite(normalize(x[[0, 2]], 1.0)).all()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import pathlib
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import dask.array as da
@@ -20,11 +20,11 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import snapshot
 from PIL import Image
 
 import dvml
 from dvml.exceptions import DataError, DatasetNotFoundError
+from tests.helpers import on_worker, snapshot
 
 pytestmark = pytest.mark.cluster
 
@@ -38,7 +38,7 @@ def read_objects(ids: Sequence[int]) -> dict[str, Any]:
     """On a worker: for each id, the instance its metadata names, its type and its values."""
     import vineyard
 
-    client = vineyard.connect()  # shared connection: never closed (see conftest)
+    client = vineyard.connect()  # shared connection: never closed (see tests.helpers)
     found = []
     for raw in ids:
         oid = vineyard.ObjectID(int(raw))
@@ -57,7 +57,7 @@ def global_members(oid: int) -> dict[str, Any]:
     """On a worker: typename, globalness and members (id, instance) of a global object."""
     import vineyard
 
-    client = vineyard.connect()  # shared connection: never closed (see conftest)
+    client = vineyard.connect()  # shared connection: never closed (see tests.helpers)
     meta = client.get_meta(vineyard.ObjectID(int(oid)))
     members = {
         key: (int(value.id), int(value.instance_id))
@@ -68,13 +68,6 @@ def global_members(oid: int) -> dict[str, Any]:
 
 
 # -- client-side helpers --------------------------------------------------------------------
-
-
-def on_worker(cluster: dvml.LocalCluster, worker: dvml.WorkerInfo, fn: Any, *args: Any) -> Any:
-    future = cluster.client.submit(
-        fn, *args, workers=[worker.address], allow_other_workers=False, pure=False
-    )
-    return future.result(timeout=60)
 
 
 def worker_by_instance(cluster: dvml.LocalCluster) -> dict[int, dvml.WorkerInfo]:
@@ -182,30 +175,19 @@ def check_dataset(
     return content
 
 
-@pytest.fixture
-def vineyard4(cluster4: dvml.LocalCluster) -> Iterator[list[str]]:
-    """Names of datasets a test creates: dropped afterwards, and the vineyardds checked clean."""
-    before = snapshot(cluster4)
-    names: list[str] = []
-    yield names
-    for name in names:
-        if dvml.datasets.exists(name, client=cluster4.client):
-            dvml.datasets.drop(name, client=cluster4.client)
-    after = snapshot(cluster4)
-    assert after == before, "the vineyardds do not hold what they held before the test"
-
-
 # -- sources ----------------------------------------------------------------------------------
 
 
-def test_pandas_array_column_all_workers(cluster4: dvml.LocalCluster, vineyard4: list[str]) -> None:
+def test_pandas_array_column_all_workers(
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str]
+) -> None:
     """A pandas DataFrame with an array-valued column; int labels, num_classes padding."""
     rng = np.random.default_rng(1)
     n = 103  # not a multiple of 4: one worker holds a row fewer
     cells = [rng.integers(0, 256, size=(2, 3)) for _ in range(n)]
     labels = rng.choice([7, 3, 5], size=n)
     frame = pd.DataFrame({"pixels": cells, "digit": labels})
-    vineyard4.append("pp_pandas")
+    clean_vineyard4.append("pp_pandas")
     ds = dvml.training_preprocessor(
         frame, y="digit", x="pixels", normalizing_const=255.0, num_classes=5,
         distribution_rules="all_workers", name="pp_pandas", client=cluster4.client,
@@ -224,7 +206,7 @@ def test_pandas_array_column_all_workers(cluster4: dvml.LocalCluster, vineyard4:
 
 
 def test_dask_dataframe_columns_as_one_input_gpu_workers(
-    cluster4: dvml.LocalCluster, vineyard4: list[str]
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str]
 ) -> None:
     """Several numeric columns of a Dask DataFrame as one input; str labels; GPU workers."""
     rng = np.random.default_rng(2)
@@ -238,7 +220,7 @@ def test_dask_dataframe_columns_as_one_input_gpu_workers(
         }
     )
     ddf = dd.from_pandas(frame, npartitions=5)
-    vineyard4.append("pp_dask_df")
+    clean_vineyard4.append("pp_dask_df")
     ds = dvml.training_preprocessor(
         ddf, y="animal", x=[["a", "b", "c"]], normalizing_const=2.0,
         distribution_rules="gpu_workers", name="pp_dask_df", client=cluster4.client,
@@ -252,7 +234,7 @@ def test_dask_dataframe_columns_as_one_input_gpu_workers(
 
 
 def test_multi_input_bool_labels_list_of_hosts(
-    cluster4: dvml.LocalCluster, vineyard4: list[str]
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str]
 ) -> None:
     """``x=["a", "b"]``: two model inputs; bool labels; a list of the two hosts."""
     rng = np.random.default_rng(3)
@@ -260,7 +242,7 @@ def test_multi_input_bool_labels_list_of_hosts(
     frame = pd.DataFrame(
         {"a": rng.normal(size=n), "b": rng.integers(0, 9, size=n), "ok": rng.random(n) > 0.5}
     )
-    vineyard4.append("pp_multi")
+    clean_vineyard4.append("pp_multi")
     ds = dvml.training_preprocessor(
         frame, y="ok", x=["a", "b"], distribution_rules=["host-0", "host-1"], name="pp_multi",
         client=cluster4.client,
@@ -275,7 +257,7 @@ def test_multi_input_bool_labels_list_of_hosts(
 
 
 def test_parquet_path_list_of_worker_names(
-    cluster4: dvml.LocalCluster, vineyard4: list[str], tmp_path: pathlib.Path
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path
 ) -> None:
     rng = np.random.default_rng(4)
     n = 61
@@ -284,7 +266,7 @@ def test_parquet_path_list_of_worker_names(
     )
     path = tmp_path / "train.parquet"
     frame.to_parquet(path)
-    vineyard4.append("pp_parquet")
+    clean_vineyard4.append("pp_parquet")
     ds = dvml.training_preprocessor(
         str(path), y="label", x=[["f0", "f1"]], normalizing_const=0.5,
         distribution_rules=["worker-1", "worker-3"], name="pp_parquet", client=cluster4.client,
@@ -298,7 +280,7 @@ def test_parquet_path_list_of_worker_names(
 
 
 def test_csv_path_gpu_configuration_table(
-    cluster4: dvml.LocalCluster, vineyard4: list[str], tmp_path: pathlib.Path
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path
 ) -> None:
     rng = np.random.default_rng(5)
     n = 40
@@ -313,7 +295,7 @@ def test_csv_path_gpu_configuration_table(
     frame.to_csv(path, index=False)
     gpus = dvml.gpu_configuration(cluster4.client)
     assert sorted(gpus["worker_name"]) == ["worker-0", "worker-1"]
-    vineyard4.append("pp_csv")
+    clean_vineyard4.append("pp_csv")
     ds = dvml.training_preprocessor(
         str(path), y="kind", x=[["p", "q"]], normalizing_const=255,
         distribution_rules=gpus, name="pp_csv", client=cluster4.client,
@@ -324,12 +306,14 @@ def test_csv_path_gpu_configuration_table(
     check_dataset(cluster4, ds, ["worker-0", "worker-1"], [x], y)
 
 
-def test_dict_of_dask_arrays_one_worker(cluster4: dvml.LocalCluster, vineyard4: list[str]) -> None:
+def test_dict_of_dask_arrays_one_worker(
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str]
+) -> None:
     n = 90
     x = da.random.default_rng(6).random((n, 4, 2), chunks=(25, 4, 2))
     labels = da.random.default_rng(7).integers(10, 13, size=n, chunks=25)
     x_np, labels_np = x.compute(), labels.compute()  # the expected values, computed here
-    vineyard4.append("pp_arrays")
+    clean_vineyard4.append("pp_arrays")
     ds = dvml.training_preprocessor(
         {"x": x, "label": labels}, y="label", x="x", normalizing_const=4.0,
         distribution_rules="worker-2", name="pp_arrays", client=cluster4.client,
@@ -347,7 +331,7 @@ def _png(pixels: np.ndarray) -> bytes:
 
 
 def test_image_folder_one_host(
-    cluster4: dvml.LocalCluster, vineyard4: list[str], tmp_path: pathlib.Path
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path
 ) -> None:
     rng = np.random.default_rng(8)
     images, labels = [], []
@@ -358,7 +342,7 @@ def test_image_folder_one_host(
             (tmp_path / label / f"{i}.png").write_bytes(_png(pixels))
             images.append(pixels)
             labels.append(label)
-    vineyard4.append("pp_images")
+    clean_vineyard4.append("pp_images")
     ds = dvml.training_preprocessor(
         str(tmp_path), normalizing_const=255.0, image_size=(6, 5), distribution_rules=["host-1"],
         name="pp_images", client=cluster4.client,
@@ -370,7 +354,7 @@ def test_image_folder_one_host(
 
 
 def test_webdataset_tar_shards(
-    cluster4: dvml.LocalCluster, vineyard4: list[str], tmp_path: pathlib.Path
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path
 ) -> None:
     rng = np.random.default_rng(9)
     images, labels = [], []
@@ -386,7 +370,7 @@ def test_webdataset_tar_shards(
                 images.append(pixels[..., None])
                 labels.append(label)
     classes = sorted(set(labels))
-    vineyard4.append("pp_shards")
+    clean_vineyard4.append("pp_shards")
     ds = dvml.training_preprocessor(
         str(tmp_path / "train-{0000..0003}.tar"), normalizing_const=255.0, image_size=(4, 3),
         channels=1, num_classes=4, name="pp_shards", client=cluster4.client,
@@ -403,20 +387,20 @@ def test_webdataset_tar_shards(
 
 
 def test_validation_reuses_training_classes_and_refuses_unseen_labels(
-    cluster4: dvml.LocalCluster, vineyard4: list[str]
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str]
 ) -> None:
     rng = np.random.default_rng(10)
     train = pd.DataFrame(
         {"v": [rng.normal(size=3) for _ in range(40)], "c": rng.choice(["a", "b", "c"], 40)}
     )
-    vineyard4.append("pp_train")
+    clean_vineyard4.append("pp_train")
     training = dvml.training_preprocessor(
         train, y="c", x="v", normalizing_const=3.0, num_classes=4,
         distribution_rules=["worker-0", "worker-3"], name="pp_train", client=cluster4.client,
     )  # fmt: skip
     # Only two of the three classes: the encoding still follows the training set's classes.
     valid = pd.DataFrame({"v": [rng.normal(size=3) for _ in range(12)], "c": ["c", "a"] * 6})
-    vineyard4.append("pp_valid")
+    clean_vineyard4.append("pp_valid")
     ds = dvml.validation_preprocessor(
         valid, y="c", x="v", training="pp_train", name="pp_valid", client=cluster4.client
     )

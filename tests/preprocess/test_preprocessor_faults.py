@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import dask
@@ -21,10 +21,10 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import poll_for, snapshot
 
 import dvml
 from dvml.exceptions import DataError, PlacementError, VineyardMemoryError
+from tests.helpers import poll_for, running_cluster, snapshot
 
 pytestmark = pytest.mark.cluster
 
@@ -36,7 +36,7 @@ def read_local(ids: Sequence[int]) -> list[np.ndarray]:
     """On a worker: copies of local tensors, checked to live on this worker's instance."""
     import vineyard
 
-    client = vineyard.connect()  # shared connection: never closed (see conftest)
+    client = vineyard.connect()  # shared connection: never closed (see tests.helpers)
     out = []
     for raw in ids:
         oid = vineyard.ObjectID(int(raw))
@@ -177,6 +177,12 @@ def _empty_arrays() -> dict[str, Any]:
     return {"x": da.zeros((0, 3), chunks=1), "y": da.zeros((0,), chunks=1)}
 
 
+def _mixed_labels() -> pd.DataFrame:
+    frame = _good()
+    frame["y"] = pd.Series([1, "1"] * (len(frame) // 2), dtype=object)  # in every partition
+    return frame
+
+
 def _empty_dask_frame() -> Any:
     return dd.from_pandas(pd.DataFrame({"a": np.zeros(0), "y": np.zeros(0, int)}), npartitions=1)
 
@@ -198,12 +204,16 @@ def _empty_dask_frame() -> Any:
         (_good, {"normalizing_const": 0}, ValueError, r"normalizing_const.*Received: 0"),
         (_good, {"normalizing_const": -255.0}, ValueError, r"normalizing_const.*-255"),
         (_good, {"num_classes": 2}, DataError, r"num_classes=2 is smaller than the 3 distinct"),
+        (_good, {"normalizing_const": 1e-300}, ValueError, r"float32 can hold.*1e-300"),
+        (_good, {"normalizing_const": 1e300}, ValueError, r"float32 can hold.*1e\+300"),
+        (_mixed_labels, {}, DataError, r"mix value types.*\['int', 'str'\]"),
     ],
     ids=[
         "missing-x", "missing-x-in-group", "missing-y", "non-numeric-x", "ragged-rows",
         "ragged-partitions", "empty-pandas", "empty-arrays", "empty-dask", "buffer-size-0",
         "buffer-size-negative", "normalizing-const-0", "normalizing-const-negative",
-        "num-classes-too-small",
+        "num-classes-too-small", "normalizing-const-tiny", "normalizing-const-huge",
+        "mixed-label-types",
     ],
 )  # fmt: skip
 def test_bad_data(
@@ -239,6 +249,25 @@ def test_nan_and_inf_are_reported_with_counts(cluster2: dvml.LocalCluster) -> No
     assert_nothing_left(cluster2, "pp_nan", before)
 
 
+def test_values_beyond_float32_count_as_inf(cluster2: dvml.LocalCluster) -> None:
+    # 1e300 is finite as float64 but would be stored as inf in the float32 buffers; so would
+    # 1e30 divided by normalizing_const=1e-10.
+    frame = _good(60)
+    frame.loc[[4, 40], "a"] = 1e300
+    frame.loc[10, "b"] = 1e30
+    before = snapshot(cluster2)
+    with pytest.raises(DataError, match=r"2 of 60 rows .*0 NaN, 2 inf"):
+        dvml.training_preprocessor(
+            frame, y="y", x=[["a", "b"]], name="pp_big", client=cluster2.client
+        )
+    with pytest.raises(DataError, match=r"3 of 60 rows .*0 NaN, 3 inf"):
+        dvml.training_preprocessor(
+            frame, y="y", x=[["a", "b"]], normalizing_const=1e-10, name="pp_big",
+            client=cluster2.client,
+        )  # fmt: skip
+    assert_nothing_left(cluster2, "pp_big", before)
+
+
 def test_nan_and_inf_rows_dropped(cluster2: dvml.LocalCluster) -> None:
     frame, bad = _with_invalid()
     before = snapshot(cluster2)
@@ -266,7 +295,7 @@ def test_nan_and_inf_rows_dropped(cluster2: dvml.LocalCluster) -> None:
 @pytest.fixture(scope="module")
 def small_cluster() -> Iterator[dvml.LocalCluster]:
     """2 workers whose vineyardds hold 32 MiB each."""
-    with dvml.LocalCluster(n_workers=2, vineyard_memory="32MiB", set_as_default=False) as c:
+    with running_cluster(n_workers=2, vineyard_memory="32MiB") as c:
         yield c
 
 
@@ -341,60 +370,58 @@ def _kill_when_packing(
         fired["pid"] = pid
 
 
-def test_worker_killed_while_packing() -> None:
+def test_worker_killed_while_packing(local_cluster: Callable[..., dvml.LocalCluster]) -> None:
     """SIGKILL a worker while it packs: the same result as an undisturbed run, or a clean
     failure; in both cases no orphan object in any vineyardd."""
     kwargs = {"y": "y", "x": "x", "buffer_size": 3_000, "seed": 5}
-    with dvml.LocalCluster(n_workers=2, vineyard_memory="128MiB", set_as_default=False) as cluster:
-        client = cluster.client
-        empty = snapshot(cluster)
+    cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
+    client = cluster.client
+    empty = snapshot(cluster)
 
-        started = time.monotonic()
-        reference = dvml.training_preprocessor(
-            _kill_source(), name="pp_reference", client=client, **kwargs
+    started = time.monotonic()
+    reference = dvml.training_preprocessor(
+        _kill_source(), name="pp_reference", client=client, **kwargs
+    )
+    reference_seconds = time.monotonic() - started
+    expected = content(cluster, reference)
+    reference.drop(client=client)
+    assert snapshot(cluster) == empty
+
+    stop, fired = threading.Event(), {}
+    killer = threading.Thread(target=_kill_when_packing, args=(cluster, "worker-1", stop, fired))
+    killer.start()
+    outcome: Any
+    try:
+        outcome = dvml.training_preprocessor(
+            _kill_source(), name="pp_killed", client=client, **kwargs
         )
-        reference_seconds = time.monotonic() - started
-        expected = content(cluster, reference)
-        reference.drop(client=client)
-        assert snapshot(cluster) == empty
+    except Exception as exc:  # a clean failure is allowed; checked below
+        outcome = exc
+    finally:
+        stop.set()
+        killer.join()
+    assert "pid" in fired, f"the worker was never killed (run took {reference_seconds:.1f}s)"
+    # The Nanny restarts the worker under the same name, on the same vineyardd.
+    assert poll_for(lambda: len(client.scheduler_info()["workers"]) == 2, 60)
 
-        stop, fired = threading.Event(), {}
-        killer = threading.Thread(
-            target=_kill_when_packing, args=(cluster, "worker-1", stop, fired)
+    if isinstance(outcome, Exception):  # allowed, if clean: no dataset, no orphan
+        assert_nothing_left(cluster, "pp_killed", empty)
+        warnings.warn(f"the run failed cleanly after the kill: {outcome!r}", stacklevel=1)
+        return
+    got = content(cluster, outcome)
+    assert got["rows"] == expected["rows"]
+    assert got["class_values"] == expected["class_values"]
+    np.testing.assert_array_equal(got["sorted_rows"], expected["sorted_rows"])
+    # No orphan: each instance holds exactly the dataset's tensors, and no staging name.
+    held = snapshot(cluster)
+    for iid, state in held.items():
+        mine = sorted(
+            f["id"]
+            for b in outcome.layout["buffers"]
+            if b["instance_id"] == iid
+            for f in b["fields"].values()
         )
-        killer.start()
-        outcome: Any
-        try:
-            outcome = dvml.training_preprocessor(
-                _kill_source(), name="pp_killed", client=client, **kwargs
-            )
-        except Exception as exc:  # a clean failure is allowed; checked below
-            outcome = exc
-        finally:
-            stop.set()
-            killer.join()
-        assert "pid" in fired, f"the worker was never killed (run took {reference_seconds:.1f}s)"
-        # The Nanny restarts the worker under the same name, on the same vineyardd.
-        assert poll_for(lambda: len(client.scheduler_info()["workers"]) == 2, 60)
-
-        if isinstance(outcome, Exception):  # allowed, if clean: no dataset, no orphan
-            assert_nothing_left(cluster, "pp_killed", empty)
-            warnings.warn(f"the run failed cleanly after the kill: {outcome!r}", stacklevel=1)
-            return
-        got = content(cluster, outcome)
-        assert got["rows"] == expected["rows"]
-        assert got["class_values"] == expected["class_values"]
-        np.testing.assert_array_equal(got["sorted_rows"], expected["sorted_rows"])
-        # No orphan: each instance holds exactly the dataset's tensors, and no staging name.
-        held = snapshot(cluster)
-        for iid, state in held.items():
-            mine = sorted(
-                f["id"]
-                for b in outcome.layout["buffers"]
-                if b["instance_id"] == iid
-                for f in b["fields"].values()
-            )
-            assert state["tensors"] == mine
-            assert state["staging"] == []
-        outcome.drop(client=client)
-        assert snapshot(cluster) == empty
+        assert state["tensors"] == mine
+        assert state["staging"] == []
+    outcome.drop(client=client)
+    assert snapshot(cluster) == empty

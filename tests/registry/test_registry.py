@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from typing import Any
 
 import dask.config
@@ -23,18 +22,11 @@ import pytest
 import dvml.config
 import dvml.registry
 from dvml.exceptions import RegistryError, RegistryNotFoundError
-from dvml.registry import Registry, keras_json, store
+from dvml.registry import Registry, database, keras_json
 from dvml.registry.custom import check_source, compile_function
+from tests.helpers import poll_for
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def poll_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 def _dense(units: int, name: str = "dense", **config: Any) -> dict[str, Any]:
@@ -534,7 +526,7 @@ def test_failure_inside_the_transaction_rolls_back(reg, arch_id, url, monkeypatc
     def broken(conn, model_id, rows):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(store, "_insert_iterations", broken)
+    monkeypatch.setattr(database, "_insert_iterations", broken)
     with pytest.raises(RuntimeError, match="disk on fire"):
         reg.save_model("new", arch_id, _weights(), iterations=ITERATIONS)
     with pytest.raises(RuntimeError, match="disk on fire"):
@@ -625,7 +617,7 @@ def test_register_list_load_delete_custom_function(reg, url, monkeypatch):
         ("text", GOOD_SOURCE)
     ]
 
-    monkeypatch.setattr(store, "_tensorflow", lambda: FakeTf)
+    monkeypatch.setattr(database, "_tensorflow", lambda: FakeTf)
     functions = reg.load_custom_objects(["scaled_mae"])
     assert list(functions) == ["scaled_mae"]
     assert functions["scaled_mae"](np.array([1.0, 2.0]), np.array([2.0, 4.0])) == 3.0
@@ -651,7 +643,7 @@ def test_custom_function_sources(reg):
 
 def test_load_missing_custom_functions_names_them(reg, monkeypatch):
     reg.register_custom_function("scaled_mae", GOOD_SOURCE)
-    monkeypatch.setattr(store, "_tensorflow", lambda: pytest.fail("TF must not load"))
+    monkeypatch.setattr(database, "_tensorflow", lambda: pytest.fail("TF must not load"))
     with pytest.raises(RegistryNotFoundError, match=r"'nope', 'gone'.*list_custom_functions"):
         reg.load_custom_objects(["scaled_mae", "nope", "gone"])
 
@@ -731,7 +723,7 @@ def test_source_edited_in_the_database_is_checked_again(reg, url, tmp_path, monk
     evil = f"__import__('os').system('touch {marker}')\n" + GOOD_SOURCE
     with sqlite3.connect(_sqlite_path(url)) as conn:
         conn.execute("UPDATE custom_functions SET source = ?", (evil,))
-    monkeypatch.setattr(store, "_tensorflow", lambda: FakeTf)
+    monkeypatch.setattr(database, "_tensorflow", lambda: FakeTf)
     with pytest.raises(ValueError, match="Expr"):
         reg.load_custom_objects(["scaled_mae"])
     assert not marker.exists()
@@ -739,11 +731,13 @@ def test_source_edited_in_the_database_is_checked_again(reg, url, tmp_path, monk
 
 def test_compile_function_uses_a_fresh_namespace():
     check_source("scaled_mae", GOOD_SOURCE)
-    first = compile_function("scaled_mae", GOOD_SOURCE, {"tf": FakeTf, "np": np})
-    second = compile_function("scaled_mae", GOOD_SOURCE, {"tf": FakeTf, "np": np})
+    namespace = {"tf": FakeTf, "np": np}
+    first = compile_function("scaled_mae", GOOD_SOURCE, namespace)
+    second = compile_function("scaled_mae", GOOD_SOURCE, namespace)
     assert first is not second
     assert first.__globals__ is not second.__globals__
-    assert "scaled_mae" not in globals()
+    # The caller's namespace is copied, never written to: the function's name does not leak.
+    assert namespace == {"tf": FakeTf, "np": np}
 
 
 @pytest.mark.tf
@@ -874,17 +868,17 @@ _KILLED_WRITER = textwrap.dedent(
     """
     import pathlib, sys, time
     import numpy as np
-    from dvml.registry import Registry, store
+    from dvml.registry import Registry, database
 
     url, marker, arch_id, replace = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    real_insert = store._insert_iterations
+    real_insert = database._insert_iterations
 
     def insert_then_hang(conn, model_id, rows):
         real_insert(conn, model_id, rows)  # every row of the save is written, not committed
         pathlib.Path(marker).write_text("in transaction")
         time.sleep(600)
 
-    store._insert_iterations = insert_then_hang
+    database._insert_iterations = insert_then_hang
     registry = Registry(url)
     iterations = [{"iteration": k, "training_loss": 9.0} for k in range(1, 6)]
     registry.save_model(
@@ -905,7 +899,9 @@ def test_writer_killed_mid_transaction_leaves_no_half_entry(url, tmp_path, repla
         [sys.executable, "-c", _KILLED_WRITER, url, str(marker), str(arch), str(int(replace))]
     )
     try:
-        poll_for(lambda: marker.exists() or child.poll() is not None, timeout=120)
+        assert poll_for(lambda: marker.exists() or child.poll() is not None, 120), (
+            "the writer neither reached its transaction nor exited within 120 s"
+        )
         assert child.poll() is None, "the writer exited before reaching its transaction"
         os.kill(child.pid, signal.SIGKILL)
         assert child.wait(timeout=30) == -signal.SIGKILL

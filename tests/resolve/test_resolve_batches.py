@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dvml.resolve.batches import BatchPlan
-from dvml.resolve.local import ALIGNMENT, LocalPartitions, aligned_empty
+from dvml.resolve.partitions import ALIGNMENT, LocalPartitions, aligned_empty
 
 
 def _parts(sizes: tuple[int, ...]) -> tuple[LocalPartitions, np.ndarray, np.ndarray]:

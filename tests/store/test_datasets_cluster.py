@@ -7,20 +7,17 @@ dropping or replacing it gives every byte back.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import object_exists, snapshot
 
 import dvml
 from dvml.exceptions import DatasetExistsError, DatasetNotFoundError
+from tests.helpers import object_exists, on_worker, snapshot
 
 pytestmark = pytest.mark.cluster
-
-
-# -- worker-side probes (top-level, so they pickle by reference) ---------------------------
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -32,10 +29,7 @@ def instance_of(cluster: dvml.LocalCluster, name: str) -> int:
 
 def exists_on(cluster: dvml.LocalCluster, instance: int, ids: Sequence[int]) -> list[bool]:
     worker = next(w for w in cluster.workers if w.vineyard_instance_id == instance)
-    future = cluster.client.submit(
-        object_exists, list(ids), workers=[worker.address], allow_other_workers=False, pure=False
-    )
-    return future.result(timeout=60)
+    return on_worker(cluster, worker, object_exists, list(ids))
 
 
 def tensor_ids(ds: dvml.Dataset) -> dict[int, list[int]]:
@@ -53,22 +47,10 @@ def frame(n: int, seed: int) -> pd.DataFrame:
     )
 
 
-@pytest.fixture
-def clean4(cluster4: dvml.LocalCluster) -> Iterator[list[str]]:
-    """Names of datasets a test creates: dropped afterwards, and the vineyardds checked clean."""
-    before = snapshot(cluster4)
-    names: list[str] = []
-    yield names
-    for name in names:
-        if dvml.datasets.exists(name, client=cluster4.client):
-            dvml.datasets.drop(name, client=cluster4.client)
-    assert snapshot(cluster4) == before, "the vineyardds do not hold what they held before"
-
-
-def test_list_describe_exists_drop(cluster4: dvml.LocalCluster, clean4: list[str]) -> None:
+def test_list_describe_exists_drop(cluster4: dvml.LocalCluster, clean_vineyard4: list[str]) -> None:
     client = cluster4.client
     before = snapshot(cluster4)
-    clean4 += ["ds_first", "ds_second"]
+    clean_vineyard4 += ["ds_first", "ds_second"]
     first = dvml.training_preprocessor(
         frame(30, 1), y="y", x=[["a", "b"]], distribution_rules=["worker-0", "worker-2"],
         name="ds_first", client=client,
@@ -137,10 +119,10 @@ def test_list_describe_exists_drop(cluster4: dvml.LocalCluster, clean4: list[str
         dvml.datasets.drop("ds_second", client=client)
 
 
-def test_overwrite(cluster4: dvml.LocalCluster, clean4: list[str]) -> None:
+def test_overwrite(cluster4: dvml.LocalCluster, clean_vineyard4: list[str]) -> None:
     client = cluster4.client
     before = snapshot(cluster4)
-    clean4.append("ds_over")
+    clean_vineyard4.append("ds_over")
     old = dvml.training_preprocessor(
         frame(40, 3), y="y", x=[["a", "b"]], distribution_rules=["worker-0", "worker-1"],
         name="ds_over", client=client,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,14 +19,14 @@ ROWS = 25 << 20  # float32: 100 MiB
 
 def memory_usage() -> int:
     """On a worker: bytes in use in its vineyardd."""
-    from dvml.store.local import local_client
+    from dvml.cluster.connection import local_client
 
     return int(local_client().status.memory_usage)
 
 
 def write_and_die_once(marker: str, run_id: str) -> dict[str, Any]:
     """On a worker: fill a 100 MiB tensor; the first attempt dies half way through the fill."""
-    from dvml.store.local import STAGING_PREFIX, write_arrays
+    from dvml.store.tensors import STAGING_PREFIX, write_arrays
 
     def fill(out: dict[str, np.ndarray]) -> None:
         out["x"][: ROWS // 2] = 1.0
@@ -47,9 +47,8 @@ def read_sum(oid: int) -> float:
 
 
 @pytest.fixture
-def one_worker() -> Iterator[dvml.LocalCluster]:
-    with dvml.LocalCluster(n_workers=1, vineyard_memory="256MiB", set_as_default=False) as c:
-        yield c
+def one_worker(local_cluster: Callable[..., dvml.LocalCluster]) -> dvml.LocalCluster:
+    return local_cluster(n_workers=1, vineyard_memory="256MiB")
 
 
 def test_worker_killed_while_filling_leaks_no_memory(

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
-from conftest import pid_gone, poll_for
 
 import dvml
 from dvml.exceptions import (
@@ -24,32 +23,13 @@ from dvml.exceptions import (
     TrainerFailedError,
     TrainingError,
 )
+from tests.helpers import cnn, keras, pid_gone, poll_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
 COMPILE = (
     "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.003)', metrics=['accuracy']"
 )
-
-
-def keras() -> Any:
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tf_keras
-
-    return tf_keras
-
-
-def cnn(n_classes: int = 10, input_shape: tuple[int, ...] = (8, 8, 1)) -> Any:
-    k = keras()
-    return k.Sequential(
-        [
-            k.layers.InputLayer(input_shape=input_shape),
-            k.layers.Conv2D(16, 3, activation="relu", padding="same", name="conv"),
-            k.layers.Flatten(),
-            k.layers.Dense(32, activation="relu", name="hidden"),
-            k.layers.Dense(n_classes, activation="softmax", name="out"),
-        ]
-    )
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +94,14 @@ def run_fit(env: dict[str, Any], model: str, **kwargs: Any) -> dvml.Model:
     return dvml.fit(training, model, arch, registry=env["registry"], client=env["client"], **params)
 
 
-def test_fit_digits_cnn_two_trainers(env: dict[str, Any], cluster2: Any) -> None:
+# -- one fit shared by the tests of its outcome -------------------------------------------------
+# "digits_cnn": 4 iterations, metrics every 2, a validation set, progress recorded. Each test
+# below checks one behaviour of this one fit (or of evaluate/predict on its model).
+
+
+@pytest.fixture(scope="module")
+def trained(env: dict[str, Any]) -> dict[str, Any]:
+    """The fitted digits CNN, the progress records the client saw while it trained."""
     seen: list[dict[str, Any]] = []
     model = run_fit(
         env,
@@ -123,16 +110,49 @@ def test_fit_digits_cnn_two_trainers(env: dict[str, Any], cluster2: Any) -> None
         validation_set="fit_digits_val",
         metrics_compute_frequency=2,
         on_iteration=seen.append,
+        sync="iteration",
     )
-    s = model.summary
+    return {"model": model, "summary": model.summary, "seen": seen}
 
+
+@pytest.fixture(scope="module")
+def evaluated(env: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
+    """dvml.evaluate of the fitted model on the validation set, on the workers."""
+    return dvml.evaluate(
+        "digits_cnn", "fit_digits_val", registry=env["registry"], client=env["client"]
+    )
+
+
+@pytest.fixture(scope="module")
+def top1(env: dict[str, Any], trained: dict[str, Any]) -> pd.DataFrame:
+    """dvml.predict of the fitted model on the raw test rows (top class per row)."""
+    return dvml.predict(
+        "digits_cnn", env["test"], "id", "pixels", registry=env["registry"], client=env["client"]
+    ).compute(scheduler=env["client"])
+
+
+def test_fit_reaches_the_validation_accuracy(trained: dict[str, Any]) -> None:
+    s = trained["summary"]
+    # MADlib's model averaging converges: >= 90 % within 4 iterations (2 epochs each)
+    assert s["sync"] == "iteration"
     assert s["validation_metrics_final"] >= 0.90, s["validation_metrics"]
-    assert s["weights_identical_on_all_trainers"] is True
-    # progress reached the client while training ran, once per iteration
-    assert [r["iteration"] for r in seen] == [1, 2, 3, 4]
-    assert s["metrics_iters"] == [2, 4]
 
+
+def test_fit_ends_with_the_same_weights_on_all_trainers(trained: dict[str, Any]) -> None:
+    assert trained["summary"]["weights_identical_on_all_trainers"] is True
+
+
+def test_fit_reports_progress_once_per_iteration(trained: dict[str, Any]) -> None:
+    # progress reached the client while training ran, once per iteration
+    assert [r["iteration"] for r in trained["seen"]] == [1, 2, 3, 4]
+    assert trained["summary"]["metrics_iters"] == [2, 4]
+
+
+def test_each_trainer_reads_the_buffers_of_its_own_instance(
+    env: dict[str, Any], trained: dict[str, Any], cluster2: Any
+) -> None:
     # each trainer read exactly the buffers on its own vineyard instance, together all of them
+    s = trained["summary"]
     layout = dvml.datasets.describe("fit_digits", client=env["client"]).layout["buffers"]
     by_worker = {w.name: w.vineyard_instance_id for w in cluster2.workers}
     covered = []
@@ -144,71 +164,87 @@ def test_fit_digits_cnn_two_trainers(env: dict[str, Any], cluster2: Any) -> None
         assert part["rows"] == sum(layout[b]["rows"] for b in part["buffers"])
     assert sorted(covered) == list(range(len(layout)))
 
-    # MADlib's summary fields are all there
-    for key in (
-        "source_table",
-        "model",
-        "dependent_varname",
-        "independent_varname",
-        "model_arch_table",
-        "model_id",
-        "compile_params",
-        "fit_params",
-        "num_iterations",
-        "validation_table",
-        "metrics_compute_frequency",
-        "name",
-        "description",
-        "model_type",
-        "model_size",
-        "start_training_time",
-        "end_training_time",
-        "metrics_elapsed_time",
-        "version",
-        "num_classes",
-        "dependent_vartype",
-        "normalizing_const",
-        "metrics_type",
-        "loss_type",
-        "training_metrics_final",
-        "training_loss_final",
-        "training_metrics",
-        "training_loss",
-        "validation_metrics_final",
-        "validation_loss_final",
-        "validation_metrics",
-        "validation_loss",
-        "metrics_iters",
-        "class_values",
-    ):
+
+MADLIB_SUMMARY_FIELDS = (
+    "source_table",
+    "model",
+    "dependent_varname",
+    "independent_varname",
+    "model_arch_table",
+    "model_id",
+    "compile_params",
+    "fit_params",
+    "num_iterations",
+    "validation_table",
+    "metrics_compute_frequency",
+    "name",
+    "description",
+    "model_type",
+    "model_size",
+    "start_training_time",
+    "end_training_time",
+    "metrics_elapsed_time",
+    "version",
+    "num_classes",
+    "dependent_vartype",
+    "normalizing_const",
+    "metrics_type",
+    "loss_type",
+    "training_metrics_final",
+    "training_loss_final",
+    "training_metrics",
+    "training_loss",
+    "validation_metrics_final",
+    "validation_loss_final",
+    "validation_metrics",
+    "validation_loss",
+    "metrics_iters",
+    "class_values",
+)
+
+
+def test_summary_has_every_madlib_field(trained: dict[str, Any]) -> None:
+    s = trained["summary"]
+    for key in MADLIB_SUMMARY_FIELDS:
         assert key in s, key
     assert s["class_values"] == list(range(10))
     assert s["loss_type"] == "categorical_crossentropy" and s["metrics_type"] == ["accuracy"]
-    history = model.history()
+
+
+def test_history_has_every_iteration_and_a_falling_loss(trained: dict[str, Any]) -> None:
+    history = trained["model"].history()
     assert list(history["iteration"]) == [1, 2, 3, 4]
     evaluated = history.dropna(subset=["training_loss"])
     assert list(evaluated["iteration"]) == [2, 4]
     assert evaluated["training_loss"].iloc[-1] < evaluated["training_loss"].iloc[0]
 
-    # evaluate on the workers equals the final validation figures
-    result = dvml.evaluate(
-        "digits_cnn", "fit_digits_val", registry=env["registry"], client=env["client"]
-    )
-    assert result["metric"] == pytest.approx(s["validation_metrics_final"], abs=1e-6)
-    assert result["loss"] == pytest.approx(s["validation_loss_final"], rel=1e-5)
-    assert result["rows"] == len(env["test"])
 
+def test_evaluate_equals_the_final_validation_figures(
+    env: dict[str, Any], trained: dict[str, Any], evaluated: dict[str, Any]
+) -> None:
+    # evaluate on the workers equals the final validation figures
+    s = trained["summary"]
+    assert evaluated["metric"] == pytest.approx(s["validation_metrics_final"], abs=1e-6)
+    assert evaluated["loss"] == pytest.approx(s["validation_loss_final"], rel=1e-5)
+    assert evaluated["rows"] == len(env["test"])
+
+
+def test_predict_raw_rows_agrees_with_evaluate(
+    env: dict[str, Any], evaluated: dict[str, Any], top1: pd.DataFrame
+) -> None:
     # predict raw rows, normalization applied on the workers; agrees with evaluate
     test = env["test"]
-    top = dvml.predict(
-        "digits_cnn", test, "id", "pixels", registry=env["registry"], client=env["client"]
-    ).compute(scheduler=env["client"])
-    assert len(top) == len(test) and set(top["rank"]) == {1}
-    merged = top.merge(test[["id", "label"]], on="id")
-    assert (merged["class_value"] == merged["label"]).mean() == pytest.approx(result["metric"])
+    assert len(top1) == len(test) and set(top1["rank"]) == {1}
+    merged = top1.merge(test[["id", "label"]], on="id")
+    assert (merged["class_value"] == merged["label"]).mean() == pytest.approx(evaluated["metric"])
+
+
+def test_predict_top_k_ranks_by_falling_probability(
+    env: dict[str, Any], trained: dict[str, Any]
+) -> None:
     top3 = dvml.predict(
         "digits_cnn",
-        test.iloc[:20],
+        env["test"].iloc[:20],
         "id",
         "pixels",
         pred_type=3,
@@ -217,9 +253,12 @@ def test_fit_digits_cnn_two_trainers(env: dict[str, Any], cluster2: Any) -> None
     ).compute(scheduler=env["client"])
     assert len(top3) == 60 and sorted(set(top3["rank"])) == [1, 2, 3]
     assert (top3.groupby("id")["prob"].apply(lambda p: p.is_monotonic_decreasing)).all()
+
+
+def test_predict_probabilities_sum_to_one(env: dict[str, Any], trained: dict[str, Any]) -> None:
     probs = dvml.predict(
         "digits_cnn",
-        test.iloc[:5],
+        env["test"].iloc[:5],
         "id",
         "pixels",
         pred_type="prob",
@@ -228,13 +267,17 @@ def test_fit_digits_cnn_two_trainers(env: dict[str, Any], cluster2: Any) -> None
     ).compute(scheduler=env["client"])
     assert probs.groupby("id")["prob"].sum().to_numpy() == pytest.approx(np.ones(5), abs=1e-4)
 
+
+def test_byom_with_the_same_weights_predicts_the_same_classes(
+    env: dict[str, Any], trained: dict[str, Any], top1: pd.DataFrame
+) -> None:
     # BYOM: the same weights loaded as an architecture predict the same classes
     byom_arch = dvml.load_keras_model(
-        cnn().to_json(), weights=model.weights(), registry=env["registry"]
+        cnn().to_json(), weights=trained["model"].weights(), registry=env["registry"]
     )
     byom = dvml.predict_byom(
         byom_arch,
-        test,
+        env["test"],
         "id",
         "pixels",
         class_values=list(range(10)),
@@ -244,11 +287,22 @@ def test_fit_digits_cnn_two_trainers(env: dict[str, Any], cluster2: Any) -> None
     ).compute(scheduler=env["client"])
     assert (
         byom.sort_values("id")["class_value"].tolist()
-        == top.sort_values("id")["class_value"].tolist()
+        == top1.sort_values("id")["class_value"].tolist()
     )
 
+
+def test_warm_start_continues_from_the_trained_weights(
+    env: dict[str, Any], trained: dict[str, Any]
+) -> None:
+    # A copy of the fitted model is warm-started, so that digits_cnn, which the tests above
+    # read, stays as the fit left it whatever order the tests run in.
+    registry = env["registry"]
+    fitted = registry.get_model("digits_cnn")
+    registry.save_model(
+        "digits_cnn_warm", fitted["arch_id"], fitted["weights"], fitted["summary"], replace=True
+    )
     # warm start continues from these weights: its first loss is already low
-    warm = run_fit(env, "digits_cnn", num_iterations=1, warm_start=True)
+    warm = run_fit(env, "digits_cnn_warm", num_iterations=1, warm_start=True, sync="iteration")
     assert warm.summary["training_loss_final"] < 0.5
     assert warm.summary["warm_start"] is True
 
@@ -260,7 +314,8 @@ def test_transfer_learning_keeps_frozen_layers(env: dict[str, Any]) -> None:
     arch = dvml.load_keras_model(
         base.to_json(), weights=initial, name="frozen-conv", registry=env["registry"]
     )
-    model = run_fit(env, "transfer", arch_id=arch, num_iterations=1)
+    # under model averaging too: identical frozen weights average to themselves, bit for bit
+    model = run_fit(env, "transfer", arch_id=arch, num_iterations=1, sync="iteration")
     after = model.weights()
     np.testing.assert_array_equal(after[0], initial[0])  # conv kernel: frozen
     np.testing.assert_array_equal(after[1], initial[1])  # conv bias: frozen
@@ -405,6 +460,7 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
                 num_iterations=4,
                 fit_params="batch_size=32, epochs=2",
                 on_iteration=lambda r: first_iteration_done.set(),
+                sync="iteration",
             )
         except BaseException as exc:  # recorded for the main thread
             outcome["error"] = exc
@@ -428,11 +484,26 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
     # the other trainer is gone too
     assert poll_for(lambda: all(pid_gone(pid) for pid in others), 30)
 
-    resumed = run_fit(env, "resumable", num_iterations=4, fit_params="batch_size=32, epochs=2")
+    resumed = run_fit(
+        env, "resumable", num_iterations=4, fit_params="batch_size=32, epochs=2", sync="iteration"
+    )
     assert resumed.summary["resumed_from_iteration"] >= 1
+    assert resumed.summary["weights_identical_on_all_trainers"] is True
     assert resumed.summary["num_iterations"] == 4
     # the history of the interrupted run is carried over: every iteration appears once
     assert resumed.history()["iteration"].tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("sync", ["step", 5])
+def test_sync_modes_end_on_identical_weights(env: dict[str, Any], sync: Any) -> None:
+    """Gradient all-reduce per step, and local SGD averaging every 5 steps."""
+    model = run_fit(
+        env, f"sync_{sync}", num_iterations=1, sync=sync, validation_set="fit_digits_val"
+    )
+    s = model.summary
+    assert s["sync"] == sync
+    assert s["weights_identical_on_all_trainers"] is True
+    assert s["validation_metrics_final"] > 0.5, s["validation_metrics"]
 
 
 def _standby_pids(cluster: Any, worker: str) -> list[int]:

@@ -45,10 +45,10 @@ def test_standby_goes_with_its_worker(tmp_path: object) -> None:
     import signal
 
     import dask.config
-    from conftest import pid_gone, poll_for
 
     import dvml
     from dvml.train import launch
+    from tests.helpers import pid_gone, poll_for
 
     with (
         dask.config.set({"dvml.cluster.state-dir": str(tmp_path)}),

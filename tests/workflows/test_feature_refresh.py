@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import poll_for
 
 import dvml
+from tests.helpers import keras, poll_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.timeout(900)]
 
@@ -32,13 +32,6 @@ NAME = "wfphotos"
 COMPILE = (
     "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']"
 )
-
-
-def keras() -> Any:
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tf_keras
-
-    return tf_keras
 
 
 def write_images(root: pathlib.Path, per_class: int, seed: int) -> None:
@@ -157,7 +150,7 @@ def _task_prefixes(dask_scheduler: Any) -> list[str]:
 
 
 def test_killed_while_featurizing(refresh: Refresh, backbone: int, cluster2: Any) -> None:
-    from dvml.jobs.cluster import staging_runs, wait_for_released_tasks
+    from dvml.jobs.job_cluster import staging_runs, wait_for_released_tasks
     from dvml.preprocess.api import INTERNAL_PREFIX
 
     hidden = f"{INTERNAL_PREFIX}features-source/{NAME}-features"

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from dvml.exceptions import ConfigError, DataError
-from dvml.jobs.config import Field, Section, describe, load, validate
 from dvml.jobs.data import resolve_source, validation_split
 from dvml.jobs.models import is_better, metric_mode, metric_value
 from dvml.jobs.schemas import FEATURE_REFRESH_SCHEMA, JOB_SCHEMA
+from dvml.jobs.yaml_schema import Field, Section, describe, load, validate
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # The workflows package lives in the repository, not in the installed dvml: put the repository

@@ -19,11 +19,11 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import pid_gone, poll_for
 
 import dvml
-from dvml.jobs.cluster import staging_runs
+from dvml.jobs.job_cluster import staging_runs
 from dvml.registry import Registry
+from tests.helpers import digits_job, pid_gone, poll_for, write_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -53,28 +53,17 @@ class Job:
         self.count = 0
 
     def _write(self, name: str, scheduler: str, fit_params: str) -> pathlib.Path:
-        path = self.tmp / name
-        path.write_text(
-            f"""\
-name: {NAME}
-state_dir: {self.state}
-registry: {self.registry}
-cluster:
-  scheduler: {scheduler}
-data:
-  source: sklearn:digits
-  normalizing_const: 16.0
-validation:
-  split: 0.2
-model:
-  architecture: builtin:digits-cnn
-  compile_params: "{COMPILE}"
-  fit_params: "{fit_params}"
-promotion:
-  metric: accuracy
-"""
+        text = digits_job(
+            NAME,
+            self.registry,
+            state_dir=self.state,
+            scheduler=scheduler,
+            compile_params=COMPILE,
+            fit_params=fit_params,
+            validation_split=0.2,
+            promotion_metric="accuracy",
         )
-        return path
+        return write_job(self.tmp / name, text)
 
     def start(
         self, config: pathlib.Path, *args: str

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import digits_job, write_job
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # The workflows package lives in the repository, not in the installed dvml: put the repository
 # first, or `import workflows` finds this test directory (a namespace package of that name).
@@ -27,24 +29,16 @@ def workflow(*args: str, tmp_path: pathlib.Path, timeout: float = 120) -> Any:
 
 
 def job_file(tmp_path: pathlib.Path, extra: str = "", **replace: str) -> pathlib.Path:
-    text = f"""\
-name: digits
-state_dir: {tmp_path / "wf-state"}
-registry: sqlite:///{tmp_path / "registry.db"}
-cluster:
-  scheduler: tcp://127.0.0.1:1
-data:
-  source: sklearn:digits
-  normalizing_const: 16.0
-model:
-  architecture: builtin:digits-cnn
-  compile_params: "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
-{extra}"""
+    text = digits_job(
+        "digits",
+        f"sqlite:///{tmp_path / 'registry.db'}",
+        state_dir=tmp_path / "wf-state",
+        scheduler="tcp://127.0.0.1:1",
+    )
+    text += extra
     for old, new in replace.items():
         text = text.replace(old, new)
-    path = tmp_path / "job.yaml"
-    path.write_text(text)
-    return path
+    return write_job(tmp_path / "job.yaml", text)
 
 
 def error_lines(stderr: str) -> list[str]:

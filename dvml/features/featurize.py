@@ -19,7 +19,12 @@ from typing import Any
 import numpy as np
 
 from dvml import tf_runtime
+from dvml.cluster.connection import this_worker_name
+from dvml.cluster.workers import worker_host
 from dvml.exceptions import StoreError
+from dvml.registry.weights import weights_from_bytes
+from dvml.resolve.partitions import open_local
+from dvml.store.tensors import put_arrays
 
 __all__ = [
     "CALLS",
@@ -49,7 +54,7 @@ def extractor_for(spec: dict[str, Any]) -> tuple[Any, str]:
 
     def build() -> Any:
         with tf_runtime.tensorflow().device(device):
-            model = tf_runtime.build_model(spec["model_json"], spec["weights"])
+            model = tf_runtime.build_model(spec["model_json"], weights_from_bytes(spec["weights"]))
         CALLS["builds"] += 1
         return model
 
@@ -64,13 +69,11 @@ def _where() -> dict[str, str]:
     return {
         "worker": worker.address,
         "worker_name": str(worker.name),
-        "host": os.environ.get("DVML_HOST") or worker.address,
+        "host": worker_host(worker.address),
     }
 
 
 def _local_buffer(parts: Any, name: str, dataset_id: str, index: int) -> int:
-    from dvml.store.local import this_worker_name
-
     if parts.summary.get("dataset_id") != dataset_id:
         raise StoreError(
             f"Dataset {name!r} was replaced while this task ran: it now has dataset_id "
@@ -124,9 +127,6 @@ def featurize_buffer(
     When the Dask event ``abort_event`` is set (the run failed elsewhere), the task stops
     between batches and puts nothing.
     """
-    from dvml.resolve.local import open_local
-    from dvml.store.local import put_arrays
-
     start = time.perf_counter()
     abort = _Abort(abort_event)
     parts = open_local(source, require=False)
@@ -170,8 +170,6 @@ def save_buffer(name: str, dataset_id: str, index: int, directory: str) -> dict[
 
     Each file is written under a temporary name and renamed, so a file is whole or absent.
     """
-    from dvml.resolve.local import open_local
-
     where = _where()
     folder = _safe(where["worker_name"])
     os.makedirs(os.path.join(directory, folder), exist_ok=True)
@@ -199,8 +197,6 @@ def save_buffer(name: str, dataset_id: str, index: int, directory: str) -> dict[
 
 
 def _read(directory: str, meta: dict[str, Any]) -> np.ndarray:
-    from dvml.store.local import this_worker_name
-
     path = os.path.join(directory, meta["path"])
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -234,8 +230,6 @@ def load_buffer(
     ``pieces`` are ``(files of a saved buffer, row indices or None for all rows)``; the rows
     of every piece are concatenated, field by field.
     """
-    from dvml.store.local import put_arrays
-
     fields: dict[str, list[np.ndarray]] = {}
     for files, rows in pieces:
         for field, meta in files.items():
@@ -257,8 +251,6 @@ def load_buffer(
 
 def read_buffers(name: str) -> dict[int, dict[str, np.ndarray]]:
     """Copies of this worker's buffers of ``name``: ``{buffer index: {field: array}}``."""
-    from dvml.resolve.local import open_local
-
     parts = open_local(name, require=False)
     try:
         return {

@@ -26,7 +26,14 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from dvml import config
+from dvml.cluster.attach import connect
+from dvml.cluster.local_cluster import LocalCluster
+from dvml.cluster.state import read_state, same_process, state_path
 from dvml.exceptions import ClusterError, NoClusterError
+from dvml.store import catalog
+from dvml.store.datasets import delete_by_instance, run_on
+from dvml.store.tensors import STAGING_PREFIX, delete_objects
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -54,7 +61,6 @@ _JOB_ID_LENGTH = 12
 def _state_dir(state_dir: str | os.PathLike[str] | None) -> pathlib.Path:
     if state_dir is not None:
         return pathlib.Path(state_dir).expanduser()
-    from dvml import config
 
     return config.state_dir()
 
@@ -69,8 +75,6 @@ def recorded_scheduler(state_dir: str | os.PathLike[str] | None = None) -> str:
     ClusterError
         The recorded cluster no longer runs.
     """
-    from dvml.cluster.state import read_state, same_process, state_path
-
     directory = _state_dir(state_dir)
     state = read_state(directory)
     if state is None:
@@ -101,7 +105,6 @@ def cluster_plan(
     if local is not None:
         extra = ", ".join(f"{k}={v}" for k, v in local.items() if v is not None)
         return f"start a LocalCluster ({extra}) and stop it at the end"
-    from dvml.cluster.state import state_path
 
     return f"attach to the cluster recorded in {state_path(_state_dir(state_dir))}"
 
@@ -129,9 +132,6 @@ def open_cluster(
         Closed (a started LocalCluster: stopped) on exit.
     """
     import warnings
-
-    from dvml.cluster.attach import connect
-    from dvml.cluster.local import LocalCluster
 
     section = section or {}
     timeout = float(section.get("timeout") or 30.0)
@@ -230,10 +230,6 @@ def wait_for_released_tasks(client: Client, timeout: float = 120.0) -> list[str]
 
 def staging_runs(client: Client) -> dict[str, list[tuple[str, int, int]]]:
     """Staged (never published) objects by preprocessing run id: ``[(name, id, instance)]``."""
-    from dvml.store import catalog
-    from dvml.store.datasets import run_on
-    from dvml.store.local import STAGING_PREFIX
-
     runs: dict[str, list[tuple[str, int, int]]] = {}
     for name, oid, iid in run_on(client, None, catalog.staging_objects):
         run_id = name[len(STAGING_PREFIX) :].split("/", 1)[0]
@@ -243,9 +239,6 @@ def staging_runs(client: Client) -> dict[str, list[tuple[str, int, int]]]:
 
 def drop_staging(client: Client, run_ids: Iterable[str]) -> int:
     """Delete the staged objects (and their names) of ``run_ids``; return how many names."""
-    from dvml.store.datasets import delete_by_instance, run_on
-    from dvml.store.local import delete_objects
-
     wanted = set(run_ids)
     ids: dict[int, list[int]] = {}
     names: dict[int, list[str]] = {}

@@ -1,4 +1,4 @@
-"""Vineyard access from inside a worker or trainer: the LOCAL instance only.
+"""Tensors written in place into the LOCAL vineyardd, from inside a worker; their deletion.
 
 Everything here runs in a process whose ``VINEYARD_IPC_SOCKET`` points at its own vineyardd.
 Tensors are allocated as blobs of the local daemon and filled in place, never put through
@@ -9,22 +9,18 @@ instance, which would break placement.
 from __future__ import annotations
 
 import math
-import os
-import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from dvml.exceptions import DaemonDiedError, StoreError, VineyardMemoryError
+from dvml.cluster.connection import local_client, this_worker_name
+from dvml.exceptions import StoreError, VineyardMemoryError
 
 __all__ = [
     "STAGING_PREFIX",
     "delete_objects",
-    "local_client",
     "put_arrays",
-    "this_worker_name",
     "write_arrays",
 ]
 
@@ -32,80 +28,6 @@ __all__ = [
 # publication of the dataset, so that objects of a failed or retried run can be found and
 # deleted: no orphan stays in any vineyardd.
 STAGING_PREFIX = "__dvml_staging__/"
-
-
-def this_worker_name() -> str:
-    """The Dask worker's name, or the process id outside a worker (for messages)."""
-    # A Dask worker has distributed loaded already. A trainer process has not, and importing
-    # it just to learn that this is no worker cost ~0.5 s and ~19 MiB of private memory per
-    # trainer on every open_local (benchmarks B1/B7).
-    distributed = sys.modules.get("distributed")
-    if distributed is not None:
-        try:
-            return str(distributed.get_worker().name)
-        except (AttributeError, ValueError):
-            pass
-    return f"process {os.getpid()}"
-
-
-_LOCK = threading.Lock()
-_CLIENTS: dict[str, Any] = {}
-
-
-def local_client(socket: str | None = None) -> Any:
-    """This process's connection to its own vineyardd (``VINEYARD_IPC_SOCKET``), shared.
-
-    vineyard 0.24.2 gives every ``vineyard.connect(socket)`` in a process the SAME IPC
-    connection, so closing any client disconnects all the others, including those other
-    tasks of the same worker are using at that moment. dvml therefore opens one connection per
-    process and socket, probes it before handing it out, and never closes it: callers must not
-    call ``close()`` on it. Keeping it open also keeps the shared memory mapped, so a put does
-    not page-fault through a fresh mapping (about 6x slower for 256 MiB, benchmarks/b2_put.py).
-
-    Raises
-    ------
-    DaemonDiedError
-        Naming the worker and the socket when the daemon cannot be reached.
-    """
-    sock = socket or os.environ.get("VINEYARD_IPC_SOCKET")
-    who = this_worker_name()
-    if not sock:
-        raise DaemonDiedError(
-            f"{who} has no vineyardd: VINEYARD_IPC_SOCKET is not set. Start workers with "
-            "dvml.LocalCluster or the cluster/ recipes, which set it."
-        )
-    if not os.path.exists(sock):
-        raise DaemonDiedError(
-            f"The vineyardd of {who} is not running: its socket {sock} does not exist. "
-            "Check `dvml cluster status`; restart the cluster if the daemon died."
-        )
-    with _LOCK:
-        cached = _CLIENTS.get(sock)
-        if cached is not None:
-            try:
-                if cached.connected:
-                    cached.status  # noqa: B018 (one round trip: the daemon answers)
-                    return cached
-            except Exception:
-                pass
-            _CLIENTS.pop(sock, None)
-        client = _connect(sock, who)
-        _CLIENTS[sock] = client
-        return client
-
-
-def _connect(sock: str, who: str) -> Any:
-    import vineyard
-
-    # A dead daemon must fail at once rather than after vineyard's ten 1-second retries.
-    os.environ.setdefault("VINEYARD_IPC_SKIP_RETRY", "1")
-    try:
-        return vineyard.connect(sock)
-    except Exception as exc:
-        raise DaemonDiedError(
-            f"Cannot reach the vineyardd of {who} at {sock}: {exc}. Check `dvml cluster "
-            "status`; restart the cluster if the daemon died."
-        ) from exc
 
 
 def put_arrays(

@@ -45,7 +45,7 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
 def attached(args: argparse.Namespace, section: dict[str, Any] | None = None) -> Iterator[Cluster]:
     """The cluster of ``--scheduler``, else of the job file's ``cluster`` section, else the
     recorded one; closed (a LocalCluster started for the job: stopped) on exit."""
-    from dvml.jobs.cluster import open_cluster
+    from dvml.jobs.job_cluster import open_cluster
 
     section = dict(section or {})
     if getattr(args, "timeout", None) is not None:

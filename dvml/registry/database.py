@@ -13,19 +13,18 @@ import pathlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import sqlalchemy as sa
 
 from dvml import config
-from dvml.exceptions import RegistryError, RegistryNotFoundError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, RegistryNotFoundError
 from dvml.registry import custom, keras_json
 from dvml.registry import values as v
 from dvml.registry.schema import custom_functions, metadata, model_arch, model_iterations, models
 from dvml.registry.weights import WEIGHTS_FORMAT, weights_from_bytes, weights_to_bytes
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "open_registry", "opened_registry"]
 
 BUSY_TIMEOUT_S = 60.0
 """How long an SQLite connection waits for another process's write lock before failing."""
@@ -86,12 +85,6 @@ def _new_id(result: sa.CursorResult[Any]) -> int:
     return int(key[0])
 
 
-def _tensorflow() -> Any:
-    from dvml import tf_runtime
-
-    return tf_runtime.tensorflow()
-
-
 class Registry:
     """A model registry in any SQLAlchemy database; an SQLite file by default.
 
@@ -113,14 +106,14 @@ class Registry:
     def __init__(self, url: str | None = None) -> None:
         raw = config.registry_url() if url is None else url
         if not isinstance(raw, str) or not raw:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"url must be an SQLAlchemy URL string or None. Received: {raw!r}. For "
                 "example 'sqlite:////tmp/registry.db'."
             )
         try:
             self._url = sa.make_url(raw)
         except sa.exc.ArgumentError as exc:
-            raise ValueError(
+            raise ArgumentError(
                 f"url is not an SQLAlchemy URL: {exc}. Received: url={raw!r}. For example "
                 "'sqlite:////tmp/registry.db'."
             ) from None
@@ -324,7 +317,9 @@ class Registry:
         name = v.check_model_name(name)
         arch_id = v.check_id(arch_id, "arch_id")
         if summary is not None and not isinstance(summary, Mapping):
-            raise TypeError(f"summary must be a dict or None. Received: {type(summary).__name__}.")
+            raise ArgumentTypeError(
+                f"summary must be a dict or None. Received: {type(summary).__name__}."
+            )
         blob = weights_to_bytes(weights)
         summary_text = v.dumps(dict(summary or {}), "summary")
         rows = v.iteration_rows(iterations)
@@ -461,7 +456,9 @@ class Registry:
         """
         custom.check_source(name, source)
         if kind not in custom.KINDS:
-            raise ValueError(f"kind must be one of {list(custom.KINDS)}. Received: kind={kind!r}.")
+            raise ArgumentError(
+                f"kind must be one of {list(custom.KINDS)}. Received: kind={kind!r}."
+            )
         row = {
             "name": name,
             "kind": kind,
@@ -514,7 +511,7 @@ class Registry:
         ------
         RegistryNotFoundError
             Naming every requested function that does not exist.
-        ValueError
+        ArgumentError
             When a stored source no longer passes the checks (it was edited in the database).
         """
         wanted = [names] if isinstance(names, str) else list(names)
@@ -550,10 +547,31 @@ class Registry:
         RegistryNotFoundError
             Naming every requested function that does not exist.
         """
-        sources = self.custom_function_sources(names)
-        if not sources:
-            return {}
-        namespace = {"tf": _tensorflow(), "np": np}
-        return {
-            name: custom.compile_function(name, src, namespace) for name, src in sources.items()
-        }
+        return custom.custom_objects_from_sources(self.custom_function_sources(names))
+
+
+def open_registry(registry: Registry | str | None) -> Registry:
+    """``registry`` itself when it is a :class:`Registry`, else one opened on that URL.
+
+    The caller owns (and closes) a registry opened here; use :func:`opened_registry` when the
+    registry is needed only for the length of a ``with`` block.
+    """
+    if isinstance(registry, Registry):
+        return registry
+    if registry is not None and not isinstance(registry, str):
+        raise ArgumentTypeError(
+            f"registry must be a Registry, a URL string or None. Received: "
+            f"{type(registry).__name__}."
+        )
+    return Registry(registry)
+
+
+@contextlib.contextmanager
+def opened_registry(registry: Registry | str | None) -> Iterator[Registry]:
+    """:func:`open_registry` for a ``with`` block: closes the registry if it opened it."""
+    opened = open_registry(registry)
+    try:
+        yield opened
+    finally:
+        if opened is not registry:
+            opened.close()

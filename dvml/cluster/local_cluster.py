@@ -24,7 +24,7 @@ from dvml.cluster.daemons import start_etcd, start_vineyardd, vineyard_instance_
 from dvml.cluster.processes import ManagedProcess, free_port, poll_for, port_is_free
 from dvml.cluster.spec import LocalWorkerSpec, check_shared_memory, parse_memory, plan_workers
 from dvml.cluster.workers import GPUS_ENV, HOST_ENV, SOCKET_ENV
-from dvml.exceptions import ClusterStartError, DaemonDiedError
+from dvml.exceptions import ArgumentError, ClusterStartError, DaemonDiedError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,7 +89,7 @@ class LocalCluster(Cluster):
         check_shared_memory(self.vineyard_memory, len(self.specs))
         self._threads = int(config.get("cluster.threads-per-worker", threads_per_worker))
         if self._threads < 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"threads_per_worker must be at least 1. Received: {threads_per_worker!r}."
             )
         self._memory_limit = config.get("cluster.worker-memory-limit", memory_limit)

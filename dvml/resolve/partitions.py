@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from dvml.cluster.connection import local_client, this_worker_name
 from dvml.exceptions import DatasetNotFoundError, TrainingError
-from dvml.store.local import local_client, this_worker_name
 
 __all__ = ["LocalPartitions", "aligned_empty", "open_local"]
 
@@ -81,7 +81,7 @@ class LocalPartitions:
         """Drop the views (they must not be used afterwards).
 
         The process's vineyard connection stays open: it is shared by every user in the
-        process (see :func:`dvml.store.local.local_client`).
+        process (see :func:`dvml.cluster.connection.local_client`).
         """
         self.fields = {f: [] for f in self.fields}
         self._client = None

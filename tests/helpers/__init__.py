@@ -1,0 +1,89 @@
+"""Helpers of the test suite, importable from any test module (``from tests.helpers import ...``).
+
+In the manner of ``distributed.utils_test``: functions here, fixtures in ``tests/conftest.py``.
+One module per topic:
+
+- ``polling``: :func:`poll_for`, the one way a test waits for a condition.
+- ``processes``: child processes of the test process and the leak check every test runs.
+- ``clusters``: :func:`running_cluster` (a LocalCluster that is closed and leak-checked) and
+  :func:`on_worker` (run a function on one chosen worker).
+- ``vineyard_probes``: what each vineyardd and the cluster hold (worker-side probes that
+  never close the process's shared vineyard connection).
+- ``models`` and ``data``: small Keras models and synthetic images.
+- ``jobs``: job files and ``python -m dvml`` as a user runs it.
+- ``notebooks``: run a notebook top to bottom.
+
+dvml itself is imported inside the helpers, never at the top of a module here: importing this
+package stays cheap and does not depend on how dvml's modules are laid out.
+"""
+
+from tests.helpers.clusters import on_worker, running_cluster
+from tests.helpers.data import (
+    CLASSES,
+    color_images,
+    sort_rows,
+    write_image_folder,
+    write_tar_shards,
+)
+from tests.helpers.jobs import (
+    ADAM,
+    REPO,
+    digits_job,
+    dvml_command,
+    one_error_line,
+    with_state_dir,
+    write_job,
+)
+from tests.helpers.models import cnn, keras, tiny_backbone
+from tests.helpers.notebooks import execute_notebook
+from tests.helpers.polling import poll_for
+from tests.helpers.processes import (
+    SESSION_CLUSTERS,
+    assert_no_new_processes,
+    child_processes,
+    pid_gone,
+)
+from tests.helpers.vineyard_probes import (
+    batches,
+    dataset_names,
+    object_exists,
+    read_dataset,
+    snapshot,
+    staging_names,
+    vineyard_contents,
+    vineyard_usage,
+)
+
+__all__ = [
+    "ADAM",
+    "CLASSES",
+    "REPO",
+    "SESSION_CLUSTERS",
+    "assert_no_new_processes",
+    "batches",
+    "child_processes",
+    "cnn",
+    "color_images",
+    "dataset_names",
+    "digits_job",
+    "dvml_command",
+    "execute_notebook",
+    "keras",
+    "object_exists",
+    "on_worker",
+    "one_error_line",
+    "pid_gone",
+    "poll_for",
+    "read_dataset",
+    "running_cluster",
+    "snapshot",
+    "sort_rows",
+    "staging_names",
+    "tiny_backbone",
+    "vineyard_contents",
+    "vineyard_usage",
+    "with_state_dir",
+    "write_image_folder",
+    "write_job",
+    "write_tar_shards",
+]

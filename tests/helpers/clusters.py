@@ -1,0 +1,50 @@
+"""Clusters a test starts for itself, and running one function on one chosen worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from tests.helpers.processes import assert_no_new_processes, child_processes
+
+if TYPE_CHECKING:
+    import dvml
+
+__all__ = ["on_worker", "running_cluster"]
+
+
+@contextmanager
+def running_cluster(**kwargs: Any) -> Iterator[dvml.LocalCluster]:
+    """A ``dvml.LocalCluster(**kwargs)`` that is always closed, then checked for leaks.
+
+    ``set_as_default`` is False unless given, so that the cluster never becomes the default
+    client of other tests. After ``close()``, every process the cluster started must be gone
+    (:func:`assert_no_new_processes`); the check is skipped when the body raised, so that the
+    test's own failure is the one reported. The ``local_cluster`` fixture of conftest is this,
+    for a test's duration.
+    """
+    import dvml
+
+    kwargs.setdefault("set_as_default", False)
+    before = child_processes()
+    cluster = dvml.LocalCluster(**kwargs)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+    assert_no_new_processes(before)
+
+
+def on_worker(
+    cluster: dvml.LocalCluster,
+    worker: dvml.WorkerInfo,
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout: float = 60,
+) -> Any:
+    """Run ``fn(*args)`` on exactly ``worker`` (never elsewhere) and return its result."""
+    future = cluster.client.submit(
+        fn, *args, workers=[worker.address], allow_other_workers=False, pure=False
+    )
+    return future.result(timeout=timeout)

@@ -1,0 +1,83 @@
+"""Child processes of the test process: what runs, what is gone, and the leak check."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import psutil
+import pytest
+
+from tests.helpers.polling import poll_for
+
+if TYPE_CHECKING:
+    import dvml
+
+__all__ = [
+    "SESSION_CLUSTERS",
+    "assert_no_new_processes",
+    "child_processes",
+    "pid_gone",
+]
+
+# Clusters that live for the whole session (conftest's cluster4 and cluster2): their
+# processes are not counted by the leak check.
+SESSION_CLUSTERS: list[dvml.LocalCluster] = []
+
+
+def pid_gone(pid: int) -> bool:
+    """Whether ``pid`` no longer runs (a zombie counts as gone: it holds nothing but its pid)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _excluded_pids() -> set[int]:
+    pids: set[int] = set()
+    for cluster in SESSION_CLUSTERS:
+        pids.update(cluster.processes().values())
+    # A session cluster's workers keep a standby trainer between fits (dvml.train.launch); it
+    # belongs to the worker and is stopped with it, like the worker itself.
+    for pid in list(pids):
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                if "dvml.train.trainer --standby" in " ".join(child.cmdline()):
+                    pids.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return pids
+
+
+def child_processes() -> dict[int, str]:
+    """Running descendants of the test process: ``{pid: command line}``.
+
+    Zombies, multiprocessing's resource tracker (it lives as long as the interpreter) and the
+    session clusters' processes are left out.
+    """
+    excluded = _excluded_pids()
+    found = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.pid in excluded or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(proc.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "multiprocessing.resource_tracker" in cmdline:
+            continue
+        found[proc.pid] = cmdline
+    return found
+
+
+def assert_no_new_processes(before: dict[int, str], timeout: float = 10.0) -> None:
+    """Fail when a child process not in ``before`` still runs after ``timeout`` seconds."""
+    new: dict[int, str] = {}
+
+    def none_new() -> bool:
+        nonlocal new
+        new = {p: c for p, c in child_processes().items() if p not in before}
+        return not new
+
+    if not poll_for(none_new, timeout, interval=0.1):
+        lines = "\n".join(f"  pid {p}: {c[:200]}" for p, c in sorted(new.items()))
+        pytest.fail(f"{len(new)} child process(es) started by this test still run:\n{lines}")

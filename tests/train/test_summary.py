@@ -1,0 +1,48 @@
+"""MADlib's fit summary fields, built from plain values (no cluster)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from dvml.train.summary import build_summary, weights_size_kb
+
+
+def _iris_weights() -> list[np.ndarray]:
+    # MADlib's iris example: Dense(10) on 4 inputs, Dense(10), Dense(3): 193 parameters.
+    shapes = [(4, 10), (10,), (10, 10), (10,), (10, 3), (3,)]
+    return [np.zeros(s, np.float32) for s in shapes]
+
+
+def test_model_size_is_the_weights_kilobytes() -> None:
+    weights = _iris_weights()
+    assert sum(w.size for w in weights) == 193
+    assert weights_size_kb(weights) == 193 * 4 / 1024
+
+
+def test_summary_has_madlibs_names() -> None:
+    training = SimpleNamespace(
+        name="iris_train",
+        summary={
+            "dependent_varname": "class_text",
+            "independent_varname": ["attributes"],
+            "num_classes": 3,
+            "class_values": ["Iris-setosa", "Iris-versicolor", "Iris-virginica"],
+            "dependent_vartype": "str",
+            "normalizing_const": 1.0,
+            "x_shapes": [[4]],
+            "dataset_id": "abc",
+        },
+    )
+    summary = build_summary(
+        training=training, validation=None, model="iris_model", arch_id=1,
+        compile_params={"loss": "categorical_crossentropy", "metrics": ["accuracy"]},
+        fit_params={"batch_size": 16}, compile_text="", fit_text="", num_iterations=1,
+        metrics_compute_frequency=1, name=None, description=None, start="s", end="e",
+        iterations=[], model_size_kb=weights_size_kb(_iris_weights()), trainers=["w0"],
+        weights_identical=True, warm_start=False, version="0.1.0",
+    )  # fmt: skip
+    assert summary["class_text_class_values"] == training.summary["class_values"]
+    assert summary["madlib_version"] == "0.1.0"
+    assert round(summary["model_size"], 2) == 0.75
