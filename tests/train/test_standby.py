@@ -47,9 +47,12 @@ def test_standby_goes_with_its_worker(tmp_path: object) -> None:
     import dask.config
 
     import dvml
+    from dvml import config
     from dvml.train import launch
     from tests.helpers import pid_gone, poll_for
 
+    # Load dvml's defaults first: dask.config.set would otherwise drop them on exit.
+    config.defaults()
     with (
         dask.config.set({"dvml.cluster.state-dir": str(tmp_path)}),
         dvml.LocalCluster(n_workers=2, set_as_default=False) as cluster,
