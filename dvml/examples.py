@@ -6,7 +6,6 @@ Used by the demo (:mod:`dvml.demo`) and by job files that name ``sklearn:digits`
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 __all__ = ["COMPILE_PARAMS", "digits_cnn_json", "digits_frame"]
@@ -36,8 +35,9 @@ def digits_frame(seed: int = 0) -> Any:
 
 def digits_cnn_json() -> str:
     """A small CNN for 8x8x1 digits, as Keras JSON (loads tf-keras)."""
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tf_keras as keras
+    from dvml import tf_runtime
+
+    keras = tf_runtime.keras()
 
     model = keras.Sequential(
         [

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dvml import config
+from dvml import config, tf_runtime
 from dvml.cluster.attach import Cluster
 from dvml.cluster.daemons import start_etcd, start_vineyardd, vineyard_instance_id
 from dvml.cluster.processes import ManagedProcess, free_port, poll_for, port_is_free
@@ -225,8 +225,11 @@ class LocalCluster(Cluster):
             GPUS_ENV: json.dumps(list(spec.gpus)),
             # A dead vineyardd must fail a task at once, not after vineyard's 10 retries.
             "VINEYARD_IPC_SKIP_RETRY": "1",
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-            "TF_USE_LEGACY_KERAS": "1",  # tf-keras: MultiWorkerMirroredStrategy needs it
+            # tf-keras (MultiWorkerMirroredStrategy needs it) and a quiet TensorFlow.
+            **tf_runtime.process_environment(),
+            # The Dask workers of this machine share its cores (dvml.tf_runtime's budget);
+            # simulated hosts are still one machine.
+            tf_runtime.WORKERS_ON_HOST_ENV: str(len(self.specs)),
         }
         options: dict[str, Any] = {
             "name": spec.name,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dvml import tf_runtime
 from dvml.exceptions import ArgumentError, ArgumentTypeError, ModelMismatchError
 from dvml.features.keys import json_fingerprint, weights_fingerprint
 from dvml.registry import Registry
@@ -97,17 +98,8 @@ class Backbone:
 
 
 def keras_module() -> Any:
-    """tf-keras, imported lazily (``TF_USE_LEGACY_KERAS=1``), GPUs left to grow on demand."""
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tensorflow as tf
-    import tf_keras
-
-    try:  # the client only checks the backbone: it must not take a GPU's whole memory
-        for gpu in tf.config.list_physical_devices("GPU"):
-            tf.config.experimental.set_memory_growth(gpu, True)
-    except RuntimeError:  # TensorFlow is initialised already: leave its settings alone
-        pass
-    return tf_keras
+    """tf-keras, started through :mod:`dvml.tf_runtime` (GPUs left to grow on demand)."""
+    return tf_runtime.keras()
 
 
 def resolve_backbone(
@@ -138,7 +130,7 @@ def resolve_backbone(
         The layer does not exist (the message lists the layers), the images do not fit the
         backbone's input (both shapes named), or a weights file does not match.
     """
-    import tensorflow as tf
+    tf = tf_runtime.tensorflow()
 
     keras = keras_module()
     shape = [int(s) for s in input_shape]
@@ -186,7 +178,7 @@ def _build(keras: Any, backbone: Any, shape: list[int],
     if hasattr(backbone, "to_json") and hasattr(backbone, "get_weights"):
         raise ArgumentTypeError(
             f"The backbone is a {type(backbone).__module__}.{type(backbone).__name__}, not a "
-            "tf-keras model. dvml runs legacy Keras (TF_USE_LEGACY_KERAS=1): build it with "
+            "tf-keras model. dvml runs legacy Keras (tf-keras, not Keras 3): build it with "
             "`import tf_keras as keras`."
         )
     if isinstance(backbone, bool):
@@ -313,7 +305,7 @@ def _from_application(keras: Any, spec: dict[str, Any], shape: list[int]) -> tup
 
 def _seeded(keras: Any, seed: int, build: Callable[[], Any]) -> Any:
     """Build with seeded random weights, then restore Python's and numpy's random states."""
-    import tensorflow as tf
+    tf = tf_runtime.tensorflow()
 
     py_state, np_state = random.getstate(), np.random.get_state()
     keras.utils.set_random_seed(seed)

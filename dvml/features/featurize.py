@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from dvml import tf_runtime
 from dvml.cluster.connection import this_worker_name
 from dvml.cluster.workers import worker_host
 from dvml.exceptions import StoreError
@@ -37,9 +36,9 @@ __all__ = [
     "save_buffer",
 ]
 
-_MODELS: OrderedDict[str, Any] = OrderedDict()
-_MODELS_KEPT = 2  # extractors kept per process; a backbone can be large
-_LOCK = threading.Lock()
+# Extractors kept per process (a backbone can be large); the cache's lock makes two tasks of
+# one worker that want the same extractor build it once.
+_MODELS = tf_runtime.ModelCache(2)
 CALLS = {"builds": 0, "batches": 0, "rows": 0}
 """In this process: extractors built, backbone batches run and rows featurized."""
 
@@ -49,35 +48,18 @@ def calls() -> dict[str, int]:
     return dict(CALLS)
 
 
-def _device(use_gpus: bool) -> str:
-    import tensorflow as tf
-
-    if use_gpus and tf.config.list_logical_devices("GPU"):
-        return "/GPU:0"
-    return "/CPU:0"
-
-
 def extractor_for(spec: dict[str, Any]) -> tuple[Any, str]:
     """The feature extractor of ``spec`` and the device it runs on, built once per process."""
-    with _LOCK:
-        cached = _MODELS.get(spec["key"])
-        if cached is not None:
-            _MODELS.move_to_end(spec["key"])
-            return cached
-        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "" if spec.get("use_gpus") else "-1")
-        import tensorflow as tf
-        import tf_keras as keras
+    device = tf_runtime.device_for(bool(spec.get("use_gpus")))
 
-        device = _device(bool(spec.get("use_gpus")))
-        with tf.device(device):
-            model = keras.models.model_from_json(spec["model_json"])
-            model.set_weights(weights_from_bytes(spec["weights"]))
+    def build() -> Any:
+        with tf_runtime.tensorflow().device(device):
+            model = tf_runtime.build_model(spec["model_json"], weights_from_bytes(spec["weights"]))
         CALLS["builds"] += 1
-        _MODELS[spec["key"]] = (model, device)
-        while len(_MODELS) > _MODELS_KEPT:
-            _MODELS.popitem(last=False)
-        return model, device
+        return model
+
+    # The device is part of the key: a model's variables live where it was built.
+    return _MODELS.get((spec["key"], device), build), device
 
 
 def _where() -> dict[str, str]:
@@ -153,9 +135,7 @@ def featurize_buffer(
         x, y = parts.fields["x_0"][pos], parts.fields["y"][pos]
         model, device = extractor_for(spec)
         features = np.empty((len(x), *spec["feature_shape"]), dtype=np.float32)
-        import tensorflow as tf
-
-        with tf.device(device):
+        with tf_runtime.tensorflow().device(device):
             for lo in range(0, len(x), batch_size):
                 abort.check()
                 hi = min(len(x), lo + batch_size)

@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import ast
 import keyword
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 
-__all__ = ["KINDS", "MAX_SOURCE_LENGTH", "check_name", "check_source", "compile_function"]
+__all__ = [
+    "KINDS",
+    "MAX_SOURCE_LENGTH",
+    "check_name",
+    "check_source",
+    "compile_function",
+    "custom_objects_from_sources",
+]
 
 KINDS = ("loss", "metric")
 """The kinds of custom function the registry keeps."""
@@ -153,3 +160,17 @@ def compile_function(
     if not callable(function):  # pragma: no cover - check_source guarantees a def
         raise ArgumentError(f"Custom function {name!r} did not define a function.")
     return function
+
+
+def custom_objects_from_sources(sources: Mapping[str, str]) -> dict[str, Callable[..., Any]]:
+    """Compile registered custom losses and metrics with ``tf`` (started through
+    :mod:`dvml.tf_runtime`) and ``np`` in their namespace: the one place that does it for the
+    registry, the trainers and the workers' inference tasks."""
+    if not sources:
+        return {}
+    import numpy as np
+
+    from dvml import tf_runtime
+
+    namespace = {"tf": tf_runtime.tensorflow(), "np": np}
+    return {name: compile_function(name, src, namespace) for name, src in sources.items()}

@@ -13,7 +13,6 @@ import pathlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import sqlalchemy as sa
@@ -84,15 +83,6 @@ def _new_id(result: sa.CursorResult[Any]) -> int:
     if key is None:  # pragma: no cover - every insert here has an integer primary key
         raise RegistryError("The database returned no id for a new row. Received: None.")
     return int(key[0])
-
-
-def _tensorflow() -> Any:
-    import os
-
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tensorflow as tf
-
-    return tf
 
 
 class Registry:
@@ -549,7 +539,7 @@ class Registry:
         """Compile stored custom functions, for ``custom_objects=`` and ``model.compile``.
 
         Each source runs with :func:`exec` in a fresh namespace holding ``tf`` (TensorFlow,
-        imported here with ``TF_USE_LEGACY_KERAS=1``) and ``np``. This runs code that a
+        started through :mod:`dvml.tf_runtime`) and ``np``. This runs code that a
         registry user registered on purpose: the trust boundary is who may write to the
         registry. Weights, in contrast, are data and never run anything.
 
@@ -558,13 +548,7 @@ class Registry:
         RegistryNotFoundError
             Naming every requested function that does not exist.
         """
-        sources = self.custom_function_sources(names)
-        if not sources:
-            return {}
-        namespace = {"tf": _tensorflow(), "np": np}
-        return {
-            name: custom.compile_function(name, src, namespace) for name, src in sources.items()
-        }
+        return custom.custom_objects_from_sources(self.custom_function_sources(names))
 
 
 def open_registry(registry: Registry | str | None) -> Registry:

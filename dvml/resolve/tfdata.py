@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from dvml import tf_runtime
 from dvml.resolve.batches import BatchPlan
 from dvml.resolve.partitions import LocalPartitions
 
@@ -18,7 +19,7 @@ __all__ = ["evaluation_dataset", "training_dataset"]
 
 
 def _signature(parts: LocalPartitions) -> tuple[Any, Any]:
-    import tensorflow as tf
+    tf = tf_runtime.tensorflow()
 
     def spec(field: str) -> Any:
         shape = tuple(
@@ -36,7 +37,7 @@ def _as_inputs(batch: dict[str, np.ndarray], x_fields: list[str]) -> tuple[Any, 
 
 
 def _no_autoshard(dataset: Any) -> Any:
-    import tensorflow as tf
+    tf = tf_runtime.tensorflow()
 
     options = tf.data.Options()
     # Each trainer already reads only its own partitions; sharding again would drop data.
@@ -48,7 +49,7 @@ def training_dataset(
     parts: LocalPartitions, batch_size: int, steps: int, seed: int, shuffle: bool = True
 ) -> Any:
     """An endless dataset of ``steps`` batches per epoch, reshuffled by index every epoch."""
-    import tensorflow as tf
+    tf = tf_runtime.tensorflow()
 
     plan = BatchPlan(parts.buffer_rows, batch_size, steps, seed)
     x_fields = parts.x_fields
@@ -66,7 +67,7 @@ def training_dataset(
 
 def evaluation_dataset(parts: LocalPartitions, batch_size: int) -> Any:
     """Every local row once, in order, the last batch possibly smaller."""
-    import tensorflow as tf
+    tf = tf_runtime.tensorflow()
 
     x_fields = parts.x_fields
 

@@ -30,8 +30,9 @@ class Averager:
 
     def all_reduce(self, vector: np.ndarray) -> np.ndarray:
         """The element-wise SUM of ``vector`` over every trainer."""
-        import tensorflow as tf
+        from dvml import tf_runtime
 
+        tf = tf_runtime.tensorflow()
         tensor = tf.constant(vector)
         distributed = self.strategy.experimental_distribute_values_from_function(
             lambda context: tensor

@@ -385,6 +385,9 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
         "use_gpus": plan.use_gpus,
         "sync": plan.sync,
         "peer_timeout": config.get("train.peer-timeout"),
+        # Thread budget (dvml.tf_runtime.thread_budget): None = share of the host's cores.
+        "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
+        "standby": bool(config.get("train.standby-trainer")),
     }
 
 
@@ -410,6 +413,9 @@ def _run_trainers(
             # Each trainer's own share of the global batch (they differ by at most one row).
             "per_worker_batch": plan.per_worker_batch[i],
             "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
+            # Trainers that share this machine's cores: its network address, not DVML_HOST
+            # (a LocalCluster's simulated hosts are one machine).
+            "trainers_on_host": sum(1 for o in plan.workers if _machine(o) == _machine(w)),
         }
         futures.append(
             client.submit(
@@ -490,6 +496,8 @@ def _summary(
         }
         for r in results
     }
+    # Where each trainer's seconds before its first step went (and its thread budget).
+    summary["trainer_startup"] = {r["worker"]: r.get("startup") for r in results}
     return summary
 
 
@@ -517,6 +525,11 @@ def _clear_checkpoints(client: Client, plan: _Plan) -> None:
             for w in plan.workers
         ]
     )
+
+
+def _machine(worker: WorkerInfo) -> str:
+    """The network host of a worker's address (``tcp://10.0.0.5:4242`` -> ``10.0.0.5``)."""
+    return worker.address.split("://")[-1].rsplit(":", 1)[0]
 
 
 def _check_tensorboard() -> None:
@@ -571,12 +584,9 @@ def _warm_start_weights(reg: Registry, model: str, arch_id: int) -> Any:
 
 def weight_shapes(model_json: str) -> list[list[int]]:
     """Shapes of a Keras model's weights, built from its JSON (loads TensorFlow)."""
-    import os
+    from dvml import tf_runtime
 
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tf_keras as keras
-
-    model = keras.models.model_from_json(model_json)
+    model = tf_runtime.keras().models.model_from_json(model_json)
     return [list(w.shape) for w in model.get_weights()]
 
 

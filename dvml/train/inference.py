@@ -6,48 +6,43 @@ model version (its key), so evaluation and prediction pay TensorFlow's start-up 
 
 from __future__ import annotations
 
-import os
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
+from dvml import tf_runtime
 from dvml.exceptions import DataError
 from dvml.preprocess.encode import normalize, x_to_array
+from dvml.registry.custom import custom_objects_from_sources
 from dvml.registry.weights import weights_from_bytes
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import evaluation_dataset
 from dvml.train.params import compile_kwargs
-from dvml.train.trainer import custom_objects_from_sources
 
 __all__ = ["evaluate_local", "format_predictions", "model_for", "predict_partition"]
 
-_CACHE: OrderedDict[str, Any] = OrderedDict()
-_CACHE_SIZE = 4
+_CACHE = tf_runtime.ModelCache(4)
 CALLS = {"builds": 0}  # how many models this process built (tests count cache hits)
 
 
-def model_for(spec: dict[str, Any]) -> Any:
-    """The compiled tf-keras model of ``spec`` (``key``, ``model_json``, ``weights``...)."""
-    model = _CACHE.get(spec["key"])
-    if model is not None:
-        _CACHE.move_to_end(spec["key"])
-        return model
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "" if spec.get("use_gpus") else "-1")
-    import tf_keras as keras
+def model_for(spec: dict[str, Any]) -> tuple[Any, str]:
+    """The compiled tf-keras model of ``spec`` (``key``, ``model_json``, ``weights``...) and
+    the device it runs on (``spec["use_gpus"]``; see :func:`dvml.tf_runtime.start`)."""
+    device = tf_runtime.device_for(bool(spec.get("use_gpus")))
 
-    custom = custom_objects_from_sources(spec.get("custom_objects") or {})
-    model = keras.models.model_from_json(spec["model_json"], custom_objects=custom)
-    if spec.get("weights") is not None:
-        model.set_weights(weights_from_bytes(spec["weights"]))
-    if spec.get("compile_params"):
-        model.compile(**compile_kwargs(spec["compile_params"], custom))
-    CALLS["builds"] += 1
-    _CACHE[spec["key"]] = model
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return model
+    def build() -> Any:
+        custom = custom_objects_from_sources(spec.get("custom_objects") or {})
+        params = spec.get("compile_params")
+        kwargs = compile_kwargs(params, custom) if params else None
+        blob = spec.get("weights")
+        weights = weights_from_bytes(blob) if blob is not None else None
+        with tf_runtime.tensorflow().device(device):
+            model = tf_runtime.build_model(spec["model_json"], weights, custom, kwargs)
+        CALLS["builds"] += 1
+        return model
+
+    # The device is part of the key: a model's variables live where it was built.
+    return _CACHE.get((spec["key"], device), build), device
 
 
 def evaluate_local(dataset: str, spec: dict[str, Any], batch_size: int) -> dict[str, Any]:
@@ -56,8 +51,10 @@ def evaluate_local(dataset: str, spec: dict[str, Any], batch_size: int) -> dict[
     try:
         if parts.rows == 0:
             return {"rows": 0, "values": {}}
-        model = model_for(spec)
-        result = model.evaluate(evaluation_dataset(parts, batch_size), verbose=0, return_dict=True)
+        model, device = model_for(spec)
+        with tf_runtime.tensorflow().device(device):
+            data = evaluation_dataset(parts, batch_size)
+            result = model.evaluate(data, verbose=0, return_dict=True)
         return {"rows": parts.rows, "values": {k: float(v) for k, v in result.items()}}
     finally:
         parts.close()
@@ -129,8 +126,9 @@ def predict_partition(
             pred_type,
         )
     xs = [normalize(x_to_array(frame, group), normalizing_const) for group in x_groups]
-    model = model_for(spec)
-    probs = model.predict(xs[0] if len(xs) == 1 else xs, batch_size=batch_size, verbose=0)
+    model, device = model_for(spec)
+    with tf_runtime.tensorflow().device(device):
+        probs = model.predict(xs[0] if len(xs) == 1 else xs, batch_size=batch_size, verbose=0)
     return format_predictions(
         frame[id_col].to_numpy(), np.asarray(probs), class_values, class_name, pred_type
     )

@@ -4,6 +4,21 @@
 progress lines to the client (``worker.log_event``), and stops it when the job's abort event
 is set (another trainer failed), when it runs past the job's timeout, or when it fails. The
 trainer is a child process, not a thread, so TensorFlow and its GPU memory go away with it.
+
+Standby trainers: importing TensorFlow is most of a trainer's start (several seconds), so after
+a job each worker starts ONE standby trainer (``python -m dvml.train.trainer --standby``) that
+imports TensorFlow and tf-keras and waits on stdin; the next CPU job is handed to it (its
+``TF_CONFIG`` and thread budget are set then, before TensorFlow's runtime starts). It still
+runs one job and exits. GPU jobs (``use_gpus=True``) always get a fresh process: a standby is
+started with every GPU hidden (``CUDA_VISIBLE_DEVICES=-1``, read when CUDA initialises, which
+may already happen while TensorFlow loads), so it could not use one, and a fresh process per
+GPU job keeps the rule that its GPU memory goes with it. A standby is stopped when its worker
+closes (a WorkerPlugin's teardown, and ``atexit``) and exits by itself when its stdin closes,
+so a killed worker leaves none behind. ``dvml.train.standby-trainer: false`` turns it off.
+
+Thread budget: each trainer gets the cores of its host divided by the trainers of the fit
+placed on that host (``job["trainers_on_host"]``), unless the user set
+``dvml.train.intra-op-threads`` / ``inter-op-threads`` (see :func:`dvml.tf_runtime.thread_budget`).
 """
 
 from __future__ import annotations
@@ -21,6 +36,7 @@ import time
 from collections import deque
 from typing import Any
 
+from dvml import tf_runtime
 from dvml.exceptions import TrainerFailedError, TrainingError
 
 __all__ = ["checkpoint_state", "clear_checkpoint", "reserve_port", "run_trainer"]
@@ -70,6 +86,110 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait(10)
 
 
+_STANDBY_LOCK = threading.Lock()
+_STANDBY: dict[str, Any] = {}  # "proc": this worker's standby trainer, if any
+_PLUGIN_NAME = "dvml-standby-trainer"
+
+
+def _trainer_command(arg: str) -> list[str]:
+    return [sys.executable, "-m", "dvml.train.trainer", arg]
+
+
+def _popen(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        _trainer_command(arg),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=stdin,
+        env=env,
+        text=True,
+        start_new_session=True,  # its own process group: _stop ends TensorFlow's children too
+        cwd=cwd,
+    )
+
+
+def stop_standby() -> None:
+    """Stop this worker process's standby trainer, if any (idempotent)."""
+    with _STANDBY_LOCK:
+        proc = _STANDBY.pop("proc", None)
+    if proc is not None:
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        _stop(proc)
+
+
+class _StandbyPlugin:
+    """Stops the standby trainer when the worker closes (a distributed WorkerPlugin)."""
+
+    name = _PLUGIN_NAME
+
+    def setup(self, worker: Any) -> None:
+        pass
+
+    def teardown(self, worker: Any) -> None:
+        stop_standby()
+
+    def transition(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def _register_teardown(worker: Any) -> None:
+    """Once per worker process: stop the standby on worker close and at interpreter exit."""
+    if _STANDBY.get("registered"):
+        return
+    _STANDBY["registered"] = True
+    import atexit
+
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    plugin = type("StandbyTrainerPlugin", (_StandbyPlugin, WorkerPlugin), {})()
+    worker.loop.add_callback(worker.plugin_add, plugin=plugin, name=_PLUGIN_NAME)
+    atexit.register(stop_standby)
+
+
+def start_standby(dask_worker: Any = None) -> None:
+    """Start this worker's standby trainer unless one is alive (CPU jobs only, see above).
+
+    Runs in a task, or with ``client.run(start_standby)`` to warm every worker before a fit.
+    """
+    from distributed import get_worker
+
+    worker = dask_worker or get_worker()
+    with _STANDBY_LOCK:
+        proc = _STANDBY.get("proc")
+        if proc is not None and proc.poll() is None:
+            return
+        env = tf_runtime.trainer_environment(os.environ, None, use_gpus=False)
+        _STANDBY["proc"] = _popen("--standby", env, worker.local_directory, subprocess.PIPE)
+    _register_teardown(worker)
+
+
+def _take_standby(job: dict[str, Any], env: dict[str, str], workdir: str, job_path: str) -> Any:
+    """Hand the job to this worker's standby trainer; None when there is none alive."""
+    with _STANDBY_LOCK:
+        proc = _STANDBY.pop("proc", None)
+    if proc is None or proc.poll() is not None or proc.stdin is None:
+        if proc is not None:
+            _stop(proc)
+        return None
+    keys = ("TF_CONFIG", *tf_runtime.ThreadBudget(1, 1, 1).environment())
+    message = {
+        "job_path": job_path,
+        "cwd": workdir,
+        "env": {k: env[k] for k in keys if k in env},
+    }
+    try:
+        proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.close()
+    except OSError:  # it died in between: start a fresh trainer instead
+        _stop(proc)
+        return None
+    return proc
+
+
 def run_trainer(
     job: dict[str, Any],
     weights: bytes | None,
@@ -102,32 +222,27 @@ def run_trainer(
         with open(job["weights_path"], "wb") as initial:
             initial.write(weights)
     job_path = os.path.join(workdir, "job.json")
-    with open(job_path, "w") as job_file:
-        json.dump(job, job_file)
-
-    env = dict(os.environ)
+    use_standby = bool(job.get("standby", True)) and not job["use_gpus"]
+    intra, inter = job.get("threads") or (None, None)
+    budget = tf_runtime.thread_budget(
+        tf_runtime.host_cores(), int(job.get("trainers_on_host") or 1), intra, inter
+    )
+    env = tf_runtime.trainer_environment(os.environ, budget, job["use_gpus"])
     env["TF_CONFIG"] = json.dumps(job["tf_config"])
-    env["TF_USE_LEGACY_KERAS"] = "1"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if not job["use_gpus"]:
-        env["CUDA_VISIBLE_DEVICES"] = "-1"  # hide GPUs: TF must not take their memory
 
     records: list[dict[str, Any]] = []
     resolved: dict[str, Any] = {}
     done: dict[str, Any] = {}
     error: dict[str, Any] = {}
+    startup: dict[str, Any] = {"threads": vars(budget)}
     tail: deque[str] = deque(maxlen=30)
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dvml.train.trainer", job_path],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        text=True,
-        start_new_session=True,
-        cwd=workdir,
-    )
+    job["launched_at"] = time.time()  # wall clock: the trainer measures its start from here
+    with open(job_path, "w") as job_file:
+        json.dump(job, job_file)
+    proc = _take_standby(job, env, workdir, job_path) if use_standby else None
+    if proc is None:
+        proc = _popen(job_path, env, workdir, subprocess.DEVNULL)
 
     def read_output() -> None:
         for line in proc.stdout or ():
@@ -145,6 +260,8 @@ def run_trainer(
                 done.update(message)
             elif kind == "error":
                 error.update(message)
+            elif kind == "startup":
+                startup.update(message)
             worker.log_event(topic, {"kind": kind, **message})
 
     reader = threading.Thread(target=read_output, name="dvml-trainer-output", daemon=True)
@@ -164,6 +281,8 @@ def run_trainer(
     finally:
         _stop(proc)
         reader.join(10)
+        if use_standby:  # for the next job; it imports while this worker idles
+            start_standby()
     try:
         if reason is not None:
             raise TrainingError(f"The trainer on {job['worker_name']} was {reason}.")
@@ -180,6 +299,7 @@ def run_trainer(
             "local_rows": done["local_rows"],
             "iterations": records,
             "resolved": resolved,
+            "startup": startup,
             "weights": None,
         }
         if job["tf_config"]["task"]["index"] == 0:

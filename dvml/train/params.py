@@ -985,7 +985,7 @@ def format_params(params: Mapping[str, Any]) -> str:
 def build_optimizer(spec: str | Mapping[str, Any]) -> Any:
     """Build a tf-keras optimizer from a parsed ``optimizer`` value.
 
-    Imports ``tf_keras`` (with ``TF_USE_LEGACY_KERAS=1``); call it inside the distribution
+    Starts tf-keras (:mod:`dvml.tf_runtime`); call it inside the distribution
     strategy's scope, where the optimizer's variables must be created.
 
     Parameters
@@ -1008,10 +1008,9 @@ def build_optimizer(spec: str | Mapping[str, Any]) -> Any:
     else:
         name, config = checked["class_name"], checked["config"]
 
-    import os
+    from dvml import tf_runtime
 
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tf_keras as keras
+    keras = tf_runtime.keras()
 
     try:
         return getattr(keras.optimizers, name)(**config)

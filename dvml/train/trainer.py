@@ -9,6 +9,16 @@ iteration (they are identical on all trainers), so a rerun resumes from the last
 every trainer completed. The process exits when done, so GPU memory is released after every
 job.
 
+A trainer is started fresh (``python -m dvml.train.trainer JOB.json``) or as a *standby*
+(``python -m dvml.train.trainer --standby``): a standby imports TensorFlow and tf-keras at
+once, without starting TensorFlow's runtime, and then waits on stdin for one job line
+(``{"job_path", "env", "cwd"}``). ``TF_CONFIG``, the thread budget and device visibility are
+still open then, so they are set per job; the standby runs that one job and exits like a fresh
+trainer. It exits without running anything when stdin closes (its worker went away).
+
+Start-up is timed: the ``startup`` protocol line says where the seconds before the first step
+went (process start, imports, runtime start, strategy, partitions, model, first step).
+
 Lines on stdout that start with ``DVML `` are the protocol to the launcher; everything else is
 TensorFlow's chatter.
 """
@@ -23,12 +33,15 @@ from typing import Any
 
 import numpy as np
 
+from dvml import tf_runtime
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import evaluation_dataset, training_dataset
 from dvml.train.params import compile_kwargs
 
 # dvml.registry.* is imported where it is used: the registry package loads pandas, SQLAlchemy
 # and dask.config, which a trainer process does not need to start training.
+
+_MODULE_START = time.time()  # wall clock: the launcher's time stamps are from another process
 
 PROTOCOL_PREFIX = "DVML "
 
@@ -38,39 +51,63 @@ def emit(kind: str, **payload: Any) -> None:
     print(PROTOCOL_PREFIX + json.dumps({"kind": kind, **payload}), flush=True)
 
 
-def _keras() -> Any:
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tf_keras
+class Startup:
+    """Seconds between the steps of a trainer's start, emitted as one ``startup`` line.
 
-    return tf_keras
+    ``launched_at`` is the launcher's wall-clock time when it started the process (or handed
+    the job to a standby); each :meth:`mark` records the seconds since the previous one.
+    """
+
+    def __init__(self, launched_at: float | None, standby: dict[str, float] | None) -> None:
+        self.launched_at = launched_at or _MODULE_START
+        self.last = self.launched_at
+        self.seconds: dict[str, float] = {}
+        self.standby = standby
+
+    def mark(self, step: str) -> None:
+        now = time.time()
+        self.seconds[step] = round(now - self.last, 4)
+        self.last = now
+
+    def emit(self) -> None:
+        payload: dict[str, Any] = {
+            "seconds": self.seconds,
+            "total": round(self.last - self.launched_at, 4),
+            "standby": self.standby is not None,
+        }
+        if self.standby is not None:  # paid while the standby waited, not by this job
+            payload["standby_imports"] = self.standby
+        emit("startup", **payload)
+
+    def first_step_callback(self, keras: Any) -> Any:
+        """A callback that marks the end of the first training step and emits the timings."""
+        startup = self
+
+        class FirstStep(keras.callbacks.Callback):
+            done = False
+
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if not self.done:
+                    self.done = True
+                    startup.mark("first_step")
+                    startup.emit()
+
+        return FirstStep()
 
 
 def build_model(keras: Any, job: dict[str, Any], custom_objects: dict[str, Any]) -> Any:
     """The model from its JSON (layers' ``trainable`` flags are part of the JSON)."""
-    model = keras.models.model_from_json(job["model_json"], custom_objects=custom_objects)
+    weights = None
     if job.get("weights_path"):
         from dvml.registry.weights import weights_from_bytes
 
         with open(job["weights_path"], "rb") as f:
-            model.set_weights(weights_from_bytes(f.read()))
-    return model
+            weights = weights_from_bytes(f.read())
+    return tf_runtime.build_model(job["model_json"], weights, custom_objects)
 
 
 def compile_model(model: Any, job: dict[str, Any], custom_objects: dict[str, Any]) -> None:
     model.compile(**compile_kwargs(job["compile_params"], custom_objects))
-
-
-def custom_objects_from_sources(sources: dict[str, str]) -> dict[str, Any]:
-    """Compile the custom losses and metrics the launcher read from the registry."""
-    _keras()  # TF_USE_LEGACY_KERAS=1 before TensorFlow loads: tf.keras is tf-keras
-    import tensorflow as tf
-
-    from dvml.registry.custom import compile_function
-
-    return {
-        name: compile_function(name, src, {"tf": tf, "np": np}) for name, src in sources.items()
-    }
 
 
 def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
@@ -105,20 +142,27 @@ def save_checkpoint(
     os.replace(path + ".json.tmp", path + ".json")
 
 
-def run(job: dict[str, Any]) -> None:
-    import tensorflow as tf
-
-    keras = _keras()
+def run(job: dict[str, Any], startup: Startup | None = None) -> None:
+    startup = startup or Startup(job.get("launched_at"), None)
+    # Threads from the launcher's budget (in the environment), devices as the launcher left
+    # them visible: see dvml.tf_runtime.start.
+    tf = tf_runtime.start()
+    keras = tf_runtime.keras()
+    startup.mark("runtime_start")
     tf.random.set_seed(job["seed"])
+    from dvml.registry.custom import custom_objects_from_sources
+
     custom_objects = custom_objects_from_sources(job.get("custom_objects", {}))
     # 0 (the default) means no per-collective timeout: see dvml.yaml, train.peer-timeout.
     communication = tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=float(job["peer_timeout"]) or None
     )
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
+    startup.mark("strategy")
 
     train = open_local(job["training"])
     valid = open_local(job["validation"], require=False) if job.get("validation") else None
+    startup.mark("open_partitions")
     emit(
         "resolved",
         rows=train.rows,
@@ -159,8 +203,9 @@ def run(job: dict[str, Any]) -> None:
     # A plain model with the same weights evaluates on LOCAL rows only (no collectives).
     evaluator = build_model(keras, {**job, "weights_path": None}, custom_objects)
     compile_model(evaluator, job, custom_objects)
+    startup.mark("build_model")
 
-    callbacks = []
+    callbacks = [startup.first_step_callback(keras)]
     if job.get("tensorboard_dir"):
         log_dir = os.path.join(job["tensorboard_dir"], job["worker_name"])
         callbacks.append(keras.callbacks.TensorBoard(log_dir=log_dir))
@@ -242,15 +287,54 @@ def run(job: dict[str, Any]) -> None:
         valid.close()
 
 
+def _standby() -> tuple[dict[str, Any], dict[str, float]] | None:
+    """Import TensorFlow now, then wait for one job line on stdin (None: stdin closed)."""
+    imports = tf_runtime.preimport()
+    t0 = time.perf_counter()
+    # What every job reads with (this module imported dvml's resolvers already): vineyard,
+    # the weights codec and the model averaging, imported while waiting.
+    import vineyard  # noqa: F401
+
+    import dvml.registry.weights
+    import dvml.train.averaging  # noqa: F401
+
+    imports["import_dvml"] = time.perf_counter() - t0
+    imports["ready"] = time.time()
+    line = sys.stdin.readline()
+    if not line:
+        return None
+    message = json.loads(line)
+    # Before TensorFlow's runtime starts: TF_CONFIG, thread budget, visible devices.
+    os.environ.update(message["env"])
+    os.chdir(message["cwd"])
+    with open(message["job_path"]) as f:
+        job = json.load(f)
+    imports["idle"] = max(0.0, time.time() - imports.pop("ready"))
+    return job, {k: round(v, 4) for k, v in imports.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m dvml.train.trainer JOB.json", file=sys.stderr)
+        print("usage: python -m dvml.train.trainer JOB.json | --standby", file=sys.stderr)
         return 2
-    with open(argv[0]) as f:
-        job = json.load(f)
+    if argv[0] == "--standby":
+        got = _standby()
+        if got is None:
+            return 0
+        job, imports = got
+        startup = Startup(job.get("launched_at"), imports)
+        startup.mark("handover")
+    else:
+        with open(argv[0]) as f:
+            job = json.load(f)
+        startup = Startup(job.get("launched_at"), None)
+        startup.seconds["process_start"] = round(_MODULE_START - startup.launched_at, 4)
+        startup.last = _MODULE_START
+        startup.seconds.update({k: round(v, 4) for k, v in tf_runtime.preimport().items()})
+        startup.last = time.time()
     try:
-        run(job)
+        run(job, startup)
     except Exception as exc:
         emit("error", type=type(exc).__name__, message=str(exc))
         raise

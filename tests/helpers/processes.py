@@ -36,6 +36,15 @@ def _excluded_pids() -> set[int]:
     pids: set[int] = set()
     for cluster in SESSION_CLUSTERS:
         pids.update(cluster.processes().values())
+    # A session cluster's workers keep a standby trainer between fits (dvml.train.launch); it
+    # belongs to the worker and is stopped with it, like the worker itself.
+    for pid in list(pids):
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                if "dvml.train.trainer --standby" in " ".join(child.cmdline()):
+                    pids.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
     return pids
 
 

@@ -21,6 +21,7 @@ import pytest
 
 import dvml.config
 import dvml.registry
+from dvml import tf_runtime
 from dvml.exceptions import RegistryError, RegistryNotFoundError
 from dvml.registry import Registry, database, keras_json
 from dvml.registry.custom import check_source, compile_function
@@ -617,7 +618,7 @@ def test_register_list_load_delete_custom_function(reg, url, monkeypatch):
         ("text", GOOD_SOURCE)
     ]
 
-    monkeypatch.setattr(database, "_tensorflow", lambda: FakeTf)
+    monkeypatch.setattr(tf_runtime, "tensorflow", lambda: FakeTf)
     functions = reg.load_custom_objects(["scaled_mae"])
     assert list(functions) == ["scaled_mae"]
     assert functions["scaled_mae"](np.array([1.0, 2.0]), np.array([2.0, 4.0])) == 3.0
@@ -643,7 +644,7 @@ def test_custom_function_sources(reg):
 
 def test_load_missing_custom_functions_names_them(reg, monkeypatch):
     reg.register_custom_function("scaled_mae", GOOD_SOURCE)
-    monkeypatch.setattr(database, "_tensorflow", lambda: pytest.fail("TF must not load"))
+    monkeypatch.setattr(tf_runtime, "tensorflow", lambda: pytest.fail("TF must not load"))
     with pytest.raises(RegistryNotFoundError, match=r"'nope', 'gone'.*list_custom_functions"):
         reg.load_custom_objects(["scaled_mae", "nope", "gone"])
 
@@ -723,7 +724,7 @@ def test_source_edited_in_the_database_is_checked_again(reg, url, tmp_path, monk
     evil = f"__import__('os').system('touch {marker}')\n" + GOOD_SOURCE
     with sqlite3.connect(_sqlite_path(url)) as conn:
         conn.execute("UPDATE custom_functions SET source = ?", (evil,))
-    monkeypatch.setattr(database, "_tensorflow", lambda: FakeTf)
+    monkeypatch.setattr(tf_runtime, "tensorflow", lambda: FakeTf)
     with pytest.raises(ValueError, match="Expr"):
         reg.load_custom_objects(["scaled_mae"])
     assert not marker.exists()

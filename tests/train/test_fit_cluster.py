@@ -24,7 +24,7 @@ from dvml.exceptions import (
     TrainerFailedError,
     TrainingError,
 )
-from tests.helpers import cnn, keras, poll_for
+from tests.helpers import cnn, keras, pid_gone, poll_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -518,6 +518,10 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
     assert first_iteration_done.wait(240), "the first iteration never finished"
     victims = _trainer_pids(cluster2, "worker-1")
     assert victims, "no trainer process found on worker-1"
+    # The trainer running on worker-0 now; after the job the worker starts a standby trainer
+    # for the next one (dvml.train.launch), so check these pids, not "no trainer at all".
+    others = _trainer_pids(cluster2, "worker-0")
+    assert others, "no trainer process found on worker-0"
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     thread.join(150)
@@ -526,7 +530,7 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
     assert isinstance(error, TrainerFailedError), repr(error)
     assert "worker-1" in str(error)
     # the other trainer is gone too
-    assert poll_for(lambda: not _trainer_pids(cluster2, "worker-0"), 30)
+    assert poll_for(lambda: all(pid_gone(pid) for pid in others), 30)
 
     resumed = run_fit(
         env, "resumable", num_iterations=4, fit_params="batch_size=32, epochs=2", sync="iteration"
@@ -548,3 +552,46 @@ def test_sync_modes_end_on_identical_weights(env: dict[str, Any], sync: Any) -> 
     assert s["sync"] == sync
     assert s["weights_identical_on_all_trainers"] is True
     assert s["validation_metrics_final"] > 0.5, s["validation_metrics"]
+
+
+def _standby_pids(cluster: Any, worker: str) -> list[int]:
+    worker_pid = cluster.processes()[f"dask worker {worker}"]
+    pids = []
+    for child in psutil.Process(worker_pid).children(recursive=True):
+        try:
+            if "dvml.train.trainer --standby" in " ".join(child.cmdline()):
+                pids.append(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def test_trainer_start_is_timed_and_a_standby_serves_the_next_fit(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    from dvml.tf_runtime import host_cores, thread_budget
+    from dvml.train import launch
+
+    steps = {"runtime_start", "strategy", "open_partitions", "build_model", "first_step"}
+    with dask.config.set({"dvml.train.standby-trainer": False}):
+        fresh = run_fit(env, "startup_fresh", num_iterations=1, fit_params="epochs=1")
+    budget = thread_budget(host_cores(), 2)  # two trainers on this machine's cores
+    for startup in fresh.summary["trainer_startup"].values():
+        assert startup["standby"] is False
+        assert steps | {"process_start", "import_tensorflow"} <= set(startup["seconds"])
+        assert startup["total"] >= sum(startup["seconds"].values()) - 0.01
+        assert startup["threads"] == {"intra": budget.intra, "inter": budget.inter,
+                                      "omp": budget.omp}  # fmt: skip
+
+    # After a job each worker keeps one standby trainer that imports TensorFlow meanwhile
+    # (here: warmed by hand, as the fit above ran with standbys off).
+    env["client"].run(launch.start_standby)
+    assert poll_for(lambda: all(len(_standby_pids(cluster2, w)) == 1 for w in
+                                ("worker-0", "worker-1")), 30)  # fmt: skip
+    served = run_fit(env, "startup_standby", num_iterations=1, fit_params="epochs=1")
+    for startup in served.summary["trainer_startup"].values():
+        assert startup["standby"] is True
+        assert "import_tensorflow" in startup["standby_imports"]
+        assert "import_tensorflow" not in startup["seconds"]  # paid before the job came
+        assert steps | {"handover"} <= set(startup["seconds"])
+    assert served.summary["weights_identical_on_all_trainers"] is True
