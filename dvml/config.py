@@ -8,6 +8,7 @@ back to the configuration.
 
 from __future__ import annotations
 
+import copy
 import os
 import pathlib
 from typing import Any
@@ -32,6 +33,10 @@ def defaults() -> dict[str, Any]:
             _defaults = yaml.safe_load(f)
         dask.config.update_defaults(_defaults)
         _loaded = True
+    elif "dvml" not in dask.config.config:
+        # Loaded first inside a ``dask.config.set({"dvml...": ...})`` block: leaving the block
+        # removed the whole new "dvml" key, defaults included. Put them back under the user's.
+        dask.config.update(dask.config.config, copy.deepcopy(_defaults), priority="old")
     return _defaults
 
 

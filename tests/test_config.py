@@ -111,3 +111,17 @@ def test_get_refuses_an_unknown_key_with_the_known_ones() -> None:
     # A misspelt key fails even when the caller gives a value.
     with pytest.raises(ConfigError, match="Known keys under 'dvml'"):
         config.get("clutser.n-workers", 4)
+
+
+def test_defaults_come_back_after_a_set_block_dropped_them() -> None:
+    # Loaded first inside dask.config.set({"dvml.x": ...}), the defaults leave with the block.
+    import dask
+
+    from dvml import config
+
+    saved = dask.config.config.pop("dvml")
+    try:
+        config.defaults()
+        assert dask.config.get("dvml.train.peer-timeout") == 0
+    finally:
+        dask.config.config["dvml"] = saved

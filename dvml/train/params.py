@@ -1052,11 +1052,9 @@ def compile_kwargs(
     def build(key: str, module: str, spec: Any) -> Any:
         if isinstance(spec, str):
             return objects.get(spec, spec)
-        import os
+        from dvml import tf_runtime
 
-        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-        import tf_keras as keras
-
+        keras = tf_runtime.keras()
         name, config = spec["class_name"], spec["config"]
         try:
             return getattr(getattr(keras, module), name)(**config)
