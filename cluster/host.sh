@@ -28,8 +28,9 @@ this script started is stopped again.
                          worker (worker i gets devices i*G .. i*G+G-1); default 0
   --vineyard-memory SIZE shared memory of the vineyardd, e.g. 512MiB (default 512MiB)
   --host-name NAME       the host name dvml reports (default: hostname)
-  --listen ADDR          address the workers listen on (default 127.0.0.1; use this host's
-                         cluster-network address when the scheduler is elsewhere)
+  --listen ADDR          this host's address: the workers (and their Nannies) listen on it
+                         and vineyardd advertises it (MY_HOST_NAME); default 127.0.0.1, use
+                         this host's cluster-network address when the scheduler is elsewhere
   --socket-dir DIR       private directory for the socket, logs and worker scratch
                          (default: a new 0700 directory under /tmp)
   --etcd-prefix PREFIX   vineyard's key prefix in etcd; every host of one cluster must use
@@ -125,8 +126,9 @@ fail() {  # message, log
 }
 
 VLOG="$SOCKET_DIR/vineyardd.log"
-# gflags needs --flag=value for booleans: `--rpc false` would leave RPC on.
-setsid "$PYTHON" -m vineyard \
+# gflags needs --flag=value for booleans: `--rpc false` would leave RPC on. vineyardd advertises
+# MY_HOST_NAME (else the hostname, which is wrong where hosts share one, e.g. in namespaces).
+MY_HOST_NAME="$LISTEN" setsid "$PYTHON" -m vineyard \
     --socket="$SOCKET" --size="$SIZE" \
     --meta=etcd --etcd_endpoint="$ETCD" --etcd_prefix="$PREFIX" \
     --rpc=false \
@@ -154,7 +156,8 @@ for ((i = 0; i < WORKERS; i++)); do
     name="$HOST_NAME-worker-$i"
     log="$SOCKET_DIR/$name.log"
     args=(--name "$name" --host "$LISTEN" --nthreads "$NTHREADS" --memory-limit "$MEMORY_LIMIT"
-          --local-directory "$SOCKET_DIR/dask" --no-dashboard)
+          --local-directory "$SOCKET_DIR/dask" --no-dashboard
+          --dashboard-address "$LISTEN:0")  # without it, /health and /metrics bind 0.0.0.0
     gpu_env=()
     if (( GPUS > 0 )); then
         args+=(--resources "GPU=$GPUS")

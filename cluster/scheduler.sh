@@ -11,9 +11,11 @@ Start `dask scheduler` (in a new session, detached), wait until it listens, and 
   pid=<pid> name=scheduler address=tcp://<host>:<port>
 Then attach from a notebook with dvml.connect("tcp://<host>:<port>"). Stop it with `kill <pid>`.
 
-  --host ADDR               address the scheduler listens on (default 127.0.0.1)
+  --host ADDR               address the scheduler listens on and advertises (default
+                            127.0.0.1; on several hosts: this host's cluster-network address,
+                            never 0.0.0.0)
   --port PORT               scheduler port (default 8786)
-  --dashboard-address ADDR  dashboard address (default 127.0.0.1:8787)
+  --dashboard-address ADDR  dashboard address (default <host>:8787)
   --log-dir DIR             where scheduler.log goes (default: a new directory under /tmp)
   --timeout SECONDS         how long to wait for the scheduler (default 60)
 
@@ -23,7 +25,7 @@ USAGE
 
 HOST=127.0.0.1
 PORT=8786
-DASHBOARD=127.0.0.1:8787
+DASHBOARD=""
 LOG_DIR=""
 TIMEOUT=60
 PYTHON="${PYTHON:-python3}"
@@ -40,6 +42,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+DASHBOARD="${DASHBOARD:-$HOST:8787}"  # beside the scheduler, not on every interface
 LOG_DIR="${LOG_DIR:-$(mktemp -d /tmp/dvml-scheduler-XXXXXX)}"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/scheduler.log"
