@@ -120,3 +120,72 @@ def test_status_and_state_file(cluster: netns.NetnsCluster) -> None:
     again = netns.NetnsCluster.from_state(cluster.state_path)
     assert again.id == cluster.id and again.processes() == cluster.processes()
     assert os.stat(cluster.workdir).st_mode & 0o777 == 0o700
+
+
+def _tensors_by_instance(probe: dict[str, Any]) -> dict[int, set[int]]:
+    return {v["instance_id"]: set(v["tensors"]) for v in probe.values()}
+
+
+def test_placement_rules_object_by_object(cluster: netns.NetnsCluster) -> None:
+    result = client(cluster, "placement", timeout=300)
+    addresses = sorted(h["address"] for h in cluster.hosts)
+    assert result["hosts"] == addresses
+    hosts_of = {label: {b["host"] for b in rows} for label, rows in result["datasets"].items()}
+    assert hosts_of == {"all": set(addresses), "one_host": {addresses[1]}, "table": set(addresses)}
+    held = _tensors_by_instance(result["vineyard"])
+    instance_of = {h["address"]: h["instance_id"] for h in cluster.hosts}
+    for rows in result["datasets"].values():
+        for b in rows:
+            # Each buffer lives on the vineyardd of the host it was placed on, and only there.
+            assert b["vineyard_instance_id"] == instance_of[b["host"]]
+            ids = {b["x_0_id"], b["y_id"]}
+            assert ids <= held[b["vineyard_instance_id"]], b
+            others = [i for i in held if i != b["vineyard_instance_id"]]
+            assert all(not ids & held[i] for i in others)
+    gone = set().union(*(set(b.values()) for rows in result["datasets"].values() for b in rows))
+    after = _tensors_by_instance(result["vineyard_after_drop"])
+    assert all(not (ids & gone) for ids in after.values())
+
+
+@pytest.mark.tf
+def test_pipeline_across_two_hosts(cluster: netns.NetnsCluster) -> None:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as k
+
+    model = k.Sequential(
+        [
+            k.layers.InputLayer(input_shape=(8, 8, 1)),
+            k.layers.Conv2D(16, 3, activation="relu", padding="same", name="conv"),
+            k.layers.Flatten(),
+            k.layers.Dense(32, activation="relu", name="hidden"),
+            k.layers.Dense(10, activation="softmax", name="out"),
+        ]
+    )
+    state = pathlib.Path(cluster.workdir) / "client-state"
+    result = client(
+        cluster, "pipeline", timeout=900, model_json=model.to_json(), state_dir=str(state)
+    )
+    instances = {h["instance_id"] for h in cluster.hosts}
+    fit = result["fit"]
+    # One trainer per data-holding worker, one on each host, each reading its own partitions.
+    assert len(fit["trainers"]) == 2
+    assert {p["instance_id"] for p in fit["trainer_partitions"].values()} == instances
+    assert all(p["rows"] > 0 for p in fit["trainer_partitions"].values())
+    assert fit["weights_identical"]
+    # The accuracy a single-host fit reaches (tests/train/test_fit_cluster.py).
+    assert fit["validation_metric"] >= 0.90, fit
+    assert result["evaluate"]["rows"] == 297
+    assert abs(result["evaluate"]["metric"] - fit["validation_metric"]) < 0.02
+    assert result["predict"]["rows"] == 200 and result["predict"]["accuracy"] >= 0.85
+    assert result["client_loaded_tensorflow"] is False  # evaluate/predict ran on the workers
+    features = result["features"]
+    assert features["rows"] == 1500 and features["batches_built"] > 0
+    assert features["same_object"] and features["batches_hit"] == 0
+    assert features["hosts"] == sorted(h["address"] for h in cluster.hosts)
+    # The data took memory on both hosts and dropping it gave that memory back on both.
+    before = {v["instance_id"]: v["memory_usage"] for v in result["memory_before"].values()}
+    loaded = {v["instance_id"]: v["memory_usage"] for v in result["memory_loaded"].values()}
+    after = {v["instance_id"]: v["memory_usage"] for v in result["memory_after_drop"].values()}
+    assert set(loaded) == instances
+    assert all(loaded[i] > before[i] for i in instances), (before, loaded)
+    assert all(after[i] <= before[i] for i in instances), (before, after)
