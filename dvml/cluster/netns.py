@@ -149,6 +149,9 @@ class NetnsCluster:
         Interpreter of the daemons and workers (default: this one).
     timeout : float
         Seconds each recipe may take to start.
+    env : dict, optional
+        Extra environment of every daemon and client, e.g. Dask settings
+        (``DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL``).
     """
 
     def __init__(
@@ -160,6 +163,7 @@ class NetnsCluster:
         state_path: str | None = None,
         python: str | None = None,
         timeout: float = 120,
+        env: dict[str, str] | None = None,
     ) -> None:
         if hosts < 1 or workers_per_host < 1:
             raise ValueError(
@@ -200,6 +204,7 @@ class NetnsCluster:
                 for i in range(hosts)
             ],
             "vineyard_memory": vineyard_memory,
+            "env": dict(env or {}),
         }
         head = self.state["head"]["address"]
         self.state["etcd_endpoint"] = f"http://{head}:{ETCD_PORT}"
@@ -334,6 +339,7 @@ class NetnsCluster:
         env["PYTHON"] = self.python
         # A pinned task on a host that is gone fails instead of waiting forever.
         env.setdefault("DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT", "60s")
+        env.update(self.state.get("env", {}))
         return env
 
     def _recipe(self, namespace: str, script: str, *args: str) -> list[dict[str, str]]:

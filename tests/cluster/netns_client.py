@@ -170,7 +170,45 @@ def feature_cache(cluster: Any) -> dict[str, Any]:
     }
 
 
-COMMANDS = {"workers": workers, "placement": placement, "pipeline": pipeline}
+def prepare(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Pack the digits and register the model (for the fault tests' fits)."""
+    train, _ = _digits()
+    ds = dvml.training_preprocessor(
+        train, y="label", x="pixels", normalizing_const=16.0, name="nf_digits", overwrite=True
+    )
+    arch = dvml.load_keras_model(args["model_json"], name="cnn")
+    return {"arch": arch, "hosts": sorted({b["host"] for b in ds.layout["buffers"]})}
+
+
+def long_fit(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """A fit that prints one line per iteration; reports how it ended and when."""
+    import time
+
+    try:
+        model = dvml.fit(
+            "nf_digits", "nf_cnn", args["arch"],
+            compile_params="loss='categorical_crossentropy', optimizer='adam', "
+            "metrics=['accuracy']",
+            fit_params="batch_size=32, epochs=1", num_iterations=args["iterations"],
+            timeout=args.get("timeout", 600),
+        )  # fmt: skip
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "ended": time.time()}
+    summary = model.summary
+    return {
+        "error": None,
+        "resumed_from_iteration": summary["resumed_from_iteration"],
+        "ended": time.time(),
+    }
+
+
+COMMANDS = {
+    "workers": workers,
+    "placement": placement,
+    "pipeline": pipeline,
+    "prepare": prepare,
+    "long_fit": long_fit,
+}
 
 
 def main() -> None:
