@@ -7,7 +7,7 @@ usage() {
 usage: cluster/host.sh --etcd URL --scheduler ADDR [--workers N] [--gpus-per-worker G]
                        [--vineyard-memory SIZE] [--host-name NAME] [--listen ADDR]
                        [--socket-dir DIR] [--etcd-prefix PREFIX] [--nthreads T]
-                       [--memory-limit LIMIT] [--timeout SECONDS]
+                       [--memory-limit LIMIT] [--timeout SECONDS] [--workers-only]
 
 Start, each in a new session and detached:
   1. one vineyardd (`python -m vineyard`) joined to etcd, its IPC socket in a private (0700)
@@ -38,6 +38,8 @@ this script started is stopped again.
   --nthreads T           threads per worker (default 1)
   --memory-limit LIMIT   Dask memory limit per worker (default auto)
   --timeout SECONDS      how long to wait for the daemon and each worker (default 60)
+  --workers-only         start only the workers, on the vineyardd already running with its
+                         socket in --socket-dir (after the workers died; its data stays)
 
 Environment: PYTHON (default python3; its vineyard, dask and dvml run the host).
 USAGE
@@ -55,6 +57,7 @@ PREFIX=/dvml/default
 NTHREADS=1
 MEMORY_LIMIT=auto
 TIMEOUT=60
+WORKERS_ONLY=0
 PYTHON="${PYTHON:-python3}"
 
 while [[ $# -gt 0 ]]; do
@@ -71,6 +74,7 @@ while [[ $# -gt 0 ]]; do
         --nthreads) NTHREADS="$2"; shift 2 ;;
         --memory-limit) MEMORY_LIMIT="$2"; shift 2 ;;
         --timeout) TIMEOUT="$2"; shift 2 ;;
+        --workers-only) WORKERS_ONLY=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "host.sh: error: unknown argument '$1'. See cluster/host.sh --help." >&2; exit 2 ;;
     esac
@@ -125,30 +129,38 @@ fail() {  # message, log
     exit 1
 }
 
-VLOG="$SOCKET_DIR/vineyardd.log"
-# gflags needs --flag=value for booleans: `--rpc false` would leave RPC on. vineyardd advertises
-# MY_HOST_NAME (else the hostname, which is wrong where hosts share one, e.g. in namespaces).
-MY_HOST_NAME="$LISTEN" setsid "$PYTHON" -m vineyard \
-    --socket="$SOCKET" --size="$SIZE" \
-    --meta=etcd --etcd_endpoint="$ETCD" --etcd_prefix="$PREFIX" \
-    --rpc=false \
-    >"$VLOG" 2>&1 </dev/null &
-VPID=$!
-STARTED+=("$VPID")
-
 instance_id() {
     VINEYARD_IPC_SKIP_RETRY=1 "$PYTHON" -c "import vineyard
 c = vineyard.connect('$SOCKET'); print(c.instance_id); c.close()" 2>/dev/null
 }
 
-deadline=$((SECONDS + TIMEOUT))
-INSTANCE=""
-until [[ -S "$SOCKET" ]] && INSTANCE="$(instance_id)"; do
-    kill -0 "$VPID" 2>/dev/null || fail "vineyardd exited at once (is etcd at $ETCD up?)." "$VLOG"
-    (( SECONDS < deadline )) || fail "vineyardd did not answer on $SOCKET within ${TIMEOUT}s." "$VLOG"
-    sleep 0.2
-done
-echo "pid=$VPID name=vineyardd socket=$SOCKET instance_id=$INSTANCE"
+if (( WORKERS_ONLY )); then
+    INSTANCE="$(instance_id)" || {
+        echo "host.sh: error: --workers-only but no vineyardd answers on $SOCKET. Start the host without --workers-only." >&2
+        exit 1
+    }
+    echo "vineyardd socket=$SOCKET instance_id=$INSTANCE (already running)"
+else
+    VLOG="$SOCKET_DIR/vineyardd.log"
+    # gflags needs --flag=value for booleans: `--rpc false` would leave RPC on. vineyardd advertises
+    # MY_HOST_NAME (else the hostname, which is wrong where hosts share one, e.g. in namespaces).
+    MY_HOST_NAME="$LISTEN" setsid "$PYTHON" -m vineyard \
+        --socket="$SOCKET" --size="$SIZE" \
+        --meta=etcd --etcd_endpoint="$ETCD" --etcd_prefix="$PREFIX" \
+        --rpc=false \
+        >"$VLOG" 2>&1 </dev/null &
+    VPID=$!
+    STARTED+=("$VPID")
+
+    deadline=$((SECONDS + TIMEOUT))
+    INSTANCE=""
+    until [[ -S "$SOCKET" ]] && INSTANCE="$(instance_id)"; do
+        kill -0 "$VPID" 2>/dev/null || fail "vineyardd exited at once (is etcd at $ETCD up?)." "$VLOG"
+        (( SECONDS < deadline )) || fail "vineyardd did not answer on $SOCKET within ${TIMEOUT}s." "$VLOG"
+        sleep 0.2
+    done
+    echo "pid=$VPID name=vineyardd socket=$SOCKET instance_id=$INSTANCE"
+fi
 
 WPIDS=()
 NAMES=()

@@ -378,8 +378,12 @@ class NetnsCluster:
         for host in self.state["hosts"]:
             self.start_host(host["namespace"])
 
-    def start_host(self, namespace: str) -> list[dict[str, str]]:
-        """Run ``host.sh`` in a worker host's namespace (also to restart a host after a fault)."""
+    def start_host(self, namespace: str, workers_only: bool = False) -> list[dict[str, str]]:
+        """Run ``host.sh`` in a worker host's namespace (also to restart a host after a fault).
+
+        ``workers_only`` starts just the Dask workers, on the host's running vineyardd (whose
+        data stays), e.g. after the workers shut down while the host was cut off.
+        """
         host = next(h for h in self.state["hosts"] if h["namespace"] == namespace)
         rows = self._recipe(
             namespace, "host.sh", "--etcd", self.etcd_endpoint,
@@ -387,13 +391,22 @@ class NetnsCluster:
             "--vineyard-memory", str(self.state["vineyard_memory"]),
             "--listen", host["address"], "--host-name", host["address"],
             "--socket-dir", host["socket_dir"], "--etcd-prefix", f"/dvml/netns-{self.id}",
-            "--timeout", str(int(self.timeout)),
+            "--timeout", str(int(self.timeout)), *(["--workers-only"] if workers_only else []),
         )  # fmt: skip
-        daemon = next(r for r in rows if r["name"] == "vineyardd")
-        host["socket"], host["instance_id"] = daemon["socket"], int(daemon["instance_id"])
+        for row in rows:
+            if row["name"] == "vineyardd":
+                host["socket"], host["instance_id"] = row["socket"], int(row["instance_id"])
         host["worker_names"] = [r["name"] for r in rows if r["name"] != "vineyardd"]
         self._save()
         return rows
+
+    def worker_pids(self, namespace: str) -> list[int]:
+        """Live pids of the recorded Dask workers of a host."""
+        return [
+            p["pid"]
+            for p in self.state["processes"]
+            if p["namespace"] == namespace and p["name"] != "vineyardd" and _pid_alive(p["pid"])
+        ]
 
     # -- use -----------------------------------------------------------------------------------
 
@@ -407,11 +420,20 @@ class NetnsCluster:
             check=False,
         )  # fmt: skip
 
-    def kill_host(self, namespace: str) -> list[int]:
-        """SIGKILL every process of a worker host (a host that dies); return their pids."""
+    def kill_host(self, namespace: str, keep_vineyardd: bool = False) -> list[int]:
+        """SIGKILL every process of a worker host (a host that dies); return their pids.
+
+        ``keep_vineyardd`` spares the host's vineyardd (its data stays): only the Dask workers
+        and what they started (trainers) die, as when the workers crash.
+        """
         if namespace not in [h["namespace"] for h in self.state["hosts"]]:
             raise ValueError(f"Not a worker host of this cluster. Received: {namespace!r}.")
-        pids = _ns_pids(namespace)
+        spared = {
+            p["pid"]
+            for p in self.state["processes"]
+            if keep_vineyardd and p["namespace"] == namespace and p["name"] == "vineyardd"
+        }
+        pids = [pid for pid in _ns_pids(namespace) if pid not in spared]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -455,7 +455,7 @@ def _wait_trainers(
             if future.status == "error":
                 worker = workers[futures.index(future)].name
                 exc = future.exception()
-                _raise_if_a_peer_left(client, workers, exc)
+                _raise_if_a_peer_left(client, futures, workers, exc)
                 if isinstance(exc, TrainerFailedError):
                     raise exc
                 raise TrainerFailedError(
@@ -472,7 +472,9 @@ def _wait_trainers(
         raise
 
 
-def _raise_if_a_peer_left(client: Client, workers: list[WorkerInfo], exc: Any) -> None:
+def _raise_if_a_peer_left(
+    client: Client, futures: list[Any], workers: list[WorkerInfo], exc: Any
+) -> None:
     """A surviving trainer's collective error hides the host that went away: name that host."""
     from dvml.train.peers import departed_workers, describe_departure, looks_like_peer_failure
 
@@ -481,6 +483,9 @@ def _raise_if_a_peer_left(client: Client, workers: list[WorkerInfo], exc: Any) -
         return
     gone = departed_workers(client, workers)
     if gone:
+        # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
+        # up on the workers: stop waiting for them now.
+        client.cancel([f for f, w in zip(futures, workers, strict=True) if w in gone])
         raise TrainerFailedError(
             f"{describe_departure(gone)}. The other trainers then failed ({text[:300]}). Bring "
             "the host back (or preprocess onto the remaining workers) and run fit again: it "

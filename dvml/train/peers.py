@@ -27,23 +27,39 @@ def looks_like_peer_failure(message: str) -> bool:
 
 
 def departed_workers(
-    client: Client, workers: list[WorkerInfo], wait: float = 5.0
+    client: Client, workers: list[WorkerInfo], wait: float = 5.0, probe_timeout: float = 3.0
 ) -> list[WorkerInfo]:
-    """The trainer workers the scheduler no longer lists, waiting up to ``wait`` seconds.
+    """The trainer workers that are gone: no longer listed by the scheduler, or unreachable.
 
-    A peer's error can reach the client a moment before the scheduler has removed the dead
-    worker, hence the short wait.
+    A dead host is dropped by the scheduler at once, but a host cut off the network only
+    after the scheduler's worker TTL (minutes by default): a worker that does not accept a TCP
+    connection within ``probe_timeout`` seconds counts as gone too. A peer's error can reach
+    the client a moment before the scheduler has removed a dead worker, hence the short
+    ``wait``.
     """
+    unreachable = [w for w in workers if not _accepts(w.address, probe_timeout)]
     deadline = time.monotonic() + wait
     while True:
         try:
             alive = set(client.scheduler_info(n_workers=-1)["workers"])
-        except Exception:  # the scheduler itself is unreachable: nothing to add
-            return []
-        gone = [w for w in workers if w.address not in alive]
+        except Exception:  # the scheduler itself is unreachable: the probes must do
+            alive = {w.address for w in workers}
+        gone = [w for w in workers if w.address not in alive or w in unreachable]
         if gone or time.monotonic() >= deadline:
             return gone
         time.sleep(0.25)
+
+
+def _accepts(address: str, timeout: float) -> bool:
+    """Whether a worker's ``tcp://host:port`` (or ``tls://``) accepts a TCP connection."""
+    import socket
+
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def describe_departure(gone: list[WorkerInfo]) -> str:

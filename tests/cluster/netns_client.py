@@ -174,7 +174,7 @@ def prepare(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
     """Pack the digits and register the model (for the fault tests' fits)."""
     train, _ = _digits()
     ds = dvml.training_preprocessor(
-        train, y="label", x="pixels", normalizing_const=16.0, name="nf_digits", overwrite=True
+        train, y="label", x="pixels", normalizing_const=16.0, name=args["name"], overwrite=True
     )
     arch = dvml.load_keras_model(args["model_json"], name="cnn")
     return {"arch": arch, "hosts": sorted({b["host"] for b in ds.layout["buffers"]})}
@@ -186,7 +186,7 @@ def long_fit(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
 
     try:
         model = dvml.fit(
-            "nf_digits", "nf_cnn", args["arch"],
+            args["name"], "nf_cnn", args["arch"],
             compile_params="loss='categorical_crossentropy', optimizer='adam', "
             "metrics=['accuracy']",
             fit_params="batch_size=32, epochs=1", num_iterations=args["iterations"],

@@ -101,10 +101,14 @@ def test_a_host_killed_during_fit_fails_fast_naming_it_and_rejoins(
     cluster: netns.NetnsCluster, model_json: str, tmp_path: pathlib.Path
 ) -> None:
     state = str(tmp_path / "state")
-    prepared = client(cluster, "prepare", timeout=300, model_json=model_json, state_dir=state)
+    prepared = client(
+        cluster, "prepare", timeout=300, model_json=model_json, state_dir=state, name="nf_a"
+    )
     assert prepared["hosts"] == sorted(h["address"] for h in cluster.hosts)
     victim = cluster.hosts[1]
-    fit = Background(cluster, "long_fit", arch=prepared["arch"], iterations=40, state_dir=state)
+    fit = Background(
+        cluster, "long_fit", arch=prepared["arch"], iterations=40, state_dir=state, name="nf_a"
+    )
     try:
         assert poll_for(lambda: fit.saw("iteration 1/40"), 300, interval=0.5), fit.lines[-20:]
         killed_at = time.time()
@@ -125,3 +129,67 @@ def test_a_host_killed_during_fit_fails_fast_naming_it_and_rejoins(
     for ident in back["identity"].values():
         assert set(ident["instances"]) >= instances
     assert cluster.hosts[1]["instance_id"] != old_instance or len(instances) == 2
+
+
+def test_a_host_cut_off_during_fit_fails_in_bounded_time_then_rejoins(
+    cluster: netns.NetnsCluster, model_json: str, tmp_path: pathlib.Path
+) -> None:
+    state = str(tmp_path / "state")
+    args = {"state_dir": state, "name": "nf_b"}
+    prepared = client(cluster, "prepare", timeout=300, model_json=model_json, **args)
+    assert prepared["hosts"] == sorted(h["address"] for h in cluster.hosts)
+    victim = cluster.hosts[1]
+    fit = Background(cluster, "long_fit", arch=prepared["arch"], iterations=40, **args)
+    try:
+        assert poll_for(lambda: fit.saw("iteration 1/40"), 300, interval=0.5), fit.lines[-20:]
+        cut_at = time.time()
+        cluster.set_link(victim["namespace"], up=False)
+        result = fit.result(timeout=BOUND + 60)
+        time.sleep(max(0.0, 30 - (time.time() - cut_at)))  # past the etcd lease
+    finally:
+        if fit.proc.poll() is None:
+            fit.proc.kill()
+        cluster.set_link(victim["namespace"], up=True)
+    # The client learns within a bounded time which host is gone (no hang in a collective).
+    assert result["error"] in ("TrainerFailedError", "TrainingError"), result
+    assert victim["address"] in result["message"], result
+    assert result["ended"] - cut_at < BOUND, result
+    # vineyard 0.24.2: a vineyardd cut off from etcd past its lease is evicted from the
+    # vineyard cluster and does not rejoin by itself (its data is lost to the cluster)...
+    table = client(cluster, "workers", timeout=120)
+    survivor = next(i for a, i in table["identity"].items() if victim["address"] not in a)
+    assert victim["instance_id"] not in survivor["instances"]
+    # ...so the host is restarted: its new vineyardd rejoins etcd, its worker the scheduler.
+    cluster.kill_host(victim["namespace"])
+    cluster.start_host(victim["namespace"])
+    back = client(cluster, "workers", timeout=120)
+    instances = {h["instance_id"] for h in cluster.hosts}
+    assert {row["host"] for row in back["table"]} == {h["address"] for h in cluster.hosts}
+    assert all(set(i["instances"]) >= instances for i in back["identity"].values())
+
+
+def test_a_hosts_workers_killed_during_fit_then_fit_resumes_from_its_checkpoint(
+    cluster: netns.NetnsCluster, model_json: str, tmp_path: pathlib.Path
+) -> None:
+    state = str(tmp_path / "state")
+    args = {"state_dir": state, "name": "nf_c"}
+    prepared = client(cluster, "prepare", timeout=300, model_json=model_json, **args)
+    victim = cluster.hosts[1]
+    fit = Background(cluster, "long_fit", arch=prepared["arch"], iterations=6, **args)
+    try:
+        assert poll_for(lambda: fit.saw("iteration 2/6"), 300, interval=0.5), fit.lines[-20:]
+        killed_at = time.time()
+        assert cluster.kill_host(victim["namespace"], keep_vineyardd=True)
+        result = fit.result(timeout=BOUND + 60)
+    finally:
+        if fit.proc.poll() is None:
+            fit.proc.kill()
+    assert result["error"] in ("TrainerFailedError", "TrainingError"), result
+    assert victim["address"] in result["message"], result
+    assert result["ended"] - killed_at < BOUND, result
+    # The host's vineyardd kept its data: new workers on it, and fit resumes where it stopped.
+    cluster.start_host(victim["namespace"], workers_only=True)
+    assert cluster.hosts[1]["instance_id"] == victim["instance_id"]
+    again = client(cluster, "long_fit", timeout=600, arch=prepared["arch"], iterations=6, **args)
+    assert again["error"] is None, again
+    assert again["resumed_from_iteration"] >= 2, again
