@@ -43,6 +43,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b7_memory",
     "benchmarks.b8_cluster_start",
     "benchmarks.b9_decode",
+    "benchmarks.b13_netns_fit",
 )
 
 SIDES = ("dvml", "baseline")
