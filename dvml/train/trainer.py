@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(argv[0]) as f:
         job = json.load(f)
+    from dvml.train.orphan import exit_with_parent
+
+    exit_with_parent()  # never outlive the worker that started this trainer
     try:
         run(job)
     except Exception as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import threading
@@ -62,6 +63,27 @@ def model_json() -> str:
             ]
         ).to_json()
     )
+
+
+def trainer_pids(namespace: str) -> list[int]:
+    """Pids of the dvml trainer processes running in ``namespace``."""
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    found = []
+    for pid in out.stdout.split():
+        try:
+            cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"dvml.train.trainer" in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def worker_side_pids(cluster: netns.NetnsCluster, namespace: str) -> list[int]:
+    """Every process of a host but its vineyardd (Nanny, worker, trainers)."""
+    daemon = {p["pid"] for p in cluster.processes() if p["name"] == "vineyardd"}
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split() if int(p) not in daemon]
 
 
 class Background:
@@ -176,7 +198,13 @@ def test_a_hosts_workers_killed_during_fit_then_fit_resumes_from_its_checkpoint(
     try:
         assert poll_for(lambda: fit.saw("iteration 2/6"), 300, interval=0.5), fit.lines[-20:]
         killed_at = time.time()
-        assert cluster.kill_host(victim["namespace"], keep_vineyardd=True)
+        # The worker processes crash; the trainer they started must not outlive them.
+        trainers = trainer_pids(victim["namespace"])
+        assert trainers
+        for pid in worker_side_pids(cluster, victim["namespace"]):
+            if pid not in trainers:
+                os.kill(pid, signal.SIGKILL)
+        assert poll_for(lambda: all(pid_gone(p) for p in trainers), 15), trainers
         result = fit.result(timeout=BOUND + 60)
     finally:
         if fit.proc.poll() is None:
