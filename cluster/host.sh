@@ -7,7 +7,8 @@ usage() {
 usage: cluster/host.sh --etcd URL --scheduler ADDR [--workers N] [--gpus-per-worker G]
                        [--vineyard-memory SIZE] [--host-name NAME] [--listen ADDR]
                        [--socket-dir DIR] [--etcd-prefix PREFIX] [--nthreads T]
-                       [--memory-limit LIMIT] [--timeout SECONDS]
+                       [--memory-limit LIMIT] [--timeout SECONDS] [--workers-only]
+                       [--tls-ca-file CA --tls-cert CERT --tls-key KEY]
 
 Start, each in a new session and detached:
   1. one vineyardd (`python -m vineyard`) joined to etcd, its IPC socket in a private (0700)
@@ -28,8 +29,9 @@ this script started is stopped again.
                          worker (worker i gets devices i*G .. i*G+G-1); default 0
   --vineyard-memory SIZE shared memory of the vineyardd, e.g. 512MiB (default 512MiB)
   --host-name NAME       the host name dvml reports (default: hostname)
-  --listen ADDR          address the workers listen on (default 127.0.0.1; use this host's
-                         cluster-network address when the scheduler is elsewhere)
+  --listen ADDR          this host's address: the workers (and their Nannies) listen on it
+                         and vineyardd advertises it (MY_HOST_NAME); default 127.0.0.1, use
+                         this host's cluster-network address when the scheduler is elsewhere
   --socket-dir DIR       private directory for the socket, logs and worker scratch
                          (default: a new 0700 directory under /tmp)
   --etcd-prefix PREFIX   vineyard's key prefix in etcd; every host of one cluster must use
@@ -37,6 +39,10 @@ this script started is stopped again.
   --nthreads T           threads per worker (default 1)
   --memory-limit LIMIT   Dask memory limit per worker (default auto)
   --timeout SECONDS      how long to wait for the daemon and each worker (default 60)
+  --tls-ca-file/--tls-cert/--tls-key PATH
+                         Dask TLS for the workers (with a tls:// --scheduler)
+  --workers-only         start only the workers, on the vineyardd already running with its
+                         socket in --socket-dir (after the workers died; its data stays)
 
 Environment: PYTHON (default python3; its vineyard, dask and dvml run the host).
 USAGE
@@ -54,6 +60,8 @@ PREFIX=/dvml/default
 NTHREADS=1
 MEMORY_LIMIT=auto
 TIMEOUT=60
+WORKERS_ONLY=0
+TLS=()
 PYTHON="${PYTHON:-python3}"
 
 while [[ $# -gt 0 ]]; do
@@ -70,6 +78,8 @@ while [[ $# -gt 0 ]]; do
         --nthreads) NTHREADS="$2"; shift 2 ;;
         --memory-limit) MEMORY_LIMIT="$2"; shift 2 ;;
         --timeout) TIMEOUT="$2"; shift 2 ;;
+        --workers-only) WORKERS_ONLY=1; shift ;;
+        --tls-ca-file|--tls-cert|--tls-key) TLS+=("$1" "$2"); shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "host.sh: error: unknown argument '$1'. See cluster/host.sh --help." >&2; exit 2 ;;
     esac
@@ -124,29 +134,38 @@ fail() {  # message, log
     exit 1
 }
 
-VLOG="$SOCKET_DIR/vineyardd.log"
-# gflags needs --flag=value for booleans: `--rpc false` would leave RPC on.
-setsid "$PYTHON" -m vineyard \
-    --socket="$SOCKET" --size="$SIZE" \
-    --meta=etcd --etcd_endpoint="$ETCD" --etcd_prefix="$PREFIX" \
-    --rpc=false \
-    >"$VLOG" 2>&1 </dev/null &
-VPID=$!
-STARTED+=("$VPID")
-
 instance_id() {
     VINEYARD_IPC_SKIP_RETRY=1 "$PYTHON" -c "import vineyard
 c = vineyard.connect('$SOCKET'); print(c.instance_id); c.close()" 2>/dev/null
 }
 
-deadline=$((SECONDS + TIMEOUT))
-INSTANCE=""
-until [[ -S "$SOCKET" ]] && INSTANCE="$(instance_id)"; do
-    kill -0 "$VPID" 2>/dev/null || fail "vineyardd exited at once (is etcd at $ETCD up?)." "$VLOG"
-    (( SECONDS < deadline )) || fail "vineyardd did not answer on $SOCKET within ${TIMEOUT}s." "$VLOG"
-    sleep 0.2
-done
-echo "pid=$VPID name=vineyardd socket=$SOCKET instance_id=$INSTANCE"
+if (( WORKERS_ONLY )); then
+    INSTANCE="$(instance_id)" || {
+        echo "host.sh: error: --workers-only but no vineyardd answers on $SOCKET. Start the host without --workers-only." >&2
+        exit 1
+    }
+    echo "vineyardd socket=$SOCKET instance_id=$INSTANCE (already running)"
+else
+    VLOG="$SOCKET_DIR/vineyardd.log"
+    # gflags needs --flag=value for booleans: `--rpc false` would leave RPC on. vineyardd advertises
+    # MY_HOST_NAME (else the hostname, which is wrong where hosts share one, e.g. in namespaces).
+    MY_HOST_NAME="$LISTEN" setsid "$PYTHON" -m vineyard \
+        --socket="$SOCKET" --size="$SIZE" \
+        --meta=etcd --etcd_endpoint="$ETCD" --etcd_prefix="$PREFIX" \
+        --rpc=false \
+        >"$VLOG" 2>&1 </dev/null &
+    VPID=$!
+    STARTED+=("$VPID")
+
+    deadline=$((SECONDS + TIMEOUT))
+    INSTANCE=""
+    until [[ -S "$SOCKET" ]] && INSTANCE="$(instance_id)"; do
+        kill -0 "$VPID" 2>/dev/null || fail "vineyardd exited at once (is etcd at $ETCD up?)." "$VLOG"
+        (( SECONDS < deadline )) || fail "vineyardd did not answer on $SOCKET within ${TIMEOUT}s." "$VLOG"
+        sleep 0.2
+    done
+    echo "pid=$VPID name=vineyardd socket=$SOCKET instance_id=$INSTANCE"
+fi
 
 WPIDS=()
 NAMES=()
@@ -154,7 +173,11 @@ for ((i = 0; i < WORKERS; i++)); do
     name="$HOST_NAME-worker-$i"
     log="$SOCKET_DIR/$name.log"
     args=(--name "$name" --host "$LISTEN" --nthreads "$NTHREADS" --memory-limit "$MEMORY_LIMIT"
-          --local-directory "$SOCKET_DIR/dask" --no-dashboard)
+          --local-directory "$SOCKET_DIR/dask" --no-dashboard
+          --dashboard-address "$LISTEN:0")  # without it, /health and /metrics bind 0.0.0.0
+    if (( ${#TLS[@]} )); then
+        args+=(--protocol tls "${TLS[@]}")
+    fi
     gpu_env=()
     if (( GPUS > 0 )); then
         args+=(--resources "GPU=$GPUS")

@@ -6,16 +6,22 @@ usage() {
     cat <<'USAGE'
 usage: cluster/scheduler.sh [--host ADDR] [--port PORT] [--dashboard-address ADDR]
                             [--log-dir DIR] [--timeout SECONDS]
+                            [--tls-ca-file CA --tls-cert CERT --tls-key KEY]
 
 Start `dask scheduler` (in a new session, detached), wait until it listens, and print
   pid=<pid> name=scheduler address=tcp://<host>:<port>
 Then attach from a notebook with dvml.connect("tcp://<host>:<port>"). Stop it with `kill <pid>`.
 
-  --host ADDR               address the scheduler listens on (default 127.0.0.1)
+  --host ADDR               address the scheduler listens on and advertises (default
+                            127.0.0.1; on several hosts: this host's cluster-network address,
+                            never 0.0.0.0)
   --port PORT               scheduler port (default 8786)
-  --dashboard-address ADDR  dashboard address (default 127.0.0.1:8787)
+  --dashboard-address ADDR  dashboard address (default <host>:8787)
   --log-dir DIR             where scheduler.log goes (default: a new directory under /tmp)
   --timeout SECONDS         how long to wait for the scheduler (default 60)
+  --tls-ca-file/--tls-cert/--tls-key PATH
+                            serve Dask's TLS (tls://) with this CA and certificate: only
+                            peers with a certificate signed by the CA can connect
 
 Environment: PYTHON (default python3; the interpreter whose dask and dvml the cluster uses).
 USAGE
@@ -23,9 +29,10 @@ USAGE
 
 HOST=127.0.0.1
 PORT=8786
-DASHBOARD=127.0.0.1:8787
+DASHBOARD=""
 LOG_DIR=""
 TIMEOUT=60
+TLS=()
 PYTHON="${PYTHON:-python3}"
 
 while [[ $# -gt 0 ]]; do
@@ -35,11 +42,21 @@ while [[ $# -gt 0 ]]; do
         --dashboard-address) DASHBOARD="$2"; shift 2 ;;
         --log-dir) LOG_DIR="$2"; shift 2 ;;
         --timeout) TIMEOUT="$2"; shift 2 ;;
+        --tls-ca-file|--tls-cert|--tls-key) TLS+=("$1" "$2"); shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "scheduler.sh: error: unknown argument '$1'. See cluster/scheduler.sh --help." >&2; exit 2 ;;
     esac
 done
 
+DASHBOARD="${DASHBOARD:-$HOST:8787}"  # beside the scheduler, not on every interface
+PROTOCOL=tcp
+if (( ${#TLS[@]} )); then
+    if (( ${#TLS[@]} != 6 )); then
+        echo "scheduler.sh: error: TLS needs all of --tls-ca-file, --tls-cert and --tls-key. Received: ${TLS[*]}." >&2
+        exit 2
+    fi
+    PROTOCOL=tls
+fi
 LOG_DIR="${LOG_DIR:-$(mktemp -d /tmp/dvml-scheduler-XXXXXX)}"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/scheduler.log"
@@ -47,6 +64,7 @@ LOG="$LOG_DIR/scheduler.log"
 # `python -m dask scheduler` is `dask scheduler` run by the chosen interpreter.
 setsid "$PYTHON" -m dask scheduler \
     --host "$HOST" --port "$PORT" --dashboard-address "$DASHBOARD" \
+    --protocol "$PROTOCOL" ${TLS[@]+"${TLS[@]}"} \
     >"$LOG" 2>&1 </dev/null &
 PID=$!
 
@@ -66,4 +84,4 @@ until grep -q "Scheduler at:" "$LOG" 2>/dev/null; do
     sleep 0.2
 done
 
-echo "pid=$PID name=scheduler address=tcp://$HOST:$PORT log=$LOG"
+echo "pid=$PID name=scheduler address=$PROTOCOL://$HOST:$PORT log=$LOG"

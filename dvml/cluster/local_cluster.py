@@ -239,6 +239,7 @@ class LocalCluster(Cluster):
             "env": env,
             "local_directory": os.path.join(self.directory, "dask", spec.name),
             "dashboard": False,
+            "dashboard_address": "127.0.0.1:0",  # /health and /metrics: else on 0.0.0.0
             "silence_logs": logging.WARNING,
         }
         if spec.gpus:

@@ -626,6 +626,7 @@ def _wait_trainers(
             if future.status == "error":
                 worker = workers[futures.index(future)].name
                 exc = future.exception()
+                _raise_if_a_peer_left(client, futures, workers, exc)
                 if isinstance(exc, TrainerFailedError):
                     raise exc
                 raise TrainerFailedError(
@@ -640,6 +641,27 @@ def _wait_trainers(
         abort.set()
         _settle(futures, timeout=120)
         raise
+
+
+def _raise_if_a_peer_left(
+    client: Client, futures: list[Any], workers: list[WorkerInfo], exc: Any
+) -> None:
+    """A surviving trainer's collective error hides the host that went away: name that host."""
+    from dvml.train.peers import departed_workers, describe_departure, looks_like_peer_failure
+
+    text = f"{type(exc).__name__}: {exc}"
+    if not looks_like_peer_failure(text):
+        return
+    gone = departed_workers(client, workers)
+    if gone:
+        # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
+        # up on the workers: stop waiting for them now.
+        client.cancel([f for f, w in zip(futures, workers, strict=True) if w in gone])
+        raise TrainerFailedError(
+            f"{describe_departure(gone)}. The other trainers then failed ({text[:300]}). Bring "
+            "the host back (or preprocess onto the remaining workers) and run fit again: it "
+            "resumes from the last completed iteration when the data is still in place."
+        ) from exc
 
 
 def _settle(futures: list[Any], timeout: float) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 from dvml import tf_runtime
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import evaluation_dataset, training_dataset
+from dvml.train.orphan import exit_with_parent
 from dvml.train.params import compile_kwargs
 
 # dvml.registry.* is imported where it is used: the registry package loads pandas, SQLAlchemy
@@ -318,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m dvml.train.trainer JOB.json | --standby", file=sys.stderr)
         return 2
+    exit_with_parent()  # never outlive the worker that started this trainer (or standby)
     if argv[0] == "--standby":
         got = _standby()
         if got is None:

@@ -1,0 +1,230 @@
+"""A dvml client run INSIDE the head namespace of a namespace cluster (``ip netns exec``).
+
+``python netns_client.py COMMAND SCHEDULER [ARGS_JSON]`` prints one line
+``DVML-RESULT <json>`` that tests/cluster/test_netns.py asserts on. Kept as a script (not a
+test module) because the client must live in another network namespace than pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import dvml
+
+
+def on_worker_identity() -> dict[str, Any]:
+    """On a worker: its environment, its vineyardd and what that vineyardd advertises."""
+    import socket as pysocket
+
+    from dvml.cluster.connection import local_client
+
+    client = local_client()
+    iid = int(client.instance_id)
+    meta = {int(k): v for k, v in client.meta.items()}
+    mine = meta.get(iid, {})
+    return {
+        "socket": os.environ.get("VINEYARD_IPC_SOCKET"),
+        "dvml_host": os.environ.get("DVML_HOST"),
+        "instance_id": iid,
+        "advertised": str(mine.get("hostname", "")),
+        "instances": sorted(meta),
+        "hostname": pysocket.gethostname(),
+    }
+
+
+def on_worker_local_tensors() -> dict[str, Any]:
+    """On a worker: ids of the tensors its own vineyardd holds, and its memory in use."""
+    from dvml.cluster.connection import local_client
+
+    client = local_client()
+    iid = int(client.instance_id)
+    metas = client.ipc_client.list_metadatas("vineyard::Tensor*", limit=1_000_000)
+    return {
+        "instance_id": iid,
+        "tensors": sorted(int(m.id) for m in metas if int(m.instance_id) == iid),
+        "memory_usage": int(client.status.memory_usage),
+    }
+
+
+def workers(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    table = cluster.worker_table()
+    identity = cluster.client.run(on_worker_identity)
+    return {
+        "table": json.loads(table.to_json(orient="records")),
+        "gpu_configuration": json.loads(cluster.gpu_configuration().to_json(orient="records")),
+        "identity": identity,
+    }
+
+
+def _digits() -> tuple[Any, Any]:
+    import numpy as np
+    import pandas as pd
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    frame = pd.DataFrame(
+        {
+            "id": np.arange(len(d.target)),
+            "pixels": list(d.images.reshape(-1, 8, 8, 1).astype("float32")),
+            "label": d.target,
+        }
+    )
+    shuffled = frame.sample(frac=1.0, random_state=0).reset_index(drop=True)
+    return shuffled.iloc[:1500], shuffled.iloc[1500:]
+
+
+def placement(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Pack under three rules; report each dataset's placement and what each vineyardd holds."""
+    import pandas as pd
+
+    train, _ = _digits()
+    hosts = sorted({w.host for w in cluster.workers})
+    rules: dict[str, Any] = {
+        "all": "all_workers",
+        "one_host": [hosts[1]],
+        "table": pd.DataFrame({"host": hosts}),
+    }
+    out: dict[str, Any] = {"hosts": hosts, "datasets": {}}
+    for label, rule in rules.items():
+        ds = dvml.training_preprocessor(
+            train, y="label", x="pixels", normalizing_const=16.0, distribution_rules=rule,
+            name=f"nn_{label}", overwrite=True,
+        )  # fmt: skip
+        table = ds.placement()
+        out["datasets"][label] = json.loads(table.to_json(orient="records"))
+    out["vineyard"] = cluster.client.run(on_worker_local_tensors)
+    for label in rules:
+        dvml.datasets.drop(f"nn_{label}")
+    out["vineyard_after_drop"] = cluster.client.run(on_worker_local_tensors)
+    return out
+
+
+def pipeline(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Preprocess, fit across the hosts, evaluate, predict, drop; all from this namespace."""
+    train, test = _digits()
+    out: dict[str, Any] = {}
+    before = cluster.client.run(on_worker_local_tensors)
+    dvml.training_preprocessor(
+        train, y="label", x="pixels", normalizing_const=16.0, name="nn_digits", overwrite=True
+    )
+    dvml.validation_preprocessor(
+        test, y="label", x="pixels", training="nn_digits", name="nn_digits_val", overwrite=True
+    )
+    out["memory_loaded"] = cluster.client.run(on_worker_local_tensors)
+    arch = dvml.load_keras_model(args["model_json"], name="cnn")
+    model = dvml.fit(
+        "nn_digits", "nn_cnn", arch,
+        compile_params="loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.003)', "
+        "metrics=['accuracy']",
+        fit_params="batch_size=32, epochs=2", num_iterations=args.get("iterations", 2),
+        validation_set="nn_digits_val", progress=False,
+    )  # fmt: skip
+    summary = model.summary
+    out["fit"] = {
+        "trainers": summary["trainers"],
+        "trainer_partitions": summary["trainer_partitions"],
+        "weights_identical": summary["weights_identical_on_all_trainers"],
+        "validation_metric": summary.get("validation_metrics_final"),
+        "training_metric": summary.get("training_metrics_final"),
+    }
+    out["evaluate"] = dvml.evaluate("nn_cnn", "nn_digits_val")
+    pred = dvml.predict("nn_cnn", test.iloc[:200], "id", "pixels", pred_type="response").compute()
+    labels = test.iloc[:200].set_index("id")["label"]
+    hits = sum(int(r.class_value) == int(labels[r.id]) for r in pred.itertuples())
+    out["predict"] = {"rows": len(pred), "accuracy": hits / len(pred)}
+    # Evaluate and predict ran on the workers: this client never loaded TensorFlow.
+    out["client_loaded_tensorflow"] = "tensorflow" in sys.modules
+    out["features"] = feature_cache(cluster)
+    dvml.datasets.drop("nn_digits")
+    dvml.datasets.drop("nn_digits_val")
+    out["memory_before"] = before
+    out["memory_after_drop"] = cluster.client.run(on_worker_local_tensors)
+    return out
+
+
+def feature_cache(cluster: Any) -> dict[str, Any]:
+    """A backbone runs where the digits live; asking again is a hit (no batch runs)."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as k
+
+    k.utils.set_random_seed(1)
+    backbone = k.Sequential(
+        [k.Input((8, 8, 1)), k.layers.Conv2D(4, 3, activation="relu", name="conv1")]
+    )
+    batches = dvml.features.calls(cluster.client)["batches"]
+    cache = dvml.features.cache("nn_digits", backbone, pooling="avg", name="nn_features")
+    built = dvml.features.calls(cluster.client)["batches"]
+    again = dvml.features.cache("nn_digits", backbone, pooling="avg", name="nn_features")
+    hit = dvml.features.calls(cluster.client)["batches"]
+    placement = json.loads(cache.placement().to_json(orient="records"))
+    dvml.datasets.drop("nn_features")
+    return {
+        "rows": cache.rows,
+        "same_object": again.id == cache.id,
+        "batches_built": built - batches,
+        "batches_hit": hit - built,
+        "hosts": sorted({b["host"] for b in placement}),
+    }
+
+
+def prepare(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Pack the digits and register the model (for the fault tests' fits)."""
+    train, _ = _digits()
+    ds = dvml.training_preprocessor(
+        train, y="label", x="pixels", normalizing_const=16.0, name=args["name"], overwrite=True
+    )
+    arch = dvml.load_keras_model(args["model_json"], name="cnn")
+    return {"arch": arch, "hosts": sorted({b["host"] for b in ds.layout["buffers"]})}
+
+
+def long_fit(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """A fit that prints one line per iteration; reports how it ended and when."""
+    import time
+
+    try:
+        model = dvml.fit(
+            args["name"], "nf_cnn", args["arch"],
+            compile_params="loss='categorical_crossentropy', optimizer='adam', "
+            "metrics=['accuracy']",
+            fit_params="batch_size=32, epochs=1", num_iterations=args["iterations"],
+            timeout=args.get("timeout", 600),
+        )  # fmt: skip
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "ended": time.time()}
+    summary = model.summary
+    return {
+        "error": None,
+        "resumed_from_iteration": summary["resumed_from_iteration"],
+        "ended": time.time(),
+    }
+
+
+COMMANDS = {
+    "workers": workers,
+    "placement": placement,
+    "pipeline": pipeline,
+    "prepare": prepare,
+    "long_fit": long_fit,
+}
+
+
+def main() -> None:
+    command, scheduler = sys.argv[1], sys.argv[2]
+    args = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    if "state_dir" in args:  # the registry and the checkpoints of this client
+        import dask.config
+
+        dask.config.set({"dvml.cluster.state-dir": args["state_dir"]})
+    cluster = dvml.connect(scheduler)
+    try:
+        result = COMMANDS[command](cluster, args)
+    finally:
+        cluster.close()
+    print("DVML-RESULT " + json.dumps(result, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
