@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import pid_gone
 
 from dvml.cluster import netns
+from tests.helpers import pid_gone
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]
 

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import pid_gone, poll_for
 from test_netns import CLIENT, _reason, client
 
 from dvml.cluster import netns
+from tests.helpers import pid_gone, poll_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.tf, pytest.mark.slow]
 

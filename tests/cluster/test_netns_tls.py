@@ -11,10 +11,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import pid_gone
 from test_netns import _reason, _tensors_by_instance, client
 
 from dvml.cluster import netns
+from tests.helpers import pid_gone
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]
 
