@@ -1,0 +1,51 @@
+"""The training pipeline over local views: groups of batches, one epoch = every planned row once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dvml.resolve import tfdata
+from dvml.resolve.partitions import LocalPartitions
+
+pytestmark = pytest.mark.tf
+
+
+def _parts(rows: tuple[int, ...]) -> LocalPartitions:
+    # Row r of the whole local data holds x = r (2 inputs) and a one-hot y of r % 3.
+    start, xs0, xs1, ys = 0, [], [], []
+    for n in rows:
+        ids = np.arange(start, start + n, dtype=np.float32)
+        xs0.append(np.repeat(ids[:, None], 4, axis=1))
+        xs1.append(ids[:, None, None] * np.ones((1, 2, 2), np.float32))
+        ys.append(np.eye(3, dtype=np.float32)[ids.astype(int) % 3])
+        start += n
+    return LocalPartitions(
+        name="t",
+        summary={"x_shapes": [[4], [2, 2]], "y_shape": [3]},
+        instance_id=0,
+        buffer_indices=list(range(len(rows))),
+        fields={"x_0": xs0, "x_1": xs1, "y": ys},
+    )
+
+
+@pytest.mark.parametrize("group_bytes", [1, 10**9])  # one batch per call; every batch at once
+def test_an_epoch_is_every_planned_row_once(
+    monkeypatch: pytest.MonkeyPatch, group_bytes: int
+) -> None:
+    monkeypatch.setattr(tfdata, "GROUP_BYTES", group_bytes)
+    parts = _parts((37, 50, 13))
+    batch, steps = 8, 12  # 96 of the 100 rows per epoch
+    dataset = tfdata.training_dataset(parts, batch, steps, seed=5)
+    seen = []
+    for (x0, x1), y in dataset.take(2 * steps):
+        x0, x1, y = x0.numpy(), x1.numpy(), y.numpy()
+        assert x0.shape == (batch, 4) and x1.shape == (batch, 2, 2) and y.shape == (batch, 3)
+        ids = x0[:, 0].astype(int)
+        np.testing.assert_array_equal(x1[:, 0, 0], ids)  # the inputs of a row stay together
+        np.testing.assert_array_equal(y.argmax(axis=1), ids % 3)  # and with its label
+        seen.append(ids)
+    first, second = np.concatenate(seen[:steps]), np.concatenate(seen[steps:])
+    assert len(set(first)) == len(first) == batch * steps
+    assert len(set(second)) == batch * steps
+    assert not np.array_equal(first, second)  # reshuffled every epoch
