@@ -202,7 +202,41 @@ def long_fit(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _slow_block(block: Any) -> Any:
+    import time
+
+    time.sleep(0.5)  # a source slow enough that a host can die while it is packed
+    return block
+
+
+def slow_pack(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Pack a slow Dask-array source on every worker; report how it ended and when."""
+    import time
+
+    import dask.array as da
+    import numpy as np
+
+    rows, chunk = 80 * 500, 500
+    x = da.random.random((rows, 16), chunks=(chunk, 16)).astype(np.float32)
+    x = x.map_blocks(_slow_block, dtype=np.float32)
+    y = da.from_array(np.arange(rows) % 3, chunks=chunk)
+    print("packing started", flush=True)
+    try:
+        dvml.training_preprocessor(
+            {"x": x, "y": y}, y="y", x="x", name=args["name"], overwrite=True
+        )
+    except Exception as exc:
+        return {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "ended": time.time(),
+            "datasets": sorted(dvml.datasets.list()["name"]),
+        }
+    return {"error": None, "ended": time.time(), "datasets": sorted(dvml.datasets.list()["name"])}
+
+
 COMMANDS = {
+    "slow_pack": slow_pack,
     "workers": workers,
     "placement": placement,
     "pipeline": pipeline,

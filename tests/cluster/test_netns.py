@@ -11,58 +11,24 @@ Needs root: without it every test here is skipped with the reason (and a warning
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
-import sys
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from dvml.cluster import netns
-from tests.helpers import pid_gone
+from tests.helpers import netns_client, running_netns_cluster, tensors_by_instance
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]
 
-CLIENT = pathlib.Path(__file__).with_name("netns_client.py")
-
-
-def _reason() -> str | None:
-    reason = netns.unavailable_reason()
-    if reason:
-        warnings.warn(f"multi-host namespace tests SKIPPED: {reason}", stacklevel=1)
-    return reason
-
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[netns.NetnsCluster]:
-    reason = _reason()
-    if reason:
-        pytest.skip(f"network namespaces unavailable: {reason}")
-    c = netns.NetnsCluster(hosts=2, workers_per_host=1, vineyard_memory="256MiB")
-    try:
-        c.up()
+def cluster() -> Iterator[Any]:
+    with running_netns_cluster(hosts=2, workers_per_host=1, vineyard_memory="256MiB") as c:
         yield c
-    finally:
-        seen = [p["pid"] for p in c.processes()]
-        problems = c.down()
-        # The leak check of the whole module: nothing of this cluster survives it.
-        assert problems == [], problems
-        assert netns.leftovers(c.id, c.workdir) == []
-        assert all(pid_gone(pid) for pid in seen), [p for p in seen if not pid_gone(p)]
-
-
-def client(cluster: netns.NetnsCluster, command: str, timeout: float = 600, **args: Any) -> Any:
-    out = cluster.run_client(
-        [sys.executable, str(CLIENT), command, cluster.scheduler_address, json.dumps(args)],
-        timeout=timeout,
-    )
-    lines = [line for line in out.stdout.splitlines() if line.startswith("DVML-RESULT ")]
-    assert out.returncode == 0 and lines, f"exit {out.returncode}\n{out.stdout}\n{out.stderr}"
-    return json.loads(lines[-1].removeprefix("DVML-RESULT "))
 
 
 def test_every_daemon_listens_on_its_own_namespace_address(
@@ -91,7 +57,7 @@ def test_namespaces_have_loopback_up_and_no_way_out(cluster: netns.NetnsCluster)
 
 
 def test_workers_see_two_hosts_each_with_its_own_vineyardd(cluster: netns.NetnsCluster) -> None:
-    result = client(cluster, "workers", timeout=120)
+    result = netns_client(cluster, "workers", timeout=120)
     table = result["table"]
     addresses = {h["address"] for h in cluster.hosts}
     assert {row["host"] for row in table} == addresses
@@ -122,17 +88,13 @@ def test_status_and_state_file(cluster: netns.NetnsCluster) -> None:
     assert os.stat(cluster.workdir).st_mode & 0o777 == 0o700
 
 
-def _tensors_by_instance(probe: dict[str, Any]) -> dict[int, set[int]]:
-    return {v["instance_id"]: set(v["tensors"]) for v in probe.values()}
-
-
 def test_placement_rules_object_by_object(cluster: netns.NetnsCluster) -> None:
-    result = client(cluster, "placement", timeout=300)
+    result = netns_client(cluster, "placement", timeout=300)
     addresses = sorted(h["address"] for h in cluster.hosts)
     assert result["hosts"] == addresses
     hosts_of = {label: {b["host"] for b in rows} for label, rows in result["datasets"].items()}
     assert hosts_of == {"all": set(addresses), "one_host": {addresses[1]}, "table": set(addresses)}
-    held = _tensors_by_instance(result["vineyard"])
+    held = tensors_by_instance(result["vineyard"])
     instance_of = {h["address"]: h["instance_id"] for h in cluster.hosts}
     for rows in result["datasets"].values():
         for b in rows:
@@ -143,7 +105,7 @@ def test_placement_rules_object_by_object(cluster: netns.NetnsCluster) -> None:
             others = [i for i in held if i != b["vineyard_instance_id"]]
             assert all(not ids & held[i] for i in others)
     gone = set().union(*(set(b.values()) for rows in result["datasets"].values() for b in rows))
-    after = _tensors_by_instance(result["vineyard_after_drop"])
+    after = tensors_by_instance(result["vineyard_after_drop"])
     assert all(not (ids & gone) for ids in after.values())
 
 
@@ -162,7 +124,7 @@ def test_pipeline_across_two_hosts(cluster: netns.NetnsCluster) -> None:
         ]
     )
     state = pathlib.Path(cluster.workdir) / "client-state"
-    result = client(
+    result = netns_client(
         cluster, "pipeline", timeout=900, model_json=model.to_json(), state_dir=str(state)
     )
     instances = {h["instance_id"] for h in cluster.hosts}

@@ -18,10 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_netns import CLIENT, _reason, client
 
 from dvml.cluster import netns
-from tests.helpers import pid_gone, poll_for
+from tests.helpers import NETNS_CLIENT, netns_client, pid_gone, poll_for, running_netns_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.tf, pytest.mark.slow]
 
@@ -29,23 +28,14 @@ BOUND = 150  # seconds from the fault to a clear error on the client
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[netns.NetnsCluster]:
-    reason = _reason()
-    if reason:
-        pytest.skip(f"network namespaces unavailable: {reason}")
-    c = netns.NetnsCluster(
-        hosts=2, workers_per_host=1, vineyard_memory="128MiB",
+def cluster() -> Iterator[Any]:
+    with running_netns_cluster(
+        hosts=2,
+        workers_per_host=1,
+        vineyard_memory="128MiB",
         env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "20s"},
-    )  # fmt: skip
-    try:
-        c.up()
+    ) as c:
         yield c
-    finally:
-        seen = [p["pid"] for p in c.processes()]
-        problems = c.down()
-        assert problems == [], problems
-        assert netns.leftovers(c.id, c.workdir) == []
-        assert all(pid_gone(pid) for pid in seen)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +80,13 @@ class Background:
     """A client command running in the head namespace; its output collected line by line."""
 
     def __init__(self, cluster: netns.NetnsCluster, command: str, **args: Any) -> None:
-        argv = [sys.executable, str(CLIENT), command, cluster.scheduler_address, json.dumps(args)]
+        argv = [
+            sys.executable,
+            str(NETNS_CLIENT),
+            command,
+            cluster.scheduler_address,
+            json.dumps(args),
+        ]
         self.proc = subprocess.Popen(
             cluster.exec_argv(cluster.head["namespace"], argv), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, env=cluster.env(),
@@ -123,7 +119,7 @@ def test_a_host_killed_during_fit_fails_fast_naming_it_and_rejoins(
     cluster: netns.NetnsCluster, model_json: str, tmp_path: pathlib.Path
 ) -> None:
     state = str(tmp_path / "state")
-    prepared = client(
+    prepared = netns_client(
         cluster, "prepare", timeout=300, model_json=model_json, state_dir=state, name="nf_a"
     )
     assert prepared["hosts"] == sorted(h["address"] for h in cluster.hosts)
@@ -145,7 +141,7 @@ def test_a_host_killed_during_fit_fails_fast_naming_it_and_rejoins(
     # The host comes back: its new vineyardd rejoins the same etcd, its worker the scheduler.
     old_instance = victim["instance_id"]
     cluster.start_host(victim["namespace"])
-    back = client(cluster, "workers", timeout=120)
+    back = netns_client(cluster, "workers", timeout=120)
     assert {row["host"] for row in back["table"]} == {h["address"] for h in cluster.hosts}
     instances = {h["instance_id"] for h in cluster.hosts}
     for ident in back["identity"].values():
@@ -158,7 +154,7 @@ def test_a_host_cut_off_during_fit_fails_in_bounded_time_then_rejoins(
 ) -> None:
     state = str(tmp_path / "state")
     args = {"state_dir": state, "name": "nf_b"}
-    prepared = client(cluster, "prepare", timeout=300, model_json=model_json, **args)
+    prepared = netns_client(cluster, "prepare", timeout=300, model_json=model_json, **args)
     assert prepared["hosts"] == sorted(h["address"] for h in cluster.hosts)
     victim = cluster.hosts[1]
     fit = Background(cluster, "long_fit", arch=prepared["arch"], iterations=40, **args)
@@ -181,7 +177,7 @@ def test_a_host_cut_off_during_fit_fails_in_bounded_time_then_rejoins(
     # vineyardd rejoins etcd, its worker the scheduler.
     cluster.kill_host(victim["namespace"])
     cluster.start_host(victim["namespace"])
-    back = client(cluster, "workers", timeout=120)
+    back = netns_client(cluster, "workers", timeout=120)
     instances = {h["instance_id"] for h in cluster.hosts}
     assert {row["host"] for row in back["table"]} == {h["address"] for h in cluster.hosts}
     assert all(set(i["instances"]) >= instances for i in back["identity"].values())
@@ -192,7 +188,7 @@ def test_a_hosts_workers_killed_during_fit_then_fit_resumes_from_its_checkpoint(
 ) -> None:
     state = str(tmp_path / "state")
     args = {"state_dir": state, "name": "nf_c"}
-    prepared = client(cluster, "prepare", timeout=300, model_json=model_json, **args)
+    prepared = netns_client(cluster, "prepare", timeout=300, model_json=model_json, **args)
     victim = cluster.hosts[1]
     fit = Background(cluster, "long_fit", arch=prepared["arch"], iterations=6, **args)
     try:
@@ -215,6 +211,29 @@ def test_a_hosts_workers_killed_during_fit_then_fit_resumes_from_its_checkpoint(
     # The host's vineyardd kept its data: new workers on it, and fit resumes where it stopped.
     cluster.start_host(victim["namespace"], workers_only=True)
     assert cluster.hosts[1]["instance_id"] == victim["instance_id"]
-    again = client(cluster, "long_fit", timeout=600, arch=prepared["arch"], iterations=6, **args)
+    again = netns_client(
+        cluster, "long_fit", timeout=600, arch=prepared["arch"], iterations=6, **args
+    )
     assert again["error"] is None, again
     assert again["resumed_from_iteration"] >= 2, again
+
+
+def test_a_host_killed_while_packing_fails_naming_it_and_publishes_nothing(
+    cluster: netns.NetnsCluster,
+) -> None:
+    victim = cluster.hosts[1]
+    pack = Background(cluster, "slow_pack", name="nf_pack")
+    try:
+        assert poll_for(lambda: pack.saw("packing started"), 120, interval=0.2), pack.lines[-20:]
+        time.sleep(4)  # the source's tasks are running on both hosts
+        killed_at = time.time()
+        assert cluster.kill_host(victim["namespace"])
+        result = pack.result(timeout=BOUND + 120)
+    finally:
+        if pack.proc.poll() is None:
+            pack.proc.kill()
+        cluster.start_host(victim["namespace"])
+    assert result["error"] is not None, result
+    assert victim["address"] in result["message"], result  # the host is named
+    assert result["ended"] - killed_at < BOUND + 60, result
+    assert "nf_pack" not in result["datasets"], result  # nothing half-published

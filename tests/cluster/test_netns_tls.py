@@ -9,40 +9,31 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from test_netns import _reason, _tensors_by_instance, client
 
 from dvml.cluster import netns
-from tests.helpers import pid_gone
+from tests.helpers import netns_client, running_netns_cluster, tensors_by_instance
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[netns.NetnsCluster]:
-    reason = _reason()
-    if reason:
-        pytest.skip(f"network namespaces unavailable: {reason}")
-    c = netns.NetnsCluster(hosts=2, workers_per_host=1, vineyard_memory="128MiB", tls=True)
-    try:
-        c.up()
+def cluster() -> Iterator[Any]:
+    with running_netns_cluster(
+        hosts=2, workers_per_host=1, vineyard_memory="128MiB", tls=True
+    ) as c:
         yield c
-    finally:
-        seen = [p["pid"] for p in c.processes()]
-        problems = c.down()
-        assert problems == [], problems
-        assert netns.leftovers(c.id, c.workdir) == []
-        assert all(pid_gone(pid) for pid in seen)
 
 
 def test_tls_end_to_end(cluster: netns.NetnsCluster) -> None:
     assert cluster.scheduler_address.startswith("tls://")
-    result = client(cluster, "workers", timeout=120)
+    result = netns_client(cluster, "workers", timeout=120)
     assert {row["host"] for row in result["table"]} == {h["address"] for h in cluster.hosts}
     assert all(row["address"].startswith("tls://") for row in result["table"])
-    placed = client(cluster, "placement", timeout=300)
-    held = _tensors_by_instance(placed["vineyard"])
+    placed = netns_client(cluster, "placement", timeout=300)
+    held = tensors_by_instance(placed["vineyard"])
     for b in placed["datasets"]["all"]:
         assert {b["x_0_id"], b["y_id"]} <= held[b["vineyard_instance_id"]]
     for host in cluster.hosts:

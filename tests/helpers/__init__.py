@@ -12,6 +12,7 @@ One module per topic:
 - ``models`` and ``data``: small Keras models and synthetic images.
 - ``jobs``: job files and ``python -m dvml`` as a user runs it.
 - ``notebooks``: run a notebook top to bottom.
+- ``netns``: the multi-host namespace cluster and its client (:func:`running_netns_cluster`).
 
 dvml itself is imported inside the helpers, never at the top of a module here: importing this
 package stays cheap and does not depend on how dvml's modules are laid out.
@@ -35,6 +36,12 @@ from tests.helpers.jobs import (
     write_job,
 )
 from tests.helpers.models import cnn, keras, tiny_backbone
+from tests.helpers.netns import (
+    NETNS_CLIENT,
+    netns_client,
+    running_netns_cluster,
+    tensors_by_instance,
+)
 from tests.helpers.notebooks import execute_notebook
 from tests.helpers.polling import poll_for
 from tests.helpers.processes import (
@@ -57,6 +64,7 @@ from tests.helpers.vineyard_probes import (
 __all__ = [
     "ADAM",
     "CLASSES",
+    "NETNS_CLIENT",
     "REPO",
     "SESSION_CLUSTERS",
     "assert_no_new_processes",
@@ -69,6 +77,7 @@ __all__ = [
     "dvml_command",
     "execute_notebook",
     "keras",
+    "netns_client",
     "object_exists",
     "on_worker",
     "one_error_line",
@@ -76,9 +85,11 @@ __all__ = [
     "poll_for",
     "read_dataset",
     "running_cluster",
+    "running_netns_cluster",
     "snapshot",
     "sort_rows",
     "staging_names",
+    "tensors_by_instance",
     "tiny_backbone",
     "vineyard_contents",
     "vineyard_usage",
