@@ -29,8 +29,6 @@ import functools
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from typing import Any
 
@@ -54,13 +52,7 @@ def prepare(quick: bool) -> dict[str, Any]:
     import dvml
 
     copies, epochs = SIZES[quick]
-    log = tempfile.TemporaryFile("w+")  # noqa: SIM115  (closed by cleanup)
-    plain = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.b4_end_to_end", "plain", str(copies), str(epochs)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=t.ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
-                 CUDA_VISIBLE_DEVICES="-1"),
-    )  # fmt: skip
+    plain, log = b4.start_plain_runner(copies, epochs)
     context: dict[str, Any] = {
         "plain": plain, "log": log, "cluster": None, "epochs": epochs, "registry": None,
         "directory": tempfile.mkdtemp(prefix="dvml-bench-b10-"), "runs": {}, "plain_runs": [],

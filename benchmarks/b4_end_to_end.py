@@ -83,17 +83,26 @@ def digits_frames(copies: int, seed: int = SEED) -> tuple[Any, Any]:
 # -- the benchmark process -------------------------------------------------------------------
 
 
-def prepare(quick: bool) -> dict[str, Any]:
-    import dvml
+def start_plain_runner(copies: int, epochs: int) -> tuple[subprocess.Popen[str], Any]:
+    """The long-lived plain tf-keras process (``plain``, below) and the file its stderr goes to.
 
-    copies, epochs = SIZES[quick]
-    log = tempfile.TemporaryFile("w+")  # noqa: SIM115  (closed by cleanup)
+    B10 uses it too. The caller closes both (:func:`cleanup`).
+    """
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115  (closed by the caller)
     plain = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.b4_end_to_end", "plain", str(copies), str(epochs)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=t.ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
                  CUDA_VISIBLE_DEVICES="-1"),
     )  # fmt: skip
+    return plain, log
+
+
+def prepare(quick: bool) -> dict[str, Any]:
+    import dvml
+
+    copies, epochs = SIZES[quick]
+    plain, log = start_plain_runner(copies, epochs)
     context: dict[str, Any] = {
         "plain": plain, "log": log, "cluster": None, "epochs": epochs,
         "directory": tempfile.mkdtemp(prefix="dvml-bench-b4-"),

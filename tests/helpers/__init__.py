@@ -14,8 +14,9 @@ One module per topic:
 - ``notebooks``: run a notebook top to bottom.
 - ``netns``: the multi-host namespace cluster and its client (:func:`running_netns_cluster`).
 
-dvml itself is imported inside the helpers, never at the top of a module here: importing this
-package stays cheap and does not depend on how dvml's modules are laid out.
+dvml itself is imported inside the helpers, never at the top of a module here (but for
+``polling``, which reuses ``dvml.cluster.processes.poll_for``, a standard-library-only module):
+importing this package stays cheap.
 """
 
 from tests.helpers.clusters import on_worker, running_cluster

@@ -1,22 +1,12 @@
-"""Waiting for a condition with a deadline, the one way every test waits."""
+"""Waiting for a condition with a deadline, the one way every test waits.
+
+The same :func:`poll_for` that dvml itself waits with (it returns False rather than raising, so
+that a test can ``assert poll_for(...), "why"``); ``dvml.cluster.processes`` imports only the
+standard library, so importing it here keeps this package cheap.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from dvml.cluster.processes import poll_for
 
 __all__ = ["poll_for"]
-
-
-def poll_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Call ``condition`` until it returns True or ``timeout`` seconds pass; return the result.
-
-    Returns False rather than raising, so that a test can ``assert poll_for(...), "why"``.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        if condition():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
