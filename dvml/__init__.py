@@ -31,6 +31,11 @@ _EXPORTS: dict[str, str] = {
     "predict_byom": "dvml.train.predict",
     "Model": "dvml.train.model",
     "plot_history": "dvml.train.model",
+    "model_configs": "dvml.train.model_selection",
+    "model_selection_table": "dvml.train.model_selection",
+    "load_model_configs": "dvml.train.model_selection",
+    "list_model_configs": "dvml.train.model_selection",
+    "delete_model_configs": "dvml.train.model_selection",
     "load_keras_model": "dvml.registry",
     "list_architectures": "dvml.registry",
     "show_architecture": "dvml.registry",
@@ -62,13 +67,18 @@ __all__ = [
     "datasets",
     "delete_architecture",
     "delete_model",
+    "delete_model_configs",
     "evaluate",
     "features",
     "fit",
     "gpu_configuration",
     "list_architectures",
+    "list_model_configs",
     "list_models",
     "load_keras_model",
+    "load_model_configs",
+    "model_configs",
+    "model_selection_table",
     "plot_history",
     "predict",
     "predict_byom",
@@ -100,6 +110,13 @@ if TYPE_CHECKING:
     from dvml.store.datasets import Dataset
     from dvml.train.fit import fit
     from dvml.train.model import Model, plot_history
+    from dvml.train.model_selection import (
+        delete_model_configs,
+        list_model_configs,
+        load_model_configs,
+        model_configs,
+        model_selection_table,
+    )
     from dvml.train.predict import evaluate, predict, predict_byom
 
 
