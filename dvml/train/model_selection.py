@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dvml.exceptions import ArgumentTypeError
+from dvml.names import check_name
 from dvml.registry.database import opened_registry
 from dvml.train import config_search as cs
 
@@ -176,6 +177,8 @@ def model_configs(
     >>> len(configs)  # doctest: +SKIP
     4
     """
+    if name is not None:
+        check_name(name, "name")
     custom = _custom_names(custom_objects)
     if search == "random" and seed is None and num_configs is not None:
         seed = secrets.randbelow(2**31)
@@ -234,6 +237,8 @@ def model_selection_table(
         On parameters the parser refuses (naming the entry or row), repeated ``mst_key``
         values or two equal rows; nothing is stored then.
     """
+    if name is not None:
+        check_name(name, "name")
     custom = _custom_names(custom_objects)
     if _is_table(arch_ids):
         if compile_params_list is not None or fit_params_list is not None:
