@@ -3,7 +3,10 @@ the scheduled workflows (``workflows/retrain.py``, ``workflows/feature_refresh.p
 
 One file can drive all of them: the CLI reads the sections it needs and the workflow the rest
 (``promotion`` is read by the retrain workflow only, ``predict`` by ``dvml predict`` only).
-``python -m dvml.jobs.schemas`` prints both schemas. Pure: no I/O.
+``dvml fit-multiple --config`` reads :data:`FIT_MULTIPLE_SCHEMA` (the same ``data`` and
+``validation`` sections, a ``model_selection`` grid checked by the parameter parser when the
+file is loaded, and ``fit_multiple``); ``dvml model-configs generate --config`` reads
+:data:`MODEL_CONFIGS_SCHEMA`. ``python -m dvml.jobs.schemas`` prints every schema. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -12,13 +15,18 @@ import math
 import re
 from typing import Any
 
+from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.jobs.yaml_schema import Field, Schema, Section, describe
+from dvml.train import config_search
 
 __all__ = [
     "FEATURE_REFRESH_SCHEMA",
+    "FIT_MULTIPLE_SCHEMA",
     "JOB_SCHEMA",
+    "MODEL_CONFIGS_SCHEMA",
     "NAME_PATTERN",
     "SKLEARN_SOURCES",
+    "planned_configs",
 ]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -325,8 +333,144 @@ FEATURE_REFRESH_SCHEMA: Schema = {
 }
 
 
+# --------------------------------------------------------------------------- model selection
+
+
+def _architectures(value: Any) -> str | None:
+    ok = value and all(
+        isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in value
+    )
+    return None if ok else "must be a non-empty list of architecture ids, paths or builtin:..."
+
+
+def planned_configs(section: dict[str, Any]) -> list[config_search.ModelConfig]:
+    """The configurations a ``model_selection`` section generates, before any registry exists.
+
+    ``model_id`` is the 1-based position of the architecture in ``architectures`` (the ids are
+    only known once the architectures are registered).
+
+    Raises
+    ------
+    ArgumentError, ArgumentTypeError
+        As :func:`dvml.train.config_search.plan_configs`.
+    """
+    positions = list(range(1, len(section["architectures"]) + 1))
+    return config_search.plan_configs(
+        positions,
+        section["compile_params_grid"],
+        section["fit_params_grid"],
+        section["search"],
+        section["num_configs"],
+        section["seed"],
+        section["custom_objects"],
+    )
+
+
+_GRID_KEYS = ("architectures", "compile_params_grid", "fit_params_grid", "num_configs", "seed")
+
+
+def _selection_check(section: dict[str, Any]) -> str | None:
+    given = [k for k in _GRID_KEYS if section.get(k) not in (None, [])]
+    if section.get("table") is not None:
+        if given:
+            return (
+                "give either 'model_selection.table' (a stored model selection table) or the "
+                f"grids, not both. Received: table={section['table']!r} and {given}. Remove one"
+            )
+        return None
+    if not section["architectures"] or section["compile_params_grid"] is None:
+        return (
+            "'model_selection' needs 'table' (a stored table's name) or 'architectures' and "
+            f"'compile_params_grid'. Received: {given or 'none of them'}. Add them"
+        )
+    try:
+        planned_configs(section)
+    except (ArgumentError, ArgumentTypeError) as exc:
+        return f"model_selection is refused: {str(exc).rstrip('.')}"
+    return None
+
+
+def _selection_fields() -> dict[str, Field | Section]:
+    return {
+        "architectures": Field(
+            list,
+            check=_architectures,
+            help="architecture ids in the registry, Keras JSON files or builtin:digits-cnn",
+        ),
+        "compile_params_grid": Field(
+            (str, dict),
+            help="compile parameter -> list of choices (MADlib's generate_model_configs), e.g. "
+            "{loss: [categorical_crossentropy], optimizer_params_list: [{optimizer: [Adam], "
+            "lr: [0.001, 0.01]}], metrics: [accuracy]}",
+        ),
+        "fit_params_grid": Field(
+            (str, dict), help="fit parameter -> list of choices, e.g. {batch_size: [8, 16]}"
+        ),
+        "search": Field(
+            str, default="grid", choices=config_search.SEARCHES, help="every combination or samples"
+        ),
+        "num_configs": Field(int, check=_at_least_one, help="random search: how many"),
+        "seed": Field(int, help="random search: the same seed gives the same table"),
+        "custom_objects": Field(
+            list, default=[], check=_names, help="registered custom losses/metrics"
+        ),
+    }
+
+
+def _grid_check(section: dict[str, Any]) -> str | None:
+    return _selection_check({**section, "table": None})
+
+
+MODEL_CONFIGS_SCHEMA: Schema = {
+    "name": Field(str, check=_name, help="the table's name (default: configs-<content hash>)"),
+    "description": Field(str, help="free text stored with the table"),
+    "registry": Field(str, help="SQLAlchemy URL of the model registry (default: config)"),
+    "model_selection": Section(
+        _selection_fields(),
+        required=True,
+        check=_grid_check,
+        help="architectures and grids, as in a `dvml fit-multiple` job file",
+    ),
+}
+
+FIT_MULTIPLE_SCHEMA: Schema = {
+    **_common(),
+    "data": JOB_SCHEMA["data"],
+    "validation": JOB_SCHEMA["validation"],
+    "model_selection": Section(
+        {
+            "table": Field(str, help="a stored model selection table (dvml.model_configs)"),
+            **_selection_fields(),
+        },
+        required=True,
+        check=_selection_check,
+        help="the configurations: a stored table, or architectures and grids",
+    ),
+    "fit_multiple": Section(
+        {
+            "model_output": Field(
+                str, check=_name, help="output name of the trained models (default: <name>)"
+            ),
+            "num_iterations": Field(int, default=1, check=_at_least_one, help="iterations"),
+            "use_gpus": Field(bool, default=False, help="train on the workers' GPUs"),
+            "metrics_compute_frequency": Field(
+                int, check=_at_least_one, help="compute metrics every N iterations"
+            ),
+            "warm_start": Field(
+                bool, default=False, help="start from the models of a previous run"
+            ),
+        },
+        help="how to train every configuration (dvml.fit_multiple)",
+    ),
+}
+
+
 if __name__ == "__main__":  # pragma: no cover - documentation helper
     print("# dvml fit|evaluate|predict --config and workflows/retrain.py\n")
     print(describe(JOB_SCHEMA))
     print("\n# workflows/feature_refresh.py\n")
     print(describe(FEATURE_REFRESH_SCHEMA))
+    print("\n# dvml fit-multiple --config\n")
+    print(describe(FIT_MULTIPLE_SCHEMA))
+    print("\n# dvml model-configs generate --config\n")
+    print(describe(MODEL_CONFIGS_SCHEMA))

@@ -319,10 +319,14 @@ def _canonical(
 
 
 def _refused(exc: ParameterError, source: str, compile_text: Any, fit_text: Any) -> ArgumentError:
+    parts = [
+        f"{key}={_text(value)!r:.200}"
+        for key, value in (("compile_params", compile_text), ("fit_params", fit_text))
+        if value is not None
+    ]
     return ArgumentError(
-        f"A configuration from {source} is refused: {exc} Configuration: compile_params="
-        f"{_text(compile_text)!r:.200}, fit_params={_text(fit_text)!r:.120}. Fix that entry of "
-        f"{source}."
+        f"A configuration from {source} is refused: {exc} Configuration: {', '.join(parts)}. "
+        f"Fix that entry of {source}."
     )
 
 

@@ -216,7 +216,7 @@ def test_invalid_params_are_refused_up_front(
         cs.plan_configs(1, compile_grid, fit_grid)  # type: ignore[arg-type]
     message = str(info.value)
     if "refused" in message:  # it names the grid and the configuration at fault
-        assert "Fix that entry of" in message and "Configuration: compile_params=" in message
+        assert "Fix that entry of" in message and "Configuration: " in message
 
 
 def test_random_search_refuses_a_sampled_bad_value() -> None:
