@@ -135,6 +135,10 @@ def _generate(args: argparse.Namespace) -> int:
     from dvml.train.model_selection import model_configs
 
     spec, base = _spec(args)
+    if args.config is None:  # a file was checked when it loaded; flags are checked here
+        from dvml.jobs.schemas import planned_configs
+
+        planned_configs(spec)  # refuses a bad grid before the registry is touched
     with Registry(args.registry or spec["registry"]) as registry:
         ids = [
             architecture_id(a, registry, base, key=f"model_selection.architectures[{i}]")
