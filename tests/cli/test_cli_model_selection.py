@@ -207,6 +207,15 @@ def test_bad_fit_multiple_job_file(
     assert not (tmp_path / "registry.db").exists()
 
 
+def test_the_example_job_file_is_valid() -> None:
+    from dvml.jobs.yaml_schema import load
+    from tests.helpers import REPO
+
+    job = load(REPO / "workflows/configs/fit-multiple-digits.yaml", FIT_MULTIPLE_SCHEMA)
+    assert len(planned_configs(job["model_selection"])) == 4
+    assert job["fit_multiple"]["num_iterations"] == 3
+
+
 def _job(text: str) -> dict[str, Any]:
     import yaml
 
@@ -226,7 +235,7 @@ def test_fit_multiple_schema_defaults_and_stored_table() -> None:
         "job.yaml",
     )
     assert stored["model_selection"]["table"] == "mine"
-    with pytest.raises(ConfigError, match="needs 'table' .* or 'architectures' and"):
+    with pytest.raises(ConfigError, match=r"needs 'table' .* or 'architectures' and"):
         validate(_job("name: j\ndata: {source: sklearn:digits}\nmodel_selection: {}\n"),
                  FIT_MULTIPLE_SCHEMA, "job.yaml")  # fmt: skip
 
