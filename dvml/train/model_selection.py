@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from dvml.exceptions import ArgumentTypeError
+from dvml.exceptions import ArgumentTypeError, RegistryError
 from dvml.names import check_name
 from dvml.registry.database import opened_registry
 from dvml.train import config_search as cs
@@ -75,24 +75,37 @@ def _store(
 ) -> pd.DataFrame:
     rows = [c.as_dict() for c in configs]
     name = _default_name(configs, custom) if name is None else name
+
+    def stored_same(reg: Registry) -> pd.DataFrame | None:
+        if name not in set(reg.list_model_selections()["name"]):
+            return None
+        stored = reg.model_selection(name)
+        same = stored.to_dict("records") == rows and stored.attrs["custom_objects"] == custom
+        return stored if same and description in (None, stored.attrs["description"]) else None
+
     with opened_registry(registry) as reg:
         if custom:
             reg.custom_function_sources(custom)  # RegistryNotFoundError names a missing one
-        if name in set(reg.list_model_selections()["name"]):
-            stored = reg.model_selection(name)
-            same = stored.to_dict("records") == rows and stored.attrs["custom_objects"] == custom
-            if same and description in (None, stored.attrs["description"]):
-                return stored
-        reg.save_model_selection(
-            name,
-            rows,
-            search=search,
-            seed=seed,
-            source=source,
-            custom_objects=custom,
-            description=description,
-            replace=replace,
-        )
+        stored = stored_same(reg)
+        if stored is not None:
+            return stored
+        try:
+            reg.save_model_selection(
+                name,
+                rows,
+                search=search,
+                seed=seed,
+                source=source,
+                custom_objects=custom,
+                description=description,
+                replace=replace,
+            )
+        except RegistryError:
+            # Another process may have stored the same table since we looked: that is fine.
+            stored = stored_same(reg)
+            if stored is None:
+                raise
+            return stored
         return reg.model_selection(name)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from typing import Any
 
 import pandas as pd
@@ -218,3 +220,29 @@ def test_registry_checks_rows_it_stores(reg: Registry, arch_ids: list[int]) -> N
     with pytest.raises(ArgumentTypeError, match="non-empty list"):
         reg.save_model_selection("t", [])
     assert stored_rows(reg) == 0
+
+
+def test_processes_building_the_same_table_store_it_once(
+    reg: Registry, arch_ids: list[int]
+) -> None:
+    code = (
+        "import sys, dvml; t = dvml.model_configs("
+        f"{arch_ids!r}, {COMPILE!r}, {FIT!r}, registry=sys.argv[1]); print(t.attrs['name'])"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, reg.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]  # fmt: skip
+    try:
+        outputs = [proc.communicate(timeout=180) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert [proc.returncode for proc in procs] == [0, 0, 0], [err for _, err in outputs]
+    assert len({out.strip() for out, _ in outputs}) == 1
+    assert len(dvml.list_model_configs(registry=reg)) == 1 and stored_rows(reg) == 8
