@@ -249,3 +249,27 @@ def test_model_configs_schema_random_search() -> None:
                  MODEL_CONFIGS_SCHEMA, "grid.yaml")  # fmt: skip
     with pytest.raises(ConfigError, match="missing required section 'model_selection'"):
         validate({"name": "x"}, MODEL_CONFIGS_SCHEMA, "grid.yaml")
+
+
+def test_fit_multiple_stores_its_configurations_before_training(tmp_path: pathlib.Path) -> None:
+    # What `dvml fit-multiple` does before it calls dvml.fit_multiple: the architectures are
+    # registered and the grid is stored as <name>-configs (replaced on a re-run).
+    from dvml.cli.fit_multiple_cmd import _configs
+    from dvml.registry import Registry
+
+    setup_files(tmp_path)
+    job = validate(
+        _job(JOB.replace("REGISTRY", str(tmp_path / "registry.db"))), FIT_MULTIPLE_SCHEMA, "j"
+    )
+    with Registry(f"sqlite:///{tmp_path / 'registry.db'}") as registry:
+        configs = _configs(job, registry, tmp_path)
+        assert configs.attrs["name"] == "digits-mop-configs" and len(configs) == 4
+        assert set(configs["model_id"]) == set(registry.list_architectures()["id"])
+        job["model_selection"]["fit_params_grid"] = {"batch_size": [32]}
+        again = _configs(job, registry, tmp_path)
+        assert len(again) == 2 and len(registry.list_architectures()) == 1
+        by_table = {
+            **job,
+            "model_selection": {**job["model_selection"], "table": "digits-mop-configs"},
+        }
+        assert _configs(by_table, registry, tmp_path)[list(again.columns)].equals(again)
