@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import StoreError
 from dvml.store import catalog
-from dvml.store.datasets import Dataset, buffer_workers, run_on, vineyard_workers
+from dvml.store.datasets import Dataset, buffer_workers, lost_buffers, run_on, vineyard_workers
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -23,8 +23,7 @@ def existing(client: Client, name: str) -> Dataset | None:
 
 def intact(client: Client, ds: Dataset) -> bool:
     """Whether a live worker serves the vineyard instance of every buffer of ``ds``."""
-    live = vineyard_workers(client)
-    return all(b["instance_id"] in live for b in ds.layout["buffers"])
+    return not lost_buffers(ds.layout, vineyard_workers(client))
 
 
 def source_workers(client: Client, dataset: Dataset) -> list[WorkerInfo]:

@@ -16,11 +16,13 @@ import numpy as np
 
 from dvml.cluster.connection import local_client, this_worker_name
 from dvml.exceptions import StoreError, VineyardMemoryError
+from dvml.store import readers
 
 __all__ = [
     "STAGING_PREFIX",
     "delete_objects",
     "put_arrays",
+    "release_views",
     "write_arrays",
 ]
 
@@ -211,17 +213,33 @@ def delete_objects(ids: list[int], names: list[str] | None = None) -> int:
     """Delete local objects (deeply) and drop names; return how many objects were deleted.
 
     Runs on the worker that owns the objects. Missing objects and names are ignored, so the
-    call is idempotent (safe in retried Dask tasks).
+    call is idempotent (safe in retried Dask tasks). An object that a reader in this process
+    still maps (:mod:`dvml.store.readers`) loses its name now but is deleted when the last
+    reader lets go (:func:`release_views`): readers never see freed or reused memory.
     """
-    import vineyard
-
     client = local_client()
-    deleted = 0
     for name in names or []:
         try:
             client.drop_name(name)
         except Exception:
             pass
+    now, later = readers.split_pinned(ids)
+    return _delete_existing(client, now) + len(later)
+
+
+def release_views(ids: list[int]) -> int:
+    """A reader of ``ids`` (from :func:`dvml.store.readers.pin`) is done with its views.
+
+    Deletes the objects whose delete waited for it; returns how many.
+    """
+    due = readers.unpin(ids)
+    return _delete_existing(local_client(), due) if due else 0
+
+
+def _delete_existing(client: Any, ids: list[int]) -> int:
+    import vineyard
+
+    deleted = 0
     for raw in ids:
         oid = vineyard.ObjectID(int(raw))
         try:

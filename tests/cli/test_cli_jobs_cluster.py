@@ -162,10 +162,12 @@ def test_datasets_commands_with_the_recorded_cluster(session: Session) -> None:
 
     records = json.loads(session.ok("datasets", "list", "--json", *where))
     assert {r["name"]: r["rows"] for r in records}[f"{NAME}-train"] == train
+    assert {r["status"] for r in records} == {"intact"}
 
     out = session.ok("datasets", "describe", f"{NAME}-train", "--placement", *where)
     assert f"name:     {NAME}-train" in out
     assert f"rows:     {train} in 2 buffers" in out
+    assert "status:   intact" in out
     assert "distribution_rules: 'all_workers' -> worker-0, worker-1" in out
     assert "normalizing_const: 16.0" in out
     assert "worker_name  host" in out and "buffer  worker_name" in out
