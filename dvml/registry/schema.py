@@ -11,7 +11,14 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-__all__ = ["custom_functions", "metadata", "model_arch", "model_iterations", "models"]
+__all__ = [
+    "custom_functions",
+    "metadata",
+    "model_arch",
+    "model_iterations",
+    "model_selection_runs",
+    "models",
+]
 
 metadata = sa.MetaData()
 
@@ -77,4 +84,15 @@ custom_functions = sa.Table(
     sa.Column("description", sa.Text, nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.CheckConstraint("kind IN ('loss', 'metric')", name="custom_functions_kind"),
+)
+
+# dvml.fit_multiple: MADlib's <model_output>_info (one row per configuration) and
+# <model_output>_summary, as JSON, under the run's model_output name.
+model_selection_runs = sa.Table(
+    "model_selection_runs",
+    metadata,
+    sa.Column("name", _NAME, primary_key=True),
+    sa.Column("info", _TEXT, nullable=False),
+    sa.Column("summary", _TEXT, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
