@@ -85,8 +85,16 @@ def run(env: dict[str, Any], output: str, table: Any, **kwargs: Any) -> dvml.Mod
 def selection(env: dict[str, Any]) -> dvml.ModelSelection:
     # 3 models on 2 workers: every worker busy each round, one of them trains two models.
     table = configs(env["arch"], lrs=(0.003, 0.01, 0.001))
-    return run(env, "mop", table, num_iterations=3, validation_set="mop_digits_val",
-               metrics_compute_frequency=1, name="grid", description="three learning rates")  # fmt: skip
+    return run(
+        env,
+        "mop",
+        table,
+        num_iterations=3,
+        validation_set="mop_digits_val",
+        metrics_compute_frequency=1,
+        name="grid",
+        description="three learning rates",
+    )
 
 
 def test_every_model_visits_every_partition_each_iteration(
@@ -163,7 +171,7 @@ def test_fewer_models_than_workers_still_visit_every_partition(env: dict[str, An
 def test_refuses_bad_configs_before_any_trainer(env: dict[str, Any]) -> None:
     with pytest.raises(ArgumentTypeError, match="DataFrame"):
         run(env, "mop_bad", 42)
-    with pytest.raises(dvml.DvmlError, match="optimizer|parse|Unknown|not"):
+    with pytest.raises(dvml.DvmlError, match=r"optimizer|parse|Unknown|not"):
         bad = configs(env["arch"])
         bad.loc[0, "compile_params"] = "loss='categorical_crossentropy', optimizer=__import__('os')"
         run(env, "mop_bad", bad)
