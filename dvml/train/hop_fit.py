@@ -566,7 +566,11 @@ def _wait(client: Client, plan: _Plan, futures: list[Any], everything: list[Any]
             return
         # The scheduler drops a worker whose process died at once. (No TCP probe here: a
         # worker busy training on a loaded host may be slow to accept a connection.)
-        alive = set(client.scheduler_info(n_workers=-1)["workers"])
+        # Asked of the scheduler directly: client.scheduler_info() returns a cache that the
+        # client's periodic refresh may have replaced by one without the workers (a race
+        # that made every worker look gone here).
+        identity = client.sync(client.scheduler.identity, n_workers=-1)  # type: ignore[union-attr]
+        alive = set(identity["workers"])
         gone = [w for w in plan.workers if w.address not in alive]
         if gone:
             client.cancel(everything + futures)
