@@ -243,7 +243,7 @@ def fit_multiple(
     start = _now()
     started = time.time()
     job_id = uuid.uuid4().hex[:12]
-    job = _job(plan, job_id)
+    job = {**_job(plan, job_id), "started_at": started}
     try:
         finals, records, evals = _run(client, plan, job, start_iteration, states, progress, started)
         weights = _final_weights(client, plan, finals)
@@ -614,7 +614,7 @@ def _register(
         }
     for r in records:
         entry = per_model[r["mst_key"]].setdefault(r["iteration"], {"records": [], "evals": []})
-        entry["records"].append({**r, "elapsed": r["ended_at"] - started})
+        entry["records"].append(r)
     for (k, iteration), found in evals.items():
         per_model[k][iteration]["evals"] = found
     models, summaries, seconds, names = [], {}, {}, {}

@@ -213,7 +213,8 @@ def train_hop(
         "transfer_s": moved,
         "bytes": len(state),
         "task_s": time.perf_counter() - started,
-        "ended_at": time.time(),  # wall clock: the client measures elapsed times from it
+        # wall clock, from the client's start of this run (an earlier run's, once resumed)
+        "elapsed": time.time() - float(job["started_at"]),
     }
     return {"state": state, "record": record}
 
