@@ -44,6 +44,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b8_cluster_start",
     "benchmarks.b9_decode",
     "benchmarks.b10_scaling",
+    "benchmarks.b11_fit_multiple",
     "benchmarks.b13_netns_fit",
 )
 

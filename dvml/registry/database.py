@@ -28,6 +28,7 @@ from dvml.registry.schema import (
     model_arch,
     model_iterations,
     model_selection_rows,
+    model_selection_runs,
     model_selections,
     models,
 )
@@ -327,44 +328,123 @@ class Registry:
         RegistryNotFoundError
             When the architecture does not exist.
         """
+        entry = self._model_values(name, arch_id, weights, summary, iterations)
+        with self._transaction(write=True) as conn:
+            model_id = self._write_model(conn, entry, replace)
+        return model_id
+
+    def _model_values(
+        self,
+        name: str,
+        arch_id: int,
+        weights: Sequence[npt.NDArray[Any]],
+        summary: Mapping[str, Any] | None,
+        iterations: Sequence[Mapping[str, Any]] | None,
+    ) -> dict[str, Any]:
+        """A model's checked row values and iteration rows (before any transaction)."""
         name = v.check_model_name(name)
         arch_id = v.check_id(arch_id, "arch_id")
         if summary is not None and not isinstance(summary, Mapping):
             raise ArgumentTypeError(
                 f"summary must be a dict or None. Received: {type(summary).__name__}."
             )
-        blob = weights_to_bytes(weights)
-        summary_text = v.dumps(dict(summary or {}), "summary")
-        rows = v.iteration_rows(iterations)
+        values = {"arch_id": arch_id, "weights": weights_to_bytes(weights)}
+        values.update(
+            weights_format=WEIGHTS_FORMAT, summary=v.dumps(dict(summary or {}), "summary")
+        )
+        return {"name": name, "values": values, "rows": v.iteration_rows(iterations)}
+
+    def _write_model(self, conn: sa.Connection, entry: dict[str, Any], replace: bool) -> int:
+        """Insert (or replace) one model inside the caller's transaction; its id."""
+        name, values, rows = entry["name"], dict(entry["values"]), entry["rows"]
+        arch_id = values["arch_id"]
         now = v.now()
-        values = {"arch_id": arch_id, "weights": blob, "weights_format": WEIGHTS_FORMAT}
-        values.update(summary=summary_text, updated_at=now)
-        with self._transaction(write=True) as conn:
-            arch = sa.select(model_arch.c.id).where(model_arch.c.id == arch_id)
-            if conn.execute(arch).first() is None:
-                raise self._not_found(
-                    f"architecture with id {arch_id}", f"arch_id={arch_id}", "list_architectures"
-                )
-            query = sa.select(models.c.id, models.c.version).where(models.c.name == name)
-            existing = conn.execute(query).first()
-            if existing is not None and not replace:
-                raise RegistryError(
-                    f"A model named {name!r} exists in the registry at {self.url}. Received: "
-                    f"name={name!r}, replace=False. Pass replace=True to overwrite it, or "
-                    "choose another name."
-                )
-            if existing is not None:
-                model_id = int(existing.id)
-                conn.execute(
-                    sa.delete(model_iterations).where(model_iterations.c.model_id == model_id)
-                )
-                update = sa.update(models).where(models.c.id == model_id)
-                conn.execute(update.values(**values, version=existing.version + 1))
-            else:
-                insert = sa.insert(models).values(name=name, created_at=now, version=1, **values)
-                model_id = _new_id(conn.execute(insert))
-            _insert_iterations(conn, model_id, rows)
+        values["updated_at"] = now
+        arch = sa.select(model_arch.c.id).where(model_arch.c.id == arch_id)
+        if conn.execute(arch).first() is None:
+            raise self._not_found(
+                f"architecture with id {arch_id}", f"arch_id={arch_id}", "list_architectures"
+            )
+        query = sa.select(models.c.id, models.c.version).where(models.c.name == name)
+        existing = conn.execute(query).first()
+        if existing is not None and not replace:
+            raise RegistryError(
+                f"A model named {name!r} exists in the registry at {self.url}. Received: "
+                f"name={name!r}, replace=False. Pass replace=True to overwrite it, or "
+                "choose another name."
+            )
+        if existing is not None:
+            model_id = int(existing.id)
+            conn.execute(sa.delete(model_iterations).where(model_iterations.c.model_id == model_id))
+            update = sa.update(models).where(models.c.id == model_id)
+            conn.execute(update.values(**values, version=existing.version + 1))
+        else:
+            insert = sa.insert(models).values(name=name, created_at=now, version=1, **values)
+            model_id = _new_id(conn.execute(insert))
+        _insert_iterations(conn, model_id, rows)
         return model_id
+
+    def save_model_selection_run(
+        self,
+        name: str,
+        models_: Sequence[Mapping[str, Any]],
+        info: Sequence[Mapping[str, Any]],
+        summary: Mapping[str, Any],
+    ) -> list[int]:
+        """Store the models of one ``fit_multiple`` run and its info and summary tables.
+
+        Everything is written in ONE transaction (replacing models and a run of the same
+        names): a run that fails half-way leaves nothing behind.
+
+        Parameters
+        ----------
+        name : str
+            The run's ``model_output`` name (its info and summary are found by it).
+        models_ : list of dict
+            One per configuration: ``name``, ``arch_id``, ``weights``, ``summary``,
+            ``iterations`` (as for :meth:`save_model`).
+        info, summary
+            MADlib's ``<model_output>_info`` rows and ``<model_output>_summary``.
+
+        Returns
+        -------
+        list of int
+            The models' ids, in order.
+        """
+        name = v.check_model_name(name)
+        entries = [
+            self._model_values(m["name"], m["arch_id"], m["weights"], m["summary"], m["iterations"])
+            for m in models_
+        ]
+        info_text = v.dumps([dict(r) for r in info], "info")
+        summary_text = v.dumps(dict(summary), "summary")
+        with self._transaction(write=True) as conn:
+            ids = [self._write_model(conn, e, replace=True) for e in entries]
+            conn.execute(sa.delete(model_selection_runs).where(model_selection_runs.c.name == name))
+            conn.execute(
+                sa.insert(model_selection_runs).values(
+                    name=name, info=info_text, summary=summary_text, created_at=v.now()
+                )
+            )
+        return ids
+
+    def model_selection_run(self, name: str) -> dict[str, Any]:
+        """A ``fit_multiple`` run: ``info`` (list of rows) and ``summary`` (dict).
+
+        Raises
+        ------
+        RegistryNotFoundError
+            No run of that name.
+        """
+        name = v.check_model_name(name)
+        query = sa.select(model_selection_runs).where(model_selection_runs.c.name == name)
+        with self._transaction() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            raise self._not_found(
+                f"fit_multiple run named {name!r}", f"name={name!r}", "list_models"
+            )
+        return {"info": v.loads(row.info), "summary": v.loads(row.summary)}
 
     def _model_row(self, conn: sa.Connection, name: Any, *columns: Any) -> sa.Row[Any]:
         name = v.check_model_name(name)

@@ -17,6 +17,7 @@ __all__ = [
     "model_arch",
     "model_iterations",
     "model_selection_rows",
+    "model_selection_runs",
     "model_selections",
     "models",
 ]
@@ -117,4 +118,15 @@ model_selection_rows = sa.Table(
     sa.Column("model_id", sa.Integer, nullable=False),
     sa.Column("compile_params", _TEXT, nullable=False),
     sa.Column("fit_params", _TEXT, nullable=False),
+)
+
+# dvml.fit_multiple: MADlib's <model_output>_info (one row per configuration) and
+# <model_output>_summary, as JSON, under the run's model_output name.
+model_selection_runs = sa.Table(
+    "model_selection_runs",
+    metadata,
+    sa.Column("name", _NAME, primary_key=True),
+    sa.Column("info", _TEXT, nullable=False),
+    sa.Column("summary", _TEXT, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
