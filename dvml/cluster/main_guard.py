@@ -37,7 +37,8 @@ def refuse_in_spawned_import() -> None:
     if "__mp_main__" in sys.modules and multiprocessing.current_process().name != "MainProcess":
         raise ClusterStartError(
             "dvml.LocalCluster() was called while a Dask worker process was re-running your "
-            f"script {_main_file() or '(the main module)'} to start (its module-level code ran again). {_ADVICE}"
+            f"script {_main_file() or '(the main module)'} to start (its module-level code "
+            f"ran again). {_ADVICE}"
         )
 
 
@@ -53,7 +54,7 @@ def unguarded_main_hint() -> str:
         return ""
     if _GUARD.search(source):
         return ""
-    return f" Your script {path} has no `if __name__ == \"__main__\":` guard. {_ADVICE}"
+    return f' Your script {path} has no `if __name__ == "__main__":` guard. {_ADVICE}'
 
 
 def _main_file() -> str | None:

@@ -58,8 +58,9 @@ def describe_exit(returncode: int | None, error: dict[str, Any], tail: list[str]
     if returncode is not None and returncode < 0:
         name = _signal_name(-returncode)
         return (
-            f"{KILLED_BY}{name.removeprefix('SIG')} (signal {-returncode}), from outside dvml (the kernel's "
-            f"out-of-memory killer, an administrator or another program). Its last lines:\n{said}"
+            f"{KILLED_BY}{name.removeprefix('SIG')} (signal {-returncode}), from outside dvml "
+            "(the kernel's out-of-memory killer, an administrator or another program). "
+            f"Its last lines:\n{said}"
         )
     if error.get("message"):
         return f"exit code {returncode}, {error.get('type', 'error')}: {error['message']}"

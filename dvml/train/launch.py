@@ -328,7 +328,7 @@ def run_trainer(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _client_silence(dask_scheduler: Any, key: str) -> float | None:
+def _client_silence(dask_scheduler: Any, key: Any) -> float | None:
     """(Runs on the scheduler.) Seconds since it last heard from the freshest client that
     wants ``key``; None when no connected client wants it any more."""
     ts = dask_scheduler.tasks.get(key)
@@ -341,7 +341,7 @@ def _client_silence(dask_scheduler: Any, key: str) -> float | None:
 class _ClientLease:
     """Whether anybody still waits for this launcher's result (see the module docstring)."""
 
-    def __init__(self, worker: Any, key: str | None, timeout: float | None) -> None:
+    def __init__(self, worker: Any, key: Any, timeout: float | None) -> None:
         self.worker, self.key = worker, key
         self.timeout = float(config.get("train.client-timeout", timeout))
         # Asking the scheduler costs a round trip: a few times per timeout, at most every 2 s.
