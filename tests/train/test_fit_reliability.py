@@ -258,3 +258,36 @@ def test_exit_description_drops_the_tensorflow_banner() -> None:
     assert describe_exit(1, {"type": "ValueError", "message": "bad shape"}, banner) == (
         "exit code 1, ValueError: bad shape"
     )
+
+
+def test_a_killed_worker_is_named_not_the_survivor(local_cluster: Any, tmp_path: Any) -> None:
+    """SIGKILL one worker process mid-fit: the error names it, not the surviving trainer whose
+    collective op was aborted."""
+    from sklearn.datasets import load_digits
+
+    cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
+    d = load_digits()
+    frame = pd.DataFrame(
+        {"pixels": list(d.images.reshape(-1, 8, 8, 1).astype("float32")), "label": d.target}
+    )
+    client = cluster.client
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
+        dvml.training_preprocessor(
+            frame, y="label", x="pixels", normalizing_const=16.0, name="rel_wk", client=client
+        )
+        arch = dvml.load_keras_model(cnn().to_json(), registry=registry)
+        fit = Background(
+            lambda seen: dvml.fit(
+                "rel_wk", "rel_wk_model", arch, COMPILE, FIT, num_iterations=8, sync="step",
+                progress=False, on_iteration=seen, registry=registry, client=client,
+            )
+        )  # fmt: skip
+        assert fit.first.wait(300), "the first iteration never finished"
+        os.kill(cluster.processes()["dask worker worker-1"], signal.SIGKILL)
+        with pytest.raises(TrainerFailedError) as e:
+            fit.result()
+    registry.close()
+    text = str(e.value)
+    assert text.startswith("worker worker-1 on host"), text
+    assert "left the cluster during training" in text, text
