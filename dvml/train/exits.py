@@ -25,6 +25,8 @@ _NOISE = (
     re.compile(r"This TensorFlow binary is optimized|To enable the following instructions"),
     re.compile(r"rebuild TensorFlow with the appropriate compiler flags"),
     re.compile(r"Could not find cuda drivers|cuda_(dnn|fft|blas)\.cc|Unable to register cu"),
+    # a CPU-only machine: CUDA's absence is logged as an error line at every start
+    re.compile(r"failed call to cuInit|cuda_platform\.cc|cudart_stub\.cc"),
 )
 
 
