@@ -17,6 +17,7 @@ received, and what to do next.
     │   ├── NoClusterError                  no Dask client is available
     │   └── SharedMemoryError (ValueError)  /dev/shm cannot hold the vineyardd memory asked for
     ├── LockHeldError                       another process holds a run lock
+    │   └── FitRunningError                 another fit of the same model is running
     ├── PlacementError (ValueError)         distribution rules resolve to nothing usable
     ├── DataError (ValueError)              the input data cannot be preprocessed
     ├── StoreError                          vineyard storage failed
@@ -48,6 +49,7 @@ __all__ = [
     "DatasetExistsError",
     "DatasetNotFoundError",
     "DvmlError",
+    "FitRunningError",
     "LockHeldError",
     "ModelMismatchError",
     "NoClusterError",
@@ -101,6 +103,10 @@ class SharedMemoryError(ClusterError, ValueError):
 
 class LockHeldError(DvmlError):
     """Another process holds a run lock; nothing was started."""
+
+
+class FitRunningError(LockHeldError):
+    """Another fit of the same model is running; nothing was started."""
 
 
 class PlacementError(DvmlError, ValueError):

@@ -181,6 +181,7 @@ def test_exception_tree() -> None:
             "DatasetExistsError",
             "DatasetNotFoundError",
             "DvmlError",
+            "FitRunningError",
             "LockHeldError",
             "ModelMismatchError",
             "NoClusterError",

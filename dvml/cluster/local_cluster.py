@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from dvml import config, tf_runtime
 from dvml.cluster.attach import Cluster
 from dvml.cluster.daemons import start_etcd, start_vineyardd, vineyard_instance_id
+from dvml.cluster.main_guard import refuse_in_spawned_import, unguarded_main_hint
 from dvml.cluster.processes import ManagedProcess, free_port, poll_for, port_is_free
 from dvml.cluster.spec import LocalWorkerSpec, check_shared_memory, parse_memory, plan_workers
 from dvml.cluster.workers import GPUS_ENV, HOST_ENV, SOCKET_ENV
@@ -82,6 +83,7 @@ class LocalCluster(Cluster):
         start_timeout: float | None = None,
         set_as_default: bool = True,
     ) -> None:
+        refuse_in_spawned_import()  # a worker process re-running an unguarded script
         config.validate()
         n = config.get("cluster.n-workers", n_workers)
         self.specs: list[LocalWorkerSpec] = plan_workers(n, gpus, hosts)
@@ -192,9 +194,11 @@ class LocalCluster(Cluster):
                     name="dvml-local",
                 )
         except RuntimeError as exc:
+            hint = unguarded_main_hint()
             raise ClusterStartError(
-                f"The Dask scheduler or workers failed to start: {exc}. Check that the "
-                "scheduler_port and dashboard_address are free; the cluster was cleaned up."
+                f"The Dask scheduler or workers failed to start: {str(exc).rstrip('.')}."
+                + (hint or " Check that the scheduler_port and dashboard_address are free;")
+                + " The cluster was cleaned up."
             ) from exc
 
     @property

@@ -16,6 +16,16 @@ GPU job keeps the rule that its GPU memory goes with it. A standby is stopped wh
 closes (a WorkerPlugin's teardown, and ``atexit``) and exits by itself when its stdin closes,
 so a killed worker leaves none behind. ``dvml.train.standby-trainer: false`` turns it off.
 
+Control path: a launcher gives its worker thread back as soon as it starts
+(``distributed.secede``), so a fit never holds a worker's task slots: other dvml calls run on
+the workers while trainers train, and two fits on single-thread workers cannot deadlock each
+other.
+
+Client lease: a launcher stops its trainer (SIGTERM, then SIGKILL; the checkpoint stays, so a
+rerun resumes) when nobody waits for the result any more: its task was released (the fit's
+client disconnected or cancelled it), or the scheduler has not heard from any client that
+wants the result for ``job["client_timeout"]`` seconds (a client that hangs or was cut off).
+
 Thread budget: each trainer gets the cores of its host divided by the trainers of the fit
 placed on that host (``job["trainers_on_host"]``), unless the user set
 ``dvml.train.intra-op-threads`` / ``inter-op-threads`` (see :func:`dvml.tf_runtime.thread_budget`).
@@ -36,8 +46,9 @@ import time
 from collections import deque
 from typing import Any
 
-from dvml import tf_runtime
+from dvml import config, tf_runtime
 from dvml.exceptions import TrainerFailedError, TrainingError
+from dvml.train.exits import describe_exit
 
 __all__ = ["checkpoint_state", "clear_checkpoint", "reserve_port", "run_trainer"]
 
@@ -210,9 +221,13 @@ def run_trainer(
     TrainerFailedError
         Naming the worker, the exit code and the trainer's last words.
     """
-    from distributed import Event, get_worker
+    from distributed import Event, get_worker, secede
 
     worker = get_worker()
+    task_key = worker.get_current_task()
+    # From here on this task runs outside the worker's thread pool: the slot is free for other
+    # tasks (datasets.list, another fit's launcher) while the trainer runs.
+    secede()
     workdir = tempfile.mkdtemp(prefix="dvml-trainer-", dir=worker.local_directory)
     job = dict(job)
     job["worker_name"] = str(worker.name)
@@ -268,6 +283,7 @@ def run_trainer(
     reader.start()
     abort = Event(abort_event)
     deadline = time.monotonic() + timeout
+    lease = _ClientLease(worker, task_key, job.get("client_timeout"))
     reason = None
     try:
         while proc.poll() is None:
@@ -278,6 +294,10 @@ def run_trainer(
             if time.monotonic() > deadline:
                 reason = f"stopped after running past the timeout of {timeout:.0f}s"
                 break
+            gone = lease.lost()
+            if gone is not None:
+                reason = f"stopped because {gone}; its checkpoint is kept, a rerun resumes"
+                break
     finally:
         _stop(proc)
         reader.join(10)
@@ -287,11 +307,9 @@ def run_trainer(
         if reason is not None:
             raise TrainingError(f"The trainer on {job['worker_name']} was {reason}.")
         if proc.returncode != 0 or not done:
-            said = error.get("message") or "\n".join(list(tail)[-8:])
-            kind = error.get("type", "exit")
             raise TrainerFailedError(
-                f"The trainer on worker {job['worker_name']} failed (exit code {proc.returncode}"
-                f", {kind}): {said}"
+                f"The trainer on worker {job['worker_name']} (pid {proc.pid}) failed: "
+                + describe_exit(proc.returncode, error, list(tail))
             )
         result = {
             "worker": job["worker_name"],
@@ -308,3 +326,49 @@ def run_trainer(
         return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _client_silence(dask_scheduler: Any, key: Any) -> float | None:
+    """(Runs on the scheduler.) Seconds since it last heard from the freshest client that
+    wants ``key``; None when no connected client wants it any more."""
+    ts = dask_scheduler.tasks.get(key)
+    if ts is None or not ts.who_wants:
+        return None
+    now = time.time()
+    return min(now - cs.last_seen for cs in ts.who_wants)
+
+
+class _ClientLease:
+    """Whether anybody still waits for this launcher's result (see the module docstring)."""
+
+    def __init__(self, worker: Any, key: Any, timeout: float | None) -> None:
+        self.worker, self.key = worker, key
+        self.timeout = float(config.get("train.client-timeout", timeout))
+        # Asking the scheduler costs a round trip: a few times per timeout, at most every 2 s.
+        self.interval = min(2.0, max(self.timeout / 4, 0.25))
+        self.next_check = time.monotonic() + self.interval
+
+    def lost(self) -> str | None:
+        """Why the result is no longer wanted, or None while it is."""
+        if self.key is None:
+            return None
+        ts = self.worker.state.tasks.get(self.key)
+        if ts is None or ts.state in ("cancelled", "released", "forgotten"):
+            return "its fit's client went away (the task was released)"
+        if time.monotonic() < self.next_check:
+            return None
+        self.next_check = time.monotonic() + self.interval
+        try:
+            from distributed import get_client
+
+            silence = get_client().run_on_scheduler(_client_silence, key=self.key)
+        except Exception:  # the scheduler is unreachable: the worker itself will go away
+            return None
+        if silence is None:
+            return "its fit's client went away (no client waits for the result)"
+        if silence > self.timeout:
+            return (
+                f"the scheduler has not heard from its fit's client for {silence:.0f}s "
+                f"(train.client-timeout: {self.timeout:g}s)"
+            )
+        return None
