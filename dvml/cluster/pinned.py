@@ -163,9 +163,7 @@ def run_pinned(
                         f"{name} left the cluster. Check the worker's logs and memory, then "
                         "run the call again."
                     )
-                identity = live.get(name) or _wait_for_worker(
-                    client, name, what, restart_timeout
-                )
+                identity = live.get(name) or _wait_for_worker(client, name, what, restart_timeout)
                 if identity == pinned[i]:  # it was only missing from one listing
                     continue
                 fut.cancel()
