@@ -148,7 +148,7 @@ def run_pinned(
                 if i in results:
                     continue
                 name = targets[i].name
-                step = pinned_step(fut.status, pinned[i], live.get(name))
+                step = pinned_step(str(fut.status), pinned[i], live.get(name))
                 if step == "done":
                     results[i] = fut.result()
                     continue
