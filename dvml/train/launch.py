@@ -129,21 +129,24 @@ def _popen(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subprocess.Po
 
 
 def _stderr_tail(proc: subprocess.Popen[str], said: str = "", lines: int = 20) -> str:
-    """The last ``lines`` lines the trainer wrote to fd 2 that ``said`` does not hold already
-    (the error's own traceback); its file is removed."""
+    """The last ``lines`` lines the trainer wrote to fd 2 before the traceback of the error it
+    reported (``said`` holds that error already); its file is removed."""
     path = _STDERR_LOGS.pop(proc.pid, None)
     if path is None:
         return ""
-    known = {x.strip() for x in said.splitlines()}
     try:
         with open(path, errors="replace") as f:
-            kept = (x.rstrip() for x in f if x.strip() and x.strip() not in known)
-            return "\n".join(deque(kept, maxlen=lines))
+            written = [x.rstrip() for x in f]
     except OSError:
         return ""
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+    if said:
+        starts = [i for i, x in enumerate(written) if x == "Traceback (most recent call last):"]
+        written = written[: starts[-1]] if starts else written
+    known = {x.strip() for x in said.splitlines()}
+    return "\n".join(deque((x for x in written if x.strip() and x.strip() not in known), lines))
 
 
 def stop_standby() -> None:
@@ -325,7 +328,7 @@ def run_trainer(
         if use_standby:  # for the next job; it imports while this worker idles
             start_standby()
     said = error.get("message") or "\n".join(list(tail)[-8:])
-    stderr_tail = _stderr_tail(proc, said)
+    stderr_tail = _stderr_tail(proc, error.get("message") or "")
     try:
         if reason is not None:
             raise TrainingError(f"The trainer on {job['worker_name']} was {reason}.")
