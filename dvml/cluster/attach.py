@@ -51,6 +51,10 @@ class Cluster:
     def __init__(self, client: Client) -> None:
         self.client = client
         self._workers: list[WorkerInfo] | None = None
+        # Failures dvml reports itself are not logged a second time by the workers.
+        from dvml.cluster.worker_logging import QuietDvmlFailures
+
+        client.register_plugin(QuietDvmlFailures())
 
     @property
     def scheduler_address(self) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 from dvml.preprocess.images import list_image_folder
 from dvml.preprocess.shards import expand_braces
+from dvml.preprocess.string_cells import restore_array_cells
 from dvml.preprocess.tasks import (
     prepare_arrays,
     prepare_image_files,
@@ -138,6 +139,7 @@ def _table(ddf: Any, y: str | None, x: Any, invalid: tuple[str, float], desc: st
     missing = [c for c in [y, *(c for g in groups for c in g)] if c not in columns]
     if missing:
         raise DataError(f"Columns {missing} are missing from the source. Available: {columns}.")
+    ddf = restore_array_cells(ddf, [c for g in groups for c in g])
     if len(groups) > MANY_INPUTS and all(len(g) == 1 for g in groups):
         # Each input is its own tensor per buffer: hundreds of inputs pack and train far
         # slower than one input of hundreds of columns, which is what a flat list of numeric

@@ -33,6 +33,7 @@ placed on that host (``job["trainers_on_host"]``), unless the user set
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -106,17 +107,57 @@ def _trainer_command(arg: str) -> list[str]:
     return [sys.executable, "-m", "dvml.train.trainer", arg]
 
 
+# pid of a trainer → the file that receives its fd 2 (TensorFlow's C++ output goes there
+# before Python's logging exists); its tail goes into the error when the trainer fails.
+_STDERR_LOGS: dict[int, str] = {}
+
+
 def _popen(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        _trainer_command(arg),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=stdin,
-        env=env,
-        text=True,
-        start_new_session=True,  # its own process group: _stop ends TensorFlow's children too
-        cwd=cwd,
-    )
+    if tf_runtime.show_startup_log():
+        stderr: Any = subprocess.STDOUT  # into the output pipe, as before
+        path = None
+    else:
+        fd, path = tempfile.mkstemp(prefix="dvml-trainer-", suffix=".stderr", dir=cwd)
+        stderr = fd
+        env = {**env, tf_runtime.STDERR_CAPTURED_ENV: "1"}
+    try:
+        proc = subprocess.Popen(
+            _trainer_command(arg),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            stdin=stdin,
+            env=env,
+            text=True,
+            start_new_session=True,  # its own process group: _stop ends TensorFlow's children
+            cwd=cwd,
+        )
+    finally:
+        if path is not None:
+            os.close(stderr)
+    if path is not None:
+        _STDERR_LOGS[proc.pid] = path
+    return proc
+
+
+def _stderr_tail(proc: subprocess.Popen[str], said: str = "", lines: int = 20) -> str:
+    """The last ``lines`` lines the trainer wrote to fd 2 before the traceback of the error it
+    reported (``said`` holds that error already); its file is removed."""
+    path = _STDERR_LOGS.pop(proc.pid, None)
+    if path is None:
+        return ""
+    try:
+        with open(path, errors="replace") as f:
+            written = [x.rstrip() for x in f]
+    except OSError:
+        return ""
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if said:
+        starts = [i for i, x in enumerate(written) if x == "Traceback (most recent call last):"]
+        written = written[: starts[-1]] if starts else written
+    known = {x.strip() for x in said.splitlines()}
+    return "\n".join(deque((x for x in written if x.strip() and x.strip() not in known), lines))
 
 
 def stop_standby() -> None:
@@ -130,6 +171,7 @@ def stop_standby() -> None:
             except OSError:
                 pass
         _stop(proc)
+        _stderr_tail(proc)  # removes its file
 
 
 class _StandbyPlugin:
@@ -185,6 +227,7 @@ def _take_standby(job: dict[str, Any], env: dict[str, str], workdir: str, job_pa
     if proc is None or proc.poll() is not None or proc.stdin is None:
         if proc is not None:
             _stop(proc)
+            _stderr_tail(proc)
         return None
     keys = ("TF_CONFIG", *tf_runtime.ThreadBudget(1, 1, 1).environment())
     message = {
@@ -197,6 +240,7 @@ def _take_standby(job: dict[str, Any], env: dict[str, str], workdir: str, job_pa
         proc.stdin.close()
     except OSError:  # it died in between: start a fresh trainer instead
         _stop(proc)
+        _stderr_tail(proc)
         return None
     return proc
 
@@ -303,13 +347,18 @@ def run_trainer(
         reader.join(10)
         if use_standby:  # for the next job; it imports while this worker idles
             start_standby()
+    stderr_tail = _stderr_tail(proc, error.get("message") or "")
     try:
         if reason is not None:
             raise TrainingError(f"The trainer on {job['worker_name']} was {reason}.")
         if proc.returncode != 0 or not done:
+            # The trainer's stdout tail and its fd 2 (TensorFlow's own output, in a file):
+            # describe_exit drops TensorFlow's start-up banner from both.
+            message = describe_exit(proc.returncode, error, [*tail, *stderr_tail.splitlines()])
+            if error.get("message") and stderr_tail:
+                message += f"\nIts TensorFlow output ended with:\n{stderr_tail}"
             raise TrainerFailedError(
-                f"The trainer on worker {job['worker_name']} (pid {proc.pid}) failed: "
-                + describe_exit(proc.returncode, error, list(tail))
+                f"The trainer on worker {job['worker_name']} (pid {proc.pid}) failed: {message}"
             )
         result = {
             "worker": job["worker_name"],
