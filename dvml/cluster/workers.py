@@ -18,6 +18,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.connection import local_client
+from dvml.cluster.health import bounded_run, daemon_timeout
 from dvml.exceptions import DaemonDiedError, NoClusterError
 
 if TYPE_CHECKING:
@@ -183,12 +184,28 @@ def _natural_key(text: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
-def discover_workers(client: Client | None = None) -> list[WorkerInfo]:
+def discover_workers(client: Client | None = None, omit_silent: bool = False) -> list[WorkerInfo]:
     """Ask every worker for its host, vineyard socket and instance, and GPUs.
 
-    Returns the workers sorted by name (``worker-2`` before ``worker-10``).
+    Returns the workers sorted by name (``worker-2`` before ``worker-10``). Each worker is
+    given ``cluster.daemon-timeout`` seconds to answer (a worker whose vineyard call waits on a
+    dead etcd is frozen, see :mod:`dvml.cluster.health`).
+
+    Raises
+    ------
+    DaemonDiedError
+        Naming the workers that did not answer in time, unless ``omit_silent`` (then they are
+        left out).
     """
     client = current_client(client)
-    answers = client.run(describe_this_worker)
-    infos = [WorkerInfo.from_dict(d) for d in answers.values()]
+    workers = list(client.scheduler_info(n_workers=-1)["workers"])
+    answers = bounded_run(client, describe_this_worker, workers=workers)
+    silent = [a for a in workers if a not in answers or isinstance(answers[a], BaseException)]
+    if silent and not omit_silent:
+        raise DaemonDiedError(
+            f"Workers {silent} did not describe themselves within {daemon_timeout():.0f}s "
+            "(cluster.daemon-timeout). A worker freezes when its vineyard call waits on a dead "
+            "etcd: check `dvml cluster status`, and restart the cluster if a daemon died."
+        )
+    infos = [WorkerInfo.from_dict(d) for a, d in answers.items() if a not in silent]
     return sorted(infos, key=lambda w: _natural_key(w.name))
