@@ -133,7 +133,7 @@ def spawn(argv: list[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
     ok, value = reply.get()
     if not ok:
         raise value
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 # -- the owner file and the sweep ----------------------------------------------------------
@@ -160,20 +160,24 @@ def _owner_gone(directory: pathlib.Path) -> bool:
     return not is_same_process(owner)
 
 
-def sweep_dead_clusters(root: str | None = None, min_age: float = 5.0) -> list[str]:
+def sweep_dead_clusters(
+    root: str | None = None, min_age: float = 5.0, only: str | None = None
+) -> list[str]:
     """Remove the cluster directories under ``root`` whose owner process is proven gone.
 
     Only directories named ``dvml-cluster-*`` that belong to this user and hold an
     ``owner.json`` naming a process that no longer runs (pid, start time and command line) are
-    removed; their daemons died with the owner (``PR_SET_PDEATHSIG``). Returns what was
-    removed.
+    removed; their daemons died with the owner (``PR_SET_PDEATHSIG``). ``only`` restricts the
+    sweep to the directory of that name. Returns what was removed.
     """
     import tempfile
 
     base = pathlib.Path(root or tempfile.gettempdir())
-    removed = []
+    removed: list[str] = []
     try:
         candidates = list(base.glob(f"{CLUSTER_DIR_PREFIX}*"))
+        if only is not None:
+            candidates = [c for c in candidates if c.name == only]
     except OSError:
         return removed
     now = time.time()

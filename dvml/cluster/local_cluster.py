@@ -178,7 +178,7 @@ class LocalCluster(Cluster):
         self._client = Client(self._state.dask, set_as_default=self._set_as_default)
         self._client.wait_for_workers(len(self.specs), timeout=self._timeout)
         # dvml calls made through this cluster's scheduler ask this process about its daemons.
-        register_owner(self._client.scheduler.address, _weak_check(self))
+        register_owner(str(getattr(self._client.scheduler, "address", "")), _weak_check(self))
 
     def _start_dask(self, workers: dict[str, Any], scheduler: dict[str, Any]) -> None:
         import dask
@@ -330,7 +330,7 @@ class LocalCluster(Cluster):
         self._closed = True
         client = getattr(self, "_client", None)
         if client is not None:
-            unregister_owner(client.scheduler.address)
+            unregister_owner(str(getattr(client.scheduler, "address", "")))
             client.close()
         self._finalizer()
 

@@ -18,7 +18,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.connection import local_client
-from dvml.cluster.health import bounded_run, daemon_timeout
+from dvml.cluster.health import bounded_run, daemon_timeout, require_daemons
 from dvml.exceptions import DaemonDiedError, NoClusterError
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 HOST_ENV = "DVML_HOST"
+_DISCOVER_ROUNDS = 3
 GPUS_ENV = "DVML_GPUS"
 SOCKET_ENV = "VINEYARD_IPC_SOCKET"
 
@@ -189,7 +190,9 @@ def discover_workers(client: Client | None = None, omit_silent: bool = False) ->
 
     Returns the workers sorted by name (``worker-2`` before ``worker-10``). Each worker is
     given ``cluster.daemon-timeout`` seconds to answer (a worker whose vineyard call waits on a
-    dead etcd is frozen, see :mod:`dvml.cluster.health`).
+    dead etcd is frozen, see :mod:`dvml.cluster.health`); when one is silent the daemons are
+    checked, and while they all run (a slow worker, e.g. importing vineyard on a busy host) it
+    is asked again, ``_DISCOVER_ROUNDS`` times in all.
 
     Raises
     ------
@@ -199,13 +202,19 @@ def discover_workers(client: Client | None = None, omit_silent: bool = False) ->
     """
     client = current_client(client)
     workers = list(client.scheduler_info(n_workers=-1)["workers"])
-    answers = bounded_run(client, describe_this_worker, workers=workers)
-    silent = [a for a in workers if a not in answers or isinstance(answers[a], BaseException)]
+    answers: dict[str, Any] = {}
+    silent = workers
+    for _ in range(_DISCOVER_ROUNDS):
+        answers.update(bounded_run(client, describe_this_worker, workers=silent))
+        silent = [a for a in workers if not isinstance(answers.get(a), dict)]
+        if not silent or omit_silent:
+            break
+        require_daemons(client)  # a dead daemon is named at once
     if silent and not omit_silent:
         raise DaemonDiedError(
-            f"Workers {silent} did not describe themselves within {daemon_timeout():.0f}s "
-            "(cluster.daemon-timeout). A worker freezes when its vineyard call waits on a dead "
-            "etcd: check `dvml cluster status`, and restart the cluster if a daemon died."
+            f"Workers {silent} did not describe themselves within "
+            f"{_DISCOVER_ROUNDS} x {daemon_timeout():.0f}s (cluster.daemon-timeout). A worker "
+            "freezes when its vineyard call waits on a dead etcd: check `dvml cluster status`, and restart the cluster if a daemon died."
         )
     infos = [WorkerInfo.from_dict(d) for a, d in answers.items() if a not in silent]
     return sorted(infos, key=lambda w: _natural_key(w.name))
