@@ -214,7 +214,8 @@ def discover_workers(client: Client | None = None, omit_silent: bool = False) ->
         raise DaemonDiedError(
             f"Workers {silent} did not describe themselves within "
             f"{_DISCOVER_ROUNDS} x {daemon_timeout():.0f}s (cluster.daemon-timeout). A worker "
-            "freezes when its vineyard call waits on a dead etcd: check `dvml cluster status`, and restart the cluster if a daemon died."
+            "freezes when its vineyard call waits on a dead etcd: check `dvml cluster status`, "
+            "and restart the cluster if a daemon died."
         )
     infos = [WorkerInfo.from_dict(d) for a, d in answers.items() if a not in silent]
     return sorted(infos, key=lambda w: _natural_key(w.name))
