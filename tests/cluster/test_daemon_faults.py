@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -171,9 +172,14 @@ def test_daemons_die_with_a_killed_owner(private_tmp: pathlib.Path) -> None:
         owner.kill()
         owner.wait(30)
 
-    assert poll_for(lambda: all(pid_gone(p) for p in pids.values()), 30), {
-        n: p for n, p in pids.items() if not pid_gone(p)
-    }
+    try:
+        assert poll_for(lambda: all(pid_gone(p) for p in pids.values()), 30), {
+            n: p for n, p in pids.items() if not pid_gone(p)
+        }
+    finally:  # what this test's owner started, should it have outlived it
+        for pid in pids.values():
+            if not pid_gone(pid):
+                os.kill(pid, signal.SIGKILL)
     assert os.path.isdir(started["directory"])  # nobody ran the owner's clean-up
     status = dvml_command(
         "cluster", "status", "--state-dir", str(private_tmp / "state"), env=env, timeout=120
@@ -227,6 +233,12 @@ def test_two_concurrent_ups_start_one_cluster(
         for _ in range(2)
     ]
     results = [p.communicate(timeout=300) for p in procs]
+    serve_pids = [int(m) for out, _ in results for m in re.findall(r"serve pid (\d+)", out)]
+    recorded = read_state(state_dir)["pid"] if (state_dir / "cluster.json").exists() else None
+    for pid in serve_pids:  # a second cluster that nothing recorded: stop it by its pid
+        if pid != recorded and not pid_gone(pid):
+            os.kill(pid, signal.SIGTERM)
+            poll_for(lambda pid=pid: pid_gone(pid), 60)
     codes = sorted(p.returncode for p in procs)
     assert codes == [0, 1], results
     failed = results[[p.returncode for p in procs].index(1)][1]
