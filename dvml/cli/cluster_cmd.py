@@ -192,15 +192,22 @@ def _stop_recorded(
             f"Could not stop {', '.join(left)} of the cluster at {state['scheduler_address']}. "
             "The state file is kept; stop them by pid, then run `dvml cluster down` again."
         )
-    unproven = [f"{n} (pid {i['pid']})" for n, i in ids.items()
-                if isinstance(i.get("pid"), int) and _pid_runs(i["pid"])]  # fmt: skip
+    unproven = [f"{n} (pid {i['pid']})" for n, i in ids.items() if _undecidable(i)]
     return killed, unproven
 
 
-def _pid_runs(pid: int) -> bool:
+def _undecidable(identity: dict[str, Any]) -> bool:
+    """A recorded pid that runs, recorded without the start time or command line that would
+    tell whether it is still ours (a mismatch of either proves it is not)."""
     from dvml.cluster.state import process_start_time
 
-    return pid > 0 and process_start_time(pid) is not None
+    pid, recorded = identity.get("pid"), identity.get("start_time")
+    now = process_start_time(pid) if isinstance(pid, int) and pid > 0 else None
+    if now is None:
+        return False
+    if recorded is None:
+        return True
+    return abs(now - float(recorded)) < 1.0 and not identity.get("cmdline")
 
 
 def _remove_cluster_directory(state: dict[str, Any]) -> None:
