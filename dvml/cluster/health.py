@@ -55,6 +55,7 @@ _RESTART = (
 # its own `check_daemons` (it knows every daemon's pid) and removes it when it closes.
 _OWNERS: dict[str, Callable[[], None]] = {}
 _OWNERS_LOCK = threading.Lock()
+_NO_ANSWER = object()
 
 
 def daemon_timeout() -> float:
@@ -155,12 +156,14 @@ def bounded_run(
                 answer = await asyncio.wait_for(
                     client._run(fn, *args, workers=[address], on_error="return"), timeout
                 )
-            except (TimeoutError, OSError) as exc:
+            except TimeoutError:
+                return address, _NO_ANSWER
+            except OSError as exc:  # the worker's connection closed: it left
                 return address, exc
-            return address, answer.get(address, TimeoutError(address))
+            return address, answer.get(address, _NO_ANSWER)
 
         pairs = await asyncio.gather(*(ask(a) for a in workers))
-        return {a: r for a, r in pairs if not isinstance(r, TimeoutError)}
+        return {a: r for a, r in pairs if r is not _NO_ANSWER}
 
     return dict(client.sync(ask_all, callback_timeout=timeout + 5))
 
