@@ -222,6 +222,27 @@ def test_status_cleans_up_after_a_killed_serve_process(
     assert not os.path.exists(state["directory"])
 
 
+def test_another_client_is_told_that_etcd_died(
+    state_dir: pathlib.Path, private_tmp: pathlib.Path
+) -> None:
+    """`dvml datasets list` in a process that does not own the cluster: the scheduler's
+    process (serve, the owner) answers which daemon died."""
+    env = {**os.environ, "TMPDIR": str(private_tmp)}
+    up = dvml_command("cluster", "up", "--state-dir", str(state_dir), "--n-workers", "1", env=env)
+    assert up.returncode == 0, up.stderr
+    etcd = read_state(state_dir)["processes"]["etcd"]
+    os.kill(etcd, signal.SIGKILL)
+    assert poll_for(lambda: pid_gone(etcd), 10)
+    start = time.monotonic()
+    listing = dvml_command(
+        "datasets", "list", "--scheduler", read_state(state_dir)["scheduler_address"],
+        env=env, timeout=BOUND,
+    )  # fmt: skip
+    assert time.monotonic() - start < BOUND
+    assert listing.returncode == 1
+    assert f"etcd (pid {etcd})" in one_error_line(listing)
+
+
 def test_two_concurrent_ups_start_one_cluster(
     state_dir: pathlib.Path, private_tmp: pathlib.Path
 ) -> None:
