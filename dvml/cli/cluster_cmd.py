@@ -30,7 +30,10 @@ __all__ = ["register"]
 
 # Columns of the worker table printed by `up` and `status`, in this order.
 _WORKER_COLUMNS = ["name", "host", "address", "vineyard_instance_id", "gpus", "pid"]
-_STATUS_COLUMNS = ["name", "host", "address", "vineyard_instance_id", "gpus", "vineyardd", "memory"]
+_STATUS_COLUMNS = [
+    "name", "host", "address", "vineyard_instance_id", "gpus", "vineyardd", "memory",
+    "etcd_reachable",
+]  # fmt: skip
 
 
 def register(subparsers: Any) -> None:
@@ -412,6 +415,14 @@ def _status(args: argparse.Namespace) -> int:
         return 1
     if bad:
         print(f"dvml: error: vineyardd not running on: {', '.join(bad)}.", file=sys.stderr)
+        return 1
+    no_etcd = [str(r["name"]) for r in rows if r.get("etcd_reachable") == "unreachable"]
+    if no_etcd:
+        print(
+            f"dvml: error: etcd is not reachable from {', '.join(no_etcd)}: vineyard metadata "
+            "cannot be read or written. Restart the cluster (`dvml cluster down`, then `up`).",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

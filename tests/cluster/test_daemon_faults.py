@@ -242,6 +242,12 @@ def test_another_client_is_told_that_etcd_died(
     assert listing.returncode == 1
     assert f"etcd (pid {etcd})" in one_error_line(listing)
 
+    start = time.monotonic()
+    status = dvml_command("cluster", "status", "--state-dir", str(state_dir), env=env, timeout=BOUND)
+    assert time.monotonic() - start < BOUND
+    assert status.returncode == 1
+    assert "etcd is not reachable from worker-0" in one_error_line(status)
+
 
 def test_two_concurrent_ups_start_one_cluster(
     state_dir: pathlib.Path, private_tmp: pathlib.Path
