@@ -243,7 +243,9 @@ def test_another_client_is_told_that_etcd_died(
     assert f"etcd (pid {etcd})" in one_error_line(listing)
 
     start = time.monotonic()
-    status = dvml_command("cluster", "status", "--state-dir", str(state_dir), env=env, timeout=BOUND)
+    status = dvml_command(
+        "cluster", "status", "--state-dir", str(state_dir), env=env, timeout=BOUND
+    )
     assert time.monotonic() - start < BOUND
     assert status.returncode == 1
     assert "etcd is not reachable from worker-0" in one_error_line(status)
