@@ -201,15 +201,14 @@ def discover_workers(client: Client | None = None, omit_silent: bool = False) ->
         left out).
     """
     client = current_client(client)
-    workers = list(client.scheduler_info(n_workers=-1)["workers"])
-    answers: dict[str, Any] = {}
-    silent = workers
-    for _ in range(_DISCOVER_ROUNDS):
-        answers.update(bounded_run(client, describe_this_worker, workers=silent))
-        silent = [a for a in workers if not isinstance(answers.get(a), dict)]
+    answers = bounded_run(client, describe_this_worker)  # the common case: one broadcast
+    for _ in range(_DISCOVER_ROUNDS - 1):
+        silent = [a for a, d in answers.items() if not isinstance(d, dict)]
         if not silent or omit_silent:
             break
         require_daemons(client)  # a dead daemon is named at once
+        answers.update(bounded_run(client, describe_this_worker, workers=silent))
+    silent = [a for a, d in answers.items() if not isinstance(d, dict)]
     if silent and not omit_silent:
         raise DaemonDiedError(
             f"Workers {silent} did not describe themselves within "
@@ -217,5 +216,5 @@ def discover_workers(client: Client | None = None, omit_silent: bool = False) ->
             "freezes when its vineyard call waits on a dead etcd: check `dvml cluster status`, "
             "and restart the cluster if a daemon died."
         )
-    infos = [WorkerInfo.from_dict(d) for a, d in answers.items() if a not in silent]
+    infos = [WorkerInfo.from_dict(d) for d in answers.values() if isinstance(d, dict)]
     return sorted(infos, key=lambda w: _natural_key(w.name))
