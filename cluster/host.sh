@@ -186,6 +186,7 @@ for ((i = 0; i < WORKERS; i++)); do
     fi
     # `python -m dask worker` is `dask worker` run by the chosen interpreter.
     env VINEYARD_IPC_SOCKET="$SOCKET" DVML_HOST="$HOST_NAME" VINEYARD_IPC_SKIP_RETRY=1 \
+        DVML_ETCD_ENDPOINT="$ETCD" \
         "${gpu_env[@]}" \
         setsid "$PYTHON" -m dask worker "$SCHEDULER" "${args[@]}" >"$log" 2>&1 </dev/null &
     WPIDS+=("$!")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.connection import local_client
 from dvml.cluster.gpu import gpu_configuration
+from dvml.cluster.health import bounded_run, probe_daemons
 from dvml.cluster.workers import WorkerInfo, discover_workers
 from dvml.exceptions import ClusterError
 
@@ -17,13 +18,27 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "connect"]
 
 
+async def _probe_vineyard_async() -> dict[str, Any]:
+    # In a thread: the vineyard call must not block the worker's event loop.
+    import asyncio
+
+    return await asyncio.to_thread(_probe_vineyard)
+
+
 def _probe_vineyard() -> dict[str, Any]:
-    """Run on a worker: can its vineyardd be reached, and how full is it?"""
+    """Run on a worker: can its vineyardd and its etcd be reached, and how full is it?"""
     sock = os.environ.get("VINEYARD_IPC_SOCKET")
+    daemons = probe_daemons()
+    etcd = {None: "unknown", True: "running", False: "unreachable"}[daemons["etcd"]]
     if not sock:
-        return {"vineyardd": "not configured", "memory_used": None, "memory_limit": None}
+        return {"vineyardd": "not configured", "memory_used": None, "memory_limit": None,
+                "etcd_reachable": etcd}  # fmt: skip
     if not os.path.exists(sock):
-        return {"vineyardd": "socket missing", "memory_used": None, "memory_limit": None}
+        return {"vineyardd": "socket missing", "memory_used": None, "memory_limit": None,
+                "etcd_reachable": etcd}  # fmt: skip
+    if not daemons["vineyardd"]:  # refuses connections: asking the client would only retry
+        return {"vineyardd": "not running (connection refused)", "memory_used": None,
+                "memory_limit": None, "etcd_reachable": etcd}  # fmt: skip
     try:
         st = local_client().status  # the process's shared connection: never closed here
     except Exception as exc:
@@ -31,11 +46,13 @@ def _probe_vineyard() -> dict[str, Any]:
             "vineyardd": f"unreachable ({type(exc).__name__})",
             "memory_used": None,
             "memory_limit": None,
+            "etcd_reachable": etcd,
         }
     return {
         "vineyardd": "running",
         "memory_used": int(st.memory_usage),
         "memory_limit": int(st.memory_limit),
+        "etcd_reachable": etcd,
     }
 
 
@@ -68,7 +85,8 @@ class Cluster:
     def workers(self) -> list[WorkerInfo]:
         """Every worker with its host, vineyard socket and instance id, and GPUs."""
         if self._workers is None:
-            self._workers = discover_workers(self.client)
+            # A frozen worker (see dvml.cluster.health) is left out rather than waited for.
+            self._workers = discover_workers(self.client, omit_silent=True)
         return self._workers
 
     def refresh(self) -> list[WorkerInfo]:
@@ -83,12 +101,27 @@ class Cluster:
         return pd.DataFrame([w.as_row() for w in self.workers])
 
     def status(self) -> pd.DataFrame:
-        """The worker table plus the state of each worker's vineyardd and its memory."""
+        """The worker table plus the state of each worker's vineyardd and its memory.
+
+        Bounded by ``cluster.daemon-timeout``: a worker that does not answer (frozen by a
+        vineyard call waiting on a dead etcd) is listed with ``vineyardd`` "worker not
+        answering" instead of hanging the call.
+        """
         import pandas as pd
 
+        self._workers = None
         table = self.worker_table()
-        probes = self.client.run(_probe_vineyard)
-        extra = pd.DataFrame([probes.get(a, {"vineyardd": "worker gone"}) for a in table.address])
+        known = set(table["address"]) if "address" in table else set()
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        silent = [{"address": a, "name": str(w.get("name")), "pid": w.get("pid")}
+                  for a, w in info.items() if a not in known]  # fmt: skip
+        if silent:
+            table = pd.concat([table, pd.DataFrame(silent)], ignore_index=True)
+        probes = bounded_run(self.client, _probe_vineyard_async)
+        missing = {"vineyardd": "worker not answering", "memory_used": None,
+                   "memory_limit": None, "etcd_reachable": "unknown"}  # fmt: skip
+        rows = [probes.get(a) for a in table.get("address", [])]
+        extra = pd.DataFrame([r if isinstance(r, dict) else missing for r in rows])
         return pd.concat([table.reset_index(drop=True), extra], axis=1)
 
     def gpu_configuration(self) -> pd.DataFrame:

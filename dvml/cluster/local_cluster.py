@@ -15,12 +15,14 @@ import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config, tf_runtime
 from dvml.cluster.attach import Cluster
 from dvml.cluster.daemons import start_etcd, start_vineyardd, vineyard_instance_id
+from dvml.cluster.health import ETCD_ENV, register_owner, unregister_owner
+from dvml.cluster.lifeline import CLUSTER_DIR_PREFIX, sweep_dead_clusters, write_owner
 from dvml.cluster.main_guard import refuse_in_spawned_import, unguarded_main_hint
 from dvml.cluster.processes import ManagedProcess, free_port, poll_for, port_is_free
 from dvml.cluster.spec import LocalWorkerSpec, check_shared_memory, parse_memory, plan_workers
@@ -102,9 +104,12 @@ class LocalCluster(Cluster):
                 "Choose another scheduler_port, or 0 for a free one."
             )
 
+        # What a cluster whose owner was killed left behind (its daemons died with it).
+        sweep_dead_clusters()
         # mkdtemp creates the directory with mode 0700: sockets, etcd data and logs stay private.
-        self._state = _Started(tempfile.mkdtemp(prefix="dvml-cluster-"))
+        self._state = _Started(tempfile.mkdtemp(prefix=CLUSTER_DIR_PREFIX))
         self.directory = self._state.directory
+        write_owner(self.directory)
         self._set_as_default = set_as_default
         self.instance_ids: dict[str, int] = {}
         self._closed = False
@@ -174,6 +179,8 @@ class LocalCluster(Cluster):
             raise errors[0]
         self._client = Client(self._state.dask, set_as_default=self._set_as_default)
         self._client.wait_for_workers(len(self.specs), timeout=self._timeout)
+        # dvml calls made through this cluster's scheduler ask this process about its daemons.
+        register_owner(str(getattr(self._client.scheduler, "address", "")), _weak_check(self))
 
     def _start_dask(self, workers: dict[str, Any], scheduler: dict[str, Any]) -> None:
         import dask
@@ -225,6 +232,7 @@ class LocalCluster(Cluster):
     def _worker_spec(self, spec: LocalWorkerSpec, nanny_cls: Any) -> dict[str, Any]:
         env = {
             SOCKET_ENV: self.socket_path(spec),
+            ETCD_ENV: self.etcd_endpoint,  # for dvml.cluster.health's probes
             HOST_ENV: spec.host,
             GPUS_ENV: json.dumps(list(spec.gpus)),
             # A dead vineyardd must fail a task at once, not after vineyard's 10 retries.
@@ -326,6 +334,7 @@ class LocalCluster(Cluster):
         self._closed = True
         client = getattr(self, "_client", None)
         if client is not None:
+            unregister_owner(str(getattr(client.scheduler, "address", "")))
             client.close()
         self._finalizer()
 
@@ -339,6 +348,18 @@ class LocalCluster(Cluster):
             f"<dvml.LocalCluster {getattr(self, 'scheduler_address', '?')} "
             f"workers={len(self.specs)} hosts={len(hosts)} gpus={gpus}>"
         )
+
+
+def _weak_check(cluster: LocalCluster) -> Callable[[], None]:
+    """``cluster.check_daemons`` without keeping the cluster alive (its finalizer must run)."""
+    ref = weakref.WeakMethod(cluster.check_daemons)
+
+    def check() -> None:
+        method = ref()
+        if method is not None:
+            method()
+
+    return check
 
 
 @dataclasses.dataclass

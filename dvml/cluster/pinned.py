@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dvml.cluster.health import require_daemons
 from dvml.cluster.workers import WorkerInfo
-from dvml.exceptions import ClusterError
+from dvml.exceptions import ClusterError, DaemonDiedError
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -142,7 +143,8 @@ def run_pinned(
                 with client.as_current():  # distributed.wait looks up the default client
                     wait(pending, timeout=1, return_when="FIRST_COMPLETED")
             except TimeoutError:  # nothing finished within the second: look at the workers
-                pass
+                # A daemon that died now would leave the tasks blocked in vineyardd forever.
+                require_daemons(client, what)
             live = live_identities(client)
             for i, fut in futures.items():
                 if i in results:
@@ -194,6 +196,8 @@ def _settle(client: Client, tasks: list[tuple[Future, str]], timeout: float) -> 
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
+            # Tasks blocked on a dead etcd never finish: do not wait for them.
+            require_daemons(client)
             live = set(live_workers(client).values())
             running = [f for f, address in tasks if f.status == "pending" and address in live]
             if not running:
@@ -203,6 +207,8 @@ def _settle(client: Client, tasks: list[tuple[Future, str]], timeout: float) -> 
                     wait(running, timeout=1, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 pass
+    except DaemonDiedError:  # the caller reports it
+        pass
     except Exception:  # the cluster is failing: the caller cleans up what it can
         logger.warning("could not wait for the running tasks", exc_info=True)
     client.cancel(futures)

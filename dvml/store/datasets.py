@@ -10,6 +10,7 @@ import builtins
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from dvml.cluster.health import require_daemons, wait_watched
 from dvml.cluster.workers import WorkerInfo, current_client, discover_workers
 from dvml.exceptions import ClusterError, DvmlError, StoreError
 from dvml.store import catalog
@@ -34,7 +35,12 @@ __all__ = [
 
 
 def vineyard_workers(client: Client) -> dict[int, WorkerInfo]:
-    """Workers that have a reachable vineyardd, by vineyard instance id."""
+    """Workers that have a reachable vineyardd, by vineyard instance id.
+
+    Raises :class:`~dvml.exceptions.DaemonDiedError` first when an etcd or vineyardd of the
+    cluster is not running (every dvml call that touches vineyard passes here).
+    """
+    require_daemons(client)
     return {
         w.vineyard_instance_id: w
         for w in discover_workers(client)
@@ -99,6 +105,7 @@ def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwa
     future = client.submit(
         fn, *args, workers=[worker.address], allow_other_workers=False, pure=False, **kwargs
     )
+    wait_watched(client, [future])
     return future.result()
 
 
@@ -319,4 +326,5 @@ def delete_by_instance(
                 pure=False,
             )
         )
+    wait_watched(client, futures)
     return int(sum(client.gather(futures)))

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dvml.exceptions import DaemonDiedError
 from dvml.store import catalog
 from dvml.store.datasets import Dataset, delete_by_instance, delete_layout, run_on
 from dvml.store.tensors import STAGING_PREFIX, delete_objects
@@ -123,6 +124,8 @@ def cleanup_run(client: Client, run_id: str, keep: dict[str, Any] | None) -> Non
     """Delete every staged object of ``run_id`` that is not in ``keep``; drop staging names."""
     try:
         staged = run_on(client, None, catalog.staging_objects, run_id)
+    except DaemonDiedError:  # the caller's own error names the daemon
+        return
     except Exception:  # the cluster itself is failing: nothing more can be cleaned
         logger.warning("could not list staged objects of run %s", run_id, exc_info=True)
         return
