@@ -42,6 +42,8 @@ from dvml.store.tensors import STAGING_PREFIX
 if TYPE_CHECKING:
     from distributed import Client
 
+    from dvml.cluster.workers import WorkerInfo
+
 logger = logging.getLogger("dvml.store")
 
 __all__ = [
@@ -121,24 +123,26 @@ def publish_run(
         if finish is not None:
             summary = finish(summary, buffers)
         by_instance = _ids_by_instance(layout)
-        lost = sorted(set(by_instance) - set(vineyard_workers(client)))
+        workers = vineyard_workers(client)  # asks every worker: once for the whole publication
+        lost = sorted(set(by_instance) - set(workers))
         if lost:
             raise StoreError(
                 f"Buffers of this run were written to vineyard instances {lost}, which no "
                 "live worker serves now: that data is lost with its daemon. Nothing was "
                 "published; check `dvml cluster status` and run again."
             )
-        _on_instances(client, staging.persist_staged, by_instance, run_id)
-        publishing = _submit_any(
-            client, catalog.publish, name, kind, summary, layout, overwrite, run_id
-        )
+        _on_instances(client, workers, staging.persist_staged, by_instance, run_id)
+        publishing = client.submit(
+            catalog.publish, name, kind, summary, layout, overwrite, run_id,
+            workers=[workers[min(workers)].address], allow_other_workers=False, pure=False,
+        )  # fmt: skip
         published = publishing.result()
     except BaseException:
         if publishing is not None and not publishing.done():
             _wait_quietly(publishing)
         cleanup_run(client, run_id, keep=None)
         raise
-    cleanup_run(client, run_id, keep=layout)
+    cleanup_run(client, run_id, keep=layout, workers=workers)
     replaced = published["replaced"]
     if replaced is not None:
         delete_layout(client, replaced["layout"])
@@ -147,17 +151,23 @@ def publish_run(
                    global_tensors=published["global_tensors"])  # fmt: skip
 
 
-def cleanup_run(client: Client, run_id: str, keep: dict[str, Any] | None) -> None:
+def cleanup_run(
+    client: Client,
+    run_id: str,
+    keep: dict[str, Any] | None,
+    workers: dict[int, WorkerInfo] | None = None,
+) -> None:
     """Delete every staged object of ``run_id`` except the tensors of ``keep`` (a layout).
 
     One task per vineyard worker, in parallel, each on its own instance
     (:func:`dvml.store.staging.discard_staged`); the tensors of a dataset that this run
     published and named are kept even when ``keep`` is None. Failures are logged, not raised:
-    this runs while another error propagates.
+    this runs while another error propagates. ``workers``: :func:`vineyard_workers`, when
+    the caller has it.
     """
     kept = _ids_by_instance(keep) if keep is not None else {}
     try:
-        workers = vineyard_workers(client)
+        workers = vineyard_workers(client) if workers is None else workers
         futures = [
             client.submit(staging.discard_staged, run_id, kept.get(iid, []),
                           workers=[w.address], allow_other_workers=False, pure=False)
@@ -176,7 +186,9 @@ def staged_objects(client: Client, run_id: str | None = None) -> list[tuple[str,
     worker serves are lost with their daemon and not listed.
     """
     found: list[tuple[str, int, int]] = []
-    for part in _on_instances(client, staging.staged_objects, None, run_id):
+    for part in _on_instances(
+        client, vineyard_workers(client), staging.staged_objects, None, run_id
+    ):
         found.extend((str(n), int(o), int(i)) for n, o, i in part)
     return sorted(found)
 
@@ -189,30 +201,24 @@ def _ids_by_instance(layout: dict[str, Any]) -> dict[int, list[int]]:
 
 
 def _on_instances(
-    client: Client, fn: Any, per_instance: dict[int, Any] | None, *args: Any
+    client: Client,
+    workers: dict[int, WorkerInfo],
+    fn: Any,
+    per_instance: dict[int, Any] | None,
+    *args: Any,
 ) -> list[Any]:
     """``fn(*args)`` on every vineyard worker, in parallel, and their results.
 
     With ``per_instance``, only on the instances it names, as ``fn(*args, per_instance[i])``.
     """
     futures = []
-    for iid, worker in vineyard_workers(client).items():
+    for iid, worker in workers.items():
         if per_instance is not None and iid not in per_instance:
             continue
         extra = () if per_instance is None else (per_instance[iid],)
         futures.append(client.submit(fn, *args, *extra, workers=[worker.address],
                                      allow_other_workers=False, pure=False))  # fmt: skip
     return list(client.gather(futures))
-
-
-def _submit_any(client: Client, fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` submitted to one vineyard worker (the one :func:`run_on` picks)."""
-    workers = vineyard_workers(client)
-    if not workers:
-        run_on(client, None, fn, *args)  # raises ClusterError: no worker has a vineyardd
-    worker = workers[min(workers)]
-    return client.submit(fn, *args, workers=[worker.address], allow_other_workers=False,
-                         pure=False)  # fmt: skip
 
 
 def _wait_quietly(future: Any, timeout: float = 60) -> None:
