@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.connection import local_client
 from dvml.cluster.gpu import gpu_configuration
+from dvml.cluster.security import resolve_security
 from dvml.cluster.workers import WorkerInfo, discover_workers
 from dvml.exceptions import ClusterError
 
@@ -106,15 +107,19 @@ class Cluster:
         return f"<{type(self).__name__} {self.scheduler_address} workers={n}>"
 
 
-def connect(address: str, timeout: float = 30) -> Cluster:
+def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
     """Attach to a running cluster and discover its worker ↔ vineyard mapping.
 
     Parameters
     ----------
     address : str
-        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"``.
+        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"`` or ``"tls://..."``.
     timeout : float
         Seconds to wait for the scheduler.
+    security : distributed.security.Security or dict, optional
+        TLS credentials: a ``Security`` object, or the paths ``{"ca": ..., "cert": ...,
+        "key": ...}``. None: the certificates of the cluster that ``dvml cluster up``
+        recorded for this address, else Dask's configuration (``distributed.comm.tls.*``).
 
     Returns
     -------
@@ -123,12 +128,20 @@ def connect(address: str, timeout: float = 30) -> Cluster:
     """
     from distributed import Client
 
+    resolved = resolve_security(security, address)
     try:
-        client = Client(address, timeout=timeout, set_as_default=True)
+        client = Client(address, timeout=timeout, security=resolved, set_as_default=True)
     except OSError as exc:
+        hint = ""
+        if address.startswith("tls://") and resolved is None:
+            hint = (
+                " The scheduler serves TLS: pass security= (the cluster's certificate and key) "
+                "or set distributed.comm.tls.* in the Dask configuration."
+            )
         raise ClusterError(
             f"Cannot reach the Dask scheduler at {address!r} within {timeout}s: {exc}. "
             "Check the address and that the scheduler is running (`dvml cluster status`)."
+            + hint
         ) from exc
     cluster = Cluster(client)
     missing = [w.name for w in cluster.workers if w.vineyard_instance_id is None]
