@@ -140,8 +140,7 @@ def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
             )
         raise ClusterError(
             f"Cannot reach the Dask scheduler at {address!r} within {timeout}s: {exc}. "
-            "Check the address and that the scheduler is running (`dvml cluster status`)."
-            + hint
+            "Check the address and that the scheduler is running (`dvml cluster status`)." + hint
         ) from exc
     cluster = Cluster(client)
     missing = [w.name for w in cluster.workers if w.vineyard_instance_id is None]

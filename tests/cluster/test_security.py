@@ -373,4 +373,3 @@ def test_cluster_up_serves_tls_and_its_clients_find_the_certificate(
     assert status.returncode == 0, status.stderr
     down = dvml_command("cluster", "down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
-
