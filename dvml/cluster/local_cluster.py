@@ -194,7 +194,9 @@ class LocalCluster(Cluster):
                 "host": "127.0.0.1",
                 "port": scheduler_port,
                 "dashboard": dashboard_address is not None,
-                "dashboard_address": dashboard_address,
+                # Without a dashboard the scheduler still serves /health and /metrics, by
+                # default on 0.0.0.0:8787: keep them on a free loopback port.
+                "dashboard_address": dashboard_address or "127.0.0.1:0",
                 "protocol": "tls" if self.security is not None else "tcp",
                 "security": self.security,
             },
