@@ -373,3 +373,31 @@ def test_cluster_up_serves_tls_and_its_clients_find_the_certificate(
     assert status.returncode == 0, status.stderr
     down = dvml_command("cluster", "down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
+
+
+def test_tls_and_private_etcd_can_be_turned_off(local_cluster: Any) -> None:
+    import dask
+
+    with dask.config.set({"dvml.cluster.tls": False, "dvml.cluster.private-etcd": False}):
+        cluster = local_cluster(n_workers=1, vineyard_memory="64MiB")
+    assert cluster.scheduler_address.startswith("tcp://")
+    assert cluster.security is None and cluster.tls_files is None
+    assert cluster.etcd_socket is None and cluster.etcd_endpoint != "http://127.0.0.1:2379"
+    assert [w.vineyard_instance_id for w in cluster.workers] == [0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"tls": "yes"}, "ArgumentTypeError", "tls must be True or False"),
+        ({"private_etcd": "always"}, "ArgumentError", "must be 'auto', true or false"),
+    ],
+)
+def test_bad_security_settings_are_refused_before_anything_starts(
+    kwargs: dict[str, Any], error: str, match: str
+) -> None:
+    import dvml
+    from dvml import exceptions
+
+    with pytest.raises(getattr(exceptions, error), match=match):
+        dvml.LocalCluster(n_workers=1, vineyard_memory="64MiB", **kwargs)
