@@ -107,6 +107,13 @@ class Cluster:
         return f"<{type(self).__name__} {self.scheduler_address} workers={n}>"
 
 
+def _tls_configured() -> bool:
+    """Whether Dask's configuration gives a client certificate (distributed.comm.tls.*)."""
+    import dask.config
+
+    return bool(dask.config.get("distributed.comm.tls.client.cert", None))
+
+
 def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
     """Attach to a running cluster and discover its worker ↔ vineyard mapping.
 
@@ -129,18 +136,20 @@ def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
     from distributed import Client
 
     resolved = resolve_security(security, address)
+    if address.startswith("tls://") and resolved is None and not _tls_configured():
+        raise ClusterError(
+            f"The scheduler at {address!r} serves TLS, and no certificate was given. Received: "
+            "security=None, and no running `dvml cluster up` cluster records this address. "
+            "Pass security= (a distributed.security.Security, or the paths {'ca': ..., "
+            "'cert': ..., 'key': ...}), or set distributed.comm.tls.* in the Dask "
+            "configuration."
+        )
     try:
         client = Client(address, timeout=timeout, security=resolved, set_as_default=True)
     except OSError as exc:
-        hint = ""
-        if address.startswith("tls://") and resolved is None:
-            hint = (
-                " The scheduler serves TLS: pass security= (the cluster's certificate and key) "
-                "or set distributed.comm.tls.* in the Dask configuration."
-            )
         raise ClusterError(
             f"Cannot reach the Dask scheduler at {address!r} within {timeout}s: {exc}. "
-            "Check the address and that the scheduler is running (`dvml cluster status`)." + hint
+            "Check the address and that the scheduler is running (`dvml cluster status`)."
         ) from exc
     cluster = Cluster(client)
     missing = [w.name for w in cluster.workers if w.vineyard_instance_id is None]

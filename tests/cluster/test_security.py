@@ -401,3 +401,11 @@ def test_bad_security_settings_are_refused_before_anything_starts(
 
     with pytest.raises(getattr(exceptions, error), match=match):
         dvml.LocalCluster(n_workers=1, vineyard_memory="64MiB", **kwargs)
+
+
+def test_connect_to_a_tls_scheduler_without_a_certificate_says_what_to_pass() -> None:
+    import dvml
+    from dvml.exceptions import ClusterError
+
+    with pytest.raises(ClusterError, match="serves TLS, and no certificate was given"):
+        dvml.connect("tls://127.0.0.1:1", timeout=2)
