@@ -12,7 +12,13 @@ harness alternates them. Per repeat and side, the wall time of one call:
   of scikit-learn's digits packed beforehand (outside the clock): the control traffic of a fit
   (launcher tasks, peers, the trainers' results and weights back to the client).
 
-Target: TLS costs at most 10 % (ratio <= 1.1).
+- B14c, transfer: a 64 MiB numpy array made on one worker and summed on the other (one
+  worker-to-worker transfer over Dask's comms).
+- B14d, control: 100 tiny tasks, submitted and gathered one after another (round trips of
+  the client, the scheduler and a worker).
+
+B14c and B14d use the two clusters only; they isolate what TLS adds, in seconds that a busy
+machine disturbs less than a whole pack or fit. Target: TLS costs at most 10 % (ratio <= 1.1).
 """
 
 from __future__ import annotations
@@ -73,8 +79,9 @@ def prepare(quick: bool) -> dict[str, Any]:
 
 def cleanup(context: dict[str, Any]) -> None:
     for cluster in context["clusters"].values():
-        for name in (PACKED, DIGITS):
-            t.drop_dataset(cluster, name)
+        if context.get("sizes"):  # the pack and fit context
+            for name in (PACKED, DIGITS):
+                t.drop_dataset(cluster, name)
         cluster.close()
     if context.get("registry") is not None:
         context["registry"].close()
@@ -109,7 +116,57 @@ def fit(context: dict[str, Any], side: str) -> float:
     return time.perf_counter() - start
 
 
-def _register(key: str, title: str, side_fn: Any) -> Benchmark:
+def prepare_clusters(quick: bool) -> dict[str, Any]:
+    import dvml
+
+    context: dict[str, Any] = {"clusters": {}, "directory": tempfile.mkdtemp(prefix="b14-")}
+    try:
+        for side, tls in (("tls", True), ("plain", False)):
+            context["clusters"][side] = dvml.LocalCluster(
+                n_workers=2, vineyard_memory=64 * t.MiB, dashboard_address=None,
+                set_as_default=False, tls=tls,
+            )  # fmt: skip
+    except BaseException:
+        cleanup(context)
+        raise
+    return context
+
+
+def _block(nbytes: int) -> Any:
+    import numpy as np
+
+    return np.ones(nbytes // 8)
+
+
+def _total(block: Any) -> float:
+    return float(block.sum())
+
+
+def _noop(i: int) -> int:
+    return i
+
+
+def transfer(context: dict[str, Any], side: str) -> float:
+    cluster = context["clusters"][side]
+    first, second = (w.address for w in cluster.workers)
+    start = time.perf_counter()
+    block = cluster.client.submit(_block, 64 * t.MiB, workers=[first], pure=False)
+    total = cluster.client.submit(_total, block, workers=[second], allow_other_workers=False)
+    total.result()
+    elapsed = time.perf_counter() - start
+    del block, total
+    return elapsed
+
+
+def control(context: dict[str, Any], side: str) -> float:
+    client = context["clusters"][side].client
+    start = time.perf_counter()
+    for i in range(100):
+        client.submit(_noop, i, pure=False).result()
+    return time.perf_counter() - start
+
+
+def _register(key: str, title: str, side_fn: Any, prepare_fn: Any = prepare) -> Benchmark:
     return register(
         Benchmark(
             key=key,
@@ -119,7 +176,7 @@ def _register(key: str, title: str, side_fn: Any) -> Benchmark:
             baseline=lambda context: side_fn(context, "plain"),
             target=1.1,
             target_op="<=",
-            prepare=prepare,
+            prepare=prepare_fn,
             cleanup=cleanup,
         )
     )
@@ -127,3 +184,5 @@ def _register(key: str, title: str, side_fn: Any) -> Benchmark:
 
 B14A = _register("B14a", "pack 128 MiB, Dask TLS on vs off", pack)
 B14B = _register("B14b", "digits fit (2 trainers), Dask TLS on vs off", fit)
+B14C = _register("B14c", "64 MiB worker-to-worker, Dask TLS on vs off", transfer, prepare_clusters)
+B14D = _register("B14d", "100 task round trips, Dask TLS on vs off", control, prepare_clusters)
