@@ -46,6 +46,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b10_scaling",
     "benchmarks.b11_fit_multiple",
     "benchmarks.b13_netns_fit",
+    "benchmarks.b14_tls",
 )
 
 SIDES = ("dvml", "baseline")

@@ -380,12 +380,19 @@ def _status(args: argparse.Namespace) -> int:
     sweep_dead_clusters()  # directories of LocalClusters whose owner was killed
     state: dict[str, Any] | None = None
     address = args.scheduler
+    security = None
     if address is None:
         state = _recorded_live_state(state_dir_of(args))
         address = state["scheduler_address"]
+        security = state.get("tls")  # the cluster's certificate (Dask TLS), if it has one
+    else:
+        from dvml.cluster.security import recorded_security
+
+        # --scheduler ADDR of the cluster recorded in --state-dir: its certificate too.
+        security = recorded_security(address, state_dir_of(args))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an unreachable vineyardd shows in the table instead
-        cluster = connect(address, timeout=args.timeout)
+        cluster = connect(address, timeout=args.timeout, security=security)
     try:
         rows = cluster.status().to_dict(orient="records")
         try:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from dvml.cluster.connection import local_client
 from dvml.cluster.gpu import gpu_configuration
 from dvml.cluster.health import bounded_run, probe_daemons
+from dvml.cluster.security import resolve_security
 from dvml.cluster.workers import WorkerInfo, discover_workers
 from dvml.exceptions import ClusterError
 
@@ -143,15 +144,26 @@ class Cluster:
         return f"<{type(self).__name__} {self.scheduler_address} workers={n}>"
 
 
-def connect(address: str, timeout: float = 30) -> Cluster:
+def _tls_configured() -> bool:
+    """Whether Dask's configuration gives a client certificate (distributed.comm.tls.*)."""
+    import dask.config
+
+    return bool(dask.config.get("distributed.comm.tls.client.cert", None))
+
+
+def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
     """Attach to a running cluster and discover its worker ↔ vineyard mapping.
 
     Parameters
     ----------
     address : str
-        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"``.
+        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"`` or ``"tls://..."``.
     timeout : float
         Seconds to wait for the scheduler.
+    security : distributed.security.Security or dict, optional
+        TLS credentials: a ``Security`` object, or the paths ``{"ca": ..., "cert": ...,
+        "key": ...}``. None: the certificates of the cluster that ``dvml cluster up``
+        recorded for this address, else Dask's configuration (``distributed.comm.tls.*``).
 
     Returns
     -------
@@ -160,8 +172,17 @@ def connect(address: str, timeout: float = 30) -> Cluster:
     """
     from distributed import Client
 
+    resolved = resolve_security(security, address)
+    if address.startswith("tls://") and resolved is None and not _tls_configured():
+        raise ClusterError(
+            f"The scheduler at {address!r} serves TLS, and no certificate was given. Received: "
+            "security=None, and no running `dvml cluster up` cluster records this address. "
+            "Pass security= (a distributed.security.Security, or the paths {'ca': ..., "
+            "'cert': ..., 'key': ...}), or set distributed.comm.tls.* in the Dask "
+            "configuration."
+        )
     try:
-        client = Client(address, timeout=timeout, set_as_default=True)
+        client = Client(address, timeout=timeout, security=resolved, set_as_default=True)
     except OSError as exc:
         raise ClusterError(
             f"Cannot reach the Dask scheduler at {address!r} within {timeout}s: {exc}. "

@@ -139,6 +139,9 @@ def _state_of(cluster: LocalCluster, log: str | None) -> dict[str, Any]:
         "scheduler_address": cluster.scheduler_address,
         "dashboard_link": dashboard,
         "etcd_endpoint": cluster.etcd_endpoint,
+        "etcd_socket": cluster.etcd_socket,
+        # Where dvml.connect and the CLI find the client certificate (0700 directory).
+        "tls": cluster.tls_files,
         "directory": cluster.directory,
         "log": log,
         "processes": pids,

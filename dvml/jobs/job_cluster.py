@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml.cluster.attach import connect
 from dvml.cluster.local_cluster import LocalCluster
+from dvml.cluster.security import recorded_security
 from dvml.cluster.state import read_state, same_process, state_path
 from dvml.exceptions import ClusterError, NoClusterError
 from dvml.store.publish import cleanup_run, staged_objects
@@ -143,9 +144,12 @@ def open_cluster(
         return
     if not address:
         address = recorded_scheduler(state_dir)
+    # The certificate of the cluster `dvml cluster up` recorded in state_dir (Dask TLS);
+    # None: connect looks in the configured state directory, then Dask's configuration.
+    security = recorded_security(address, _state_dir(state_dir))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # workers without vineyardd fail later, by name
-        cluster = connect(address, timeout=timeout)
+        cluster = connect(address, timeout=timeout, security=security)
     try:
         yield cluster
     finally:

@@ -9,6 +9,7 @@ lock instead of failing or corrupting the file.
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -72,7 +73,8 @@ def _create_engine(url: sa.URL) -> sa.Engine:
     if database and database != ":memory:" and not database.startswith("file:"):
         path = pathlib.Path(database).expanduser()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _owner_only(path)
         except OSError as exc:
             raise RegistryError(
                 f"Cannot create the directory of the registry file: {exc}. Received: "
@@ -84,6 +86,29 @@ def _create_engine(url: sa.URL) -> sa.Engine:
     sa.event.listen(engine, "connect", _sqlite_on_connect)
     sa.event.listen(engine, "begin", _sqlite_on_begin)
     return engine
+
+
+def _owner_only(path: pathlib.Path) -> None:
+    """Create the SQLite file 0600 (its -wal, -shm and -journal files inherit its mode).
+
+    The registry holds weights and custom-function source, which whoever may write it runs.
+    An existing file of ours that others could read is tightened too.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = path.with_name(path.name + suffix)
+        try:
+            st = side.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(side, 0o600)
 
 
 def _insert_iterations(conn: sa.Connection, model_id: int, rows: list[dict[str, Any]]) -> None:

@@ -128,8 +128,10 @@ def test_up_status_down(state_dir: pathlib.Path) -> None:
     assert len(rows) == 2 and all("running" in row for row in rows)
 
     by_address = dvml_command(
-        "cluster", "status", "--scheduler", state["scheduler_address"], timeout=120
-    )
+        # The scheduler serves TLS: --state-dir is where its certificate is recorded.
+        "cluster", "status", "--scheduler", state["scheduler_address"],
+        "--state-dir", str(state_dir), timeout=120,
+    )  # fmt: skip
     assert by_address.returncode == 0, by_address.stderr
     assert "worker-1" in by_address.stdout
 
