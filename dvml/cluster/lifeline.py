@@ -161,7 +161,7 @@ def _owner_gone(directory: pathlib.Path) -> bool:
 
 
 def sweep_dead_clusters(
-    root: str | None = None, min_age: float = 5.0, only: str | None = None
+    root: str | None = None, min_age: float = 0.0, only: str | None = None
 ) -> list[str]:
     """Remove the cluster directories under ``root`` whose owner process is proven gone.
 
@@ -186,7 +186,11 @@ def sweep_dead_clusters(
             st = directory.lstat()
             if not directory.is_dir() or directory.is_symlink() or st.st_uid != os.getuid():
                 continue
-            if now - st.st_mtime < min_age:
+            # Age from the owner's record, written once at its start: the directory's own
+            # mtime moves when a dying daemon removes its socket there.
+            record = directory / OWNER_FILE
+            born = record.stat().st_mtime if record.exists() else st.st_mtime
+            if now - born < min_age:
                 continue
         except OSError:
             continue

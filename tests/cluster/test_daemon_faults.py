@@ -234,9 +234,9 @@ def test_another_client_is_told_that_etcd_died(
     os.kill(etcd, signal.SIGKILL)
     assert poll_for(lambda: pid_gone(etcd), 10)
     start = time.monotonic()
-    listing = dvml_command(
+    listing = dvml_command(  # the state dir gives the cluster's TLS certificate
         "datasets", "list", "--scheduler", read_state(state_dir)["scheduler_address"],
-        env=env, timeout=BOUND,
+        "--state-dir", str(state_dir), env=env, timeout=BOUND,
     )  # fmt: skip
     assert time.monotonic() - start < BOUND
     assert listing.returncode == 1
