@@ -29,7 +29,12 @@ Reported apart (details): the fixed start-up costs, i.e. the cluster
 start, TensorFlow's import in the Dask workers (``dvml.evaluate`` runs there; done once, before
 the first repeat), the trainer start per fit (fit's wall time until the first iteration began:
 task submission, process start, TensorFlow import, MultiWorkerMirroredStrategy set-up, opening
-the local partitions), and the ratio without the trainer start.
+the local partitions; not the end-of-iteration metrics pass), and the ratio without the trainer
+start; and where each side's seconds went, per run (median): dvml's preprocessing of the
+training and validation sets, fit's wall time split into trainer start, training, the
+end-of-iteration metrics pass (the trainers' ``metrics_seconds``) and what follows the
+iteration (weights back to the client, the registry, the trainers' exit), and evaluate; the
+plain side's stacking and scaling, fit and evaluate.
 """
 
 from __future__ import annotations
