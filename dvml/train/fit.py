@@ -738,6 +738,8 @@ class _Progress:
         # training time alone (the slowest trainer), and the part of it spent averaging
         record["fit_seconds"] = max(m.get("fit_seconds", 0.0) for m in bucket)
         record["averaging_seconds"] = max(m.get("averaging_seconds", 0.0) for m in bucket)
+        # the end-of-iteration metrics over the local rows (0 where none were computed)
+        record["metrics_seconds"] = max(m.get("metrics_seconds", 0.0) for m in bucket)
         if self.echo:
             metrics = record.get("training_metrics") or {}
             extra = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())

@@ -269,10 +269,12 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
             record["averages"] = averager.count - averaged[0]
             record["averaging_seconds"] = averager.seconds - averaged[1]
         if iteration % freq == 0 or iteration == last:
+            t1 = time.monotonic()
             evaluator.set_weights(weights)
             record["training"] = local_metrics(evaluator, train, per_worker_batch)
             if valid is not None and valid.rows:
                 record["validation"] = local_metrics(evaluator, valid, per_worker_batch)
+            record["metrics_seconds"] = time.monotonic() - t1
         history.append(record)
         save_checkpoint(job, iteration, weights, history)
         emit("iteration", **record)
