@@ -23,7 +23,7 @@ import pytest
 
 import dvml
 from dvml.exceptions import FitRunningError, TrainerFailedError
-from tests.helpers import cnn, pid_gone, poll_for
+from tests.helpers import cnn, pid_gone, poll_for, tls_environment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -196,6 +196,7 @@ def test_a_killed_clients_trainers_stop_and_a_rerun_resumes(
         [sys.executable, "-c", script, env["address"], state_dir, registry, str(env["arch"])],
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, **tls_environment(cluster2)},  # the cluster's certificate
     )
     try:
         assert proc.stdout is not None
