@@ -146,25 +146,62 @@ def _common() -> dict[str, Field | Section]:
     }
 
 
-def _model(architecture_help: str) -> Section:
+DEFAULT_FIT_PARAMS = "batch_size=32, epochs=1"
+
+
+def _from_selection_check(section: dict[str, Any]) -> str | None:
+    """``model.from_selection`` replaces the architecture and its parameters; else both needed."""
+    if section.get("from_selection") is not None:
+        given = [k for k in ("architecture", "compile_params", "fit_params") if section.get(k)]
+        if given:
+            return (
+                f"give either 'model.from_selection' or {', '.join(repr(k) for k in given)}, "
+                "not both: the best configuration of the stored fit_multiple run brings its "
+                f"own architecture, compile_params and fit_params. Received: "
+                f"from_selection={section['from_selection']!r}. Remove one of them"
+            )
+        return None
+    missing = [k for k in ("architecture", "compile_params") if section.get(k) is None]
+    if missing:
+        return (
+            f"'model' needs {' and '.join(repr(k) for k in missing)} (or 'from_selection', "
+            "the name of a stored fit_multiple run whose best configuration is retrained). "
+            f"Received: {sorted(k for k, v in section.items() if v is not None)}"
+        )
+    return None
+
+
+def _model(architecture_help: str, selectable: bool = False) -> Section:
+    """A model section; ``selectable``: it may name a fit_multiple run instead (retrain jobs)."""
+    extra: dict[str, Field | Section] = {}
+    if selectable:
+        extra["from_selection"] = Field(
+            str,
+            check=_name,
+            help="retrain the best configuration (highest final validation metric, "
+            "ModelSelection.best()) of this stored fit_multiple run (its model_output) "
+            "instead of architecture/compile_params/fit_params",
+        )
     return Section(
         {
             "architecture": Field(
                 (int, str),
-                required=True,
+                required=not selectable,
                 help=architecture_help,
             ),
             "compile_params": Field(
                 (str, dict),
-                required=True,
+                required=not selectable,
                 help="compile parameters, e.g. \"loss='categorical_crossentropy', "
                 "optimizer='adam', metrics=['accuracy']\"",
             ),
             "fit_params": Field(
                 (str, dict),
-                default="batch_size=32, epochs=1",
-                help="fit parameters; batch_size is the global batch",
+                default=None if selectable else DEFAULT_FIT_PARAMS,
+                help="fit parameters; batch_size is the global batch (default "
+                f"{DEFAULT_FIT_PARAMS!r})",
             ),
+            **extra,
             "num_iterations": Field(int, default=1, check=_at_least_one, help="fit iterations"),
             "metrics_compute_frequency": Field(
                 int, check=_at_least_one, help="compute metrics every N iterations"
@@ -178,6 +215,7 @@ def _model(architecture_help: str) -> Section:
             ),
         },
         required=True,
+        check=_from_selection_check if selectable else None,
         help="the architecture and how to train it",
     )
 
@@ -229,7 +267,7 @@ JOB_SCHEMA: Schema = {
         check=_validation_check,
         help="source or split; the default holds out 0.2 of a table source",
     ),
-    "model": _model(_ARCHITECTURE_HELP),
+    "model": _model(_ARCHITECTURE_HELP, selectable=True),
     "promotion": Section(
         {
             "metric": Field(

@@ -465,6 +465,7 @@ def _run(
     record_futures: list[Any] = []
     eval_futures: dict[tuple[int, int], list[Any]] = {}
     checkpoints: dict[int, list[Any]] = {}
+    last_checkpoint: dict[int, Any] = {}
     pending_keys: list[Any] = []
     for iteration in range(start_iteration, plan.num_iterations + 1):
         per_model_records: dict[int, list[Any]] = {k: [] for k in keys}
@@ -514,21 +515,23 @@ def _run(
                     for w in plan.workers
                 ]
                 eval_futures[(k, iteration)] = evals
-            checkpoints[iteration].append(
-                client.submit(
-                    hop_worker.checkpoint,
-                    plan.checkpoint_dir,
-                    plan.key,
-                    k,
-                    iteration,
-                    current[k],
-                    per_model_records[k],
-                    evals,
-                    workers=[holder[k].address],
-                    allow_other_workers=False,
-                    pure=False,
-                )
+            last_checkpoint[k] = client.submit(
+                hop_worker.checkpoint,
+                plan.checkpoint_dir,
+                plan.key,
+                k,
+                iteration,
+                current[k],
+                per_model_records[k],
+                evals,
+                # after the model's previous checkpoint: a worker killed with the
+                # earlier one still queued must not leave a gap in the history
+                last_checkpoint.get(k),
+                workers=[holder[k].address],
+                allow_other_workers=False,
+                pure=False,
             )
+            checkpoints[iteration].append(last_checkpoint[k])
         pending_keys.extend(checkpoints[iteration])
     for iteration in range(start_iteration, plan.num_iterations + 1):
         _wait(client, plan, checkpoints[iteration], record_futures)

@@ -238,11 +238,15 @@ def checkpoint(
     result: dict[str, Any],
     records: list[dict[str, Any]],
     evals: list[dict[str, Any]],
+    after: Any = None,
 ) -> None:
     """Write a model's state after ``iteration`` (atomically) with that iteration's records.
 
     The state of the iteration before the last is removed (each state is the size of the
     model and its optimizer); the small records of every iteration stay, for the history.
+    ``after`` is the result of the model's previous checkpoint task (None): passing it makes
+    Dask write the checkpoints of one model in iteration order, so that the records of every
+    iteration up to a checkpointed state exist when a rerun resumes from it.
     """
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{mst_key}-{iteration}.npz")

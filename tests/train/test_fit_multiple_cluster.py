@@ -233,3 +233,88 @@ def _worker_trainers(cluster: Any, worker: str) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return pids
+
+
+def test_killed_worker_process_stops_the_job_and_rerun_resumes(
+    local_cluster: Any, tmp_path: Any
+) -> None:
+    """SIGKILL a Dask WORKER process (not only its trainer) during a hop on a 2-worker cluster
+    of the test's own: the job stops within a bounded time with an error naming the worker,
+    no process of the job is left, nothing is registered, and once the Nanny has brought the
+    worker back a rerun resumes every model from the last completed iteration."""
+    from sklearn.datasets import load_digits
+
+    cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
+    client = cluster.client
+    d = load_digits()
+    frame = pd.DataFrame(
+        {"pixels": list(d.images.reshape(-1, 8, 8, 1).astype("float32")), "label": d.target}
+    )
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
+        dvml.training_preprocessor(
+            frame, y="label", x="pixels", normalizing_const=16.0, name="mop_wk", client=client
+        )
+        arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+        table = configs(arch, lrs=(0.003, 0.01))
+        own = {"registry": registry, "client": client}
+        outcome: dict[str, Any] = {}
+        progressed = threading.Event()
+
+        def train() -> None:
+            import contextlib
+            import io
+
+            class Lines(io.StringIO):
+                def write(self, text: str) -> int:
+                    if "iteration 1/" in text:
+                        progressed.set()
+                    return super().write(text)
+
+            try:
+                with contextlib.redirect_stdout(Lines()):
+                    dvml.fit_multiple(
+                        "mop_wk", "mop_wk", table, num_iterations=4, progress=True, **own
+                    )
+            except BaseException as exc:  # recorded for the main thread
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=train, daemon=True)
+        thread.start()
+        assert progressed.wait(300), "the first iteration never finished"
+        trainers = _worker_trainers(cluster, "worker-1") + _worker_trainers(cluster, "worker-0")
+        assert trainers, "no hop trainer found"
+        os.kill(cluster.processes()["dask worker worker-1"], signal.SIGKILL)
+        thread.join(180)
+        assert not thread.is_alive(), "fit_multiple did not return within a bounded time"
+        error = outcome.get("error")
+        assert isinstance(error, TrainerFailedError), repr(error)
+        assert "worker-1" in str(error) and "left the cluster" in str(error), str(error)
+        # both trainers end: the survivor's is stopped, the orphan sees its stdin close
+        assert poll_for(lambda: all(pid_gone(p) for p in trainers), 60), trainers
+        assert not registry.model_exists("mop_wk_1")
+        assert not registry.model_exists("mop_wk_2")
+        assert not _has_selection_run(registry, "mop_wk")
+
+        def back() -> bool:
+            identity = client.sync(client.scheduler.identity, n_workers=-1)
+            names = {w.get("name") for w in identity["workers"].values()}
+            return {"worker-0", "worker-1"} <= {str(n) for n in names}
+
+        assert poll_for(back, 120), "the Nanny did not bring worker-1 back"
+        resumed = dvml.fit_multiple(
+            "mop_wk", "mop_wk", table, num_iterations=4, progress=False, **own
+        )
+        assert resumed.summary["resumed_from_iteration"] >= 1
+        for k in (1, 2):
+            assert resumed.model(k).history()["iteration"].tolist() == [1, 2, 3, 4]
+        dvml.datasets.drop("mop_wk", client=client)
+    registry.close()
+
+
+def _has_selection_run(registry: Any, name: str) -> bool:
+    try:
+        registry.model_selection_run(name)
+    except dvml.DvmlError:
+        return False
+    return True
