@@ -14,6 +14,7 @@ received, and what to do next.
     ├── ClusterError                        the cluster cannot do what was asked
     │   ├── ClusterStartError               a LocalCluster failed to start (and was cleaned up)
     │   ├── DaemonDiedError                 an etcd or vineyardd process is not running
+    │   │   └── VineyarddDiedError          a worker's vineyardd (its data is lost)
     │   ├── NoClusterError                  no Dask client is available
     │   └── SharedMemoryError (ValueError)  /dev/shm cannot hold the vineyardd memory asked for
     ├── LockHeldError                       another process holds a run lock
@@ -62,6 +63,7 @@ __all__ = [
     "TrainerFailedError",
     "TrainingError",
     "VineyardMemoryError",
+    "VineyarddDiedError",
 ]
 
 
@@ -91,6 +93,10 @@ class ClusterStartError(ClusterError):
 
 class DaemonDiedError(ClusterError):
     """An etcd or vineyardd process that dvml needs is not running."""
+
+
+class VineyarddDiedError(DaemonDiedError):
+    """A worker's vineyardd is not running: the data it held is lost, the rest still works."""
 
 
 class NoClusterError(ClusterError):

@@ -194,6 +194,7 @@ def test_exception_tree() -> None:
             "TrainerFailedError",
             "TrainingError",
             "VineyardMemoryError",
+            "VineyarddDiedError",
         ]
     )
     for name in exceptions.__all__:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
-from dvml.exceptions import DaemonDiedError
+from dvml.exceptions import DaemonDiedError, VineyarddDiedError
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -181,8 +181,11 @@ def bounded_run(
     return dict(client.sync(ask_all, callback_timeout=2 * timeout + 10))
 
 
-def _scheduler_check(dask_scheduler: Any = None) -> str | None:
-    """Run in the scheduler's process: the owner's verdict on its daemons, or None."""
+def _scheduler_check(dask_scheduler: Any = None) -> str | tuple[str, str] | None:
+    """Run in the scheduler's process: the owner's verdict on its daemons, or None.
+
+    A dead daemon is ``(class name, message)``.
+    """
     address = getattr(dask_scheduler, "address", None)
     check = _owner_check(address) if address else None
     if check is None:
@@ -190,14 +193,16 @@ def _scheduler_check(dask_scheduler: Any = None) -> str | None:
     try:
         check()
     except DaemonDiedError as exc:
-        return str(exc)
+        return (type(exc).__name__, str(exc))
     return None
 
 
-def require_daemons(client: Client, what: str | None = None) -> None:
+def require_daemons(client: Client, what: str | None = None, vineyardd: bool = True) -> None:
     """Raise :class:`DaemonDiedError` when an etcd or vineyardd of the cluster is not running.
 
     Bounded by ``cluster.daemon-timeout`` seconds (see the module doc for how it decides).
+    ``vineyardd=False`` checks etcd only: for calls that read the catalog through any live
+    vineyardd (listing and describing datasets, which then show the lost ones as damaged).
 
     Raises
     ------
@@ -205,6 +210,14 @@ def require_daemons(client: Client, what: str | None = None) -> None:
         Naming the daemon (etcd and its endpoint or pid, or the vineyardd of a worker), or the
         workers that did not answer, and what to do.
     """
+    try:
+        _require_daemons(client, what)
+    except VineyarddDiedError:
+        if vineyardd:
+            raise
+
+
+def _require_daemons(client: Client, what: str | None) -> None:
     address = str(getattr(client.scheduler, "address", ""))
     check = _owner_check(address)
     if check is not None:
@@ -218,7 +231,9 @@ def require_daemons(client: Client, what: str | None = None) -> None:
     if verdict is None:
         return
     if verdict != "unknown":
-        raise DaemonDiedError(f"{_prefix(what)}{verdict}")
+        kind, message = verdict
+        error = VineyarddDiedError if kind == VineyarddDiedError.__name__ else DaemonDiedError
+        raise error(f"{_prefix(what)}{message}")
     _check_workers(client, what, timeout)
 
 
@@ -232,7 +247,7 @@ def _with_context(check: Callable[[], None], what: str | None) -> None:
     except DaemonDiedError as exc:
         if not what:
             raise
-        raise DaemonDiedError(f"{_prefix(what)}{exc}") from None
+        raise type(exc)(f"{_prefix(what)}{exc}") from None
 
 
 def _check_workers(client: Client, what: str | None, timeout: float) -> None:
@@ -248,7 +263,7 @@ def _check_workers(client: Client, what: str | None, timeout: float) -> None:
                       for addr, a in answers.items()
                       if isinstance(a, dict) and a["vineyardd"] is False]  # fmt: skip
     if dead_vineyardd:
-        raise DaemonDiedError(
+        raise VineyarddDiedError(
             f"{_prefix(what)}The vineyardd of {', '.join(dead_vineyardd)} is not running; "
             f"the data on that worker is lost. {_RESTART}"
         )

@@ -34,7 +34,12 @@ from dvml.cluster.processes import ManagedProcess, free_port, poll_for, port_is_
 from dvml.cluster.security import cluster_security, create_certificates, tls_enabled
 from dvml.cluster.spec import LocalWorkerSpec, check_shared_memory, parse_memory, plan_workers
 from dvml.cluster.workers import GPUS_ENV, HOST_ENV, SOCKET_ENV
-from dvml.exceptions import ArgumentError, ClusterStartError, DaemonDiedError
+from dvml.exceptions import (
+    ArgumentError,
+    ClusterStartError,
+    DaemonDiedError,
+    VineyarddDiedError,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -370,7 +375,7 @@ class LocalCluster(Cluster):
             )
         for spec, proc in zip(self.specs, self.vineyardds, strict=True):
             if not proc.alive():
-                raise DaemonDiedError(
+                raise VineyarddDiedError(
                     f"The vineyardd of {spec.name} (pid {proc.pid}, socket "
                     f"{self.socket_path(spec)}) is not running (exit {proc.returncode()}). "
                     "Data on that worker is lost; restart the cluster."

@@ -74,12 +74,19 @@ def _create_engine(url: sa.URL) -> sa.Engine:
         path = pathlib.Path(database).expanduser()
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _owner_only(path)
         except OSError as exc:
             raise RegistryError(
                 f"Cannot create the directory of the registry file: {exc}. Received: "
                 f"url={url.render_as_string(hide_password=True)!r}. Pass a URL whose directory "
                 "can be created, or set dvml.registry.url."
+            ) from None
+        try:
+            _owner_only(path)
+        except OSError as exc:
+            raise RegistryError(
+                f"Opening the registry file failed: {exc}. Received: "
+                f"url={url.render_as_string(hide_password=True)!r}. Pass a URL naming a file "
+                "you can write (not a directory), or set dvml.registry.url."
             ) from None
         url = url.set(database=str(path))
     engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})

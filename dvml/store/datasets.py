@@ -34,13 +34,14 @@ __all__ = [
 ]
 
 
-def vineyard_workers(client: Client) -> dict[int, WorkerInfo]:
+def vineyard_workers(client: Client, all_vineyardds: bool = True) -> dict[int, WorkerInfo]:
     """Workers that have a reachable vineyardd, by vineyard instance id.
 
-    Raises :class:`~dvml.exceptions.DaemonDiedError` first when an etcd or vineyardd of the
-    cluster is not running (every dvml call that touches vineyard passes here).
+    Raises :class:`~dvml.exceptions.DaemonDiedError` first when etcd or (with
+    ``all_vineyardds``) a vineyardd of the cluster is not running: every dvml call that
+    touches vineyard passes here. Reading the catalog needs etcd and one live vineyardd only.
     """
-    require_daemons(client)
+    require_daemons(client, vineyardd=all_vineyardds)
     return {
         w.vineyard_instance_id: w
         for w in discover_workers(client)
@@ -61,7 +62,7 @@ def lost_buffers(layout: dict[str, Any], live_instances: Any) -> tuple[int, ...]
 
 def with_health(client: Client, found: builtins.list[Dataset]) -> builtins.list[Dataset]:
     """``found`` with :attr:`Dataset.lost_buffers` filled in from the workers alive now."""
-    live = vineyard_workers(client)
+    live = vineyard_workers(client, all_vineyardds=False)
     return [dataclasses.replace(ds, lost_buffers=lost_buffers(ds.layout, live)) for ds in found]
 
 
@@ -94,8 +95,8 @@ def buffer_workers(
 
 def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run ``fn`` on ``worker`` (any vineyard worker when None) and return its result."""
-    if worker is None:
-        workers = vineyard_workers(client)
+    if worker is None:  # the catalog: etcd and any live vineyardd
+        workers = vineyard_workers(client, all_vineyardds=False)
         if not workers:
             raise ClusterError(
                 "No worker has a reachable vineyardd. Check `dvml cluster status`; workers need "
@@ -311,7 +312,7 @@ def delete_by_instance(
     Objects on an instance that no live worker serves are lost with their daemon; they are
     skipped.
     """
-    workers = vineyard_workers(client)
+    workers = vineyard_workers(client, all_vineyardds=False)  # the lost ones are skipped
     futures = []
     for iid in set(ids_by_instance) | set(names_by_instance):
         if iid not in workers:
