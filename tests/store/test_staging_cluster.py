@@ -64,7 +64,13 @@ def names() -> dict[str, int]:
 
 def etcd_locks(cluster: dvml.LocalCluster) -> int:
     """Lock requests etcd has handled so far (each metadata write of vineyardd takes one)."""
-    text = urllib.request.urlopen(f"{cluster.etcd_endpoint}/metrics", timeout=10).read().decode()
+    if cluster.etcd_socket:  # a private etcd (the default): only its socket reaches it
+        from dvml.cluster.isolation import etcd_socket_request
+
+        text = etcd_socket_request(cluster.etcd_socket, "GET", "/metrics", timeout=10).decode()
+    else:
+        url = f"{cluster.etcd_endpoint}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
     total = 0
     for line in text.splitlines():
         m = re.match(r"^grpc_server_handled_total\{([^}]*)\} (\S+)$", line)
