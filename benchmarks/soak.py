@@ -17,9 +17,10 @@ first cycle to the end of the last. Issue #16 asks for 50 cycles (about 80 minut
 
     python -m benchmarks.soak --cycles 50
 
-Run as root, it runs in a mount namespace of its own with private, empty ``/tmp`` and
-``/dev/shm`` (``unshare --mount``), so that what other programs on the machine create or delete
-there meanwhile is not counted (``--no-isolate`` to measure the machine's own directories).
+Run as root, it runs in a mount namespace of its own with a private, empty ``/dev/shm``
+(``unshare --mount``) and a fresh ``TMPDIR``, so that what other programs on the machine create
+or delete meanwhile is not counted (``--no-isolate`` to measure the machine's own directories).
+``/tmp`` itself is not replaced: the checkout may live there.
 """
 
 from __future__ import annotations
@@ -230,10 +231,10 @@ ISOLATED_ENV = "DVML_SOAK_ISOLATED"
 
 
 def isolated_command(argv: Sequence[str]) -> list[str]:
-    """This soak again, in a new mount namespace with empty private /tmp and /dev/shm."""
+    """This soak again, in a new mount namespace with an empty private /dev/shm."""
     inner = " ".join(["exec", sys.executable, "-m", "benchmarks.soak", *argv])
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            f"mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /dev/shm && {inner}"]  # fmt: skip
+            f"mount -t tmpfs tmpfs /dev/shm && {inner}"]  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -253,8 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not args.no_isolate and os.geteuid() == 0 and not os.environ.get(ISOLATED_ENV):
-        env = {**os.environ, ISOLATED_ENV: "1"}
-        return subprocess.run(isolated_command(argv), env=env, check=False).returncode
+        with tempfile.TemporaryDirectory(prefix="dvml-soak-tmp-") as tmp:
+            env = {**os.environ, ISOLATED_ENV: "1", "TMPDIR": tmp}
+            return subprocess.run(isolated_command(argv), env=env, check=False).returncode
     return 0 if run(args.cycles, args.max_rss_growth) else 1
 
 
