@@ -61,6 +61,25 @@ def _rows_per_worker(dataset: Dataset, workers: list[WorkerInfo]) -> dict[str, i
     return rows
 
 
+def _trainers(
+    client: Client, train: Dataset, valid: Dataset | None, use_gpus: bool
+) -> list[WorkerInfo]:
+    """The workers that hold ``train`` (one trainer each), checked against the validation set
+    and, with ``use_gpus``, for a GPU on every one (shared by fit and fit_multiple)."""
+    workers = trainer_workers(client, train)
+    if valid is not None:
+        _check_validation(train, valid, workers)
+    if use_gpus:
+        without = [w.name for w in workers if not w.gpus]
+        if without:
+            raise TrainingError(
+                f"use_gpus=True but trainers {without} have no GPU. Received: trainers "
+                f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
+                "or train with use_gpus=False."
+            )
+    return workers
+
+
 def _check_validation(train: Dataset, valid: Dataset, workers: list[WorkerInfo]) -> None:
     origin = valid.summary.get("training_dataset")
     if origin is not None and origin["dataset_id"] != train.summary["dataset_id"]:
@@ -279,17 +298,7 @@ def _plan(
     weights = arch["weights"]
     if warm_start:
         weights = _warm_start_weights(reg, model, arch_id)
-    workers = trainer_workers(client, train)
-    if valid is not None:
-        _check_validation(train, valid, workers)
-    if use_gpus:
-        without = [w.name for w in workers if not w.gpus]
-        if without:
-            raise TrainingError(
-                f"use_gpus=True but trainers {without} have no GPU. Received: trainers "
-                f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
-                "or train with use_gpus=False."
-            )
+    workers = _trainers(client, train, valid, use_gpus)
     sync_mode, sync_reason = choose_sync(sync, use_gpus, [w.gpus for w in workers])
     logger.info("training %s with sync=%r: %s", model, sync_mode, sync_reason)
     rows = _rows_per_worker(train, workers)

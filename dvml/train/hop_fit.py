@@ -30,19 +30,18 @@ import pandas as pd
 from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import WorkerInfo, current_client
-from dvml.exceptions import ArgumentError, ArgumentTypeError, TrainerFailedError, TrainingError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, TrainerFailedError
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.store.datasets import Dataset, resolve_dataset
 from dvml.train import hop_worker, launch
 from dvml.train.fit import (
     _check_fit_args,
-    _check_validation,
     _job_key,
     _machine,
     _now,
+    _trainers,
     _warm_start_weights,
-    trainer_workers,
 )
 from dvml.train.hop_schedule import Config, build_info, check_configs, hop_schedule
 from dvml.train.model import Model
@@ -310,17 +309,7 @@ def _plan(
             "fit_params": fit_parsed,
         }
         initial[key] = _state_bytes(list(weights) if weights is not None else [])
-    workers = trainer_workers(client, train)
-    if valid is not None:
-        _check_validation(train, valid, workers)
-    if use_gpus:
-        without = [w.name for w in workers if not w.gpus]
-        if without:
-            raise TrainingError(
-                f"use_gpus=True but workers {without} have no GPU. Received: trainers "
-                f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
-                "or train with use_gpus=False."
-            )
+    workers = _trainers(client, train, valid, use_gpus)
     freq = frequency or num_iterations
     seed = int(config.get("preprocess.seed", seed))
     key = _job_key(
