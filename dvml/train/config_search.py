@@ -126,17 +126,6 @@ def check_arch_ids(arch_ids: Any) -> list[int]:
     return sorted({int(i) for i in ids})
 
 
-def _grid_depth(text: str) -> int:
-    depth = deepest = 0
-    for char in text:
-        if char in "([{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in ")]}":
-            depth -= 1
-    return deepest
-
-
 def _plain(value: Any, where: str) -> Any:
     """A value of a grid as plain literals (lists for tuples), or an ArgumentError."""
     if value is None or isinstance(value, bool | str):
@@ -191,7 +180,7 @@ def parse_grid(grid: str | Mapping[str, Any] | None, what: str) -> dict[str, lis
         text = grid.strip()
         if not text:
             return {}
-        if len(text) > p.MAX_LENGTH or _grid_depth(text) > p.MAX_DEPTH:
+        if len(text) > p.MAX_LENGTH or p.bracket_depth(text) > p.MAX_DEPTH:
             raise ArgumentError(
                 f"{what} is too long or nests too deeply (at most {p.MAX_LENGTH} characters and "
                 f"{p.MAX_DEPTH} levels of brackets). Received: {text[:60]!r}... Write a smaller "
