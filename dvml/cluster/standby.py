@@ -316,4 +316,6 @@ def warm_trainers(client: Client, workers: Sequence[WorkerInfo]) -> None:
         return
     addresses = [w.address for w in workers if not w.gpus]
     if addresses:
-        client.run(start_standby, workers=addresses, wait=False)
+        # A Popen per worker (milliseconds). Best effort: a worker that cannot start one now
+        # gets a fresh trainer at the fit, as without a standby.
+        client.run(start_standby, workers=addresses, on_error="ignore")
