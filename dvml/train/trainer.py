@@ -400,4 +400,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything is written (weights, checkpoint, TensorBoard's files closed at the end of
+    # each fit) and the launcher has the "done" line. The interpreter's teardown (TensorFlow's
+    # gRPC server of the collectives, its thread pools, every module) took 4.7-6.7 s more on
+    # 2 loaded cores, all of it inside the fit's wall time: skip it. An exception still exits
+    # the usual way, above, with its traceback.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
