@@ -62,9 +62,10 @@ __all__ = [
     "warm_trainers",
 ]
 
-# How long a worker must have run no task before a deferred standby starts. The gap between
-# a fit and an evaluate that follows it (the client saves the model, reads it back, ships it)
-# was 0.2-0.6 s on a loaded 2-core machine; a fit's own control tasks do not reset it.
+# How long a worker must have run no task before a deferred standby starts: longer than the
+# gap between a fit and an evaluate that follows it (the client saves the model, reads it
+# back and ships it; not measured apart, a fraction of a second in B4a). A fit's own control
+# tasks do not reset it.
 QUIET_SECONDS = 1.5
 # Tasks of dvml's fit control path (keys start with the function's name): not "work".
 _CONTROL_TASKS = ("reserve_port-", "checkpoint_state-", "clear_checkpoint-")
