@@ -34,7 +34,9 @@ start; and where each side's seconds went, per run (median): dvml's preprocessin
 training and validation sets, fit's wall time split into trainer start, training, the
 end-of-iteration metrics pass (the trainers' ``metrics_seconds``) and what follows the
 iteration (weights back to the client, the registry, the trainers' exit), and evaluate; the
-plain side's stacking and scaling, fit and evaluate.
+plain side's stacking and scaling, fit and evaluate. Also how many of the fit's trainers were
+standby trainers (``fit: trainers from a standby``: the first fit's are warmed while the
+training set packs) and the slowest trainer's exit after its last line (``fit: trainer exit``).
 """
 
 from __future__ import annotations
@@ -211,6 +213,16 @@ def dvml_side(context: dict[str, Any], sync: str) -> float:
     parts["evaluate"] = elapsed - (evaluate_start - start)
     for name in (TRAIN, VALID):  # outside the clock
         t.drop_dataset(context["cluster"], name)
+    # Outside the clock too: whether the trainers were warm standbys, and how long they took
+    # to exit after their last line (both part of "fit: after the iteration").
+    startups = registry.get_model(MODEL)["summary"].get("trainer_startup") or {}
+    exits = [s["exit_seconds"] for s in startups.values() if s and "exit_seconds" in s]
+    if exits:
+        parts["fit: trainer exit"] = max(exits)
+    if startups:
+        parts["fit: trainers from a standby"] = sum(
+            bool(s and s.get("standby")) for s in startups.values()
+        )
     if first:
         ended, ran = first[0]
         context["trainer_start"].setdefault(sync, []).append(ended - fit_start - ran)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml._version import __version__
 from dvml.cluster.spec import parse_memory
+from dvml.cluster.standby import warm_trainers
 from dvml.cluster.workers import current_client, discover_workers
 from dvml.exceptions import ArgumentError, DataError, DatasetExistsError
 from dvml.names import INTERNAL_PREFIX, check_name
@@ -95,6 +96,12 @@ def training_preprocessor(
     -------
     Dataset
         The published dataset; ``.summary`` holds MADlib's summary fields and the placement.
+
+    Notes
+    -----
+    While the data packs, each target worker without a GPU starts its standby trainer (a
+    process that imports TensorFlow at a low priority), so that the first :func:`dvml.fit`
+    on this set does not pay for it; ``dvml.train.standby-trainer: false`` turns it off.
     """
     return _preprocess(
         kind="training",
@@ -198,6 +205,10 @@ def _preprocess(
             "choose another name."
         )
 
+    if training is None:
+        # A training set: its workers run the next fit's trainers. Their standby trainers
+        # import TensorFlow now, at a low priority, while the data packs.
+        warm_trainers(client, targets)
     src = source_parts(
         source, y, x, len(targets), on_invalid, image_size, channels, float(normalizing_const)
     )

@@ -5,16 +5,15 @@ progress lines to the client (``worker.log_event``), and stops it when the job's
 is set (another trainer failed), when it runs past the job's timeout, or when it fails. The
 trainer is a child process, not a thread, so TensorFlow and its GPU memory go away with it.
 
-Standby trainers: importing TensorFlow is most of a trainer's start (several seconds), so after
-a job each worker starts ONE standby trainer (``python -m dvml.train.trainer --standby``) that
-imports TensorFlow and tf-keras and waits on stdin; the next CPU job is handed to it (its
-``TF_CONFIG`` and thread budget are set then, before TensorFlow's runtime starts). It still
-runs one job and exits. GPU jobs (``use_gpus=True``) always get a fresh process: a standby is
-started with every GPU hidden (``CUDA_VISIBLE_DEVICES=-1``, read when CUDA initialises, which
-may already happen while TensorFlow loads), so it could not use one, and a fresh process per
-GPU job keeps the rule that its GPU memory goes with it. A standby is stopped when its worker
-closes (a WorkerPlugin's teardown, and ``atexit``) and exits by itself when its stdin closes,
-so a killed worker leaves none behind. ``dvml.train.standby-trainer: false`` turns it off.
+Standby trainers (:mod:`dvml.cluster.standby`): the next CPU job is handed to the worker's
+standby trainer, a process that imported TensorFlow and tf-keras while it waited (its
+``TF_CONFIG`` and thread budget are set then, before TensorFlow's runtime starts); it still runs
+one job and exits. When a job ends, the next standby starts once the worker is idle, so that it
+does not compete with what follows the fit (an ``evaluate``). GPU jobs (``use_gpus=True``)
+always get a fresh process: a standby is started with every GPU hidden
+(``CUDA_VISIBLE_DEVICES=-1``, read when CUDA initialises, which may already happen while
+TensorFlow loads), so it could not use one, and a fresh process per GPU job keeps the rule that
+its GPU memory goes with it. ``dvml.train.standby-trainer: false`` turns standbys off.
 
 Control path: a launcher gives its worker thread back as soon as it starts
 (``distributed.secede``), so a fit never holds a worker's task slots: other dvml calls run on
@@ -37,10 +36,8 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -48,10 +45,26 @@ from collections import deque
 from typing import Any
 
 from dvml import config, tf_runtime
+from dvml.cluster.standby import (
+    popen_trainer,
+    start_standby,
+    start_standby_when_idle,
+    stderr_tail,
+    stop_standby,
+    stop_trainer,
+    take_standby,
+)
 from dvml.exceptions import TrainerFailedError, TrainingError
 from dvml.train.exits import describe_exit
 
-__all__ = ["checkpoint_state", "clear_checkpoint", "reserve_port", "run_trainer"]
+__all__ = [
+    "checkpoint_state",
+    "clear_checkpoint",
+    "reserve_port",
+    "run_trainer",
+    "start_standby",
+    "stop_standby",
+]
 
 PROTOCOL_PREFIX = "DVML "
 
@@ -84,150 +97,10 @@ def clear_checkpoint(directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM the trainer's process group, then SIGKILL; always reap it."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    except ProcessLookupError:
-        proc.wait(10)
-
-
-_STANDBY_LOCK = threading.Lock()
-_STANDBY: dict[str, Any] = {}  # "proc": this worker's standby trainer, if any
-_PLUGIN_NAME = "dvml-standby-trainer"
-
-
-def _trainer_command(arg: str) -> list[str]:
-    return [sys.executable, "-m", "dvml.train.trainer", arg]
-
-
-# pid of a trainer → the file that receives its fd 2 (TensorFlow's C++ output goes there
-# before Python's logging exists); its tail goes into the error when the trainer fails.
-_STDERR_LOGS: dict[int, str] = {}
-
-
-def _popen(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subprocess.Popen[str]:
-    if tf_runtime.show_startup_log():
-        stderr: Any = subprocess.STDOUT  # into the output pipe, as before
-        path = None
-    else:
-        fd, path = tempfile.mkstemp(prefix="dvml-trainer-", suffix=".stderr", dir=cwd)
-        stderr = fd
-        env = {**env, tf_runtime.STDERR_CAPTURED_ENV: "1"}
-    try:
-        proc = subprocess.Popen(
-            _trainer_command(arg),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            stdin=stdin,
-            env=env,
-            text=True,
-            start_new_session=True,  # its own process group: _stop ends TensorFlow's children
-            cwd=cwd,
-        )
-    finally:
-        if path is not None:
-            os.close(stderr)
-    if path is not None:
-        _STDERR_LOGS[proc.pid] = path
-    return proc
-
-
-def _stderr_tail(proc: subprocess.Popen[str], said: str = "", lines: int = 20) -> str:
-    """The last ``lines`` lines the trainer wrote to fd 2 before the traceback of the error it
-    reported (``said`` holds that error already); its file is removed."""
-    path = _STDERR_LOGS.pop(proc.pid, None)
-    if path is None:
-        return ""
-    try:
-        with open(path, errors="replace") as f:
-            written = [x.rstrip() for x in f]
-    except OSError:
-        return ""
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    if said:
-        starts = [i for i, x in enumerate(written) if x == "Traceback (most recent call last):"]
-        written = written[: starts[-1]] if starts else written
-    known = {x.strip() for x in said.splitlines()}
-    return "\n".join(deque((x for x in written if x.strip() and x.strip() not in known), lines))
-
-
-def stop_standby() -> None:
-    """Stop this worker process's standby trainer, if any (idempotent)."""
-    with _STANDBY_LOCK:
-        proc = _STANDBY.pop("proc", None)
-    if proc is not None:
-        if proc.stdin is not None:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-        _stop(proc)
-        _stderr_tail(proc)  # removes its file
-
-
-class _StandbyPlugin:
-    """Stops the standby trainer when the worker closes (a distributed WorkerPlugin)."""
-
-    name = _PLUGIN_NAME
-
-    def setup(self, worker: Any) -> None:
-        pass
-
-    def teardown(self, worker: Any) -> None:
-        stop_standby()
-
-    def transition(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
-def _register_teardown(worker: Any) -> None:
-    """Once per worker process: stop the standby on worker close and at interpreter exit."""
-    if _STANDBY.get("registered"):
-        return
-    _STANDBY["registered"] = True
-    import atexit
-
-    from distributed.diagnostics.plugin import WorkerPlugin
-
-    plugin = type("StandbyTrainerPlugin", (_StandbyPlugin, WorkerPlugin), {})()
-    worker.loop.add_callback(worker.plugin_add, plugin=plugin, name=_PLUGIN_NAME)
-    atexit.register(stop_standby)
-
-
-def start_standby(dask_worker: Any = None) -> None:
-    """Start this worker's standby trainer unless one is alive (CPU jobs only, see above).
-
-    Runs in a task, or with ``client.run(start_standby)`` to warm every worker before a fit.
-    """
-    from distributed import get_worker
-
-    worker = dask_worker or get_worker()
-    with _STANDBY_LOCK:
-        proc = _STANDBY.get("proc")
-        if proc is not None and proc.poll() is None:
-            return
-        env = tf_runtime.trainer_environment(os.environ, None, use_gpus=False)
-        _STANDBY["proc"] = _popen("--standby", env, worker.local_directory, subprocess.PIPE)
-    _register_teardown(worker)
-
-
 def _take_standby(job: dict[str, Any], env: dict[str, str], workdir: str, job_path: str) -> Any:
     """Hand the job to this worker's standby trainer; None when there is none alive."""
-    with _STANDBY_LOCK:
-        proc = _STANDBY.pop("proc", None)
-    if proc is None or proc.poll() is not None or proc.stdin is None:
-        if proc is not None:
-            _stop(proc)
-            _stderr_tail(proc)
+    proc = take_standby()
+    if proc is None or proc.stdin is None:
         return None
     keys = ("TF_CONFIG", *tf_runtime.ThreadBudget(1, 1, 1).environment())
     message = {
@@ -239,8 +112,8 @@ def _take_standby(job: dict[str, Any], env: dict[str, str], workdir: str, job_pa
         proc.stdin.write(json.dumps(message) + "\n")
         proc.stdin.close()
     except OSError:  # it died in between: start a fresh trainer instead
-        _stop(proc)
-        _stderr_tail(proc)
+        stop_trainer(proc)
+        stderr_tail(proc)
         return None
     return proc
 
@@ -295,13 +168,14 @@ def run_trainer(
     error: dict[str, Any] = {}
     startup: dict[str, Any] = {"threads": vars(budget)}
     tail: deque[str] = deque(maxlen=30)
+    done_at: list[float] = []  # when the trainer said "done": its exit is timed from there
 
     job["launched_at"] = time.time()  # wall clock: the trainer measures its start from here
     with open(job_path, "w") as job_file:
         json.dump(job, job_file)
     proc = _take_standby(job, env, workdir, job_path) if use_standby else None
     if proc is None:
-        proc = _popen(job_path, env, workdir, subprocess.DEVNULL)
+        proc = popen_trainer(job_path, env, workdir, subprocess.DEVNULL)
 
     def read_output() -> None:
         for line in proc.stdout or ():
@@ -317,6 +191,7 @@ def run_trainer(
                 resolved.update(message)
             elif kind == "done":
                 done.update(message)
+                done_at.append(time.monotonic())
             elif kind == "error":
                 error.update(message)
             elif kind == "startup":
@@ -331,7 +206,9 @@ def run_trainer(
     reason = None
     try:
         while proc.poll() is None:
-            time.sleep(0.25)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(0.25)  # returns as soon as the trainer exits
+                break
             if abort.is_set():
                 reason = "stopped because another trainer failed"
                 break
@@ -343,20 +220,23 @@ def run_trainer(
                 reason = f"stopped because {gone}; its checkpoint is kept, a rerun resumes"
                 break
     finally:
-        _stop(proc)
-        reader.join(10)
-        if use_standby:  # for the next job; it imports while this worker idles
-            start_standby()
-    stderr_tail = _stderr_tail(proc, error.get("message") or "")
+        exited = time.monotonic()
+        stop_trainer(proc)
+        reader.join(10)  # it has read every line, "done" included, once the trainer exited
+        if done_at and reason is None:  # how long the trainer took to exit after its "done"
+            startup["exit_seconds"] = round(max(0.0, exited - done_at[0]), 4)
+        if use_standby:  # for the next job, once this worker is idle (dvml.cluster.standby)
+            start_standby_when_idle(worker)
+    trainer_stderr = stderr_tail(proc, error.get("message") or "")
     try:
         if reason is not None:
             raise TrainingError(f"The trainer on {job['worker_name']} was {reason}.")
         if proc.returncode != 0 or not done:
             # The trainer's stdout tail and its fd 2 (TensorFlow's own output, in a file):
             # describe_exit drops TensorFlow's start-up banner from both.
-            message = describe_exit(proc.returncode, error, [*tail, *stderr_tail.splitlines()])
-            if error.get("message") and stderr_tail:
-                message += f"\nIts TensorFlow output ended with:\n{stderr_tail}"
+            message = describe_exit(proc.returncode, error, [*tail, *trainer_stderr.splitlines()])
+            if error.get("message") and trainer_stderr:
+                message += f"\nIts TensorFlow output ended with:\n{trainer_stderr}"
             raise TrainerFailedError(
                 f"The trainer on worker {job['worker_name']} (pid {proc.pid}) failed: {message}"
             )

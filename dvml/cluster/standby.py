@@ -1,0 +1,322 @@
+"""Trainer processes on a Dask worker, and the one *standby* trainer each worker keeps warm.
+
+A trainer is ``python -m dvml.train.trainer`` in its own session (so that :func:`stop_trainer`
+ends TensorFlow's children too), its fd 2 in a file whose tail goes into a failure's message
+(:func:`stderr_tail`). :mod:`dvml.train.launch` runs one per job; this module only starts,
+stops and hands out processes, so that the preprocessors (a lower layer than ``dvml.train``)
+can warm the future trainers too.
+
+Standby trainers: importing TensorFlow is most of a trainer's start (~5 s of one core), so a
+worker keeps ONE ``python -m dvml.train.trainer --standby`` that imports TensorFlow and
+tf-keras and waits on stdin; the next CPU job is handed to it (:func:`take_standby`). It still
+runs one job and exits. When the standby starts matters, as its import takes a core:
+
+- after a fit (:func:`start_standby_when_idle`): only once the worker has run no task for
+  :data:`QUIET_SECONDS` and no trainer or other seceded task runs on it, so the standby does
+  not compete with an ``evaluate`` that follows the fit (measured in B4a), nor with another
+  fit's trainer. dvml's own fit control tasks (a port, a checkpoint look-up or clean-up) do
+  not count as work: a fit that follows a fit still finds its standby warm.
+- when a training set is preprocessed (:func:`warm_trainers`): at once, on the workers that
+  will hold it, so the first fit does not pay the process start and the import.
+
+Either way the standby imports at a lower CPU priority (``nice`` +10 for its import thread,
+:mod:`dvml.train.trainer`), so it takes the cores only when nothing else wants them; the job
+itself runs at normal priority. GPU jobs always get a fresh process (see
+:mod:`dvml.train.launch`): a standby hides every GPU. A standby is stopped when its worker
+closes (a WorkerPlugin's teardown, and ``atexit``) and exits by itself when its stdin closes,
+so a killed worker leaves none behind. ``dvml.train.standby-trainer: false`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from dvml import config, tf_runtime
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from distributed import Client
+
+    from dvml.cluster.workers import WorkerInfo
+
+__all__ = [
+    "QUIET_SECONDS",
+    "popen_trainer",
+    "standby_pid",
+    "start_standby",
+    "start_standby_when_idle",
+    "stderr_tail",
+    "stop_standby",
+    "stop_trainer",
+    "take_standby",
+    "warm_trainers",
+]
+
+# How long a worker must have run no task before a deferred standby starts: longer than the
+# gap between a fit and an evaluate that follows it (the client saves the model, reads it
+# back and ships it; not measured apart, a fraction of a second in B4a). A fit's own control
+# tasks do not reset it.
+QUIET_SECONDS = 1.5
+# Tasks of dvml's fit control path (keys start with the function's name): not "work".
+_CONTROL_TASKS = ("reserve_port-", "checkpoint_state-", "clear_checkpoint-")
+
+_LOCK = threading.Lock()
+# "proc": this worker's standby, "wanted": a deferred start is pending, "watcher": its thread,
+# "registered": the teardown is in place.
+_STANDBY: dict[str, Any] = {}
+_PLUGIN_NAME = "dvml-standby-trainer"
+
+# pid of a trainer → the file that receives its fd 2 (TensorFlow's C++ output goes there
+# before Python's logging exists); its tail goes into the error when the trainer fails.
+_STDERR_LOGS: dict[int, str] = {}
+
+
+def _trainer_command(arg: str) -> list[str]:
+    return [sys.executable, "-m", "dvml.train.trainer", arg]
+
+
+def popen_trainer(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subprocess.Popen[str]:
+    """Start ``python -m dvml.train.trainer ARG`` in its own session, stdout piped."""
+    if tf_runtime.show_startup_log():
+        stderr: Any = subprocess.STDOUT  # into the output pipe, as before
+        path = None
+    else:
+        fd, path = tempfile.mkstemp(prefix="dvml-trainer-", suffix=".stderr", dir=cwd)
+        stderr = fd
+        env = {**env, tf_runtime.STDERR_CAPTURED_ENV: "1"}
+    try:
+        proc = subprocess.Popen(
+            _trainer_command(arg),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            stdin=stdin,
+            env=env,
+            text=True,
+            start_new_session=True,  # its own process group: stop_trainer ends its children
+            cwd=cwd,
+        )
+    finally:
+        if path is not None:
+            os.close(stderr)
+    if path is not None:
+        _STDERR_LOGS[proc.pid] = path
+    return proc
+
+
+def stderr_tail(proc: subprocess.Popen[str], said: str = "", lines: int = 20) -> str:
+    """The last ``lines`` lines the trainer wrote to fd 2 before the traceback of the error it
+    reported (``said`` holds that error already); its file is removed."""
+    path = _STDERR_LOGS.pop(proc.pid, None)
+    if path is None:
+        return ""
+    try:
+        with open(path, errors="replace") as f:
+            written = [x.rstrip() for x in f]
+    except OSError:
+        return ""
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if said:
+        starts = [i for i, x in enumerate(written) if x == "Traceback (most recent call last):"]
+        written = written[: starts[-1]] if starts else written
+    known = {x.strip() for x in said.splitlines()}
+    return "\n".join(deque((x for x in written if x.strip() and x.strip() not in known), lines))
+
+
+def stop_trainer(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM the trainer's process group, then SIGKILL; always reap it."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    except ProcessLookupError:
+        proc.wait(10)
+
+
+def _discard(proc: subprocess.Popen[str]) -> None:
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    stop_trainer(proc)
+    stderr_tail(proc)  # removes its file
+
+
+def stop_standby(final: bool = False) -> None:
+    """Stop this worker process's standby trainer, if any, and any deferred start.
+
+    ``final`` (the worker closes): no standby starts in this process any more.
+    """
+    with _LOCK:
+        proc = _STANDBY.pop("proc", None)
+        _STANDBY["wanted"] = False
+        if final:
+            _STANDBY["closed"] = True
+    if proc is not None:
+        _discard(proc)
+
+
+class _StandbyPlugin:
+    """Stops the standby trainer when the worker closes (a distributed WorkerPlugin)."""
+
+    name = _PLUGIN_NAME
+
+    def setup(self, worker: Any) -> None:
+        pass
+
+    def teardown(self, worker: Any) -> None:
+        stop_standby(final=True)
+
+    def transition(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def _register_teardown(worker: Any) -> None:
+    """Once per worker process: stop the standby on worker close and at interpreter exit."""
+    if _STANDBY.get("registered"):
+        return
+    _STANDBY["registered"] = True
+    import atexit
+
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    plugin = type("StandbyTrainerPlugin", (_StandbyPlugin, WorkerPlugin), {})()
+    worker.loop.add_callback(worker.plugin_add, plugin=plugin, name=_PLUGIN_NAME)
+    atexit.register(stop_standby, final=True)
+
+
+def start_standby(dask_worker: Any = None) -> None:
+    """Start this worker's standby trainer now, unless one is alive (CPU jobs only).
+
+    Runs in a task, or with ``client.run(start_standby)`` to warm every worker before a fit.
+    """
+    from distributed import get_worker
+
+    worker = dask_worker or get_worker()
+    with _LOCK:
+        _STANDBY["wanted"] = False
+        proc = _STANDBY.get("proc")
+        if (proc is not None and proc.poll() is None) or _STANDBY.get("closed"):
+            return
+        if not _running(worker):  # closing: its teardown may have run already
+            return
+        env = tf_runtime.trainer_environment(os.environ, None, use_gpus=False)
+        _STANDBY["proc"] = popen_trainer("--standby", env, worker.local_directory, subprocess.PIPE)
+    _register_teardown(worker)
+
+
+def take_standby() -> subprocess.Popen[str] | None:
+    """This worker's live standby, now owned by the caller (None when there is none).
+
+    A deferred start still pending is dropped: the caller runs a job now and asks again
+    (:func:`start_standby_when_idle`) when it ends.
+    """
+    with _LOCK:
+        proc = _STANDBY.pop("proc", None)
+        _STANDBY["wanted"] = False
+    if proc is None:
+        return None
+    if proc.poll() is not None or proc.stdin is None:
+        _discard(proc)
+        return None
+    return proc
+
+
+def _busy(worker: Any) -> bool:
+    """Whether the worker runs work: a task other than fit's control tasks, or a seceded one
+    (a trainer's launcher, or any long task that gave its slot back)."""
+    state = worker.state
+    try:
+        if state.long_running or state.ready or state.constrained:
+            return True
+        keys = [str(ts.key) for ts in list(state.executing)]
+    except RuntimeError:  # the set changed while we copied it: it is busy
+        return True
+    return any(not key.startswith(_CONTROL_TASKS) for key in keys)
+
+
+def _running(worker: Any) -> bool:
+    return getattr(getattr(worker, "status", None), "name", "running") in ("running", "paused")
+
+
+def _watch(worker: Any, quiet: float, poll: float) -> None:
+    """Start the standby once the worker has been idle for ``quiet`` seconds (see above)."""
+    since = time.monotonic()
+    try:
+        while _running(worker):
+            time.sleep(poll)
+            with _LOCK:
+                if not _STANDBY.get("wanted"):
+                    return
+            if _busy(worker):
+                since = time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                start_standby(worker)
+                return
+    finally:
+        with _LOCK:
+            if _STANDBY.get("watcher") is threading.current_thread():
+                _STANDBY.pop("watcher", None)
+
+
+def start_standby_when_idle(
+    dask_worker: Any = None, quiet: float = QUIET_SECONDS, poll: float = 0.1
+) -> None:
+    """Start this worker's standby once the worker is idle (see the module docstring).
+
+    Returns at once; a thread of the worker process waits. Nothing happens when a standby is
+    alive, and a job that takes the standby meanwhile (:func:`take_standby`) cancels it.
+    """
+    from distributed import get_worker
+
+    worker = dask_worker or get_worker()
+    with _LOCK:
+        proc = _STANDBY.get("proc")
+        if (proc is not None and proc.poll() is None) or _STANDBY.get("closed"):
+            return
+        _STANDBY["wanted"] = True
+        watcher = _STANDBY.get("watcher")
+        if watcher is not None and watcher.is_alive():
+            return
+        watcher = threading.Thread(
+            target=_watch, args=(worker, quiet, poll), name="dvml-standby-when-idle", daemon=True
+        )
+        _STANDBY["watcher"] = watcher
+    watcher.start()
+
+
+def standby_pid(dask_worker: Any = None) -> int | None:
+    """The pid of this worker's live standby trainer, or None (for status and tests)."""
+    with _LOCK:
+        proc = _STANDBY.get("proc")
+    return proc.pid if proc is not None and proc.poll() is None else None
+
+
+def warm_trainers(client: Client, workers: Sequence[WorkerInfo]) -> None:
+    """Start a standby trainer now on each of ``workers`` that has no GPU (returns at once).
+
+    Called when a training set is being preprocessed: its workers are the next fit's
+    trainers, and the import then overlaps the packing (at a lower priority) instead of
+    delaying the fit. Does nothing when ``dvml.train.standby-trainer`` is false.
+    """
+    if not config.get("train.standby-trainer"):
+        return
+    addresses = [w.address for w in workers if not w.gpus]
+    if addresses:
+        # A Popen per worker (milliseconds). Best effort: a worker that cannot start one now
+        # gets a fresh trainer at the fit, as without a standby.
+        client.run(start_standby, workers=addresses, on_error="ignore")
