@@ -385,6 +385,7 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
     """What every trainer is told (each adds its own ``tf_config``)."""
     return {
         "job_key": plan.key,
+        "model": plan.model,  # names the job in its trainers' job files
         "model_json": plan.arch["model_json"],
         "compile_params": plan.compile_params,
         "fit_params": plan.fit_params,

@@ -355,6 +355,7 @@ def _job(plan: _Plan, job_id: str) -> dict[str, Any]:
     """What every hop trainer is told (each adds its own worker name and index)."""
     return {
         "job_id": job_id,
+        "model_output": plan.model_output,  # names the job in its trainers' job files
         "configs": {str(k): v for k, v in plan.parsed.items()},
         "training": plan.train.name,
         "validation": plan.valid.name if plan.valid else None,

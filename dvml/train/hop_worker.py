@@ -7,6 +7,9 @@ optimizer variables, ``.npz`` bytes) as the result of the previous hop's task, w
 moves directly from the worker that trained it to this one (worker to worker: the client
 only holds futures), hands it to the trainer through a file in this worker's directory, and
 returns the new state. Tasks of one job on one worker are serialised by the session's lock.
+A trainer that dies (killed, out of memory) is not replaced: every later task of the job on
+that worker raises :class:`~dvml.exceptions.TrainerFailedError` saying how it ended, whether
+it died during a hop or while it waited for one, and the job stops (a rerun resumes).
 
 The state at the end of an iteration is written to the job's checkpoint directory on the
 worker that holds it (:func:`checkpoint`), so that a rerun resumes every model from the last
@@ -29,6 +32,7 @@ from typing import Any
 
 from dvml import tf_runtime
 from dvml.exceptions import TrainerFailedError
+from dvml.train.exits import describe_exit
 
 __all__ = [
     "checkpoint",
@@ -94,12 +98,19 @@ class _Session:
                 "the worker's load, or raise the timeout."
             ) from None
         if message is None or message.get("kind") == "error":
-            code = self.proc.poll()
-            said = (message or {}).get("message") or "\n".join(list(self.tail)[-8:])
+            if message is None:  # its output ended: the process is gone, say how
+                self.lines.put(None)  # and again to every later call of this session
+                try:
+                    code = self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    code = None
+                said = describe_exit(code, {}, list(self.tail))
+            else:
+                said = f"{message.get('type', 'error')}: {message.get('message')}"
             raise TrainerFailedError(
-                f"The hop trainer on worker {self.job['worker_name']} failed (exit code "
-                f"{code}): {said}. Run fit_multiple again: it resumes every model from the "
-                "last iteration all of them completed."
+                f"The hop trainer on worker {self.job['worker_name']} (pid {self.proc.pid}) "
+                f"failed: {said}\nRun fit_multiple again: it resumes every model from the last "
+                "iteration all of them completed."
             )
         return message
 
@@ -141,7 +152,9 @@ def _session(job: dict[str, Any]) -> _Session:
     worker = get_worker()
     with _LOCK:
         session = _SESSIONS.get(job["job_id"])
-        if session is None or session.proc.poll() is not None:
+        # A session whose trainer died is kept, not replaced: its next call raises, so a
+        # killed trainer ends the job whether it was training or waiting for its next hop.
+        if session is None:
             workdir = tempfile.mkdtemp(prefix="dvml-hop-", dir=worker.local_directory)
             index = job["workers"].index(str(worker.name))
             own = {
