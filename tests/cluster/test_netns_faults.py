@@ -20,7 +20,14 @@ from typing import Any
 import pytest
 
 from dvml.cluster import netns
-from tests.helpers import NETNS_CLIENT, netns_client, pid_gone, poll_for, running_netns_cluster
+from tests.helpers import (
+    NETNS_CLIENT,
+    job_trainers,
+    netns_client,
+    pid_gone,
+    poll_for,
+    running_netns_cluster,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.tf, pytest.mark.slow]
 
@@ -55,25 +62,16 @@ def model_json() -> str:
     )
 
 
-def trainer_pids(namespace: str) -> list[int]:
-    """Pids of the dvml trainer processes running in ``namespace``."""
+def host_pids(namespace: str) -> list[int]:
+    """Pids of every process of a host (its network namespace)."""
     out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-    found = []
-    for pid in out.stdout.split():
-        try:
-            cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"dvml.train.trainer" in cmdline:
-            found.append(int(pid))
-    return found
+    return [int(p) for p in out.stdout.split()]
 
 
 def worker_side_pids(cluster: netns.NetnsCluster, namespace: str) -> list[int]:
     """Every process of a host but its vineyardd (Nanny, worker, trainers)."""
     daemon = {p["pid"] for p in cluster.processes() if p["name"] == "vineyardd"}
-    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split() if int(p) not in daemon]
+    return [p for p in host_pids(namespace) if p not in daemon]
 
 
 class Background:
@@ -129,8 +127,12 @@ def test_a_host_killed_during_fit_fails_fast_naming_it_and_rejoins(
     )
     try:
         assert poll_for(lambda: fit.saw("iteration 1/40"), 300, interval=0.5), fit.lines[-20:]
+        # The fit's own trainer (by its job file) runs on the victim host, and dies with it.
+        trainers = job_trainers(host_pids(victim["namespace"]), training="nf_a")
+        assert len(trainers) == 1, (trainers, fit.lines[-20:])
         killed_at = time.time()
-        assert cluster.kill_host(victim["namespace"])
+        killed = cluster.kill_host(victim["namespace"])
+        assert set(trainers) <= set(killed), (trainers, killed)
         result = fit.result(timeout=BOUND + 60)
     finally:
         if fit.proc.poll() is None:
@@ -195,8 +197,8 @@ def test_a_hosts_workers_killed_during_fit_then_fit_resumes_from_its_checkpoint(
         assert poll_for(lambda: fit.saw("iteration 2/6"), 300, interval=0.5), fit.lines[-20:]
         killed_at = time.time()
         # The worker processes crash; the trainer they started must not outlive them.
-        trainers = trainer_pids(victim["namespace"])
-        assert trainers
+        trainers = job_trainers(host_pids(victim["namespace"]), training="nf_c")
+        assert len(trainers) == 1, (trainers, fit.lines[-20:])
         for pid in worker_side_pids(cluster, victim["namespace"]):
             if pid not in trainers:
                 os.kill(pid, signal.SIGKILL)

@@ -57,7 +57,12 @@ from tests.helpers.processes import (
     child_processes,
     pid_gone,
 )
-from tests.helpers.trainers import job_trainers, worker_descendants, worker_trainers
+from tests.helpers.trainers import (
+    job_trainers,
+    standby_trainers,
+    worker_descendants,
+    worker_trainers,
+)
 from tests.helpers.vineyard_probes import (
     batches,
     dataset_names,
@@ -99,6 +104,7 @@ __all__ = [
     "snapshot",
     "sort_rows",
     "staging_names",
+    "standby_trainers",
     "tensors_by_instance",
     "tiny_backbone",
     "tls_environment",

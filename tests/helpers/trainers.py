@@ -19,10 +19,18 @@ from typing import Any
 
 import psutil
 
-__all__ = ["TRAINER_MODULES", "job_trainers", "worker_descendants", "worker_trainers"]
+__all__ = [
+    "STANDBY",
+    "TRAINER_MODULES",
+    "job_trainers",
+    "standby_trainers",
+    "worker_descendants",
+    "worker_trainers",
+]
 
 # What a trainer's command line runs: fit's trainer (fresh or standby) and the hop trainer.
 TRAINER_MODULES = ("dvml.train.trainer", "dvml.train.hop_trainer")
+STANDBY = "dvml.train.trainer --standby"  # a standby's command line, also once it runs a job
 
 
 def _job_of(proc: psutil.Process) -> dict[str, Any] | None:
@@ -51,6 +59,20 @@ def job_trainers(pids: Iterable[int], **fields: Any) -> list[int]:
             continue
         if job is not None and all(job.get(k) == v for k, v in fields.items()):
             found.append(pid)
+    return found
+
+
+def standby_trainers(pids: Iterable[int], idle: bool = True) -> list[int]:
+    """The pids among ``pids`` of standby trainers: those still waiting for a job (``idle``),
+    or every one started as a standby, also once it was handed a job (``idle=False``)."""
+    found = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if STANDBY in " ".join(proc.cmdline()) and not (idle and _job_of(proc)):
+                found.append(pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
     return found
 
 
