@@ -77,6 +77,7 @@ class _Session:
         self.reader = threading.Thread(target=self._read, name="dvml-hop-output", daemon=True)
         self.reader.start()
         self.ready = False
+        self.stopped: str | None = None  # why dvml stopped the trainer, if it did
 
     def _read(self) -> None:
         for line in self.proc.stdout or ():
@@ -91,6 +92,7 @@ class _Session:
         try:
             message = self.lines.get(timeout=timeout)
         except queue.Empty:
+            self.stopped = f"it did not answer within {timeout:.0f}s and was stopped by dvml"
             self.stop()
             raise TrainerFailedError(
                 f"The hop trainer on worker {self.job['worker_name']} did not answer within "
@@ -104,7 +106,7 @@ class _Session:
                     code = self.proc.wait(10)
                 except subprocess.TimeoutExpired:
                     code = None
-                said = describe_exit(code, {}, list(self.tail))
+                said = self.stopped or describe_exit(code, {}, list(self.tail))
             else:
                 said = f"{message.get('type', 'error')}: {message.get('message')}"
             raise TrainerFailedError(
