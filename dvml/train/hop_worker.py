@@ -47,6 +47,9 @@ PROTOCOL_PREFIX = "DVML "
 
 _LOCK = threading.Lock()
 _SESSIONS: dict[str, _Session] = {}
+# Jobs whose sessions were stopped: a task of such a job that starts late (it was already on
+# its way when the job was cancelled) must not start a new trainer nobody would stop.
+_STOPPED: deque[str] = deque(maxlen=1000)
 
 
 class _Session:
@@ -153,6 +156,12 @@ def _session(job: dict[str, Any]) -> _Session:
 
     worker = get_worker()
     with _LOCK:
+        if job["job_id"] in _STOPPED:
+            raise TrainerFailedError(
+                f"fit_multiple job {job['job_id']} ({job.get('model_output')!r}) was stopped "
+                f"before this task of it started on worker {worker.name}; no trainer was "
+                "started for it. Run fit_multiple again: it resumes from its checkpoints."
+            )
         session = _SESSIONS.get(job["job_id"])
         # A session whose trainer died is kept, not replaced: its next call raises, so a
         # killed trainer ends the job whether it was training or waiting for its next hop.
@@ -307,6 +316,7 @@ def load_checkpoint(directory: str, mst_key: int, iteration: int) -> dict[str, A
 def stop_session(job_id: str, dask_worker: Any = None) -> bool:
     """Stop this worker's hop trainer of ``job_id`` (``client.run``; idempotent)."""
     with _LOCK:
+        _STOPPED.append(job_id)
         session = _SESSIONS.pop(job_id, None)
     if session is None:
         return False
