@@ -9,13 +9,14 @@ that needs it, so that nothing below :mod:`dvml.store` must import the store.
 from __future__ import annotations
 
 import os
+import socket as pysocket
 import sys
 import threading
 from typing import Any
 
 from dvml.exceptions import DaemonDiedError
 
-__all__ = ["local_client", "this_worker_name"]
+__all__ = ["local_client", "this_worker_name", "unix_socket_answers"]
 
 
 def this_worker_name() -> str:
@@ -30,6 +31,23 @@ def this_worker_name() -> str:
         except (AttributeError, ValueError):
             pass
     return f"process {os.getpid()}"
+
+
+def unix_socket_answers(path: str, timeout: float = 1.0) -> bool:
+    """Whether a process accepts connections on the Unix socket ``path``.
+
+    A plain connect, made before any ``vineyard.connect``: a vineyardd killed by a signal
+    leaves its socket file behind, and vineyard 0.24.2's client, asked to connect to it, prints
+    ``[info] Connection to IPC socket failed for pathname ... retrying 10 more times.`` on fd 2
+    and sleeps a second, even with ``VINEYARD_IPC_SKIP_RETRY=1``.
+    """
+    with pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 _LOCK = threading.Lock()
@@ -73,6 +91,13 @@ def local_client(socket: str | None = None) -> Any:
             except Exception:
                 pass
             _CLIENTS.pop(sock, None)
+        if not unix_socket_answers(sock):
+            # Before vineyard's client, which would print its retry line (see above).
+            raise DaemonDiedError(
+                f"The vineyardd of {who} is not running: nothing accepts connections on its "
+                f"socket {sock} (a killed daemon leaves its socket file behind). Check `dvml "
+                "cluster status`; restart the cluster if the daemon died."
+            )
         client = _connect(sock, who)
         _CLIENTS[sock] = client
         return client

@@ -14,6 +14,7 @@ import sys
 import urllib.request
 from collections.abc import Sequence
 
+from dvml.cluster.connection import unix_socket_answers
 from dvml.cluster.processes import ManagedProcess, poll_for
 from dvml.exceptions import ClusterStartError
 
@@ -98,8 +99,8 @@ def vineyard_instance_id(socket_path: str) -> int | None:
     For the process that STARTS daemons (it connects and closes). Code on workers uses
     :func:`dvml.cluster.connection.local_client`, whose connection is shared and never closed.
     """
-    if not os.path.exists(socket_path):
-        return None
+    if not unix_socket_answers(socket_path):  # no file yet, or a dead daemon's: never
+        return None  # ask vineyard's client, which prints a retry line on fd 2 for it
     import vineyard
 
     os.environ.setdefault("VINEYARD_IPC_SKIP_RETRY", "1")

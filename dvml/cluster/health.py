@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
+from dvml.cluster.connection import unix_socket_answers
 from dvml.exceptions import DaemonDiedError, VineyarddDiedError
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ __all__ = [
     "probe_daemons",
     "register_owner",
     "require_daemons",
+    "unix_socket_answers",
     "unregister_owner",
     "wait_watched",
 ]
@@ -95,17 +97,6 @@ def endpoint_answers(endpoint: str, timeout: float = 1.0) -> bool:
             return True
     except OSError:
         return False
-
-
-def unix_socket_answers(path: str, timeout: float = 1.0) -> bool:
-    """Whether a process accepts connections on the Unix socket ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        try:
-            s.connect(path)
-        except OSError:
-            return False
-    return True
 
 
 def probe_daemons() -> dict[str, Any]:

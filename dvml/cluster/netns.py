@@ -456,6 +456,10 @@ class NetnsCluster:
 
         ``keep_vineyardd`` spares the host's vineyardd (its data stays): only the Dask workers
         and what they started (trainers) die, as when the workers crash.
+
+        Returns once no other process runs in the namespace (bounded by a few seconds): a
+        process started while the others were being killed (a Nanny restarting its worker, a
+        worker starting a trainer) is killed too, not left behind as the host's survivor.
         """
         if namespace not in [h["namespace"] for h in self.state["hosts"]]:
             raise ArgumentError(f"Not a worker host of this cluster. Received: {namespace!r}.")
@@ -464,13 +468,21 @@ class NetnsCluster:
             for p in self.state["processes"]
             if keep_vineyardd and p["namespace"] == namespace and p["name"] == "vineyardd"
         }
-        pids = [pid for pid in _ns_pids(namespace) if pid not in spared]
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return pids
+        killed: list[int] = []
+        deadline = time.monotonic() + 10.0
+        while True:
+            # Zombies count as gone: their parent (outside the host, or dead) reaps them.
+            pids = [p for p in _ns_pids(namespace) if p not in spared and _pid_alive(p)]
+            if not pids or time.monotonic() > deadline:
+                return killed
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                if pid not in killed:
+                    killed.append(pid)
+            time.sleep(0.05)
 
     def set_link(self, namespace: str, up: bool) -> None:
         """Cut (``up=False``) or restore a host's link to the bridge: a network partition."""

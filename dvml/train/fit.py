@@ -385,6 +385,7 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
     """What every trainer is told (each adds its own ``tf_config``)."""
     return {
         "job_key": plan.key,
+        "model": plan.model,  # names the job in its trainers' job files
         "model_json": plan.arch["model_json"],
         "compile_params": plan.compile_params,
         "fit_params": plan.fit_params,
@@ -692,13 +693,16 @@ def _first_cause(futures: list[Any], failed: Any, wait: float = 5.0) -> Any:
 def _raise_if_a_peer_left(
     client: Client, futures: list[Any], workers: list[WorkerInfo], exc: Any
 ) -> None:
-    """A surviving trainer's collective error hides the host that went away: name that host."""
+    """A surviving trainer's collective error hides the host that went away: name that host.
+
+    Asked whatever the error says: what a survivor reports when its peer's host dies depends
+    on where in a step it was (and on the load), and a departed worker is the cause in any
+    case. Only an error that looks like a lost peer waits for the scheduler to notice.
+    """
     from dvml.train.peers import departed_workers, describe_departure, looks_like_peer_failure
 
     text = f"{type(exc).__name__}: {exc}"
-    if not looks_like_peer_failure(text):
-        return
-    gone = departed_workers(client, workers)
+    gone = departed_workers(client, workers, wait=5.0 if looks_like_peer_failure(text) else 0.0)
     if gone:
         # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
         # up on the workers: stop waiting for them now.

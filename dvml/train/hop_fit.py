@@ -355,6 +355,7 @@ def _job(plan: _Plan, job_id: str) -> dict[str, Any]:
     """What every hop trainer is told (each adds its own worker name and index)."""
     return {
         "job_id": job_id,
+        "model_output": plan.model_output,  # names the job in its trainers' job files
         "configs": {str(k): v for k, v in plan.parsed.items()},
         "training": plan.train.name,
         "validation": plan.valid.name if plan.valid else None,
@@ -456,6 +457,7 @@ def _run(
     checkpoints: dict[int, list[Any]] = {}
     last_checkpoint: dict[int, Any] = {}
     pending_keys: list[Any] = []
+    hops: list[Any] = []
     for iteration in range(start_iteration, plan.num_iterations + 1):
         per_model_records: dict[int, list[Any]] = {k: [] for k in keys}
         holder: dict[int, WorkerInfo] = {}
@@ -483,6 +485,7 @@ def _run(
                     allow_other_workers=False,
                     pure=False,
                 )
+                hops.append(hop)
                 per_model_records[k].append(rec)
                 record_futures.append(rec)
                 current[k], holder[k] = hop, worker
@@ -522,17 +525,27 @@ def _run(
             )
             checkpoints[iteration].append(last_checkpoint[k])
         pending_keys.extend(checkpoints[iteration])
-    for iteration in range(start_iteration, plan.num_iterations + 1):
-        _wait(client, plan, checkpoints[iteration], record_futures)
-        if progress:
-            line = (
-                f"[dvml.fit_multiple {plan.model_output}] iteration {iteration}/"
-                f"{plan.num_iterations}: {len(keys)} models ({time.time() - started:.1f}s)"
-            )
-            logger.info(line)
-            print(line, flush=True)
-    records = client.gather(record_futures)
-    evals_out = {at: client.gather(futures) for at, futures in eval_futures.items()}
+    submitted = [*hops, *record_futures, *pending_keys]
+    submitted += [f for futures in eval_futures.values() for f in futures]
+    try:
+        for iteration in range(start_iteration, plan.num_iterations + 1):
+            _wait(client, plan, checkpoints[iteration], record_futures)
+            if progress:
+                line = (
+                    f"[dvml.fit_multiple {plan.model_output}] iteration {iteration}/"
+                    f"{plan.num_iterations}: {len(keys)} models ({time.time() - started:.1f}s)"
+                )
+                logger.info(line)
+                print(line, flush=True)
+        records = client.gather(record_futures)
+        evals_out = {at: client.gather(futures) for at, futures in eval_futures.items()}
+    except BaseException:
+        # Every task of the job, not only those waited on: the hops of a model whose chain
+        # did not break would go on (their futures live on in this frame, held by the
+        # traceback), start trainers after the job stopped them and write checkpoints that
+        # the rerun then reads.
+        client.cancel(submitted)
+        raise
     return current, records, evals_out
 
 

@@ -7,6 +7,9 @@ optimizer variables, ``.npz`` bytes) as the result of the previous hop's task, w
 moves directly from the worker that trained it to this one (worker to worker: the client
 only holds futures), hands it to the trainer through a file in this worker's directory, and
 returns the new state. Tasks of one job on one worker are serialised by the session's lock.
+A trainer that dies (killed, out of memory) is not replaced: every later task of the job on
+that worker raises :class:`~dvml.exceptions.TrainerFailedError` saying how it ended, whether
+it died during a hop or while it waited for one, and the job stops (a rerun resumes).
 
 The state at the end of an iteration is written to the job's checkpoint directory on the
 worker that holds it (:func:`checkpoint`), so that a rerun resumes every model from the last
@@ -29,6 +32,7 @@ from typing import Any
 
 from dvml import tf_runtime
 from dvml.exceptions import TrainerFailedError
+from dvml.train.exits import describe_exit
 
 __all__ = [
     "checkpoint",
@@ -43,6 +47,9 @@ PROTOCOL_PREFIX = "DVML "
 
 _LOCK = threading.Lock()
 _SESSIONS: dict[str, _Session] = {}
+# Jobs whose sessions were stopped: a task of such a job that starts late (it was already on
+# its way when the job was cancelled) must not start a new trainer nobody would stop.
+_STOPPED: deque[str] = deque(maxlen=1000)
 
 
 class _Session:
@@ -73,6 +80,7 @@ class _Session:
         self.reader = threading.Thread(target=self._read, name="dvml-hop-output", daemon=True)
         self.reader.start()
         self.ready = False
+        self.stopped: str | None = None  # why dvml stopped the trainer, if it did
 
     def _read(self) -> None:
         for line in self.proc.stdout or ():
@@ -87,6 +95,7 @@ class _Session:
         try:
             message = self.lines.get(timeout=timeout)
         except queue.Empty:
+            self.stopped = f"it did not answer within {timeout:.0f}s and was stopped by dvml"
             self.stop()
             raise TrainerFailedError(
                 f"The hop trainer on worker {self.job['worker_name']} did not answer within "
@@ -94,12 +103,19 @@ class _Session:
                 "the worker's load, or raise the timeout."
             ) from None
         if message is None or message.get("kind") == "error":
-            code = self.proc.poll()
-            said = (message or {}).get("message") or "\n".join(list(self.tail)[-8:])
+            if message is None:  # its output ended: the process is gone, say how
+                self.lines.put(None)  # and again to every later call of this session
+                try:
+                    code = self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    code = None
+                said = self.stopped or describe_exit(code, {}, list(self.tail))
+            else:
+                said = f"{message.get('type', 'error')}: {message.get('message')}"
             raise TrainerFailedError(
-                f"The hop trainer on worker {self.job['worker_name']} failed (exit code "
-                f"{code}): {said}. Run fit_multiple again: it resumes every model from the "
-                "last iteration all of them completed."
+                f"The hop trainer on worker {self.job['worker_name']} (pid {self.proc.pid}) "
+                f"failed: {said}\nRun fit_multiple again: it resumes every model from the last "
+                "iteration all of them completed."
             )
         return message
 
@@ -140,8 +156,16 @@ def _session(job: dict[str, Any]) -> _Session:
 
     worker = get_worker()
     with _LOCK:
+        if job["job_id"] in _STOPPED:
+            raise TrainerFailedError(
+                f"fit_multiple job {job['job_id']} ({job.get('model_output')!r}) was stopped "
+                f"before this task of it started on worker {worker.name}; no trainer was "
+                "started for it. Run fit_multiple again: it resumes from its checkpoints."
+            )
         session = _SESSIONS.get(job["job_id"])
-        if session is None or session.proc.poll() is not None:
+        # A session whose trainer died is kept, not replaced: its next call raises, so a
+        # killed trainer ends the job whether it was training or waiting for its next hop.
+        if session is None:
             workdir = tempfile.mkdtemp(prefix="dvml-hop-", dir=worker.local_directory)
             index = job["workers"].index(str(worker.name))
             own = {
@@ -292,6 +316,7 @@ def load_checkpoint(directory: str, mst_key: int, iteration: int) -> dict[str, A
 def stop_session(job_id: str, dask_worker: Any = None) -> bool:
     """Stop this worker's hop trainer of ``job_id`` (``client.run``; idempotent)."""
     with _LOCK:
+        _STOPPED.append(job_id)
         session = _SESSIONS.pop(job_id, None)
     if session is None:
         return False

@@ -41,7 +41,10 @@ def departed_workers(
     deadline = time.monotonic() + wait
     while True:
         try:
-            alive = set(client.scheduler_info(n_workers=-1)["workers"])
+            # Asked of the scheduler itself: client.scheduler_info() returns the client's cache,
+            # which its periodic refresh may replace by one without any worker in between.
+            identity = client.sync(client.scheduler.identity, n_workers=-1)  # type: ignore[union-attr]
+            alive = set(identity["workers"])
         except Exception:  # the scheduler itself is unreachable: the probes must do
             alive = {w.address for w in workers}
         gone = [w for w in workers if w.address not in alive or w in unreachable]

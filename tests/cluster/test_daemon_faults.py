@@ -27,7 +27,14 @@ import pytest
 import dvml
 from dvml.cluster.state import recorded_processes, same_process, signal_process, write_state
 from dvml.exceptions import DaemonDiedError
-from tests.helpers import REPO, dvml_command, one_error_line, pid_gone, poll_for
+from tests.helpers import (
+    REPO,
+    dvml_command,
+    one_error_line,
+    pid_gone,
+    poll_for,
+    workers_stderr,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -134,6 +141,65 @@ def test_etcd_killed_during_a_pack(local_cluster: Callable[..., dvml.LocalCluste
     assert_names_etcd(error, pid)
     _, error = bounded(lambda: dvml.datasets.list(client=cluster.client))
     assert_names_etcd(error, pid)
+
+
+# -- a vineyardd that dies: no retry chatter from vineyard's client ----------------------------
+
+RETRY_CHATTER = "Connection to IPC socket failed"  # vineyard's client, on fd 2, per retry
+
+
+def dead_socket(directory: pathlib.Path) -> str:
+    """A Unix socket file that nobody listens on: what a vineyardd killed by a signal leaves."""
+    import socket
+
+    path = str(directory / "dead.sock")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+    return path
+
+
+def test_no_vineyard_connect_to_a_dead_socket(
+    tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """vineyard's client prints a retry line on fd 2 for a socket nobody listens on (even
+    with VINEYARD_IPC_SKIP_RETRY): dvml finds the dead daemon by a plain connect first."""
+    from dvml.cluster.connection import local_client
+    from dvml.cluster.daemons import vineyard_instance_id
+
+    path = dead_socket(tmp_path)
+    with pytest.raises(DaemonDiedError) as died:
+        local_client(path)
+    assert path in str(died.value) and "not running" in str(died.value), str(died.value)
+    assert vineyard_instance_id(path) is None
+    out = capfd.readouterr()
+    assert RETRY_CHATTER not in out.err + out.out, out.err
+
+
+def test_calls_after_a_vineyardd_died_print_no_retry_lines(
+    local_cluster: Callable[..., dvml.LocalCluster],
+    tmp_path: pathlib.Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """What the soak does after it kills a vineyardd: list, describe and drop the dataset, then
+    close the cluster. Nothing prints vineyard's retry line, on the workers (their fd 2) or here
+    (#16 item 15: it was printed on every call after a daemon died)."""
+    cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
+    pack(cluster, "vd_dead")
+    pid = cluster.processes()["vineyardd of worker-1"]
+    os.kill(pid, signal.SIGKILL)
+    assert poll_for(lambda: pid_gone(pid), 10)
+    capfd.readouterr()
+    with workers_stderr(cluster.client, tmp_path / "stderr") as written:
+        listed, error = bounded(lambda: dvml.datasets.list(cluster.client))
+        assert error is None, error
+        assert listed.set_index("name").loc["vd_dead", "status"] == "damaged"
+        _, error = bounded(lambda: dvml.datasets.describe("vd_dead", cluster.client))
+        assert error is None, error
+        _, error = bounded(lambda: dvml.datasets.drop("vd_dead", cluster.client))
+    cluster.close()
+    out = capfd.readouterr()
+    text = written() + out.err + out.out
+    assert RETRY_CHATTER not in text, text[-3000:]
 
 
 # -- an owner that dies ----------------------------------------------------------------------

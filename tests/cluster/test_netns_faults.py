@@ -20,7 +20,14 @@ from typing import Any
 import pytest
 
 from dvml.cluster import netns
-from tests.helpers import NETNS_CLIENT, netns_client, pid_gone, poll_for, running_netns_cluster
+from tests.helpers import (
+    NETNS_CLIENT,
+    job_trainers,
+    netns_client,
+    pid_gone,
+    poll_for,
+    running_netns_cluster,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.tf, pytest.mark.slow]
 
@@ -55,25 +62,34 @@ def model_json() -> str:
     )
 
 
-def trainer_pids(namespace: str) -> list[int]:
-    """Pids of the dvml trainer processes running in ``namespace``."""
+def host_pids(namespace: str) -> list[int]:
+    """Pids of every process of a host (its network namespace)."""
     out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-    found = []
-    for pid in out.stdout.split():
-        try:
-            cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"dvml.train.trainer" in cmdline:
-            found.append(int(pid))
-    return found
+    return [int(p) for p in out.stdout.split()]
 
 
 def worker_side_pids(cluster: netns.NetnsCluster, namespace: str) -> list[int]:
     """Every process of a host but its vineyardd (Nanny, worker, trainers)."""
     daemon = {p["pid"] for p in cluster.processes() if p["name"] == "vineyardd"}
-    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split() if int(p) not in daemon]
+    return [p for p in host_pids(namespace) if p not in daemon]
+
+
+def rejoined(cluster: netns.NetnsCluster, timeout: float = 120) -> dict[str, Any]:
+    """The ``workers`` view once every host has its worker back and every worker's vineyardd
+    lists every host's instance. A restarted vineyardd joins through etcd and the others
+    learn of it from their etcd watch, later than ``host.sh`` returns: polled, bounded."""
+    hosts = {h["address"] for h in cluster.hosts}
+    seen: dict[str, Any] = {}
+
+    def back() -> bool:
+        seen.update(netns_client(cluster, "workers", timeout=120))
+        instances = {h["instance_id"] for h in cluster.hosts}
+        return {row["host"] for row in seen["table"]} == hosts and all(
+            set(i["instances"]) >= instances for i in seen["identity"].values()
+        )
+
+    assert poll_for(back, timeout, interval=2), seen
+    return seen
 
 
 class Background:
@@ -129,8 +145,12 @@ def test_a_host_killed_during_fit_fails_fast_naming_it_and_rejoins(
     )
     try:
         assert poll_for(lambda: fit.saw("iteration 1/40"), 300, interval=0.5), fit.lines[-20:]
+        # The fit's own trainer (by its job file) runs on the victim host, and dies with it.
+        trainers = job_trainers(host_pids(victim["namespace"]), training="nf_a")
+        assert len(trainers) == 1, (trainers, fit.lines[-20:])
         killed_at = time.time()
-        assert cluster.kill_host(victim["namespace"])
+        killed = cluster.kill_host(victim["namespace"])
+        assert set(trainers) <= set(killed), (trainers, killed)
         result = fit.result(timeout=BOUND + 60)
     finally:
         if fit.proc.poll() is None:
@@ -141,11 +161,8 @@ def test_a_host_killed_during_fit_fails_fast_naming_it_and_rejoins(
     # The host comes back: its new vineyardd rejoins the same etcd, its worker the scheduler.
     old_instance = victim["instance_id"]
     cluster.start_host(victim["namespace"])
-    back = netns_client(cluster, "workers", timeout=120)
-    assert {row["host"] for row in back["table"]} == {h["address"] for h in cluster.hosts}
+    rejoined(cluster)
     instances = {h["instance_id"] for h in cluster.hosts}
-    for ident in back["identity"].values():
-        assert set(ident["instances"]) >= instances
     assert cluster.hosts[1]["instance_id"] != old_instance or len(instances) == 2
 
 
@@ -177,10 +194,7 @@ def test_a_host_cut_off_during_fit_fails_in_bounded_time_then_rejoins(
     # vineyardd rejoins etcd, its worker the scheduler.
     cluster.kill_host(victim["namespace"])
     cluster.start_host(victim["namespace"])
-    back = netns_client(cluster, "workers", timeout=120)
-    instances = {h["instance_id"] for h in cluster.hosts}
-    assert {row["host"] for row in back["table"]} == {h["address"] for h in cluster.hosts}
-    assert all(set(i["instances"]) >= instances for i in back["identity"].values())
+    rejoined(cluster)
 
 
 def test_a_hosts_workers_killed_during_fit_then_fit_resumes_from_its_checkpoint(
@@ -195,8 +209,8 @@ def test_a_hosts_workers_killed_during_fit_then_fit_resumes_from_its_checkpoint(
         assert poll_for(lambda: fit.saw("iteration 2/6"), 300, interval=0.5), fit.lines[-20:]
         killed_at = time.time()
         # The worker processes crash; the trainer they started must not outlive them.
-        trainers = trainer_pids(victim["namespace"])
-        assert trainers
+        trainers = job_trainers(host_pids(victim["namespace"]), training="nf_c")
+        assert len(trainers) == 1, (trainers, fit.lines[-20:])
         for pid in worker_side_pids(cluster, victim["namespace"]):
             if pid not in trainers:
                 os.kill(pid, signal.SIGKILL)

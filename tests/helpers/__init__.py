@@ -5,6 +5,10 @@ One module per topic:
 
 - ``polling``: :func:`poll_for`, the one way a test waits for a condition.
 - ``processes``: child processes of the test process and the leak check every test runs.
+- ``trainers``: which trainer process runs which job (:func:`worker_trainers`), read from the
+  job file in its working directory, so that a fault test kills its own job's trainer.
+- ``output``: what the workers write to their fd 2 during a block (:func:`workers_stderr`).
+- ``background``: a dvml call in a thread of the test (:class:`Background`).
 - ``clusters``: :func:`running_cluster` (a LocalCluster that is closed and leak-checked) and
   :func:`on_worker` (run a function on one chosen worker).
 - ``vineyard_probes``: what each vineyardd and the cluster hold (worker-side probes that
@@ -19,6 +23,7 @@ dvml itself is imported inside the helpers, never at the top of a module here (b
 importing this package stays cheap.
 """
 
+from tests.helpers.background import Background
 from tests.helpers.clusters import on_worker, running_cluster, tls_environment
 from tests.helpers.data import (
     CLASSES,
@@ -44,12 +49,19 @@ from tests.helpers.netns import (
     tensors_by_instance,
 )
 from tests.helpers.notebooks import execute_notebook
+from tests.helpers.output import workers_stderr
 from tests.helpers.polling import poll_for
 from tests.helpers.processes import (
     SESSION_CLUSTERS,
     assert_no_new_processes,
     child_processes,
     pid_gone,
+)
+from tests.helpers.trainers import (
+    job_trainers,
+    standby_trainers,
+    worker_descendants,
+    worker_trainers,
 )
 from tests.helpers.vineyard_probes import (
     batches,
@@ -68,6 +80,7 @@ __all__ = [
     "NETNS_CLIENT",
     "REPO",
     "SESSION_CLUSTERS",
+    "Background",
     "assert_no_new_processes",
     "batches",
     "child_processes",
@@ -77,6 +90,7 @@ __all__ = [
     "digits_job",
     "dvml_command",
     "execute_notebook",
+    "job_trainers",
     "keras",
     "netns_client",
     "object_exists",
@@ -90,12 +104,16 @@ __all__ = [
     "snapshot",
     "sort_rows",
     "staging_names",
+    "standby_trainers",
     "tensors_by_instance",
     "tiny_backbone",
     "tls_environment",
     "vineyard_contents",
     "vineyard_usage",
     "with_state_dir",
+    "worker_descendants",
+    "worker_trainers",
+    "workers_stderr",
     "write_image_folder",
     "write_job",
     "write_tar_shards",

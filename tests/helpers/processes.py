@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 from tests.helpers.polling import poll_for
+from tests.helpers.trainers import standby_trainers
 
 if TYPE_CHECKING:
     import dvml
@@ -40,11 +41,10 @@ def _excluded_pids() -> set[int]:
     # belongs to the worker and is stopped with it, like the worker itself.
     for pid in list(pids):
         try:
-            for child in psutil.Process(pid).children(recursive=True):
-                if "dvml.train.trainer --standby" in " ".join(child.cmdline()):
-                    pids.add(child.pid)
+            children = [c.pid for c in psutil.Process(pid).children(recursive=True)]
         except psutil.NoSuchProcess:
             continue
+        pids.update(standby_trainers(children, idle=False))
     return pids
 
 

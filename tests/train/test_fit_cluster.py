@@ -12,7 +12,6 @@ from typing import Any
 import dask
 import numpy as np
 import pandas as pd
-import psutil
 import pytest
 
 import dvml
@@ -24,7 +23,15 @@ from dvml.exceptions import (
     TrainerFailedError,
     TrainingError,
 )
-from tests.helpers import cnn, keras, pid_gone, poll_for
+from tests.helpers import (
+    cnn,
+    keras,
+    pid_gone,
+    poll_for,
+    standby_trainers,
+    worker_descendants,
+    worker_trainers,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -484,18 +491,6 @@ def test_warm_start_refuses_other_shapes(env: dict[str, Any]) -> None:
         run_fit(env, "shape_a", arch_id=flat_id, num_iterations=1, warm_start=True)
 
 
-def _trainer_pids(cluster: Any, worker: str) -> list[int]:
-    worker_pid = cluster.processes()[f"dask worker {worker}"]
-    pids = []
-    for child in psutil.Process(worker_pid).children(recursive=True):
-        try:
-            if "dvml.train.trainer" in " ".join(child.cmdline()):
-                pids.append(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
-
-
 def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster2: Any) -> None:
     first_iteration_done = threading.Event()
     outcome: dict[str, Any] = {}
@@ -516,12 +511,11 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
     thread = threading.Thread(target=train)
     thread.start()
     assert first_iteration_done.wait(240), "the first iteration never finished"
-    victims = _trainer_pids(cluster2, "worker-1")
-    assert victims, "no trainer process found on worker-1"
-    # The trainer running on worker-0 now; after the job the worker starts a standby trainer
-    # for the next one (dvml.train.launch), so check these pids, not "no trainer at all".
-    others = _trainer_pids(cluster2, "worker-0")
-    assert others, "no trainer process found on worker-0"
+    # The job's trainers, by their job file: after the job each worker starts a standby
+    # trainer for the next one (dvml.train.launch), which is neither victim nor survivor.
+    victims = worker_trainers(cluster2, "worker-1", model="resumable")
+    others = worker_trainers(cluster2, "worker-0", model="resumable")
+    assert len(victims) == 1 and len(others) == 1, (victims, others)
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     thread.join(150)
@@ -554,18 +548,6 @@ def test_sync_modes_end_on_identical_weights(env: dict[str, Any], sync: Any) -> 
     assert s["validation_metrics_final"] > 0.5, s["validation_metrics"]
 
 
-def _standby_pids(cluster: Any, worker: str) -> list[int]:
-    worker_pid = cluster.processes()[f"dask worker {worker}"]
-    pids = []
-    for child in psutil.Process(worker_pid).children(recursive=True):
-        try:
-            if "dvml.train.trainer --standby" in " ".join(child.cmdline()):
-                pids.append(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
-
-
 def test_trainer_start_is_timed_and_a_standby_serves_the_next_fit(
     env: dict[str, Any], cluster2: Any
 ) -> None:
@@ -586,7 +568,7 @@ def test_trainer_start_is_timed_and_a_standby_serves_the_next_fit(
     # After a job each worker keeps one standby trainer that imports TensorFlow meanwhile
     # (here: warmed by hand, as the fit above ran with standbys off).
     env["client"].run(launch.start_standby)
-    assert poll_for(lambda: all(len(_standby_pids(cluster2, w)) == 1 for w in
+    assert poll_for(lambda: all(len(standby_trainers(worker_descendants(cluster2, w))) == 1 for w in
                                 ("worker-0", "worker-1")), 30)  # fmt: skip
     served = run_fit(env, "startup_standby", num_iterations=1, fit_params="epochs=1")
     for startup in served.summary["trainer_startup"].values():

@@ -5,20 +5,19 @@ predict on a result, warm start, a killed trainer and the resume."""
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import dask
 import numpy as np
 import pandas as pd
-import psutil
 import pytest
 
 import dvml
 from dvml.exceptions import ArgumentTypeError, TrainerFailedError
-from tests.helpers import cnn, pid_gone, poll_for
+from tests.helpers import Background, cnn, pid_gone, poll_for, worker_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -178,41 +177,32 @@ def test_refuses_bad_configs_before_any_trainer(env: dict[str, Any]) -> None:
     assert not env["registry"].model_exists("mop_bad_1")
 
 
+def checkpointed(state_dir: pathlib.Path, output: str, iteration: int, keys: list[int]) -> bool:
+    """Whether every model of the fit_multiple run ``output`` has checkpointed ``iteration``:
+    what a rerun resumes from (each record is written after its model's state)."""
+    found = {p.name for p in state_dir.glob(f"checkpoints/{output}-mop-*/*.npz.json")}
+    return all(f"{k}-{iteration}.npz.json" in found for k in keys)
+
+
 def test_killed_trainer_stops_the_job_and_rerun_resumes(env: dict[str, Any], cluster2: Any) -> None:
+    """SIGKILL the job's hop trainer on worker-1 once every model's first iteration is
+    checkpointed: the job stops with an error naming worker-1 and the signal, whether the
+    trainer was training or waiting for its next hop, and a rerun resumes."""
     table = configs(env["arch"], lrs=(0.003, 0.01))
-    outcome: dict[str, Any] = {}
-    progressed = threading.Event()
-
-    def train() -> None:
-        import contextlib
-        import io
-
-        class Lines(io.StringIO):
-            def write(self, text: str) -> int:
-                if "iteration 1/" in text:
-                    progressed.set()
-                return super().write(text)
-
-        try:
-            with contextlib.redirect_stdout(Lines()):
-                run(env, "mop_resume", table, num_iterations=4, progress=True)
-        except BaseException as exc:  # recorded for the main thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=train)
-    thread.start()
-    assert progressed.wait(300), "the first iteration never finished"
-    victims = _worker_trainers(cluster2, "worker-1")
-    assert victims, "no hop trainer found on worker-1"
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
-    thread.join(180)
-    assert not thread.is_alive(), "fit_multiple did not return within a bounded time"
-    error = outcome.get("error")
+    fit = Background(lambda seen: run(env, "mop_resume", table, num_iterations=4))
+    state = env["tmp"] / "state"
+    assert poll_for(lambda: fit.done() or checkpointed(state, "mop_resume", 1, [1, 2]), 300), (
+        "the first iteration was never checkpointed"
+    )
+    # The job's own trainers, by their job file: not a standby, not another job's.
+    victims = worker_trainers(cluster2, "worker-1", model_output="mop_resume")
+    survivors = worker_trainers(cluster2, "worker-0", model_output="mop_resume")
+    assert len(victims) == 1 and len(survivors) == 1, (victims, survivors, fit.outcome)
+    os.kill(victims[0], signal.SIGKILL)
+    error = fit.error(180)
     assert isinstance(error, TrainerFailedError), repr(error)
-    assert "worker-1" in str(error)
-    others = _worker_trainers(cluster2, "worker-0")
-    assert poll_for(lambda: all(pid_gone(p) for p in others), 30)
+    assert "worker-1" in str(error) and "killed by SIGKILL" in str(error), str(error)
+    assert poll_for(lambda: all(pid_gone(p) for p in survivors), 30), survivors
     assert not env["registry"].model_exists("mop_resume_1")
 
     resumed = run(env, "mop_resume", table, num_iterations=4)
@@ -220,19 +210,6 @@ def test_killed_trainer_stops_the_job_and_rerun_resumes(env: dict[str, Any], clu
     for k in (1, 2):
         history = resumed.model(k).history()
         assert history["iteration"].tolist() == [1, 2, 3, 4]
-
-
-def _worker_trainers(cluster: Any, worker: str) -> list[int]:
-    """Pids of the hop trainers the Dask worker process named ``worker`` started."""
-    worker_pid = cluster.processes()[f"dask worker {worker}"]
-    pids = []
-    for child in psutil.Process(worker_pid).children(recursive=True):
-        try:
-            if "dvml.train.hop_trainer" in " ".join(child.cmdline()):
-                pids.append(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
 
 
 def test_killed_worker_process_stops_the_job_and_rerun_resumes(
@@ -258,36 +235,18 @@ def test_killed_worker_process_stops_the_job_and_rerun_resumes(
         arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
         table = configs(arch, lrs=(0.003, 0.01))
         own = {"registry": registry, "client": client}
-        outcome: dict[str, Any] = {}
-        progressed = threading.Event()
-
-        def train() -> None:
-            import contextlib
-            import io
-
-            class Lines(io.StringIO):
-                def write(self, text: str) -> int:
-                    if "iteration 1/" in text:
-                        progressed.set()
-                    return super().write(text)
-
-            try:
-                with contextlib.redirect_stdout(Lines()):
-                    dvml.fit_multiple(
-                        "mop_wk", "mop_wk", table, num_iterations=4, progress=True, **own
-                    )
-            except BaseException as exc:  # recorded for the main thread
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=train, daemon=True)
-        thread.start()
-        assert progressed.wait(300), "the first iteration never finished"
-        trainers = _worker_trainers(cluster, "worker-1") + _worker_trainers(cluster, "worker-0")
-        assert trainers, "no hop trainer found"
+        fit = Background(
+            lambda seen: dvml.fit_multiple(
+                "mop_wk", "mop_wk", table, num_iterations=4, progress=False, **own
+            )
+        )
+        assert poll_for(
+            lambda: fit.done() or checkpointed(tmp_path / "state", "mop_wk", 1, [1, 2]), 300
+        ), "the first iteration was never checkpointed"
+        trainers = worker_trainers(cluster, model_output="mop_wk")
+        assert len(trainers) == 2, (trainers, fit.outcome)
         os.kill(cluster.processes()["dask worker worker-1"], signal.SIGKILL)
-        thread.join(180)
-        assert not thread.is_alive(), "fit_multiple did not return within a bounded time"
-        error = outcome.get("error")
+        error = fit.error(180)
         assert isinstance(error, TrainerFailedError), repr(error)
         assert "worker-1" in str(error) and "left the cluster" in str(error), str(error)
         # both trainers end: the survivor's is stopped, the orphan sees its stdin close

@@ -11,19 +11,17 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import dask
 import pandas as pd
-import psutil
 import pytest
 
 import dvml
 from dvml.exceptions import FitRunningError, TrainerFailedError
-from tests.helpers import cnn, pid_gone, poll_for, tls_environment
+from tests.helpers import Background, cnn, pid_gone, poll_for, tls_environment, worker_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -74,54 +72,6 @@ def run_fit(env: dict[str, Any], model: str, **kwargs: Any) -> dvml.Model:
     )
 
 
-class Background:
-    """A fit in a thread: its iterations' arrival times, its result or its error."""
-
-    def __init__(self, target: Callable[[Callable[[dict[str, Any]], None]], Any]) -> None:
-        self.times: list[float] = []
-        self.outcome: dict[str, Any] = {}
-        self.first = threading.Event()
-
-        def seen(record: dict[str, Any]) -> None:
-            self.times.append(time.monotonic())
-            self.first.set()
-
-        def run() -> None:
-            try:
-                self.outcome["result"] = target(seen)
-            except BaseException as exc:  # recorded for the test's thread
-                self.outcome["error"] = exc
-            finally:
-                self.outcome["ended"] = time.monotonic()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def result(self, timeout: float = 400) -> Any:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the fit did not end within a bounded time"
-        if "error" in self.outcome:
-            raise self.outcome["error"]
-        return self.outcome["result"]
-
-
-def trainer_pids(cluster: Any, worker: str | None = None) -> list[int]:
-    """Trainer processes under the cluster's workers (or one worker). While a fit runs these
-    are its trainers: a standby is handed the job (its command line still says --standby)
-    and the next standby starts only after the job."""
-    pids = []
-    for name, pid in cluster.processes().items():
-        if not name.startswith(f"dask worker {worker or ''}"):
-            continue
-        for child in psutil.Process(pid).children(recursive=True):
-            try:
-                if "dvml.train.trainer" in " ".join(child.cmdline()):
-                    pids.append(child.pid)
-            except psutil.NoSuchProcess:
-                continue
-    return pids
-
-
 # -- item 6: the control path stays responsive ---------------------------------------------
 
 
@@ -145,7 +95,7 @@ def test_two_fits_of_different_models_run_at_once(env: dict[str, Any], cluster2:
         ]
         most = 0  # trainer processes seen at once: 4 when both fits train side by side
         while any(f.thread.is_alive() for f in fits):
-            most = max(most, len(trainer_pids(cluster2)))
+            most = max(most, len(worker_trainers(cluster2, training="rel_digits")))
             time.sleep(0.5)
         models = [f.result() for f in fits]
     for model in models:
@@ -202,7 +152,7 @@ def test_a_killed_clients_trainers_stop_and_a_rerun_resumes(
         assert proc.stdout is not None
         line = proc.stdout.readline()  # blocks until the first iteration is checkpointed
         assert line.startswith("ITERATION 1"), line
-        trainers = trainer_pids(cluster2)
+        trainers = worker_trainers(cluster2, model="rel_orphan")
         assert len(trainers) == 2, trainers
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
@@ -226,9 +176,9 @@ def test_a_killed_trainer_is_named_with_its_signal(env: dict[str, Any], cluster2
         fit = Background(lambda seen: run_fit(env, "rel_killed", num_iterations=6,
                                               on_iteration=seen))  # fmt: skip
         assert fit.first.wait(300), "the first iteration never finished"
-        victims = trainer_pids(cluster2, "worker-1")
-        survivors = trainer_pids(cluster2, "worker-0")
-        assert victims and survivors, "no trainers found"
+        victims = worker_trainers(cluster2, "worker-1", model="rel_killed")
+        survivors = worker_trainers(cluster2, "worker-0", model="rel_killed")
+        assert len(victims) == 1 and len(survivors) == 1, (victims, survivors)
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         with pytest.raises(TrainerFailedError) as e:

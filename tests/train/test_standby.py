@@ -30,19 +30,6 @@ def test_standby_exits_when_its_stdin_closes() -> None:
             proc.wait()
 
 
-def _standbys(worker_pid: int) -> list[int]:
-    import psutil
-
-    found = []
-    for child in psutil.Process(worker_pid).children(recursive=True):
-        try:
-            if "dvml.train.trainer --standby" in " ".join(child.cmdline()):
-                found.append(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
 def test_standby_goes_with_its_worker(tmp_path: object) -> None:
     import signal
 
@@ -51,7 +38,7 @@ def test_standby_goes_with_its_worker(tmp_path: object) -> None:
     import dvml
     from dvml import config
     from dvml.train import launch
-    from tests.helpers import pid_gone, poll_for
+    from tests.helpers import pid_gone, poll_for, standby_trainers, worker_descendants
 
     # Load dvml's defaults first: dask.config.set would otherwise drop them on exit.
     config.defaults()
@@ -61,10 +48,13 @@ def test_standby_goes_with_its_worker(tmp_path: object) -> None:
     ):
         cluster.client.run(launch.start_standby)
         cluster.client.run(launch.start_standby)  # one per worker, not two
-        pids = cluster.processes()
-        first, second = pids["dask worker worker-0"], pids["dask worker worker-1"]
-        assert poll_for(lambda: len(_standbys(first)) == len(_standbys(second)) == 1, 30)
-        killed, kept = _standbys(first)[0], _standbys(second)[0]
+        first = cluster.processes()["dask worker worker-0"]
+
+        def standbys(worker: str) -> list[int]:
+            return standby_trainers(worker_descendants(cluster, worker))
+
+        assert poll_for(lambda: len(standbys("worker-0")) == len(standbys("worker-1")) == 1, 30)
+        killed, kept = standbys("worker-0")[0], standbys("worker-1")[0]
         # A worker killed outright: its standby reads EOF on stdin and exits by itself.
         os.kill(first, signal.SIGKILL)
         assert poll_for(lambda: pid_gone(killed), 120)

@@ -1,0 +1,94 @@
+"""Which trainer process runs which job: the victims and survivors of the fault tests.
+
+A fault test must kill the trainer of ITS job, not whatever looks like a trainer. A command
+line is not enough: a worker keeps a standby trainer (``python -m dvml.train.trainer
+--standby``, dvml.train.launch) that is not part of any job until one is handed to it (its
+command line still says ``--standby`` then), and a hop trainer's command line names only a
+file. What identifies a job's trainer is its job file: every trainer (fit's, a standby that
+was handed a job, fit_multiple's hop trainer) works in the job's directory, which holds
+``job.json``. :func:`job_trainers` reads it and keeps the trainers whose job has the given
+values (``training="digits"``, ``model_output="mop"``, ``job_key=...``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import psutil
+
+__all__ = [
+    "STANDBY",
+    "TRAINER_MODULES",
+    "job_trainers",
+    "standby_trainers",
+    "worker_descendants",
+    "worker_trainers",
+]
+
+# What a trainer's command line runs: fit's trainer (fresh or standby) and the hop trainer.
+TRAINER_MODULES = ("dvml.train.trainer", "dvml.train.hop_trainer")
+STANDBY = "dvml.train.trainer --standby"  # a standby's command line, also once it runs a job
+
+
+def _job_of(proc: psutil.Process) -> dict[str, Any] | None:
+    """The job a trainer process runs (its working directory's ``job.json``), or None."""
+    if not any(m in " ".join(proc.cmdline()) for m in TRAINER_MODULES):
+        return None
+    try:
+        with open(os.path.join(proc.cwd(), "job.json")) as f:
+            job = json.load(f)
+    except (OSError, ValueError):  # an idle standby (no job yet), or its job just ended
+        return None
+    return job if isinstance(job, dict) else None
+
+
+def job_trainers(pids: Iterable[int], **fields: Any) -> list[int]:
+    """The pids among ``pids`` of trainers running a job whose file has every ``fields`` value.
+
+    Idle standby trainers, processes that are not trainers and processes that are gone are left
+    out; with no ``fields`` every trainer that runs a job counts.
+    """
+    found = []
+    for pid in pids:
+        try:
+            job = _job_of(psutil.Process(pid))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if job is not None and all(job.get(k) == v for k, v in fields.items()):
+            found.append(pid)
+    return found
+
+
+def standby_trainers(pids: Iterable[int], idle: bool = True) -> list[int]:
+    """The pids among ``pids`` of standby trainers: those still waiting for a job (``idle``),
+    or every one started as a standby, also once it was handed a job (``idle=False``)."""
+    found = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if STANDBY in " ".join(proc.cmdline()) and not (idle and _job_of(proc)):
+                found.append(pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def worker_descendants(cluster: Any, worker: str | None = None) -> list[int]:
+    """Pids of every process below the cluster's Dask worker processes (or below ``worker``)."""
+    pids = []
+    for name, pid in cluster.processes().items():
+        if not name.startswith("dask worker ") or worker not in (None, name[len("dask worker ") :]):
+            continue
+        try:
+            pids.extend(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return pids
+
+
+def worker_trainers(cluster: Any, worker: str | None = None, **fields: Any) -> list[int]:
+    """The trainers (:func:`job_trainers`) of a LocalCluster's workers, or of ``worker`` only."""
+    return job_trainers(worker_descendants(cluster, worker), **fields)
