@@ -44,6 +44,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b8_cluster_start",
     "benchmarks.b9_decode",
     "benchmarks.b10_scaling",
+    "benchmarks.b12_pack_scaling",
     "benchmarks.b13_netns_fit",
 )
 
