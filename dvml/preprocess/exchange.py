@@ -43,7 +43,7 @@ def _serve(worker: Any, requests: Sequence[tuple[str, int, int]]) -> dict[str, A
     """The handler: the requested slices of keys this worker holds (None for the others)."""
     from distributed.protocol import to_serialize
 
-    data = worker.data
+    data: Any = worker.data
     slices = [
         to_serialize(_slice(data[key], start, stop)) if key in data else None
         for key, start, stop in requests
@@ -115,7 +115,7 @@ def fetch_slices(
                 asked = [requests[i] for i in chosen]
                 got: list[Any]
                 if holder == worker.address:
-                    data = worker.data
+                    data: Any = worker.data
                     got = [_slice(data[k], a, b) if k in data else None for k, a, b in asked]
                 else:
                     try:

@@ -173,7 +173,9 @@ def _one_task_per_block(name: str, fn: Any, blocks: list[list[Any]]) -> list[Any
     layer_name = f"{name}-{tokenize(fn, [[b.key for b in row] for row in blocks], uuid.uuid4())}"
     sources = {id(b.dask): b for row in blocks for b in row}
     graph = HighLevelGraph.merge(*(b.dask for b in sources.values()))
-    layer = {(layer_name, i): (fn, *(b.key for b in row)) for i, row in enumerate(blocks)}
+    layer: dict[Any, Any] = {
+        (layer_name, i): (fn, *(b.key for b in row)) for i, row in enumerate(blocks)
+    }
     graph = HighLevelGraph(
         {**graph.layers, layer_name: layer},
         {**graph.dependencies, layer_name: set(graph.layers)},

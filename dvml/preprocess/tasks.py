@@ -332,9 +332,9 @@ def slice_positions(
     ``column[p]`` rows of partition ``p`` begin at ``offsets[p]`` in the concatenation that
     ``where`` (:func:`buffer_positions`) shuffles.
     """
-    parts = np.asarray(parts, dtype=np.int64)
-    sizes = column[parts]
-    dest = np.repeat(offsets[parts] - (np.cumsum(sizes) - sizes), sizes)
+    chosen = np.asarray(parts, dtype=np.int64)
+    sizes = column[chosen]
+    dest = np.repeat(offsets[chosen] - (np.cumsum(sizes) - sizes), sizes)
     dest += np.arange(len(dest))
     return where[dest]
 

@@ -20,7 +20,7 @@ from dvml.placement.routes import pack_graph_size
 from tests.helpers import on_worker, sort_rows
 from tests.helpers.graphs import count_by_name, start_recording, stop_recording
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]
 
 
 def read_buffer(ids: Sequence[int]) -> dict[str, Any]:
@@ -40,10 +40,10 @@ def test_1024_partitions_onto_4_workers(
 ) -> None:
     client = cluster4.client
     n, parts = 4096, 1024
-    x = da.random.default_rng(21).random((n, 3), chunks=(4, 3))
-    y = da.random.default_rng(22).integers(0, 3, size=n, chunks=4)
+    rng = np.random.default_rng(21)
+    x_np, y_np = rng.random((n, 3)), rng.integers(0, 3, size=n)
+    x, y = da.from_array(x_np, chunks=(4, 3)), da.from_array(y_np, chunks=4)
     assert x.numblocks[0] == parts
-    x_np, y_np = x.compute(), y.compute()
     clean_vineyard4.append("pp_1024")
     start_recording(client)
     try:
@@ -80,7 +80,6 @@ def test_1024_partitions_onto_4_workers(
 
     # The graph: O(P + W) tasks, as the model counts them.
     counts = count_by_name(tasks)
-    print(dict(counts))
     holders = {w for name, restricted in tasks if name == "group_stats" for w in restricted}
     model = pack_graph_size(parts, 4, len(ds.layout["buffers"]), holders=len(holders))
     assert counts["prepare_arrays"] == model["prepare"] == parts
