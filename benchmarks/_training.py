@@ -97,7 +97,7 @@ def _put_and_publish(name: str, rows: int, features: int, classes: int, seed: in
         "normalizing_const": 1.0,
         "source_table": f"benchmarks: synthetic, seed {seed}",
     }
-    catalog.publish(name, "dataset", summary, layout, True, [])
+    catalog.publish(name, "dataset", summary, layout, True)
     return layout
 
 

@@ -75,6 +75,7 @@ def prepare(quick: bool) -> dict[str, Any]:
             "rows": rows, "epochs": epochs, "dataset": NAME, "socket": t.worker_socket(cluster),
             "parquet": _write_parquet(context["directory"], rows),
             "scheduler": cluster.scheduler_address,
+            "tls": cluster.tls_files,  # the runner is another process: it needs the certificate
         }  # fmt: skip
         _ask(context, {"setup": setup})
         for side in SIDES:  # warm-up, not measured: first-use costs of each input
@@ -181,7 +182,10 @@ class _Runner:
         self.x, self.y = arrays["x_0"], arrays["y"]
         from distributed import Client
 
-        self.client = Client(setup["scheduler"], set_as_default=False)
+        from dvml.cluster.security import resolve_security
+
+        security = resolve_security(setup.get("tls"), setup["scheduler"])
+        self.client = Client(setup["scheduler"], security=security, set_as_default=False)
         # Imports are a process's one-time cost, not part of any input's throughput.
         import pyarrow.parquet  # noqa: F401
 

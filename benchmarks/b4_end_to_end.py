@@ -29,7 +29,12 @@ Reported apart (details): the fixed start-up costs, i.e. the cluster
 start, TensorFlow's import in the Dask workers (``dvml.evaluate`` runs there; done once, before
 the first repeat), the trainer start per fit (fit's wall time until the first iteration began:
 task submission, process start, TensorFlow import, MultiWorkerMirroredStrategy set-up, opening
-the local partitions), and the ratio without the trainer start.
+the local partitions; not the end-of-iteration metrics pass), and the ratio without the trainer
+start; and where each side's seconds went, per run (median): dvml's preprocessing of the
+training and validation sets, fit's wall time split into trainer start, training, the
+end-of-iteration metrics pass (the trainers' ``metrics_seconds``) and what follows the
+iteration (weights back to the client, the registry, the trainers' exit), and evaluate; the
+plain side's stacking and scaling, fit and evaluate.
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ def prepare(quick: bool) -> dict[str, Any]:
         "directory": tempfile.mkdtemp(prefix="dvml-bench-b4-"),
         "startup": {}, "trainer_start": {}, "dvml_times": {}, "plain_times": {},
         "fit_seconds": {}, "dvml_accuracy": {}, "plain_accuracy": {},
+        "dvml_parts": {}, "plain_parts": {},
     }  # fmt: skip
     try:
         start = time.perf_counter()
@@ -173,31 +179,45 @@ def dvml_side(context: dict[str, Any], sync: str) -> float:
 
     def on_iteration(record: dict[str, Any]) -> None:
         if not first:  # when the first iteration ended, and how long it ran in the trainers
-            first.append((time.perf_counter(), float(record["elapsed_s"])))
+            ran = float(record["elapsed_s"]) + float(record.get("metrics_seconds", 0.0))
+            first.append((time.perf_counter(), ran))
             context["fit_seconds"].setdefault(sync, []).append(float(record["fit_seconds"]))
+            metrics = record.get("metrics_seconds")
+            if metrics is not None:
+                parts["fit: end-of-iteration metrics"] = float(metrics)
 
+    parts: dict[str, float] = {}
     start = time.perf_counter()
     train = dvml.training_preprocessor(
         context["train"], y="label", x="pixels", normalizing_const=16.0, name=TRAIN,
         overwrite=True, client=client,
     )  # fmt: skip
+    parts["preprocess training"] = time.perf_counter() - start
     valid = dvml.validation_preprocessor(
         context["valid"], y="label", x="pixels", training=train, name=VALID, overwrite=True,
         client=client,
     )  # fmt: skip
     fit_start = time.perf_counter()
+    parts["preprocess validation"] = fit_start - start - parts["preprocess training"]
     dvml.fit(
         train, MODEL, context["arch_id"], COMPILE_PARAMS,
         f"batch_size={BATCH}, epochs={context['epochs']}", num_iterations=1, resume=False,
         on_iteration=on_iteration, progress=False, registry=registry, client=client, sync=sync,
     )  # fmt: skip
+    evaluate_start = time.perf_counter()
+    parts["fit (wall)"] = evaluate_start - fit_start
     result = dvml.evaluate(MODEL, valid, batch_size=BATCH, registry=registry, client=client)
     elapsed = time.perf_counter() - start
+    parts["evaluate"] = elapsed - (evaluate_start - start)
     for name in (TRAIN, VALID):  # outside the clock
         t.drop_dataset(context["cluster"], name)
     if first:
         ended, ran = first[0]
         context["trainer_start"].setdefault(sync, []).append(ended - fit_start - ran)
+        parts["fit: trainer start"] = ended - fit_start - ran
+        parts["fit: training"] = context["fit_seconds"][sync][-1]
+        parts["fit: after the iteration"] = parts["fit (wall)"] - (ended - fit_start)
+    context["dvml_parts"].setdefault(sync, []).append(parts)
     context["dvml_times"].setdefault(sync, []).append(elapsed)
     context["dvml_accuracy"][sync] = result["metric"]
     return elapsed
@@ -207,6 +227,7 @@ def plain_side(context: dict[str, Any], sync: str) -> float:
     reply = _ask(context, {"run": True})
     context["plain_times"].setdefault(sync, []).append(reply["seconds"])
     context["plain_accuracy"][sync] = reply["accuracy"]
+    context["plain_parts"].setdefault(sync, []).append(reply.get("parts", {}))
     return float(reply["seconds"])
 
 
@@ -230,6 +251,11 @@ def details(context: dict[str, Any], sync: str) -> dict[str, Any]:
     for side in ("dvml", "plain"):
         if sync in context[f"{side}_accuracy"]:
             found[f"{side} val accuracy"] = round(context[f"{side}_accuracy"][sync], 3)
+    for side in ("dvml", "plain"):  # where each side's seconds went (medians over repeats)
+        runs = context[f"{side}_parts"].get(sync, [])
+        for name in runs[0] if runs else ():
+            values = [run[name] for run in runs if name in run]
+            found[f"{side} {name} s"] = round(statistics.median(values), 2)
     return found
 
 
@@ -260,6 +286,7 @@ def plain_runner(copies: int, epochs: int) -> int:
                     x = np.stack(frame["pixels"].to_list()).astype(np.float32) / 16.0
                     y = (frame["label"].to_numpy()[:, None] == classes).astype(np.float32)
                     data.append((x, y))
+                parts = {"preprocess": time.perf_counter() - start}
                 model = keras.models.model_from_json(model_json)
                 model.compile(
                     loss="categorical_crossentropy",
@@ -267,9 +294,14 @@ def plain_runner(copies: int, epochs: int) -> int:
                     metrics=["accuracy"],
                 )
                 (x, y), (vx, vy) = data
+                fit_start = time.perf_counter()
                 model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=True, verbose=0)
+                evaluate_start = time.perf_counter()
+                parts["fit"] = evaluate_start - fit_start
                 _, accuracy = model.evaluate(vx, vy, batch_size=BATCH, verbose=0)
-                reply = {"seconds": time.perf_counter() - start, "accuracy": float(accuracy)}
+                seconds = time.perf_counter() - start
+                parts["evaluate"] = seconds - (evaluate_start - start)
+                reply = {"seconds": seconds, "accuracy": float(accuracy), "parts": parts}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         print(PROTOCOL + json.dumps(reply), flush=True)

@@ -147,12 +147,14 @@ if (( WORKERS_ONLY )); then
     echo "vineyardd socket=$SOCKET instance_id=$INSTANCE (already running)"
 else
     VLOG="$SOCKET_DIR/vineyardd.log"
-    # gflags needs --flag=value for booleans: `--rpc false` would leave RPC on. vineyardd advertises
+    # gflags needs --flag=value for booleans: `--rpc false` would leave RPC on. --log_dir keeps
+    # glog's files in the private directory (by default: world-readable /tmp/vineyard.*.log.*,
+    # never removed). vineyardd advertises
     # MY_HOST_NAME (else the hostname, which is wrong where hosts share one, e.g. in namespaces).
     MY_HOST_NAME="$LISTEN" setsid "$PYTHON" -m vineyard \
         --socket="$SOCKET" --size="$SIZE" \
         --meta=etcd --etcd_endpoint="$ETCD" --etcd_prefix="$PREFIX" \
-        --rpc=false \
+        --rpc=false --log_dir="$SOCKET_DIR" \
         >"$VLOG" 2>&1 </dev/null &
     VPID=$!
     STARTED+=("$VPID")
@@ -186,6 +188,7 @@ for ((i = 0; i < WORKERS; i++)); do
     fi
     # `python -m dask worker` is `dask worker` run by the chosen interpreter.
     env VINEYARD_IPC_SOCKET="$SOCKET" DVML_HOST="$HOST_NAME" VINEYARD_IPC_SKIP_RETRY=1 \
+        DVML_ETCD_ENDPOINT="$ETCD" \
         "${gpu_env[@]}" \
         setsid "$PYTHON" -m dask worker "$SCHEDULER" "${args[@]}" >"$log" 2>&1 </dev/null &
     WPIDS+=("$!")

@@ -26,11 +26,18 @@ _EXPORTS: dict[str, str] = {
     "training_preprocessor": "dvml.preprocess.api",
     "validation_preprocessor": "dvml.preprocess.api",
     "fit": "dvml.train.fit",
+    "fit_multiple": "dvml.train.hop_fit",
+    "ModelSelection": "dvml.train.hop_fit",
     "evaluate": "dvml.train.predict",
     "predict": "dvml.train.predict",
     "predict_byom": "dvml.train.predict",
     "Model": "dvml.train.model",
     "plot_history": "dvml.train.model",
+    "model_configs": "dvml.train.model_selection",
+    "model_selection_table": "dvml.train.model_selection",
+    "load_model_configs": "dvml.train.model_selection",
+    "list_model_configs": "dvml.train.model_selection",
+    "delete_model_configs": "dvml.train.model_selection",
     "load_keras_model": "dvml.registry",
     "list_architectures": "dvml.registry",
     "show_architecture": "dvml.registry",
@@ -55,6 +62,7 @@ __all__ = [
     "DvmlError",
     "LocalCluster",
     "Model",
+    "ModelSelection",
     "Registry",
     "WorkerInfo",
     "__version__",
@@ -62,13 +70,19 @@ __all__ = [
     "datasets",
     "delete_architecture",
     "delete_model",
+    "delete_model_configs",
     "evaluate",
     "features",
     "fit",
+    "fit_multiple",
     "gpu_configuration",
     "list_architectures",
+    "list_model_configs",
     "list_models",
     "load_keras_model",
+    "load_model_configs",
+    "model_configs",
+    "model_selection_table",
     "plot_history",
     "predict",
     "predict_byom",
@@ -99,7 +113,15 @@ if TYPE_CHECKING:
     from dvml.store import datasets
     from dvml.store.datasets import Dataset
     from dvml.train.fit import fit
+    from dvml.train.hop_fit import ModelSelection, fit_multiple
     from dvml.train.model import Model, plot_history
+    from dvml.train.model_selection import (
+        delete_model_configs,
+        list_model_configs,
+        load_model_configs,
+        model_configs,
+        model_selection_table,
+    )
     from dvml.train.predict import evaluate, predict, predict_byom
 
 

@@ -14,9 +14,11 @@ received, and what to do next.
     ├── ClusterError                        the cluster cannot do what was asked
     │   ├── ClusterStartError               a LocalCluster failed to start (and was cleaned up)
     │   ├── DaemonDiedError                 an etcd or vineyardd process is not running
+    │   │   └── VineyarddDiedError          a worker's vineyardd (its data is lost)
     │   ├── NoClusterError                  no Dask client is available
     │   └── SharedMemoryError (ValueError)  /dev/shm cannot hold the vineyardd memory asked for
     ├── LockHeldError                       another process holds a run lock
+    │   └── FitRunningError                 another fit of the same model is running
     ├── PlacementError (ValueError)         distribution rules resolve to nothing usable
     ├── DataError (ValueError)              the input data cannot be preprocessed
     ├── StoreError                          vineyard storage failed
@@ -48,6 +50,7 @@ __all__ = [
     "DatasetExistsError",
     "DatasetNotFoundError",
     "DvmlError",
+    "FitRunningError",
     "LockHeldError",
     "ModelMismatchError",
     "NoClusterError",
@@ -60,6 +63,7 @@ __all__ = [
     "TrainerFailedError",
     "TrainingError",
     "VineyardMemoryError",
+    "VineyarddDiedError",
 ]
 
 
@@ -91,6 +95,10 @@ class DaemonDiedError(ClusterError):
     """An etcd or vineyardd process that dvml needs is not running."""
 
 
+class VineyarddDiedError(DaemonDiedError):
+    """A worker's vineyardd is not running: the data it held is lost, the rest still works."""
+
+
 class NoClusterError(ClusterError):
     """No Dask client was given and none is set as the default."""
 
@@ -101,6 +109,10 @@ class SharedMemoryError(ClusterError, ValueError):
 
 class LockHeldError(DvmlError):
     """Another process holds a run lock; nothing was started."""
+
+
+class FitRunningError(LockHeldError):
+    """Another fit of the same model is running; nothing was started."""
 
 
 class PlacementError(DvmlError, ValueError):

@@ -6,7 +6,12 @@ the process-wide choices TensorFlow fixes at start-up are made in one place:
 
 - ``TF_USE_LEGACY_KERAS=1`` before TensorFlow loads, so ``tf.keras`` is tf-keras (Keras 3
   fails under MultiWorkerMirroredStrategy, see COMPAT.md);
-- the C++ log level (``TF_CPP_MIN_LOG_LEVEL``, default 2: warnings and errors only);
+- the C++ log level (``TF_CPP_MIN_LOG_LEVEL``, default 2: warnings and errors only) and its
+  start-up chatter: absl writes "All log messages before absl::InitializeLog()", oneDNN and
+  ``cuInit ... UNKNOWN ERROR (303)`` lines to fd 2 whatever the log level says, so
+  :func:`quiet_startup` sends fd 2 to a file while TensorFlow loads and starts, and passes on
+  only what is not chatter (everything, when loading failed); ``dvml.tf.show-startup-log``
+  turns this off;
 - the thread budget: intra-op, inter-op and OpenMP threads from the cores of the host divided
   by the TensorFlow processes that share it (:func:`thread_budget`, pure), unless the user set
   ``dvml.train.intra-op-threads`` / ``inter-op-threads``;
@@ -23,10 +28,14 @@ Importing this module imports neither TensorFlow nor tf-keras: :func:`tensorflow
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import sys
+import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +48,13 @@ __all__ = [
     "build_model",
     "device_for",
     "host_cores",
+    "is_startup_chatter",
     "keras",
     "local_budget",
     "preimport",
     "process_environment",
+    "quiet_startup",
+    "show_startup_log",
     "start",
     "tensorflow",
     "thread_budget",
@@ -51,6 +63,9 @@ __all__ = [
 
 WORKERS_ON_HOST_ENV = "DVML_WORKERS_ON_HOST"
 """Set by dvml's cluster launchers: how many Dask workers share this worker's host."""
+
+STDERR_CAPTURED_ENV = "DVML_STDERR_CAPTURED"
+"""Set by the trainer launcher: this process's fd 2 goes to a log file that it reads."""
 
 _THREAD_ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 
@@ -169,8 +184,14 @@ def budget_from_env(env: Mapping[str, str] | None = None) -> ThreadBudget | None
 
 
 def process_environment(log_level: str = "2") -> dict[str, str]:
-    """Variables every process that may load TensorFlow needs before it does (Dask workers)."""
-    return {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": log_level}
+    """Variables every process that may load TensorFlow needs before it does (Dask workers).
+
+    gRPC (the trainers' collectives) logs errors only, unless the user's environment says
+    otherwise.
+    """
+    env = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": log_level}
+    env["GRPC_VERBOSITY"] = os.environ.get("GRPC_VERBOSITY", "ERROR")
+    return env
 
 
 def trainer_environment(
@@ -184,11 +205,72 @@ def trainer_environment(
     env = dict(base)
     env["TF_USE_LEGACY_KERAS"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("GRPC_VERBOSITY", "ERROR")
     if budget is not None:
         env.update(budget.environment())
     if not use_gpus:
         env["CUDA_VISIBLE_DEVICES"] = "-1"
     return env
+
+
+# --------------------------------------------------------------------------- start-up chatter
+
+# What TensorFlow's C++ side writes to fd 2 while it loads and starts, before (or regardless
+# of) TF_CPP_MIN_LOG_LEVEL: absl/glog lines ("I0000 00:00:1795441220.672660 9195 port.cc:153]
+# oneDNN ..."), absl's banner, and the CPU feature guard's second line.
+_CHATTER = re.compile(
+    r"^(?:[IWEF]\d{4} \d+:\d+:\d+\.\d+\s+\d+ [\w.\-/]+:\d+\]"
+    r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|WARNING: Logging before InitGoogleLogging\(\)"
+    r"|To enable the following instructions: .*rebuild TensorFlow)"
+)
+
+
+def is_startup_chatter(line: str) -> bool:
+    """Whether ``line`` is TensorFlow's C++ start-up logging (not a Python message)."""
+    return _CHATTER.match(line) is not None
+
+
+def show_startup_log() -> bool:
+    """``dvml.tf.show-startup-log`` (default False): let TensorFlow's start-up output through."""
+    # dask.config directly, not dvml.config: this module sits below it in the layers.
+    import dask.config
+
+    return bool(dask.config.get("dvml.tf.show-startup-log", False))
+
+
+@contextlib.contextmanager
+def quiet_startup() -> Iterator[None]:
+    """Send fd 2 to a file for the block; then pass on every line that is not chatter.
+
+    TensorFlow's C++ code writes to the file descriptor, not to ``sys.stderr``, so only a
+    redirection of fd 2 catches it. What other threads write meanwhile is passed on when the
+    block ends; if the block raises, everything is (TensorFlow's output then explains why).
+    Does nothing when ``dvml.tf.show-startup-log`` is true, or in a process whose fd 2 is a
+    file already (``DVML_STDERR_CAPTURED=1``: a trainer, whose error quotes that file).
+    """
+    if show_startup_log() or os.environ.get(STDERR_CAPTURED_ENV) == "1":
+        yield
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    failed = True
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+            failed = False
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            lines = log.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(x for x in lines if failed or not is_startup_chatter(x))
+            if kept:
+                os.write(2, kept.encode())
 
 
 # --------------------------------------------------------------------------- start-up
@@ -209,11 +291,12 @@ def preimport() -> dict[str, float]:
 
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    t0 = time.perf_counter()
-    importlib.import_module("tensorflow")
-    t1 = time.perf_counter()
-    importlib.import_module("tf_keras")
-    t2 = time.perf_counter()
+    with quiet_startup():
+        t0 = time.perf_counter()
+        importlib.import_module("tensorflow")
+        t1 = time.perf_counter()
+        importlib.import_module("tf_keras")
+        t2 = time.perf_counter()
     return {"import_tensorflow": t1 - t0, "import_tf_keras": t2 - t1}
 
 
@@ -241,21 +324,22 @@ def start(budget: ThreadBudget | None = None) -> Any:
         budget = budget or budget_from_env() or local_budget()
         # OpenMP reads its variable when its runtime loads, i.e. with TensorFlow's kernels.
         os.environ.setdefault("OMP_NUM_THREADS", str(budget.omp))
-        import tensorflow as tf
+        with quiet_startup():  # the import and the device listing (cuInit) log to fd 2
+            import tensorflow as tf
 
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(budget.intra)
-            tf.config.threading.set_inter_op_parallelism_threads(budget.inter)
-        except RuntimeError:  # the runtime is up already (started outside dvml): keep it
-            pass
-        try:
-            gpus = tf.config.list_physical_devices("GPU")
-            for gpu in gpus:
-                tf.config.experimental.set_memory_growth(gpu, True)
-            tf.config.set_visible_devices(gpus, "GPU")
-        except RuntimeError:
-            pass
-        import tf_keras
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(budget.intra)
+                tf.config.threading.set_inter_op_parallelism_threads(budget.inter)
+            except RuntimeError:  # the runtime is up already (started outside dvml): keep it
+                pass
+            try:
+                gpus = tf.config.list_physical_devices("GPU")
+                for gpu in gpus:
+                    tf.config.experimental.set_memory_growth(gpu, True)
+                tf.config.set_visible_devices(gpus, "GPU")
+            except RuntimeError:
+                pass
+            import tf_keras
 
         _STARTED["tf"], _STARTED["keras"], _STARTED["budget"] = tf, tf_keras, budget
         return tf

@@ -60,6 +60,7 @@ def test_schema_is_complete() -> None:
         ("registry", "url", 5),
         ("preprocess", "seed", 1.5),
         ("train", "peer-timeout", -1),
+        ("train", "client-timeout", 0),
     ],
 )
 def test_schema_refuses_a_wrong_value(section: str, key: str, value: Any) -> None:

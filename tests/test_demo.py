@@ -10,8 +10,14 @@ import pytest
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
 
-def test_demo_trains_with_the_automatic_sync_mode_and_says_why(tmp_path: pathlib.Path) -> None:
+def test_demo_trains_with_the_automatic_sync_mode_and_says_why(
+    tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Also #13 item 9: no TensorFlow start-up chatter (absl, oneDNN, cuInit) on fd 1 or 2 of
+    the client or of the workers, which this demo's LocalCluster starts inside the test and
+    which therefore write into the captured descriptors (trainers write to their own files)."""
     from dvml.demo import run_demo
+    from dvml.tf_runtime import is_startup_chatter
 
     lines: list[str] = []
     with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
@@ -26,3 +32,9 @@ def test_demo_trains_with_the_automatic_sync_mode_and_says_why(tmp_path: pathlib
     assert result["weights_identical"] is True
     said = "\n".join(lines)
     assert "sync='iteration' because the trainers run on CPU" in said, said
+    captured = capfd.readouterr()
+    output = captured.out + captured.err
+    chatter = [line for line in output.splitlines() if is_startup_chatter(line)]
+    named = [line for line in output.splitlines()
+             if any(w in line for w in ("absl::", "oneDNN", "cuInit", "cuda drivers"))]  # fmt: skip
+    assert chatter == [] and named == [], output

@@ -181,6 +181,7 @@ def test_exception_tree() -> None:
             "DatasetExistsError",
             "DatasetNotFoundError",
             "DvmlError",
+            "FitRunningError",
             "LockHeldError",
             "ModelMismatchError",
             "NoClusterError",
@@ -193,6 +194,7 @@ def test_exception_tree() -> None:
             "TrainerFailedError",
             "TrainingError",
             "VineyardMemoryError",
+            "VineyarddDiedError",
         ]
     )
     for name in exceptions.__all__:

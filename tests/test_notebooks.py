@@ -13,7 +13,9 @@ NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("name", ["01_distribution_rules.ipynb", "02_digits_training.ipynb"])
+@pytest.mark.parametrize(
+    "name", ["01_distribution_rules.ipynb", "02_digits_training.ipynb", "04_fit_multiple.ipynb"]
+)
 def test_notebook_runs(name: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     outputs = execute_notebook(NOTEBOOKS / name, tmp_path, monkeypatch)
     images = [o for o in outputs if "image/png" in o.get("data", {})]

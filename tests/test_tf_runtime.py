@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import threading
 
@@ -144,3 +145,43 @@ def test_model_cache_builds_once_under_concurrency() -> None:
     cache.get("c", lambda: build("c"))  # evicts "a", the least recently used
     assert cache.get("a", lambda: build("a")) == "A"
     assert builds == ["a", "b", "c", "a"] and len(cache) == 2
+
+
+def test_startup_chatter_is_recognised() -> None:
+    """#13 item 9: the lines TensorFlow's C++ side prints at start-up, whatever the log level."""
+    from dvml.tf_runtime import is_startup_chatter
+
+    chatter = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1795441220.672660    9195 port.cc:153] oneDNN custom operations are on.",
+        "I0000 00:00:1795441220.679176    9195 cudart_stub.cc:31] Could not find cuda drivers",
+        "E0000 00:00:1795441230.259678    9195 cuda_platform.cc:52] failed call to cuInit: "
+        "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+        "W1123 14:02:03.123456  123 tensorflow/core/framework/local_rendezvous.cc:404] x",
+    ]
+    assert all(is_startup_chatter(line) for line in chatter)
+    others = ["dvml: error: something", "Traceback (most recent call last):", "I0000 is fine"]
+    assert not any(is_startup_chatter(line) for line in others)
+
+
+def test_quiet_startup_hides_only_chatter() -> None:
+    """fd 2 of a fresh process that starts TensorFlow through the edge: nothing but what
+    Python itself wrote (checked in a subprocess: fd 2 is process-wide)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "from dvml import tf_runtime\n"
+        "with tf_runtime.quiet_startup():\n"
+        "    os.write(2, b'I0000 00:00:1.5  7 port.cc:1] chatter\\n')\n"
+        "    os.write(2, b'kept line\\n')\n"
+        "tf_runtime.tensorflow()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+        check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == ["kept line"], out.stderr

@@ -49,6 +49,7 @@ def plan(ctx: RunContext) -> list[str]:
     from dvml.jobs.data import dataset_names, resolve_source
     from dvml.jobs.job_cluster import cluster_plan
     from dvml.jobs.models import metric_mode
+    from dvml.jobs.schemas import DEFAULT_FIT_PARAMS
 
     job = ctx.job
     name = job["name"]
@@ -67,6 +68,14 @@ def plan(ctx: RunContext) -> list[str]:
     promo = job["promotion"]
     mode = metric_mode(promo["metric"], promo["mode"])
     train_name, val_name = dataset_names(name)
+    if model["from_selection"]:
+        what = (
+            f"the best configuration of fit_multiple run {model['from_selection']!r} "
+            "(highest final validation metric: its architecture, compile_params, fit_params)"
+        )
+    else:
+        fit_params = model["fit_params"] or DEFAULT_FIT_PARAMS
+        what = f"architecture {model['architecture']!r}, fit_params {fit_params!r}"
     return [
         ctx.lock_line(),
         f"cluster: {cluster_plan(job['cluster'], ctx.args.scheduler)}",
@@ -82,10 +91,9 @@ def plan(ctx: RunContext) -> list[str]:
         if fresh and not ctx.args.force
         else "data is new (or --force): train",
         f"preprocess into {train_name} and {val_name} (replaced atomically); {validation}",
-        f"architecture {model['architecture']!r}; train {candidate_name(name)} for "
-        f"{model['num_iterations']} iteration(s), fit_params {model['fit_params']!r}, "
+        f"{what}; train {candidate_name(name)} for {model['num_iterations']} iteration(s), "
         + (
-            f"warm-started from production {name!r} if it exists"
+            f"warm-started from production {name!r} if it exists (and has that architecture)"
             if model["warm_start"]
             else "from scratch"
         ),
@@ -200,13 +208,13 @@ def _prepare(
 def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str, Any]:
     from dvml.jobs.data import dataset_names
     from dvml.jobs.models import (
-        architecture_id,
         copy_model,
         fit_arguments,
         is_better,
         metric_mode,
         metric_value,
         model_exists,
+        resolve_model_section,
     )
     from dvml.train.fit import fit
     from dvml.train.predict import evaluate
@@ -215,8 +223,24 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
     name, model, promo = job["name"], job["model"], job["promotion"]
     candidate = candidate_name(name)
     train_name, val_name = dataset_names(name)
-    arch_id = architecture_id(model["architecture"], registry, ctx.base_dir)
+    model, arch_id, selected = resolve_model_section(model, registry, ctx.base_dir)
+    if selected is not None:
+        log.info(
+            "retraining the best configuration of fit_multiple run %r: mst_key %d (%s, "
+            "validation metric %.4f), architecture %d, compile_params %r, fit_params %r",
+            model["from_selection"],
+            selected["mst_key"],
+            selected["model_name"],
+            selected["validation_metrics_final"],
+            arch_id,
+            selected["compile_params"],
+            selected["fit_params"],
+        )
     warm = bool(model["warm_start"]) and model_exists(registry, name)
+    if warm and registry.get_model(name)["arch_id"] != arch_id:
+        # production was trained with another architecture (an earlier selection's best)
+        log.info("production %s has another architecture: training from scratch", name)
+        warm = False
     if warm:
         copy_model(registry, name, candidate)  # fit warm-starts from the model it writes
     log.info(
@@ -268,7 +292,9 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
         cand,
         f"{metric}={prod:.4f}" if prod is not None else "none yet",
     )
-    outcome = {"metric": metric, "candidate": cand, "production_before": prod}
+    outcome: dict[str, Any] = {"metric": metric, "candidate": cand, "production_before": prod}
+    if selected is not None:
+        outcome["selection"] = {"from": model["from_selection"], **selected}
     if is_better(cand, prod, mode, promo["min_delta"]):
         ctx.journal("promoting", candidate=candidate)
         record = {

@@ -26,6 +26,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dvml.cli.datasets_cmd",
     "dvml.cli.models_cmd",
     "dvml.cli.train_cmd",
+    "dvml.cli.fit_multiple_cmd",
+    "dvml.cli.model_configs_cmd",
     "dvml.cli.features_cmd",
 )
 

@@ -1,15 +1,16 @@
 """``dvml cluster up|status|down``: a LocalCluster that outlives the command that started it.
 
-``up`` runs :mod:`dvml.cluster.serve` in a new session and waits for the state file it writes;
-``status`` attaches to the recorded scheduler; ``down`` stops the recorded processes by pid
-(each checked against its recorded start time, so a reused pid is never signalled).
+``up`` takes the state directory's lock, runs :mod:`dvml.cluster.serve` in a new session and
+waits for the state file it writes; ``status`` attaches to the recorded scheduler; ``down``
+stops the recorded processes by pid (each checked against its recorded start time and command
+line, so a reused pid is never signalled). ``status`` and ``down`` clean up what a cluster whose
+serve process died left: its processes (proven ours), its state file and its directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,12 +24,16 @@ from dvml.cli._common import (
     format_table,
     state_dir_of,
 )
+from dvml.cluster.lifeline import is_same_process
 
 __all__ = ["register"]
 
 # Columns of the worker table printed by `up` and `status`, in this order.
 _WORKER_COLUMNS = ["name", "host", "address", "vineyard_instance_id", "gpus", "pid"]
-_STATUS_COLUMNS = ["name", "host", "address", "vineyard_instance_id", "gpus", "vineyardd", "memory"]
+_STATUS_COLUMNS = [
+    "name", "host", "address", "vineyard_instance_id", "gpus", "vineyardd", "memory",
+    "etcd_reachable",
+]  # fmt: skip
 
 
 def register(subparsers: Any) -> None:
@@ -135,41 +140,112 @@ def _serve_argv(args: argparse.Namespace, state_dir: pathlib.Path, log: pathlib.
 
 
 def _refuse_running(state_dir: pathlib.Path) -> None:
-    from dvml.cluster.state import read_state, remove_state, same_process, state_path
+    from dvml.cluster.state import read_state, recorded_identities, state_path
     from dvml.exceptions import ClusterError
 
     state = read_state(state_dir)
     if state is None:
         return
-    if same_process(int(state["pid"]), state.get("start_time")):
+    if is_same_process(recorded_identities(state)["serve"]):
         raise ClusterError(
             f"A cluster is already running at {state['scheduler_address']} (serve pid "
             f"{state['pid']}), recorded in {state_path(state_dir)}. Stop it with `dvml cluster "
             "down`, or give another --state-dir."
         )
-    _refuse_leftovers(state, state_dir)
+    _clean_dead_cluster(state, state_dir)
     print(
-        f"dvml: note: removed the stale state file {state_path(state_dir)} (serve pid "
-        f"{state['pid']} is gone).",
+        f"dvml: note: removed the stale state file {state_path(state_dir)} and what its cluster "
+        f"left (serve pid {state['pid']} is gone).",
         file=sys.stderr,
     )
-    remove_state(state_dir)
 
 
-def _refuse_leftovers(state: dict[str, Any], state_dir: pathlib.Path) -> None:
-    """Keep a stale state file while processes it records still run: `down` needs it."""
-    from dvml.cluster.state import recorded_processes, same_process, state_path
+def _stop_recorded(
+    state: dict[str, Any], timeout: float, serve_first: bool
+) -> tuple[list[str], list[str]]:
+    """Stop every recorded process that is proven ours (pid + start time + command line).
+
+    SIGTERM (to the serve process alone when ``serve_first`` and it runs: it stops the rest in
+    order), then SIGKILL after ``timeout``. Returns ``(killed, unproven)``: what needed SIGKILL,
+    and recorded pids that run but are not proven ours (never signalled).
+    """
+    from dvml.cluster.processes import poll_for
+    from dvml.cluster.state import recorded_identities, signal_process
+
+    ids = recorded_identities(state)
+    if not (serve_first and signal_process(ids["serve"], signal.SIGTERM)):
+        # Workers before daemons.
+        for name in sorted(ids, key=lambda n: (n == "etcd", n.startswith("vineyardd"))):
+            signal_process(ids[name], signal.SIGTERM)
+
+    def all_gone() -> bool:
+        return not any(is_same_process(i) for i in ids.values())
+
+    killed = []
+    if not poll_for(all_gone, timeout, interval=0.2):
+        for name, identity in ids.items():
+            if signal_process(identity, signal.SIGKILL):
+                killed.append(f"{name} (pid {identity['pid']})")
+        poll_for(all_gone, 10, interval=0.1)
+    left = [f"{n} (pid {i['pid']})" for n, i in ids.items() if is_same_process(i)]
+    if left:
+        from dvml.exceptions import ClusterError
+
+        raise ClusterError(
+            f"Could not stop {', '.join(left)} of the cluster at {state['scheduler_address']}. "
+            "The state file is kept; stop them by pid, then run `dvml cluster down` again."
+        )
+    unproven = [f"{n} (pid {i['pid']})" for n, i in ids.items() if _undecidable(i)]
+    return killed, unproven
+
+
+def _undecidable(identity: dict[str, Any]) -> bool:
+    """A recorded pid that runs, recorded without the start time or command line that would
+    tell whether it is still ours (a mismatch of either proves it is not)."""
+    from dvml.cluster.state import process_start_time
+
+    pid, recorded = identity.get("pid"), identity.get("start_time")
+    now = process_start_time(pid) if isinstance(pid, int) and pid > 0 else None
+    if now is None:
+        return False
+    if recorded is None:
+        return True
+    return abs(now - float(recorded)) < 1.0 and not identity.get("cmdline")
+
+
+def _remove_cluster_directory(state: dict[str, Any]) -> None:
+    """Remove the recorded cluster directory, when it is provably a dead dvml cluster's own."""
+    from dvml.cluster.lifeline import sweep_dead_clusters
+
+    directory = state.get("directory")
+    if directory:
+        path = pathlib.Path(directory)
+        # Only a `dvml-cluster-*` directory of this user whose owner.json names a process that
+        # is gone: a forged state file cannot make `down` delete anything else.
+        sweep_dead_clusters(str(path.parent), min_age=0.0, only=path.name)
+    sweep_dead_clusters()
+
+
+def _clean_dead_cluster(state: dict[str, Any], state_dir: pathlib.Path) -> list[str]:
+    """What a cluster whose serve process is gone left: stop it, remove its files.
+
+    Returns the recorded pids that run but were not proven ours (never signalled); with any,
+    the state file is kept.
+    """
+    from dvml.cluster.state import remove_state, state_path
     from dvml.exceptions import ClusterError
 
-    left = [
-        f"{n} (pid {p})" for n, (p, t) in recorded_processes(state).items() if same_process(p, t)
-    ]
-    if left:
+    _, unproven = _stop_recorded(state, timeout=10.0, serve_first=False)
+    _remove_cluster_directory(state)
+    if unproven:
         raise ClusterError(
-            f"The serve process (pid {state['pid']}) of the cluster recorded in "
-            f"{state_path(state_dir)} is gone, but {', '.join(left)} still run. Stop them with "
-            "`dvml cluster down`."
+            f"The cluster recorded in {state_path(state_dir)} is not running, but the file "
+            f"names running processes that cannot be proven to be its own (pid, start time "
+            f"and command line do not all match): {', '.join(unproven)}. Nothing was "
+            "signalled. If they are yours, stop them by pid; then delete the state file."
         )
+    remove_state(state_dir)
+    return unproven
 
 
 def _log_tail(path: pathlib.Path, n_lines: int = 20) -> str:
@@ -193,14 +269,23 @@ def _stop_child(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from dvml.cluster.state import state_lock
+
+    state_dir = state_dir_of(args)
+    _validate_up(args)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Held until the cluster is recorded (or failed): a second `up` started at the same moment
+    # fails at once instead of starting a second, unrecorded cluster.
+    with state_lock(state_dir):
+        return _up_locked(args, state_dir)
+
+
+def _up_locked(args: argparse.Namespace, state_dir: pathlib.Path) -> int:
     from dvml import config
     from dvml.cluster.state import LOG_FILE, read_state, state_path
     from dvml.exceptions import ClusterStartError
 
-    state_dir = state_dir_of(args)
-    _validate_up(args)
     _refuse_running(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     log = state_dir / LOG_FILE
     wait = args.wait
     if wait is None:
@@ -255,7 +340,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _recorded_live_state(state_dir: pathlib.Path) -> dict[str, Any]:
-    from dvml.cluster.state import read_state, remove_state, same_process, state_path
+    from dvml.cluster.state import read_state, recorded_identities, state_path
     from dvml.exceptions import ClusterError, NoClusterError
 
     state = read_state(state_dir)
@@ -265,13 +350,13 @@ def _recorded_live_state(state_dir: pathlib.Path) -> dict[str, Any]:
             f"No cluster is recorded in {path}. Start one with `dvml cluster up`, or pass "
             "--scheduler ADDR."
         )
-    if not same_process(int(state["pid"]), state.get("start_time")):
-        _refuse_leftovers(state, state_dir)
-        remove_state(state_dir)
+    if not is_same_process(recorded_identities(state)["serve"]):
+        _clean_dead_cluster(state, state_dir)
         raise ClusterError(
             f"The cluster recorded in {path} is not running: its serve process (pid "
-            f"{state['pid']}) and every process it started are gone, so the stale state file "
-            "was removed. Start a new cluster with `dvml cluster up`."
+            f"{state['pid']}) is gone. What it left (processes, its directory "
+            f"{state.get('directory')}) was cleaned up and the stale state file was removed. "
+            "Start a new cluster with `dvml cluster up`."
         )
     return state
 
@@ -289,16 +374,25 @@ def _status(args: argparse.Namespace) -> int:
     import warnings
 
     from dvml.cluster.attach import connect
+    from dvml.cluster.lifeline import sweep_dead_clusters
     from dvml.cluster.state import recorded_processes, same_process
 
+    sweep_dead_clusters()  # directories of LocalClusters whose owner was killed
     state: dict[str, Any] | None = None
     address = args.scheduler
+    security = None
     if address is None:
         state = _recorded_live_state(state_dir_of(args))
         address = state["scheduler_address"]
+        security = state.get("tls")  # the cluster's certificate (Dask TLS), if it has one
+    else:
+        from dvml.cluster.security import recorded_security
+
+        # --scheduler ADDR of the cluster recorded in --state-dir: its certificate too.
+        security = recorded_security(address, state_dir_of(args))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an unreachable vineyardd shows in the table instead
-        cluster = connect(address, timeout=args.timeout)
+        cluster = connect(address, timeout=args.timeout, security=security)
     try:
         rows = cluster.status().to_dict(orient="records")
         try:
@@ -329,6 +423,14 @@ def _status(args: argparse.Namespace) -> int:
     if bad:
         print(f"dvml: error: vineyardd not running on: {', '.join(bad)}.", file=sys.stderr)
         return 1
+    no_etcd = [str(r["name"]) for r in rows if r.get("etcd_reachable") == "unreachable"]
+    if no_etcd:
+        print(
+            f"dvml: error: etcd is not reachable from {', '.join(no_etcd)}: vineyard metadata "
+            "cannot be read or written. Restart the cluster (`dvml cluster down`, then `up`).",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -336,17 +438,11 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from dvml.cluster.processes import poll_for
-    from dvml.cluster.state import (
-        read_state,
-        recorded_processes,
-        remove_state,
-        same_process,
-        signal_process,
-        state_path,
-    )
+    from dvml.cluster.lifeline import sweep_dead_clusters
+    from dvml.cluster.state import read_state, recorded_identities, remove_state, state_path
     from dvml.exceptions import ClusterError, NoClusterError
 
+    sweep_dead_clusters()  # directories of LocalClusters whose owner was killed
     state_dir = state_dir_of(args)
     state = read_state(state_dir)
     if state is None:
@@ -354,40 +450,25 @@ def _down(args: argparse.Namespace) -> int:
             f"No cluster is recorded in {state_path(state_dir)}; nothing to stop. Give the "
             "--state-dir that `dvml cluster up` used."
         )
-    procs = recorded_processes(state)
-    serve_pid, serve_time = procs["serve"]
-    if signal_process(serve_pid, serve_time, signal.SIGTERM):
+    ids = recorded_identities(state)
+    serve_pid = ids["serve"]["pid"]
+    if is_same_process(ids["serve"]):
         stopping = f"serve pid {serve_pid}"
-    else:
-        # The serve process is gone (killed?): stop what it left, workers before daemons.
+    else:  # killed? its daemons died with it; stop whatever is left, proven ours only
         stopping = f"the processes left by serve pid {serve_pid}"
-        for name in sorted(procs, key=lambda n: (n == "etcd", n.startswith("vineyardd"))):
-            signal_process(*procs[name], signal.SIGTERM)
-
-    def all_gone() -> bool:
-        return not any(same_process(pid, t) for pid, t in procs.values())
-
-    killed = []
-    if not poll_for(all_gone, args.timeout, interval=0.2):
-        for name, (pid, t) in procs.items():
-            if signal_process(pid, t, signal.SIGKILL):
-                killed.append(f"{name} (pid {pid})")
-        poll_for(all_gone, 10, interval=0.1)
-    left = [f"{n} (pid {pid})" for n, (pid, t) in procs.items() if same_process(pid, t)]
-    if left:
+    killed, unproven = _stop_recorded(state, args.timeout, serve_first=True)
+    _remove_cluster_directory(state)
+    if unproven:
         raise ClusterError(
-            f"Could not stop {', '.join(left)} of the cluster at {state['scheduler_address']}. "
-            f"The state file {state_path(state_dir)} is kept; stop them by pid, then run "
-            "`dvml cluster down` again."
+            f"Nothing more was signalled: {', '.join(unproven)} run but are not proven to be "
+            f"this cluster's (pid, start time and command line recorded in "
+            f"{state_path(state_dir)} do not all match). If they are yours, stop them by pid; "
+            "then delete the state file."
         )
     remove_state(state_dir)
-    directory = state.get("directory")
-    # Only our own private directory: a SIGKILLed serve process could not remove it.
-    if directory and pathlib.Path(directory).name.startswith("dvml-cluster-"):
-        shutil.rmtree(directory, ignore_errors=True)
 
     print(f"Stopped the cluster at {state['scheduler_address']} ({stopping}):")
-    print(format_table([{"process": n, "pid": p} for n, (p, _) in procs.items()]))
+    print(format_table([{"process": n, "pid": i["pid"]} for n, i in ids.items()]))
     if killed:
         print(
             f"dvml: warning: killed with SIGKILL after {args.timeout:.0f}s: {', '.join(killed)}.",

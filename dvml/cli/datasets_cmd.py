@@ -28,8 +28,9 @@ from dvml.cli._common import (
 
 __all__ = ["register", "summary_lines"]
 
-_LIST_COLUMNS = ["name", "kind", "rows", "buffers", "workers", "bytes", "created"]
-_PLACEMENT_COLUMNS = ["buffer", "worker_name", "host", "vineyard_instance_id", "rows", "bytes"]
+_LIST_COLUMNS = ["name", "kind", "rows", "buffers", "workers", "bytes", "created", "status"]
+_PLACEMENT_COLUMNS = ["buffer", "worker_name", "host", "vineyard_instance_id", "rows", "bytes",
+                      "status"]  # fmt: skip
 # Summary fields shown by `describe`, in this order (MADlib's names first).
 _SUMMARY_FIELDS = [
     "source_table", "dependent_varname", "independent_varname", "class_values", "num_classes",
@@ -89,6 +90,7 @@ def summary_lines(ds: Any) -> list[str]:
         f"kind:     {ds.kind}",
         f"id:       {ds.id}",
         f"rows:     {ds.rows} in {len(ds.layout['buffers'])} buffers ({format_nbytes(ds.nbytes)})",
+        f"status:   {ds.status}" + (f": {ds.damage()}" if ds.damaged else ""),
     ]
     s = ds.summary
     rules = s.get("distribution_rules") or {}
@@ -108,7 +110,8 @@ def _describe(args: argparse.Namespace) -> int:
         ds = datasets.describe(args.name, cluster.client)
     if args.json:
         print_json({"name": ds.name, "kind": ds.kind, "id": ds.id, "rows": ds.rows,
-                    "nbytes": ds.nbytes, "summary": ds.summary,
+                    "nbytes": ds.nbytes, "status": ds.status,
+                    "lost_buffers": list(ds.lost_buffers), "summary": ds.summary,
                     "placement": ds.placement().to_dict(orient="records")})  # fmt: skip
         return 0
     print("\n".join(summary_lines(ds)))

@@ -99,7 +99,7 @@ def _registry(args: argparse.Namespace, job: dict[str, Any]) -> Any:
 def _fit(args: argparse.Namespace) -> int:
     from dvml.jobs.data import config_dir, dataset_names, prepare_datasets, resolve_source
     from dvml.jobs.job_cluster import abort_orphaned_trainers, cluster_plan
-    from dvml.jobs.models import architecture_id, fit_arguments, model_exists
+    from dvml.jobs.models import fit_arguments, model_exists, resolve_model_section
     from dvml.train.fit import fit
 
     job = _job(args)
@@ -112,7 +112,10 @@ def _fit(args: argparse.Namespace) -> int:
         print(f"Plan for `dvml fit --config {args.config}` (dry run: nothing was started):")
         print(f"  - cluster: {cluster_plan(job['cluster'], args.scheduler, args.state_dir)}")
         print(f"  - data: {source.describe()} -> {train_name}, {val_name}")
-        print(f"  - train {name!r} from architecture {model['architecture']!r} for "
+        arch = f"architecture {model['architecture']!r}"
+        if model["from_selection"]:
+            arch = f"the best configuration of fit_multiple run {model['from_selection']!r}"
+        print(f"  - train {name!r} from {arch} for "
               f"{model['num_iterations']} iteration(s)"
               + (", warm-started if it exists" if model["warm_start"] else ""))  # fmt: skip
         return 0
@@ -125,7 +128,7 @@ def _fit(args: argparse.Namespace) -> int:
         print(f"Preprocessing {source.describe()} into {train_name} and {val_name}...")
         train, validation = prepare_datasets(job, client, base, source)
         print(f"  {train.name}: {train.rows} rows; {validation.name}: {validation.rows} rows.")
-        arch_id = architecture_id(model["architecture"], registry, base)
+        model, arch_id, _ = resolve_model_section(model, registry, base)
         warm = bool(model["warm_start"]) and model_exists(registry, name)
         print(f"Training {name!r} (architecture {arch_id}, "
               f"{'warm start' if warm else 'from scratch'})...")  # fmt: skip

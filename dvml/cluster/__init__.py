@@ -1,8 +1,10 @@
 """Clusters: a LocalCluster that simulates several hosts, and attaching to a running cluster.
 
 This package owns the processes (etcd, one vineyardd per worker, Dask scheduler and Nanny
-workers), the worker ↔ vineyard instance mapping and the GPU inventory. It leaves placement to
-:mod:`dvml.placement` and storage to :mod:`dvml.store`.
+workers), the worker ↔ vineyard instance mapping and the GPU inventory, and who may reach them:
+Dask TLS (:mod:`dvml.cluster.security`) and etcd in a private network namespace
+(:mod:`dvml.cluster.isolation`). It leaves placement to :mod:`dvml.placement` and storage to
+:mod:`dvml.store`.
 """
 
 from __future__ import annotations

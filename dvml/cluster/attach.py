@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.connection import local_client
 from dvml.cluster.gpu import gpu_configuration
+from dvml.cluster.health import bounded_run, probe_daemons
+from dvml.cluster.security import resolve_security
 from dvml.cluster.workers import WorkerInfo, discover_workers
 from dvml.exceptions import ClusterError
 
@@ -17,13 +19,27 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "connect"]
 
 
+async def _probe_vineyard_async() -> dict[str, Any]:
+    # In a thread: the vineyard call must not block the worker's event loop.
+    import asyncio
+
+    return await asyncio.to_thread(_probe_vineyard)
+
+
 def _probe_vineyard() -> dict[str, Any]:
-    """Run on a worker: can its vineyardd be reached, and how full is it?"""
+    """Run on a worker: can its vineyardd and its etcd be reached, and how full is it?"""
     sock = os.environ.get("VINEYARD_IPC_SOCKET")
+    daemons = probe_daemons()
+    etcd = {None: "unknown", True: "running", False: "unreachable"}[daemons["etcd"]]
     if not sock:
-        return {"vineyardd": "not configured", "memory_used": None, "memory_limit": None}
+        return {"vineyardd": "not configured", "memory_used": None, "memory_limit": None,
+                "etcd_reachable": etcd}  # fmt: skip
     if not os.path.exists(sock):
-        return {"vineyardd": "socket missing", "memory_used": None, "memory_limit": None}
+        return {"vineyardd": "socket missing", "memory_used": None, "memory_limit": None,
+                "etcd_reachable": etcd}  # fmt: skip
+    if not daemons["vineyardd"]:  # refuses connections: asking the client would only retry
+        return {"vineyardd": "not running (connection refused)", "memory_used": None,
+                "memory_limit": None, "etcd_reachable": etcd}  # fmt: skip
     try:
         st = local_client().status  # the process's shared connection: never closed here
     except Exception as exc:
@@ -31,11 +47,13 @@ def _probe_vineyard() -> dict[str, Any]:
             "vineyardd": f"unreachable ({type(exc).__name__})",
             "memory_used": None,
             "memory_limit": None,
+            "etcd_reachable": etcd,
         }
     return {
         "vineyardd": "running",
         "memory_used": int(st.memory_usage),
         "memory_limit": int(st.memory_limit),
+        "etcd_reachable": etcd,
     }
 
 
@@ -51,6 +69,10 @@ class Cluster:
     def __init__(self, client: Client) -> None:
         self.client = client
         self._workers: list[WorkerInfo] | None = None
+        # Failures dvml reports itself are not logged a second time by the workers.
+        from dvml.cluster.worker_logging import QuietDvmlFailures
+
+        client.register_plugin(QuietDvmlFailures())
 
     @property
     def scheduler_address(self) -> str:
@@ -64,7 +86,8 @@ class Cluster:
     def workers(self) -> list[WorkerInfo]:
         """Every worker with its host, vineyard socket and instance id, and GPUs."""
         if self._workers is None:
-            self._workers = discover_workers(self.client)
+            # A frozen worker (see dvml.cluster.health) is left out rather than waited for.
+            self._workers = discover_workers(self.client, omit_silent=True)
         return self._workers
 
     def refresh(self) -> list[WorkerInfo]:
@@ -79,12 +102,27 @@ class Cluster:
         return pd.DataFrame([w.as_row() for w in self.workers])
 
     def status(self) -> pd.DataFrame:
-        """The worker table plus the state of each worker's vineyardd and its memory."""
+        """The worker table plus the state of each worker's vineyardd and its memory.
+
+        Bounded by ``cluster.daemon-timeout``: a worker that does not answer (frozen by a
+        vineyard call waiting on a dead etcd) is listed with ``vineyardd`` "worker not
+        answering" instead of hanging the call.
+        """
         import pandas as pd
 
+        self._workers = None
         table = self.worker_table()
-        probes = self.client.run(_probe_vineyard)
-        extra = pd.DataFrame([probes.get(a, {"vineyardd": "worker gone"}) for a in table.address])
+        known = set(table["address"]) if "address" in table else set()
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        silent = [{"address": a, "name": str(w.get("name")), "pid": w.get("pid")}
+                  for a, w in info.items() if a not in known]  # fmt: skip
+        if silent:
+            table = pd.concat([table, pd.DataFrame(silent)], ignore_index=True)
+        probes = bounded_run(self.client, _probe_vineyard_async)
+        missing = {"vineyardd": "worker not answering", "memory_used": None,
+                   "memory_limit": None, "etcd_reachable": "unknown"}  # fmt: skip
+        rows = [probes.get(a) for a in table.get("address", [])]
+        extra = pd.DataFrame([r if isinstance(r, dict) else missing for r in rows])
         return pd.concat([table.reset_index(drop=True), extra], axis=1)
 
     def gpu_configuration(self) -> pd.DataFrame:
@@ -106,15 +144,26 @@ class Cluster:
         return f"<{type(self).__name__} {self.scheduler_address} workers={n}>"
 
 
-def connect(address: str, timeout: float = 30) -> Cluster:
+def _tls_configured() -> bool:
+    """Whether Dask's configuration gives a client certificate (distributed.comm.tls.*)."""
+    import dask.config
+
+    return bool(dask.config.get("distributed.comm.tls.client.cert", None))
+
+
+def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
     """Attach to a running cluster and discover its worker ↔ vineyard mapping.
 
     Parameters
     ----------
     address : str
-        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"``.
+        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"`` or ``"tls://..."``.
     timeout : float
         Seconds to wait for the scheduler.
+    security : distributed.security.Security or dict, optional
+        TLS credentials: a ``Security`` object, or the paths ``{"ca": ..., "cert": ...,
+        "key": ...}``. None: the certificates of the cluster that ``dvml cluster up``
+        recorded for this address, else Dask's configuration (``distributed.comm.tls.*``).
 
     Returns
     -------
@@ -123,8 +172,17 @@ def connect(address: str, timeout: float = 30) -> Cluster:
     """
     from distributed import Client
 
+    resolved = resolve_security(security, address)
+    if address.startswith("tls://") and resolved is None and not _tls_configured():
+        raise ClusterError(
+            f"The scheduler at {address!r} serves TLS, and no certificate was given. Received: "
+            "security=None, and no running `dvml cluster up` cluster records this address. "
+            "Pass security= (a distributed.security.Security, or the paths {'ca': ..., "
+            "'cert': ..., 'key': ...}), or set distributed.comm.tls.* in the Dask "
+            "configuration."
+        )
     try:
-        client = Client(address, timeout=timeout, set_as_default=True)
+        client = Client(address, timeout=timeout, security=resolved, set_as_default=True)
     except OSError as exc:
         raise ClusterError(
             f"Cannot reach the Dask scheduler at {address!r} within {timeout}s: {exc}. "

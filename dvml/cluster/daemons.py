@@ -12,6 +12,7 @@ import os
 import pathlib
 import sys
 import urllib.request
+from collections.abc import Sequence
 
 from dvml.cluster.processes import ManagedProcess, poll_for
 from dvml.exceptions import ClusterStartError
@@ -137,13 +138,19 @@ def start_vineyardd(
     etcd_endpoint: str,
     etcd_prefix: str,
     log_path: str,
+    log_dir: str | None = None,
+    wrapper: Sequence[str] = (),
 ) -> ManagedProcess:
     """Start one vineyardd (RPC off) joined to etcd; readiness is awaited by the caller.
 
     Readiness is checked by the caller (:func:`vineyard_instance_id`), which starts daemons
     one at a time: concurrent joins race for their instance rank (vineyard 0.24.2).
+    ``log_dir`` receives its glog files (else glog writes world-readable
+    ``/tmp/vineyard.*.log.*`` files that nothing removes); ``wrapper`` is a command prefix,
+    e.g. one that enters etcd's private network namespace (:mod:`dvml.cluster.isolation`).
     """
     argv = [
+        *wrapper,
         *vineyardd_command(),
         # gflags needs the `--flag=value` form for booleans: `--rpc false` leaves RPC on.
         f"--socket={socket_path}",
@@ -153,4 +160,6 @@ def start_vineyardd(
         f"--etcd_prefix={etcd_prefix}",
         "--rpc=false",
     ]
+    if log_dir is not None:
+        argv.append(f"--log_dir={log_dir}")
     return ManagedProcess(name, argv, log_path)

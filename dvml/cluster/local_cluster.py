@@ -15,19 +15,35 @@ import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config, tf_runtime
 from dvml.cluster.attach import Cluster
 from dvml.cluster.daemons import start_etcd, start_vineyardd, vineyard_instance_id
+from dvml.cluster.health import ETCD_ENV, register_owner, unregister_owner
+from dvml.cluster.isolation import (
+    ETCD_ENDPOINT,
+    join_namespace,
+    private_etcd_wanted,
+    start_private_etcd,
+)
+from dvml.cluster.lifeline import CLUSTER_DIR_PREFIX, sweep_dead_clusters, write_owner
+from dvml.cluster.main_guard import refuse_in_spawned_import, unguarded_main_hint
 from dvml.cluster.processes import ManagedProcess, free_port, poll_for, port_is_free
+from dvml.cluster.security import cluster_security, create_certificates, tls_enabled
 from dvml.cluster.spec import LocalWorkerSpec, check_shared_memory, parse_memory, plan_workers
 from dvml.cluster.workers import GPUS_ENV, HOST_ENV, SOCKET_ENV
-from dvml.exceptions import ArgumentError, ClusterStartError, DaemonDiedError
+from dvml.exceptions import (
+    ArgumentError,
+    ClusterStartError,
+    DaemonDiedError,
+    VineyarddDiedError,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
+    from distributed.security import Security
 
 __all__ = ["LocalCluster"]
 
@@ -62,6 +78,15 @@ class LocalCluster(Cluster):
         Seconds to wait for each daemon (config ``cluster.start-timeout``).
     set_as_default : bool
         Make ``cluster.client`` the default Dask client, so dvml calls need no ``client=``.
+    tls : bool, optional
+        Serve Dask over TLS with a client certificate that only this user can read (config
+        ``cluster.tls``, default True): other users of the machine cannot connect to the
+        scheduler or the workers. ``cluster.security`` is the
+        :class:`distributed.security.Security` to open more clients with.
+    private_etcd : bool or "auto", optional
+        Run etcd and the vineyardds in a private network namespace, so that only this user
+        reaches etcd (config ``cluster.private-etcd``, default ``"auto"``: when the machine
+        allows it). See :mod:`dvml.cluster.isolation`.
 
     Examples
     --------
@@ -81,7 +106,10 @@ class LocalCluster(Cluster):
         dashboard_address: str | None = "127.0.0.1:0",
         start_timeout: float | None = None,
         set_as_default: bool = True,
+        tls: bool | None = None,
+        private_etcd: bool | str | None = None,
     ) -> None:
+        refuse_in_spawned_import()  # a worker process re-running an unguarded script
         config.validate()
         n = config.get("cluster.n-workers", n_workers)
         self.specs: list[LocalWorkerSpec] = plan_workers(n, gpus, hosts)
@@ -94,15 +122,23 @@ class LocalCluster(Cluster):
             )
         self._memory_limit = config.get("cluster.worker-memory-limit", memory_limit)
         self._timeout = float(config.get("cluster.start-timeout", start_timeout))
+        self._tls = tls_enabled(tls)
+        self._namespace = private_etcd_wanted(private_etcd)
+        self.security: Security | None = None
+        self.tls_files: dict[str, str] | None = None
+        self.etcd_socket: str | None = None
         if scheduler_port and not port_is_free(scheduler_port):
             raise ClusterStartError(
                 f"The scheduler port {scheduler_port} on 127.0.0.1 is already taken. "
                 "Choose another scheduler_port, or 0 for a free one."
             )
 
+        # What a cluster whose owner was killed left behind (its daemons died with it).
+        sweep_dead_clusters()
         # mkdtemp creates the directory with mode 0700: sockets, etcd data and logs stay private.
-        self._state = _Started(tempfile.mkdtemp(prefix="dvml-cluster-"))
+        self._state = _Started(tempfile.mkdtemp(prefix=CLUSTER_DIR_PREFIX))
         self.directory = self._state.directory
+        write_owner(self.directory)
         self._set_as_default = set_as_default
         self.instance_ids: dict[str, int] = {}
         self._closed = False
@@ -123,19 +159,28 @@ class LocalCluster(Cluster):
     def _start(self, scheduler_port: int, dashboard_address: str | None) -> None:
         from distributed import Client, Nanny, Scheduler
 
-        os.makedirs(os.path.join(self.directory, "sockets"), mode=0o700)
-        os.makedirs(os.path.join(self.directory, "logs"), mode=0o700)
+        for sub in ("sockets", "logs", "dask"):
+            os.makedirs(os.path.join(self.directory, sub), mode=0o700)
         log = os.path.join(self.directory, "logs")
+        if self._tls:
+            self.tls_files = create_certificates(os.path.join(self.directory, "tls"))
+            self.security = cluster_security(self.tls_files)
 
-        client_port, peer_port = free_port(), free_port()
-        self._state.etcd = start_etcd(
-            os.path.join(self.directory, "etcd"),
-            client_port,
-            peer_port,
-            os.path.join(log, "etcd.log"),
-            self._timeout,
-        )
-        self.etcd_endpoint = f"http://127.0.0.1:{client_port}"
+        if self._namespace is not None:
+            self._state.etcd, self.etcd_socket = start_private_etcd(
+                self._namespace, self.directory, os.path.join(log, "etcd.log"), self._timeout
+            )
+            self.etcd_endpoint = ETCD_ENDPOINT  # inside the namespace only
+        else:
+            client_port, peer_port = free_port(), free_port()
+            self._state.etcd = start_etcd(
+                os.path.join(self.directory, "etcd"),
+                client_port,
+                peer_port,
+                os.path.join(log, "etcd.log"),
+                self._timeout,
+            )
+            self.etcd_endpoint = f"http://127.0.0.1:{client_port}"
         # A fresh prefix per cluster: vineyard instances never see another cluster's objects.
         prefix = f"/dvml/{uuid.uuid4().hex[:12]}"
         # vineyardds join one at a time: daemons that register concurrently race for their
@@ -161,7 +206,11 @@ class LocalCluster(Cluster):
                 "host": "127.0.0.1",
                 "port": scheduler_port,
                 "dashboard": dashboard_address is not None,
-                "dashboard_address": dashboard_address,
+                # Without a dashboard the scheduler still serves /health and /metrics, by
+                # default on 0.0.0.0:8787: keep them on a free loopback port.
+                "dashboard_address": dashboard_address or "127.0.0.1:0",
+                "protocol": "tls" if self.security is not None else "tcp",
+                "security": self.security,
             },
         }
         try:
@@ -170,8 +219,12 @@ class LocalCluster(Cluster):
             daemons.join()  # never leave the thread starting daemons behind
         if errors:
             raise errors[0]
-        self._client = Client(self._state.dask, set_as_default=self._set_as_default)
+        self._client = Client(
+            self._state.dask, security=self.security, set_as_default=self._set_as_default
+        )
         self._client.wait_for_workers(len(self.specs), timeout=self._timeout)
+        # dvml calls made through this cluster's scheduler ask this process about its daemons.
+        register_owner(str(getattr(self._client.scheduler, "address", "")), _weak_check(self))
 
     def _start_dask(self, workers: dict[str, Any], scheduler: dict[str, Any]) -> None:
         import dask
@@ -190,11 +243,14 @@ class LocalCluster(Cluster):
                     scheduler=scheduler,
                     silence_logs=logging.WARNING,
                     name="dvml-local",
+                    security=self.security,
                 )
         except RuntimeError as exc:
+            hint = unguarded_main_hint()
             raise ClusterStartError(
-                f"The Dask scheduler or workers failed to start: {exc}. Check that the "
-                "scheduler_port and dashboard_address are free; the cluster was cleaned up."
+                f"The Dask scheduler or workers failed to start: {str(exc).rstrip('.')}."
+                + (hint or " Check that the scheduler_port and dashboard_address are free;")
+                + " The cluster was cleaned up."
             ) from exc
 
     @property
@@ -206,7 +262,10 @@ class LocalCluster(Cluster):
         return self._state.vineyardds
 
     def _start_vineyardd(self, spec: LocalWorkerSpec, prefix: str) -> None:
-        log = os.path.join(self.directory, "logs", f"vineyardd-{spec.index}.log")
+        logs = os.path.join(self.directory, "logs")
+        wrapper: list[str] = []
+        if self._namespace is not None and self.etcd is not None:
+            wrapper = join_namespace(self._namespace, self.etcd.pid, [])
         self.vineyardds.append(
             start_vineyardd(
                 f"vineyardd of {spec.name}",
@@ -214,13 +273,19 @@ class LocalCluster(Cluster):
                 self.vineyard_memory,
                 self.etcd_endpoint,
                 prefix,
-                log,
+                os.path.join(logs, f"vineyardd-{spec.index}.log"),
+                # glog's own files: in the private directory, removed with it.
+                log_dir=logs,
+                wrapper=wrapper,
             )
         )
 
     def _worker_spec(self, spec: LocalWorkerSpec, nanny_cls: Any) -> dict[str, Any]:
         env = {
             SOCKET_ENV: self.socket_path(spec),
+            # For dvml.cluster.health's probes: a private etcd is reachable from the workers
+            # only through its socket (its TCP endpoint is inside the namespace).
+            ETCD_ENV: f"unix://{self.etcd_socket}" if self.etcd_socket else self.etcd_endpoint,
             HOST_ENV: spec.host,
             GPUS_ENV: json.dumps(list(spec.gpus)),
             # A dead vineyardd must fail a task at once, not after vineyard's 10 retries.
@@ -231,13 +296,16 @@ class LocalCluster(Cluster):
             # simulated hosts are still one machine.
             tf_runtime.WORKERS_ON_HOST_ENV: str(len(self.specs)),
         }
+        local_directory = os.path.join(self.directory, "dask", spec.name)
+        os.makedirs(local_directory, mode=0o700, exist_ok=True)
         options: dict[str, Any] = {
             "name": spec.name,
             "host": "127.0.0.1",
             "nthreads": self._threads,
             "memory_limit": self._memory_limit,
             "env": env,
-            "local_directory": os.path.join(self.directory, "dask", spec.name),
+            "local_directory": local_directory,
+            "security": self.security,
             "dashboard": False,
             "dashboard_address": "127.0.0.1:0",  # /health and /metrics: else on 0.0.0.0
             "silence_logs": logging.WARNING,
@@ -307,7 +375,7 @@ class LocalCluster(Cluster):
             )
         for spec, proc in zip(self.specs, self.vineyardds, strict=True):
             if not proc.alive():
-                raise DaemonDiedError(
+                raise VineyarddDiedError(
                     f"The vineyardd of {spec.name} (pid {proc.pid}, socket "
                     f"{self.socket_path(spec)}) is not running (exit {proc.returncode()}). "
                     "Data on that worker is lost; restart the cluster."
@@ -322,6 +390,7 @@ class LocalCluster(Cluster):
         self._closed = True
         client = getattr(self, "_client", None)
         if client is not None:
+            unregister_owner(str(getattr(client.scheduler, "address", "")))
             client.close()
         self._finalizer()
 
@@ -335,6 +404,18 @@ class LocalCluster(Cluster):
             f"<dvml.LocalCluster {getattr(self, 'scheduler_address', '?')} "
             f"workers={len(self.specs)} hosts={len(hosts)} gpus={gpus}>"
         )
+
+
+def _weak_check(cluster: LocalCluster) -> Callable[[], None]:
+    """``cluster.check_daemons`` without keeping the cluster alive (its finalizer must run)."""
+    ref = weakref.WeakMethod(cluster.check_daemons)
+
+    def check() -> None:
+        method = ref()
+        if method is not None:
+            method()
+
+    return check
 
 
 @dataclasses.dataclass

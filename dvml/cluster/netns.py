@@ -251,6 +251,16 @@ class NetnsCluster:
         return str(self.state["etcd_endpoint"])
 
     @property
+    def security(self) -> Any:
+        """The :class:`distributed.security.Security` of a ``tls=True`` cluster, else None:
+        ``dvml.connect(cluster.scheduler_address, security=cluster.security)``. (Clients run
+        with :meth:`env` get the same certificates through Dask's configuration.)"""
+        from dvml.cluster.security import cluster_security
+
+        tls = self.state.get("tls")
+        return cluster_security(tls) if tls else None
+
+    @property
     def head(self) -> dict[str, Any]:
         return dict(self.state["head"])
 

@@ -15,17 +15,22 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dvml.cluster.health import require_daemons
 from dvml.cluster.workers import WorkerInfo
-from dvml.exceptions import ClusterError
+from dvml.exceptions import ClusterError, DaemonDiedError
 
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-__all__ = ["ATTEMPTS", "live_workers", "run_pinned"]
+__all__ = ["ATTEMPTS", "live_identities", "live_workers", "pinned_step", "run_pinned"]
 
 logger = logging.getLogger("dvml.cluster")
 
 ATTEMPTS = 3
+
+# A worker process as the scheduler knows it: (address, server id). The server id is new for
+# every worker process, so a restart is seen even when the new process got the same address.
+Identity = tuple[str, str | None]
 
 
 def live_workers(client: Client) -> dict[str, str]:
@@ -34,12 +39,51 @@ def live_workers(client: Client) -> dict[str, str]:
     return {str(w["name"]): addr for addr, w in info.items()}
 
 
-def _wait_for_worker(client: Client, name: str, what: str, timeout: float) -> str:
+def live_identities(client: Client) -> dict[str, Identity]:
+    """Worker name → identity (address, server id) of the workers connected right now."""
+
+    # Defined here so that it is pickled by value: the scheduler need not import dvml.
+    def identities(dask_scheduler: Any) -> dict[str, tuple[str, str]]:
+        return {str(ws.name): (ws.address, str(ws.server_id))
+                for ws in dask_scheduler.workers.values()}  # fmt: skip
+
+    return {name: (a, sid) for name, (a, sid) in client.run_on_scheduler(identities).items()}
+
+
+def pinned_step(status: str, pinned: Identity, now: Identity | None) -> str:
+    """What to do with a pinned task, from one reading of its future's status.
+
+    Parameters
+    ----------
+    status : str
+        The future's status, read ONCE: it changes under the caller's feet (a second reading
+        may see ``"finished"`` where the first saw ``"pending"``).
+    pinned : Identity
+        The worker process the task was submitted to.
+    now : Identity or None
+        The live worker process of the same name, None when no worker has that name.
+
+    Returns
+    -------
+    str
+        ``"done"`` (collect the result), ``"failed"`` (the task's own error, on the worker
+        that ran it), ``"wait"`` (still running, or settling, on that same worker),
+        ``"gone"`` (no worker of that name: wait for its Nanny to restart it) or
+        ``"restarted"`` (another process serves the name: submit the task again there).
+    """
+    if status == "finished":
+        return "done"
+    if now == pinned:
+        return "failed" if status in ("error", "cancelled") else "wait"
+    return "gone" if now is None else "restarted"
+
+
+def _wait_for_worker(client: Client, name: str, what: str, timeout: float) -> Identity:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        address = live_workers(client).get(name)
-        if address is not None:
-            return address
+        identity = live_identities(client).get(name)
+        if identity is not None:
+            return identity
         time.sleep(0.5)
     raise ClusterError(
         f"Worker {name} left the cluster during {what} and did not come back within "
@@ -82,6 +126,13 @@ def run_pinned(
     from distributed import wait
 
     addresses = [t.address for t in targets]
+    live = live_identities(client)
+    # The process each task is pinned to; a target whose address is no longer its name's
+    # (restarted since it was discovered) counts as restarted at once.
+    pinned: dict[int, Identity] = {}
+    for i, t in enumerate(targets):
+        now = live.get(t.name)
+        pinned[i] = now if now is not None and now[0] == t.address else (t.address, None)
     futures = {i: submit(i, addresses[i], 1) for i in range(len(targets))}
     attempts = dict.fromkeys(futures, 1)
     results: dict[int, Any] = {}
@@ -92,32 +143,37 @@ def run_pinned(
                 with client.as_current():  # distributed.wait looks up the default client
                     wait(pending, timeout=1, return_when="FIRST_COMPLETED")
             except TimeoutError:  # nothing finished within the second: look at the workers
-                pass
-            live = set(live_workers(client).values())
+                # A daemon that died now would leave the tasks blocked in vineyardd forever.
+                require_daemons(client, what)
+            live = live_identities(client)
             for i, fut in futures.items():
                 if i in results:
                     continue
-                if fut.status == "finished":
+                name = targets[i].name
+                step = pinned_step(str(fut.status), pinned[i], live.get(name))
+                if step == "done":
                     results[i] = fut.result()
                     continue
-                if fut.status == "pending" and addresses[i] in live:
+                if step == "wait":
                     continue
-                if fut.status in ("error", "cancelled") and addresses[i] in live:
+                if step == "failed":
                     fut.result()  # raises the task's own error: not a lost worker
-                name = targets[i].name
+                    continue  # a cancelled future whose result did not raise: look again
                 if attempts[i] >= ATTEMPTS:
                     raise ClusterError(
                         f"{what} of buffer {i} failed {attempts[i]} times because its worker "
                         f"{name} left the cluster. Check the worker's logs and memory, then "
                         "run the call again."
                     )
-                address = _wait_for_worker(client, name, what, restart_timeout)
+                identity = live.get(name) or _wait_for_worker(client, name, what, restart_timeout)
+                if identity == pinned[i]:  # it was only missing from one listing
+                    continue
                 fut.cancel()
                 logger.warning("worker %s restarted as %s: redoing %s of buffer %d",
-                               name, address, what, i)  # fmt: skip
-                addresses[i] = address
+                               name, identity[0], what, i)  # fmt: skip
+                addresses[i], pinned[i] = identity[0], identity
                 attempts[i] += 1
-                futures[i] = submit(i, address, attempts[i])
+                futures[i] = submit(i, identity[0], attempts[i])
     except BaseException:
         if abort is not None:
             abort()
@@ -140,6 +196,8 @@ def _settle(client: Client, tasks: list[tuple[Future, str]], timeout: float) -> 
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
+            # Tasks blocked on a dead etcd never finish: do not wait for them.
+            require_daemons(client)
             live = set(live_workers(client).values())
             running = [f for f, address in tasks if f.status == "pending" and address in live]
             if not running:
@@ -149,6 +207,8 @@ def _settle(client: Client, tasks: list[tuple[Future, str]], timeout: float) -> 
                     wait(running, timeout=1, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 pass
+    except DaemonDiedError:  # the caller reports it
+        pass
     except Exception:  # the cluster is failing: the caller cleans up what it can
         logger.warning("could not wait for the running tasks", exc_info=True)
     client.cancel(futures)

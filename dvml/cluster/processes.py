@@ -9,6 +9,8 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 
+from dvml.cluster.lifeline import spawn
+
 __all__ = ["ManagedProcess", "free_port", "poll_for", "port_is_free"]
 
 
@@ -67,8 +69,9 @@ class ManagedProcess:
         self.log_path = log_path
         with open(log_path, "ab") as log:
             # A new session: a Ctrl-C in the user's terminal reaches dvml, which then stops
-            # the daemons in order, instead of killing them under running workers.
-            self.popen = subprocess.Popen(
+            # the daemons in order, instead of killing them under running workers. spawn: the
+            # child is killed by the kernel if this process dies without stopping it.
+            self.popen = spawn(
                 self.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,

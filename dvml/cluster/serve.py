@@ -22,7 +22,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.local_cluster import LocalCluster
-from dvml.cluster.state import process_start_time, remove_state, state_path, write_state
+from dvml.cluster.state import (
+    process_identity,
+    process_start_time,
+    remove_state,
+    state_path,
+    write_state,
+)
 from dvml.exceptions import ArgumentError, DvmlError
 
 if TYPE_CHECKING:
@@ -123,17 +129,25 @@ def _state_of(cluster: LocalCluster, log: str | None) -> dict[str, Any]:
     except Exception:  # no dashboard was started
         dashboard = None
     pids = cluster.processes()
+    ids = {name: process_identity(pid) for name, pid in pids.items()}
+    me = process_identity(os.getpid()) or {}
     return {
         "pid": os.getpid(),
         "start_time": process_start_time(os.getpid()),
+        "cmdline": me.get("cmdline"),
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "scheduler_address": cluster.scheduler_address,
         "dashboard_link": dashboard,
         "etcd_endpoint": cluster.etcd_endpoint,
+        "etcd_socket": cluster.etcd_socket,
+        # Where dvml.connect and the CLI find the client certificate (0700 directory).
+        "tls": cluster.tls_files,
         "directory": cluster.directory,
         "log": log,
         "processes": pids,
         "start_times": {name: process_start_time(pid) for name, pid in pids.items()},
+        # With the start times: what proves that a recorded pid is still ours (`down`).
+        "cmdlines": {name: (i or {}).get("cmdline") for name, i in ids.items()},
         "workers": [w.as_row() for w in cluster.workers],
     }
 

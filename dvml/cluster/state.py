@@ -2,34 +2,44 @@
 
 ``<state-dir>/cluster.json`` records the scheduler address, the pid of the ``dvml.cluster.serve``
 process that owns the cluster and the pid of every process it started, each with its start
-time, so that a pid reused by an unrelated process is never mistaken for (or killed as) ours.
+time and command line, so that a pid reused by an unrelated process is never mistaken for (or
+killed as) ours: a process is signalled only when all three match (:func:`signal_process`).
+``<state-dir>/.cluster.lock`` is held by ``dvml cluster up`` while it starts a cluster
+(:func:`state_lock`), so that two commands started at once cannot both start one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import signal
+from collections.abc import Iterator
 from typing import Any
 
-from dvml.exceptions import ClusterError
+from dvml.cluster.lifeline import identity_of, is_same_process
+from dvml.exceptions import ClusterError, LockHeldError
 
 __all__ = [
     "LOG_FILE",
     "STATE_FILE",
+    "process_identity",
     "process_start_time",
     "read_state",
+    "recorded_identities",
     "recorded_processes",
     "remove_state",
     "same_process",
     "signal_process",
+    "state_lock",
     "state_path",
     "write_state",
 ]
 
 STATE_FILE = "cluster.json"
 LOG_FILE = "cluster.log"
+LOCK_FILE = ".cluster.lock"
 STATE_VERSION = 1
 
 
@@ -116,23 +126,62 @@ def process_start_time(pid: int) -> float | None:
 def same_process(pid: int, start_time: float | None) -> bool:
     """Whether ``pid`` runs and is the process that was recorded with ``start_time``.
 
-    A pid whose start time differs belongs to another process (the pid was reused).
+    A pid whose start time differs belongs to another process (the pid was reused); without a
+    recorded start time nothing is proven and the answer is False.
     """
+    if start_time is None or pid <= 1:
+        return False
     now = process_start_time(pid)
     if now is None:
         return False
-    return start_time is None or abs(now - start_time) < 1.0
+    return abs(now - start_time) < 1.0
 
 
-def signal_process(pid: int, start_time: float | None, sig: signal.Signals) -> bool:
-    """Send ``sig`` to ``pid`` if it is still the recorded process; return whether it was sent."""
-    if not same_process(pid, start_time):
+def signal_process(identity: dict[str, Any], sig: signal.Signals) -> bool:
+    """Send ``sig`` to a recorded process if its pid, start time AND command line still match.
+
+    Returns whether the signal was sent. A record that lacks any of the three (an old or
+    forged state file) is never signalled.
+    """
+    if not is_same_process(identity):
         return False
     try:
-        os.kill(pid, sig)
+        os.kill(int(identity["pid"]), sig)
     except ProcessLookupError:
         return False
     return True
+
+
+def process_identity(pid: int) -> dict[str, Any] | None:
+    """pid, start time and command line of a running process (recorded in the state file)."""
+    return identity_of(pid)
+
+
+@contextlib.contextmanager
+def state_lock(state_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold ``<state_dir>/.cluster.lock`` (an exclusive ``flock``) for the duration.
+
+    Raises
+    ------
+    LockHeldError
+        At once, when another process holds it (another ``dvml cluster up`` is starting).
+    """
+    import fcntl
+
+    path = pathlib.Path(state_dir) / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockHeldError(
+                f"Another `dvml cluster up` is starting a cluster in {state_dir} right now (it "
+                f"holds {path}). Wait for it to finish, then check `dvml cluster status`; or "
+                "give another --state-dir."
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def recorded_processes(state: dict[str, Any]) -> dict[str, tuple[int, float | None]]:
@@ -144,3 +193,23 @@ def recorded_processes(state: dict[str, Any]) -> dict[str, tuple[int, float | No
     for name, pid in state.get("processes", {}).items():
         procs[name] = (int(pid), times.get(name))
     return procs
+
+
+def recorded_identities(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every recorded process as ``{name: {"pid", "start_time", "cmdline"}}``, serve first.
+
+    A value the file lacks is None: such a process can never be proven ours, so it is never
+    signalled (:func:`signal_process`).
+    """
+    times = state.get("start_times", {})
+    cmdlines = state.get("cmdlines", {})
+    ids = {
+        "serve": {
+            "pid": state.get("pid"),
+            "start_time": state.get("start_time"),
+            "cmdline": state.get("cmdline"),
+        }
+    }
+    for name, pid in state.get("processes", {}).items():
+        ids[name] = {"pid": pid, "start_time": times.get(name), "cmdline": cmdlines.get(name)}
+    return ids

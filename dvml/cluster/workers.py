@@ -18,6 +18,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.connection import local_client
+from dvml.cluster.health import bounded_run, daemon_timeout, require_daemons
 from dvml.exceptions import DaemonDiedError, NoClusterError
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 HOST_ENV = "DVML_HOST"
+_DISCOVER_ROUNDS = 3
 GPUS_ENV = "DVML_GPUS"
 SOCKET_ENV = "VINEYARD_IPC_SOCKET"
 
@@ -183,12 +185,36 @@ def _natural_key(text: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
-def discover_workers(client: Client | None = None) -> list[WorkerInfo]:
+def discover_workers(client: Client | None = None, omit_silent: bool = False) -> list[WorkerInfo]:
     """Ask every worker for its host, vineyard socket and instance, and GPUs.
 
-    Returns the workers sorted by name (``worker-2`` before ``worker-10``).
+    Returns the workers sorted by name (``worker-2`` before ``worker-10``). Each worker is
+    given ``cluster.daemon-timeout`` seconds to answer (a worker whose vineyard call waits on a
+    dead etcd is frozen, see :mod:`dvml.cluster.health`); when one is silent the daemons are
+    checked, and while they all run (a slow worker, e.g. importing vineyard on a busy host) it
+    is asked again, ``_DISCOVER_ROUNDS`` times in all.
+
+    Raises
+    ------
+    DaemonDiedError
+        Naming the workers that did not answer in time, unless ``omit_silent`` (then they are
+        left out).
     """
     client = current_client(client)
-    answers = client.run(describe_this_worker)
-    infos = [WorkerInfo.from_dict(d) for d in answers.values()]
+    answers = bounded_run(client, describe_this_worker)  # the common case: one broadcast
+    for _ in range(_DISCOVER_ROUNDS - 1):
+        silent = [a for a, d in answers.items() if not isinstance(d, dict)]
+        if not silent or omit_silent:
+            break
+        require_daemons(client)  # a dead daemon is named at once
+        answers.update(bounded_run(client, describe_this_worker, workers=silent))
+    silent = [a for a, d in answers.items() if not isinstance(d, dict)]
+    if silent and not omit_silent:
+        raise DaemonDiedError(
+            f"Workers {silent} did not describe themselves within "
+            f"{_DISCOVER_ROUNDS} x {daemon_timeout():.0f}s (cluster.daemon-timeout). A worker "
+            "freezes when its vineyard call waits on a dead etcd: check `dvml cluster status`, "
+            "and restart the cluster if a daemon died."
+        )
+    infos = [WorkerInfo.from_dict(d) for d in answers.values() if isinstance(d, dict)]
     return sorted(infos, key=lambda w: _natural_key(w.name))

@@ -42,7 +42,7 @@ from dvml.features.keys import (
     check_pooling,
     default_name,
 )
-from dvml.features.lookup import existing, intact, source_workers
+from dvml.features.lookup import by_key, existing, intact, source_workers
 from dvml.features.manage import KIND
 from dvml.features.manage import describe as describe_cache
 from dvml.features.source import SourcePlan, pack_source, plan_source
@@ -108,7 +108,8 @@ def cache(
         Run the backbone on the workers' GPUs; refused when a worker that holds images has no
         GPU.
     name : str, optional
-        The cache's name; default ``features-<key[:12]>``. A cache of that name with another
+        The cache's name; default ``features-<key[:12]>``. Without a name, an existing cache
+        with the same key is returned whatever its name. A cache of that name with another
         key (other backbone, weights, layer, pooling, preprocessing or source data) is
         recomputed and replaced.
     overwrite : bool
@@ -146,6 +147,13 @@ def cache(
     rules = _check_placement(client, plan, distribution_rules, use_gpus, training_cache)
     key = cache_key(bb.fingerprint, layer, pooling, plan.preprocessing, plan.identity,
                     link and {"dataset_id": link["dataset_id"]})  # fmt: skip
+    if name is None and not overwrite:
+        # A hit depends on the key only: the same features cached under a given name are
+        # served to a request that names none, instead of being computed again.
+        same = by_key(client, KIND, key)
+        if same is not None:
+            logger.info("feature cache %s: hit (key %s)", same.name, key[:12])
+            return same
     name = name or default_name(key)
 
     found = existing(client, name)

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import StoreError
 from dvml.store import catalog
-from dvml.store.datasets import Dataset, buffer_workers, run_on, vineyard_workers
+from dvml.store.datasets import Dataset, buffer_workers, lost_buffers, run_on, vineyard_workers
 
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["existing", "intact", "source_workers"]
+__all__ = ["by_key", "existing", "intact", "source_workers"]
 
 
 def existing(client: Client, name: str) -> Dataset | None:
@@ -21,10 +21,24 @@ def existing(client: Client, name: str) -> Dataset | None:
     return None if record is None else Dataset.from_record(record)
 
 
+def by_key(client: Client, kind: str, key: str) -> Dataset | None:
+    """The newest intact dataset of ``kind`` whose summary's ``cache_key`` is ``key``, or None.
+
+    A cache is found by what it holds, not by what it is called: a request without a name must
+    hit a cache stored under another name rather than compute a duplicate.
+    """
+    records = run_on(client, None, catalog.list_records)
+    matches = [Dataset.from_record(r) for r in records
+               if r["kind"] == kind and r["summary"].get("cache_key") == key]  # fmt: skip
+    matches = [ds for ds in matches if intact(client, ds)]
+    if not matches:
+        return None
+    return max(matches, key=lambda ds: (ds.summary.get("created_at") or "", ds.name))
+
+
 def intact(client: Client, ds: Dataset) -> bool:
     """Whether a live worker serves the vineyard instance of every buffer of ``ds``."""
-    live = vineyard_workers(client)
-    return all(b["instance_id"] in live for b in ds.layout["buffers"])
+    return not lost_buffers(ds.layout, vineyard_workers(client))
 
 
 def source_workers(client: Client, dataset: Dataset) -> list[WorkerInfo]:

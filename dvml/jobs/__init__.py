@@ -1,7 +1,7 @@
 """YAML job files: their schema and what a job does with them, shared by the CLI and workflows.
 
 ``dvml fit|evaluate|predict --config FILE`` and the scheduled workflows in ``workflows/`` read
-the same file format:
+the same file format (``dvml fit-multiple --config`` its own, with the same data sections):
 
 - :mod:`dvml.jobs.yaml_schema`: a small schema (key → type, required, default, help; nested
   sections) and the loader that checks a file before anything runs (pure).
@@ -15,12 +15,19 @@ This package leaves preprocessing, training and storage to :mod:`dvml.preprocess
 workflows.
 """
 
-from dvml.jobs.schemas import FEATURE_REFRESH_SCHEMA, JOB_SCHEMA
+from dvml.jobs.schemas import (
+    FEATURE_REFRESH_SCHEMA,
+    FIT_MULTIPLE_SCHEMA,
+    JOB_SCHEMA,
+    MODEL_CONFIGS_SCHEMA,
+)
 from dvml.jobs.yaml_schema import Field, Section, describe, load, validate
 
 __all__ = [
     "FEATURE_REFRESH_SCHEMA",
+    "FIT_MULTIPLE_SCHEMA",
     "JOB_SCHEMA",
+    "MODEL_CONFIGS_SCHEMA",
     "Field",
     "Section",
     "describe",

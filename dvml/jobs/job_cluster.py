@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml.cluster.attach import connect
 from dvml.cluster.local_cluster import LocalCluster
+from dvml.cluster.security import recorded_security
 from dvml.cluster.state import read_state, same_process, state_path
 from dvml.exceptions import ClusterError, NoClusterError
-from dvml.store import catalog
-from dvml.store.datasets import delete_by_instance, run_on
-from dvml.store.tensors import STAGING_PREFIX, delete_objects
+from dvml.store.publish import cleanup_run, staged_objects
+from dvml.store.staging import run_of
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -144,9 +144,12 @@ def open_cluster(
         return
     if not address:
         address = recorded_scheduler(state_dir)
+    # The certificate of the cluster `dvml cluster up` recorded in state_dir (Dask TLS);
+    # None: connect looks in the configured state directory, then Dask's configuration.
+    security = recorded_security(address, _state_dir(state_dir))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # workers without vineyardd fail later, by name
-        cluster = connect(address, timeout=timeout)
+        cluster = connect(address, timeout=timeout, security=security)
     try:
         yield cluster
     finally:
@@ -231,27 +234,19 @@ def wait_for_released_tasks(client: Client, timeout: float = 120.0) -> list[str]
 def staging_runs(client: Client) -> dict[str, list[tuple[str, int, int]]]:
     """Staged (never published) objects by preprocessing run id: ``[(name, id, instance)]``."""
     runs: dict[str, list[tuple[str, int, int]]] = {}
-    for name, oid, iid in run_on(client, None, catalog.staging_objects):
-        run_id = name[len(STAGING_PREFIX) :].split("/", 1)[0]
-        runs.setdefault(run_id, []).append((name, oid, iid))
+    for name, oid, iid in staged_objects(client):
+        runs.setdefault(run_of(name), []).append((name, oid, iid))
     return runs
 
 
 def drop_staging(client: Client, run_ids: Iterable[str]) -> int:
-    """Delete the staged objects (and their names) of ``run_ids``; return how many names."""
-    wanted = set(run_ids)
-    ids: dict[int, list[int]] = {}
-    names: dict[int, list[str]] = {}
+    """Delete the staged objects of ``run_ids``; return how many there were.
+
+    A dataset that one of these runs published and named keeps its tensors.
+    """
+    runs = staging_runs(client)
     count = 0
-    for run_id, objects in staging_runs(client).items():
-        if run_id not in wanted:
-            continue
-        for name, oid, iid in objects:
-            names.setdefault(iid, []).append(name)
-            if iid >= 0:
-                ids.setdefault(iid, []).append(oid)
-            count += 1
-    delete_by_instance(client, ids, {i: n for i, n in names.items() if i >= 0})
-    if names.get(-1):  # the object is gone already: only its name is left
-        run_on(client, None, delete_objects, [], names[-1])
+    for run_id in set(run_ids) & set(runs):
+        cleanup_run(client, run_id, keep=None)
+        count += len(runs[run_id])
     return count

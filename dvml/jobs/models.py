@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.examples import digits_cnn_json
 from dvml.exceptions import ConfigError, RegistryNotFoundError
+from dvml.jobs.schemas import DEFAULT_FIT_PARAMS
 
 if TYPE_CHECKING:
     from dvml.registry import Registry
@@ -25,11 +26,13 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN_ARCHITECTURES",
     "architecture_id",
+    "best_configuration",
     "copy_model",
     "fit_arguments",
     "is_better",
     "metric_mode",
     "metric_value",
+    "resolve_model_section",
 ]
 
 BUILTIN_ARCHITECTURES = ("builtin:digits-cnn",)
@@ -39,7 +42,7 @@ def fit_arguments(section: Mapping[str, Any]) -> dict[str, Any]:
     """The :func:`dvml.fit` keyword arguments that a job's model (or head) section sets."""
     return {
         "compile_params": section["compile_params"],
-        "fit_params": section["fit_params"],
+        "fit_params": section["fit_params"] or DEFAULT_FIT_PARAMS,
         "num_iterations": section["num_iterations"],
         "use_gpus": section["use_gpus"],
         "metrics_compute_frequency": section["metrics_compute_frequency"],
@@ -99,6 +102,75 @@ def architecture_id(
     if len(same):
         return int(same["id"].min())
     return registry.add_architecture(model_json, name=name, description=f"from {spec}")
+
+
+def best_configuration(registry: Registry, model_output: str) -> dict[str, Any]:
+    """The best configuration of the stored ``fit_multiple`` run ``model_output``.
+
+    "Best" is :meth:`dvml.ModelSelection.best`'s: the highest final validation metric.
+
+    Returns
+    -------
+    dict
+        The run's info row of that configuration: ``mst_key``, ``model_id`` (the
+        architecture id), ``compile_params`` and ``fit_params`` (MADlib strings),
+        ``model_name`` and ``validation_metrics_final``.
+
+    Raises
+    ------
+    ConfigError
+        No fit_multiple run of that name, or it has no validation figures to rank by.
+    """
+    from dvml.exceptions import ArgumentError
+    from dvml.train.hop_fit import ModelSelection
+
+    selection = ModelSelection(model_output, registry)
+    try:
+        best = selection.best()
+    except RegistryNotFoundError as exc:
+        raise ConfigError(
+            f"model.from_selection names no stored fit_multiple run. Received: "
+            f"from_selection={model_output!r} ({exc}). Run `dvml fit-multiple --config ...` "
+            "(or dvml.fit_multiple) first, or give the model_output of an existing run."
+        ) from exc
+    except ArgumentError as exc:
+        raise ConfigError(
+            f"Cannot pick the best configuration of fit_multiple run {model_output!r}: it was "
+            f"trained without a validation set ({exc}). Received: from_selection="
+            f"{model_output!r}. Rerun fit_multiple with a validation set."
+        ) from exc
+    info = selection.info
+    row = info[info["model_name"] == best.name].iloc[0]
+    return {
+        "mst_key": int(row["mst_key"]),
+        "model_id": int(row["model_id"]),
+        "compile_params": str(row["compile_params"]),
+        "fit_params": str(row["fit_params"]),
+        "model_name": str(row["model_name"]),
+        "validation_metrics_final": float(row["validation_metrics_final"]),
+    }
+
+
+def resolve_model_section(
+    section: Mapping[str, Any], registry: Registry, base_dir: str | os.PathLike[str] | None
+) -> tuple[dict[str, Any], int, dict[str, Any] | None]:
+    """A job's ``model`` section made concrete: (section, architecture id, the selection).
+
+    With ``from_selection`` the section takes the best configuration's architecture,
+    compile_params and fit_params (:func:`best_configuration`, returned third); otherwise
+    its ``architecture`` is resolved by :func:`architecture_id` and the third item is None.
+    """
+    if section.get("from_selection"):
+        best = best_configuration(registry, section["from_selection"])
+        registry.get_architecture(best["model_id"])  # RegistryNotFoundError names the id
+        concrete = {
+            **section,
+            "architecture": best["model_id"],
+            "compile_params": best["compile_params"],
+            "fit_params": best["fit_params"],
+        }
+        return concrete, best["model_id"], best
+    return dict(section), architecture_id(section["architecture"], registry, base_dir), None
 
 
 def copy_model(

@@ -3,7 +3,10 @@ the scheduled workflows (``workflows/retrain.py``, ``workflows/feature_refresh.p
 
 One file can drive all of them: the CLI reads the sections it needs and the workflow the rest
 (``promotion`` is read by the retrain workflow only, ``predict`` by ``dvml predict`` only).
-``python -m dvml.jobs.schemas`` prints both schemas. Pure: no I/O.
+``dvml fit-multiple --config`` reads :data:`FIT_MULTIPLE_SCHEMA` (the same ``data`` and
+``validation`` sections, a ``model_selection`` grid checked by the parameter parser when the
+file is loaded, and ``fit_multiple``); ``dvml model-configs generate --config`` reads
+:data:`MODEL_CONFIGS_SCHEMA`. ``python -m dvml.jobs.schemas`` prints every schema. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -12,13 +15,18 @@ import math
 import re
 from typing import Any
 
+from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.jobs.yaml_schema import Field, Schema, Section, describe
+from dvml.train import config_search
 
 __all__ = [
     "FEATURE_REFRESH_SCHEMA",
+    "FIT_MULTIPLE_SCHEMA",
     "JOB_SCHEMA",
+    "MODEL_CONFIGS_SCHEMA",
     "NAME_PATTERN",
     "SKLEARN_SOURCES",
+    "planned_configs",
 ]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -138,25 +146,62 @@ def _common() -> dict[str, Field | Section]:
     }
 
 
-def _model(architecture_help: str) -> Section:
+DEFAULT_FIT_PARAMS = "batch_size=32, epochs=1"
+
+
+def _from_selection_check(section: dict[str, Any]) -> str | None:
+    """``model.from_selection`` replaces the architecture and its parameters; else both needed."""
+    if section.get("from_selection") is not None:
+        given = [k for k in ("architecture", "compile_params", "fit_params") if section.get(k)]
+        if given:
+            return (
+                f"give either 'model.from_selection' or {', '.join(repr(k) for k in given)}, "
+                "not both: the best configuration of the stored fit_multiple run brings its "
+                f"own architecture, compile_params and fit_params. Received: "
+                f"from_selection={section['from_selection']!r}. Remove one of them"
+            )
+        return None
+    missing = [k for k in ("architecture", "compile_params") if section.get(k) is None]
+    if missing:
+        return (
+            f"'model' needs {' and '.join(repr(k) for k in missing)} (or 'from_selection', "
+            "the name of a stored fit_multiple run whose best configuration is retrained). "
+            f"Received: {sorted(k for k, v in section.items() if v is not None)}"
+        )
+    return None
+
+
+def _model(architecture_help: str, selectable: bool = False) -> Section:
+    """A model section; ``selectable``: it may name a fit_multiple run instead (retrain jobs)."""
+    extra: dict[str, Field | Section] = {}
+    if selectable:
+        extra["from_selection"] = Field(
+            str,
+            check=_name,
+            help="retrain the best configuration (highest final validation metric, "
+            "ModelSelection.best()) of this stored fit_multiple run (its model_output) "
+            "instead of architecture/compile_params/fit_params",
+        )
     return Section(
         {
             "architecture": Field(
                 (int, str),
-                required=True,
+                required=not selectable,
                 help=architecture_help,
             ),
             "compile_params": Field(
                 (str, dict),
-                required=True,
+                required=not selectable,
                 help="compile parameters, e.g. \"loss='categorical_crossentropy', "
                 "optimizer='adam', metrics=['accuracy']\"",
             ),
             "fit_params": Field(
                 (str, dict),
-                default="batch_size=32, epochs=1",
-                help="fit parameters; batch_size is the global batch",
+                default=None if selectable else DEFAULT_FIT_PARAMS,
+                help="fit parameters; batch_size is the global batch (default "
+                f"{DEFAULT_FIT_PARAMS!r})",
             ),
+            **extra,
             "num_iterations": Field(int, default=1, check=_at_least_one, help="fit iterations"),
             "metrics_compute_frequency": Field(
                 int, check=_at_least_one, help="compute metrics every N iterations"
@@ -170,6 +215,7 @@ def _model(architecture_help: str) -> Section:
             ),
         },
         required=True,
+        check=_from_selection_check if selectable else None,
         help="the architecture and how to train it",
     )
 
@@ -221,7 +267,7 @@ JOB_SCHEMA: Schema = {
         check=_validation_check,
         help="source or split; the default holds out 0.2 of a table source",
     ),
-    "model": _model(_ARCHITECTURE_HELP),
+    "model": _model(_ARCHITECTURE_HELP, selectable=True),
     "promotion": Section(
         {
             "metric": Field(
@@ -325,8 +371,144 @@ FEATURE_REFRESH_SCHEMA: Schema = {
 }
 
 
+# --------------------------------------------------------------------------- model selection
+
+
+def _architectures(value: Any) -> str | None:
+    ok = value and all(
+        isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in value
+    )
+    return None if ok else "must be a non-empty list of architecture ids, paths or builtin:..."
+
+
+def planned_configs(section: dict[str, Any]) -> list[config_search.ModelConfig]:
+    """The configurations a ``model_selection`` section generates, before any registry exists.
+
+    ``model_id`` is the 1-based position of the architecture in ``architectures`` (the ids are
+    only known once the architectures are registered).
+
+    Raises
+    ------
+    ArgumentError, ArgumentTypeError
+        As :func:`dvml.train.config_search.plan_configs`.
+    """
+    positions = list(range(1, len(section["architectures"]) + 1))
+    return config_search.plan_configs(
+        positions,
+        section["compile_params_grid"],
+        section["fit_params_grid"],
+        section["search"],
+        section["num_configs"],
+        section["seed"],
+        section["custom_objects"],
+    )
+
+
+_GRID_KEYS = ("architectures", "compile_params_grid", "fit_params_grid", "num_configs", "seed")
+
+
+def _selection_check(section: dict[str, Any]) -> str | None:
+    given = [k for k in _GRID_KEYS if section.get(k) not in (None, [])]
+    if section.get("table") is not None:
+        if given:
+            return (
+                "give either 'model_selection.table' (a stored model selection table) or the "
+                f"grids, not both. Received: table={section['table']!r} and {given}. Remove one"
+            )
+        return None
+    if not section["architectures"] or section["compile_params_grid"] is None:
+        return (
+            "'model_selection' needs 'table' (a stored table's name) or 'architectures' and "
+            f"'compile_params_grid'. Received: {given or 'none of them'}. Add them"
+        )
+    try:
+        planned_configs(section)
+    except (ArgumentError, ArgumentTypeError) as exc:
+        return f"model_selection is refused: {str(exc).rstrip('.')}"
+    return None
+
+
+def _selection_fields() -> dict[str, Field | Section]:
+    return {
+        "architectures": Field(
+            list,
+            check=_architectures,
+            help="architecture ids in the registry, Keras JSON files or builtin:digits-cnn",
+        ),
+        "compile_params_grid": Field(
+            (str, dict),
+            help="compile parameter -> list of choices (MADlib's generate_model_configs), e.g. "
+            "{loss: [categorical_crossentropy], optimizer_params_list: [{optimizer: [Adam], "
+            "lr: [0.001, 0.01]}], metrics: [accuracy]}",
+        ),
+        "fit_params_grid": Field(
+            (str, dict), help="fit parameter -> list of choices, e.g. {batch_size: [8, 16]}"
+        ),
+        "search": Field(
+            str, default="grid", choices=config_search.SEARCHES, help="every combination or samples"
+        ),
+        "num_configs": Field(int, check=_at_least_one, help="random search: how many"),
+        "seed": Field(int, help="random search: the same seed gives the same table"),
+        "custom_objects": Field(
+            list, default=[], check=_names, help="registered custom losses/metrics"
+        ),
+    }
+
+
+def _grid_check(section: dict[str, Any]) -> str | None:
+    return _selection_check({**section, "table": None})
+
+
+MODEL_CONFIGS_SCHEMA: Schema = {
+    "name": Field(str, check=_name, help="the table's name (default: configs-<content hash>)"),
+    "description": Field(str, help="free text stored with the table"),
+    "registry": Field(str, help="SQLAlchemy URL of the model registry (default: config)"),
+    "model_selection": Section(
+        _selection_fields(),
+        required=True,
+        check=_grid_check,
+        help="architectures and grids, as in a `dvml fit-multiple` job file",
+    ),
+}
+
+FIT_MULTIPLE_SCHEMA: Schema = {
+    **_common(),
+    "data": JOB_SCHEMA["data"],
+    "validation": JOB_SCHEMA["validation"],
+    "model_selection": Section(
+        {
+            "table": Field(str, help="a stored model selection table (dvml.model_configs)"),
+            **_selection_fields(),
+        },
+        required=True,
+        check=_selection_check,
+        help="the configurations: a stored table, or architectures and grids",
+    ),
+    "fit_multiple": Section(
+        {
+            "model_output": Field(
+                str, check=_name, help="output name of the trained models (default: <name>)"
+            ),
+            "num_iterations": Field(int, default=1, check=_at_least_one, help="iterations"),
+            "use_gpus": Field(bool, default=False, help="train on the workers' GPUs"),
+            "metrics_compute_frequency": Field(
+                int, check=_at_least_one, help="compute metrics every N iterations"
+            ),
+            "warm_start": Field(
+                bool, default=False, help="start from the models of a previous run"
+            ),
+        },
+        help="how to train every configuration (dvml.fit_multiple)",
+    ),
+}
+
+
 if __name__ == "__main__":  # pragma: no cover - documentation helper
     print("# dvml fit|evaluate|predict --config and workflows/retrain.py\n")
     print(describe(JOB_SCHEMA))
     print("\n# workflows/feature_refresh.py\n")
     print(describe(FEATURE_REFRESH_SCHEMA))
+    print("\n# dvml fit-multiple --config\n")
+    print(describe(FIT_MULTIPLE_SCHEMA))
+    print("\n# dvml model-configs generate --config\n")
+    print(describe(MODEL_CONFIGS_SCHEMA))

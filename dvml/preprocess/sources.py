@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import glob
+import itertools
 import os
 import uuid
 import warnings
@@ -20,6 +21,7 @@ from typing import Any
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 from dvml.preprocess.images import list_image_folder
 from dvml.preprocess.shards import expand_braces
+from dvml.preprocess.string_cells import restore_array_cells
 from dvml.preprocess.tasks import (
     prepare_arrays,
     prepare_image_files,
@@ -110,6 +112,10 @@ def source_parts(
     if isinstance(source, pd.DataFrame):
         if len(source) == 0:
             raise DataError("The source DataFrame is empty: there is nothing to preprocess.")
+        invalid = (on_invalid, normalizing_const)
+        found = _pandas_array_cells(source, y, x, invalid, desc, 2 * n_targets)
+        if found is not None:
+            return found
         import dask
 
         # Dask would turn object columns (array-valued cells) into strings.
@@ -132,13 +138,8 @@ def _need(value: Any, what: str) -> Any:
 
 
 def _table(ddf: Any, y: str | None, x: Any, invalid: tuple[str, float], desc: str) -> SourceParts:
-
-    y = _need(y, "y (the label column)")
-    groups = normalize_x(_need(x, "x (the feature column or columns)"))
-    columns = list(ddf.columns)
-    missing = [c for c in [y, *(c for g in groups for c in g)] if c not in columns]
-    if missing:
-        raise DataError(f"Columns {missing} are missing from the source. Available: {columns}.")
+    y, groups = _check_table(list(ddf.columns), y, x)
+    ddf = restore_array_cells(ddf, [c for g in groups for c in g])
     if len(groups) > MANY_INPUTS and all(len(g) == 1 for g in groups):
         # Each input is its own tensor per buffer: hundreds of inputs pack and train far
         # slower than one input of hundreds of columns, which is what a flat list of numeric
@@ -181,6 +182,51 @@ def _one_task_per_block(name: str, fn: Any, blocks: list[list[Any]]) -> list[Any
         {**graph.dependencies, layer_name: set(graph.layers)},
     )
     return [Delayed((layer_name, i), graph, layer=layer_name) for i in range(len(blocks))]
+
+
+def _check_table(columns: list[Any], y: str | None, x: Any) -> tuple[str, list[list[str]]]:
+    """The label column and the x groups, once every column they name is known."""
+    y = _need(y, "y (the label column)")
+    groups = normalize_x(_need(x, "x (the feature column or columns)"))
+    missing = [c for c in [y, *(c for g in groups for c in g)] if c not in columns]
+    if missing:
+        raise DataError(f"Columns {missing} are missing from the source. Available: {columns}.")
+    return y, groups
+
+
+def _pandas_array_cells(
+    frame: Any, y: str | None, x: Any, invalid: tuple[str, float], desc: str, n_parts: int
+) -> SourceParts | None:
+    """A pandas frame whose x includes a column of array cells, stacked here on the client.
+
+    None for any other frame (it goes through ``dd.from_pandas``). Shipping a column of
+    hundreds of thousands of small arrays to the workers pickles, hashes and stacks every
+    cell one by one; stacked once here into
+    one block per x input (one copy, :func:`dvml.preprocess.encode.x_to_array`), the parts
+    are plain numpy slices prepared like a dict of arrays.
+    """
+    from dask import delayed
+
+    from dvml.preprocess.encode import has_array_cells, x_to_array
+
+    if x is None or y is None:
+        return None
+    groups = normalize_x(x)
+    singles = [g[0] for g in groups if len(g) == 1 and g[0] in frame.columns]
+    if not any(frame[c].dtype == object and has_array_cells(frame[c]) for c in singles):
+        return None
+    y, groups = _check_table(list(frame.columns), y, x)
+    xs = [x_to_array(frame, group) for group in groups]
+    labels = frame[y].to_numpy()
+    names = [",".join(group) for group in groups]
+    n = len(labels)
+    k = max(1, min(n_parts, n))  # as many parts as dd.from_pandas would make
+    bounds = [n * i // k for i in range(k + 1)]
+    parts = [
+        delayed(prepare_arrays)([a[lo:hi] for a in xs], labels[lo:hi], names, y, *invalid)
+        for lo, hi in itertools.pairwise(bounds)
+    ]
+    return SourceParts(parts, groups, y, desc)
 
 
 def _read_table(path: str) -> Any:

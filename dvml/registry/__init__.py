@@ -2,8 +2,10 @@
 
 This package owns the registry database (SQLAlchemy 2; an SQLite file under ``~/.dvml`` by
 default, any URL allowed): Keras architectures as JSON with optional initial weights, trained
-models with their MADlib-style summary and per-iteration metrics, and custom loss/metric
-functions as Python source. It never imports TensorFlow except to compile custom functions
+models with their MADlib-style summary and per-iteration metrics, custom loss/metric
+functions as Python source, and model selection tables (MADlib's ``mst_key``, ``model_id``,
+``compile_params``, ``fit_params``; planned and checked by :mod:`dvml.train.model_selection`).
+It never imports TensorFlow except to compile custom functions
 (:meth:`Registry.load_custom_objects`). Training lives in :mod:`dvml.train`.
 
 Weights are data, stored as ``.npz`` bytes and loaded without pickle. Custom functions are code

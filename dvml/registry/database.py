@@ -9,6 +9,7 @@ lock instead of failing or corrupting the file.
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -19,10 +20,23 @@ import sqlalchemy as sa
 
 from dvml import config
 from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, RegistryNotFoundError
+from dvml.names import check_name
 from dvml.registry import custom, keras_json
 from dvml.registry import values as v
-from dvml.registry.schema import custom_functions, metadata, model_arch, model_iterations, models
+from dvml.registry.schema import (
+    custom_functions,
+    metadata,
+    model_arch,
+    model_iterations,
+    model_selection_rows,
+    model_selection_runs,
+    model_selections,
+    models,
+)
 from dvml.registry.weights import WEIGHTS_FORMAT, weights_from_bytes, weights_to_bytes
+
+SELECTION_COLUMNS = ("mst_key", "model_id", "compile_params", "fit_params")
+"""The columns of a model selection table (MADlib's), in order."""
 
 __all__ = ["Registry", "open_registry", "opened_registry"]
 
@@ -59,18 +73,49 @@ def _create_engine(url: sa.URL) -> sa.Engine:
     if database and database != ":memory:" and not database.startswith("file:"):
         path = pathlib.Path(database).expanduser()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise RegistryError(
                 f"Cannot create the directory of the registry file: {exc}. Received: "
                 f"url={url.render_as_string(hide_password=True)!r}. Pass a URL whose directory "
                 "can be created, or set dvml.registry.url."
             ) from None
+        try:
+            _owner_only(path)
+        except OSError as exc:
+            raise RegistryError(
+                f"Opening the registry file failed: {exc}. Received: "
+                f"url={url.render_as_string(hide_password=True)!r}. Pass a URL naming a file "
+                "you can write (not a directory), or set dvml.registry.url."
+            ) from None
         url = url.set(database=str(path))
     engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
     sa.event.listen(engine, "connect", _sqlite_on_connect)
     sa.event.listen(engine, "begin", _sqlite_on_begin)
     return engine
+
+
+def _owner_only(path: pathlib.Path) -> None:
+    """Create the SQLite file 0600 (its -wal, -shm and -journal files inherit its mode).
+
+    The registry holds weights and custom-function source, which whoever may write it runs.
+    An existing file of ours that others could read is tightened too.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = path.with_name(path.name + suffix)
+        try:
+            st = side.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(side, 0o600)
 
 
 def _insert_iterations(conn: sa.Connection, model_id: int, rows: list[dict[str, Any]]) -> None:
@@ -315,44 +360,123 @@ class Registry:
         RegistryNotFoundError
             When the architecture does not exist.
         """
+        entry = self._model_values(name, arch_id, weights, summary, iterations)
+        with self._transaction(write=True) as conn:
+            model_id = self._write_model(conn, entry, replace)
+        return model_id
+
+    def _model_values(
+        self,
+        name: str,
+        arch_id: int,
+        weights: Sequence[npt.NDArray[Any]],
+        summary: Mapping[str, Any] | None,
+        iterations: Sequence[Mapping[str, Any]] | None,
+    ) -> dict[str, Any]:
+        """A model's checked row values and iteration rows (before any transaction)."""
         name = v.check_model_name(name)
         arch_id = v.check_id(arch_id, "arch_id")
         if summary is not None and not isinstance(summary, Mapping):
             raise ArgumentTypeError(
                 f"summary must be a dict or None. Received: {type(summary).__name__}."
             )
-        blob = weights_to_bytes(weights)
-        summary_text = v.dumps(dict(summary or {}), "summary")
-        rows = v.iteration_rows(iterations)
+        values = {"arch_id": arch_id, "weights": weights_to_bytes(weights)}
+        values.update(
+            weights_format=WEIGHTS_FORMAT, summary=v.dumps(dict(summary or {}), "summary")
+        )
+        return {"name": name, "values": values, "rows": v.iteration_rows(iterations)}
+
+    def _write_model(self, conn: sa.Connection, entry: dict[str, Any], replace: bool) -> int:
+        """Insert (or replace) one model inside the caller's transaction; its id."""
+        name, values, rows = entry["name"], dict(entry["values"]), entry["rows"]
+        arch_id = values["arch_id"]
         now = v.now()
-        values = {"arch_id": arch_id, "weights": blob, "weights_format": WEIGHTS_FORMAT}
-        values.update(summary=summary_text, updated_at=now)
-        with self._transaction(write=True) as conn:
-            arch = sa.select(model_arch.c.id).where(model_arch.c.id == arch_id)
-            if conn.execute(arch).first() is None:
-                raise self._not_found(
-                    f"architecture with id {arch_id}", f"arch_id={arch_id}", "list_architectures"
-                )
-            query = sa.select(models.c.id, models.c.version).where(models.c.name == name)
-            existing = conn.execute(query).first()
-            if existing is not None and not replace:
-                raise RegistryError(
-                    f"A model named {name!r} exists in the registry at {self.url}. Received: "
-                    f"name={name!r}, replace=False. Pass replace=True to overwrite it, or "
-                    "choose another name."
-                )
-            if existing is not None:
-                model_id = int(existing.id)
-                conn.execute(
-                    sa.delete(model_iterations).where(model_iterations.c.model_id == model_id)
-                )
-                update = sa.update(models).where(models.c.id == model_id)
-                conn.execute(update.values(**values, version=existing.version + 1))
-            else:
-                insert = sa.insert(models).values(name=name, created_at=now, version=1, **values)
-                model_id = _new_id(conn.execute(insert))
-            _insert_iterations(conn, model_id, rows)
+        values["updated_at"] = now
+        arch = sa.select(model_arch.c.id).where(model_arch.c.id == arch_id)
+        if conn.execute(arch).first() is None:
+            raise self._not_found(
+                f"architecture with id {arch_id}", f"arch_id={arch_id}", "list_architectures"
+            )
+        query = sa.select(models.c.id, models.c.version).where(models.c.name == name)
+        existing = conn.execute(query).first()
+        if existing is not None and not replace:
+            raise RegistryError(
+                f"A model named {name!r} exists in the registry at {self.url}. Received: "
+                f"name={name!r}, replace=False. Pass replace=True to overwrite it, or "
+                "choose another name."
+            )
+        if existing is not None:
+            model_id = int(existing.id)
+            conn.execute(sa.delete(model_iterations).where(model_iterations.c.model_id == model_id))
+            update = sa.update(models).where(models.c.id == model_id)
+            conn.execute(update.values(**values, version=existing.version + 1))
+        else:
+            insert = sa.insert(models).values(name=name, created_at=now, version=1, **values)
+            model_id = _new_id(conn.execute(insert))
+        _insert_iterations(conn, model_id, rows)
         return model_id
+
+    def save_model_selection_run(
+        self,
+        name: str,
+        models_: Sequence[Mapping[str, Any]],
+        info: Sequence[Mapping[str, Any]],
+        summary: Mapping[str, Any],
+    ) -> list[int]:
+        """Store the models of one ``fit_multiple`` run and its info and summary tables.
+
+        Everything is written in ONE transaction (replacing models and a run of the same
+        names): a run that fails half-way leaves nothing behind.
+
+        Parameters
+        ----------
+        name : str
+            The run's ``model_output`` name (its info and summary are found by it).
+        models_ : list of dict
+            One per configuration: ``name``, ``arch_id``, ``weights``, ``summary``,
+            ``iterations`` (as for :meth:`save_model`).
+        info, summary
+            MADlib's ``<model_output>_info`` rows and ``<model_output>_summary``.
+
+        Returns
+        -------
+        list of int
+            The models' ids, in order.
+        """
+        name = v.check_model_name(name)
+        entries = [
+            self._model_values(m["name"], m["arch_id"], m["weights"], m["summary"], m["iterations"])
+            for m in models_
+        ]
+        info_text = v.dumps([dict(r) for r in info], "info")
+        summary_text = v.dumps(dict(summary), "summary")
+        with self._transaction(write=True) as conn:
+            ids = [self._write_model(conn, e, replace=True) for e in entries]
+            conn.execute(sa.delete(model_selection_runs).where(model_selection_runs.c.name == name))
+            conn.execute(
+                sa.insert(model_selection_runs).values(
+                    name=name, info=info_text, summary=summary_text, created_at=v.now()
+                )
+            )
+        return ids
+
+    def model_selection_run(self, name: str) -> dict[str, Any]:
+        """A ``fit_multiple`` run: ``info`` (list of rows) and ``summary`` (dict).
+
+        Raises
+        ------
+        RegistryNotFoundError
+            No run of that name.
+        """
+        name = v.check_model_name(name)
+        query = sa.select(model_selection_runs).where(model_selection_runs.c.name == name)
+        with self._transaction() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            raise self._not_found(
+                f"fit_multiple run named {name!r}", f"name={name!r}", "list_models"
+            )
+        return {"info": v.loads(row.info), "summary": v.loads(row.summary)}
 
     def _model_row(self, conn: sa.Connection, name: Any, *columns: Any) -> sa.Row[Any]:
         name = v.check_model_name(name)
@@ -549,6 +673,208 @@ class Registry:
             Naming every requested function that does not exist.
         """
         return custom.custom_objects_from_sources(self.custom_function_sources(names))
+
+    # ------------------------------------------------------------------- model selection tables
+
+    def save_model_selection(
+        self,
+        name: str,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        search: str | None = None,
+        seed: int | None = None,
+        source: Mapping[str, Any] | None = None,
+        custom_objects: Sequence[str] | None = None,
+        description: str | None = None,
+        replace: bool = False,
+    ) -> int:
+        """Store a model selection table (MADlib's ``mst_key``, ``model_id``, ``compile_params``,
+        ``fit_params``) under ``name``, in one transaction.
+
+        The rows are stored as given: :mod:`dvml.train.model_selection` parses and checks the
+        parameters before calling this. Every ``model_id`` must be an architecture in the
+        registry.
+
+        Parameters
+        ----------
+        name : str
+            The table's name (letters, digits and ``. _ - @ +``).
+        rows : list of dict
+            One per configuration, with the four columns; ``mst_key`` values are distinct.
+        search, seed, source, custom_objects, description : optional
+            How the table was made (``source``: the grids or lists, as JSON), shown by
+            :meth:`list_model_selections` and kept in the loaded table's ``attrs``.
+        replace : bool
+            Replace a table of the same name instead of failing.
+
+        Returns
+        -------
+        int
+            The table's id.
+
+        Raises
+        ------
+        RegistryError
+            When a table of this name exists and ``replace`` is False.
+        RegistryNotFoundError
+            Naming every ``model_id`` that is not an architecture.
+        """
+        name = check_name(name, "name")
+        checked = _selection_rows(rows)
+        header = {
+            "description": v.check_text(description, "description"),
+            "search": v.check_text(search, "search", 16),
+            "seed": None if seed is None else v.check_id(seed, "seed"),
+            "source": v.dumps(None if source is None else dict(source), "source"),
+            "custom_objects": v.dumps(list(custom_objects or []), "custom_objects"),
+            "created_at": v.now(),
+        }
+        ids = sorted({row["model_id"] for row in checked})
+        t = model_selections
+        with self._transaction(write=True) as conn:
+            query = sa.select(model_arch.c.id).where(model_arch.c.id.in_(ids))
+            found = {int(r.id) for r in conn.execute(query)}
+            missing = [i for i in ids if i not in found]
+            if missing:
+                raise self._not_found(
+                    f"architecture with id {', '.join(map(str, missing))}",
+                    f"model_id values {ids} in model selection table {name!r}",
+                    "list_architectures",
+                )
+            existing = conn.execute(sa.select(t.c.id).where(t.c.name == name)).first()
+            if existing is not None and not replace:
+                raise RegistryError(
+                    f"A model selection table named {name!r} exists in the registry at "
+                    f"{self.url}. Received: name={name!r}, replace=False. Pass replace=True "
+                    "to overwrite it, or choose another name."
+                )
+            if existing is not None:
+                selection_id = int(existing.id)
+                rows_table = model_selection_rows
+                conn.execute(sa.delete(rows_table).where(rows_table.c.selection_id == selection_id))
+                conn.execute(sa.update(t).where(t.c.id == selection_id).values(**header))
+            else:
+                selection_id = _new_id(conn.execute(sa.insert(t).values(name=name, **header)))
+            conn.execute(
+                sa.insert(model_selection_rows),
+                [{**row, "selection_id": selection_id} for row in checked],
+            )
+        return selection_id
+
+    def _selection_id(self, conn: sa.Connection, name: Any) -> sa.Row[Any]:
+        name = check_name(name, "name")
+        t = model_selections
+        row = conn.execute(sa.select(t).where(t.c.name == name)).first()
+        if row is None:
+            raise self._not_found(
+                f"model selection table named {name!r}", f"name={name!r}", "list_model_selections"
+            )
+        return row
+
+    def model_selection(self, name: str) -> pd.DataFrame:
+        """A stored model selection table, ordered by ``mst_key``.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``mst_key``, ``model_id``, ``compile_params``, ``fit_params``;
+            ``attrs`` holds ``name``, ``description``, ``search``, ``seed``, ``source``,
+            ``custom_objects`` and ``created_at``.
+        """
+        r = model_selection_rows
+        with self._transaction() as conn:
+            header = dict(self._selection_id(conn, name)._mapping)
+            query = (
+                sa.select(*(r.c[c] for c in SELECTION_COLUMNS))
+                .where(r.c.selection_id == header["id"])
+                .order_by(r.c.mst_key)
+            )
+            rows = [dict(row._mapping) for row in conn.execute(query)]
+        frame = pd.DataFrame(rows, columns=list(SELECTION_COLUMNS))
+        frame = frame.astype({"mst_key": "int64", "model_id": "int64"})
+        frame.attrs.update(
+            name=header["name"],
+            description=header["description"],
+            search=header["search"],
+            seed=header["seed"],
+            source=v.loads(header["source"]),
+            custom_objects=v.loads(header["custom_objects"]) or [],
+            created_at=v.utc(header["created_at"]),
+        )
+        return frame
+
+    def list_model_selections(self) -> pd.DataFrame:
+        """One row per model selection table: name, n_configs, search, seed, description,
+        created_at."""
+        t, r = model_selections, model_selection_rows
+        counts = (
+            sa.select(r.c.selection_id, sa.func.count().label("n_configs"))
+            .group_by(r.c.selection_id)
+            .subquery()
+        )
+        query = (
+            sa.select(
+                t.c.name,
+                sa.func.coalesce(counts.c.n_configs, 0).label("n_configs"),
+                t.c.search,
+                t.c.seed,
+                t.c.description,
+                t.c.created_at,
+            )
+            .select_from(t.outerjoin(counts, counts.c.selection_id == t.c.id))
+            .order_by(t.c.id)
+        )
+        with self._transaction() as conn:
+            rows = [dict(row._mapping) for row in conn.execute(query)]
+        for row in rows:
+            row["created_at"] = v.utc(row["created_at"])
+        columns = ["name", "n_configs", "search", "seed", "description", "created_at"]
+        return pd.DataFrame(rows, columns=columns)
+
+    def delete_model_selection(self, name: str) -> None:
+        """Delete a model selection table and its rows in one transaction."""
+        with self._transaction(write=True) as conn:
+            selection_id = self._selection_id(conn, name).id
+            r = model_selection_rows
+            conn.execute(sa.delete(r).where(r.c.selection_id == selection_id))
+            conn.execute(sa.delete(model_selections).where(model_selections.c.id == selection_id))
+
+
+def _selection_rows(rows: Any) -> list[dict[str, Any]]:
+    """Check the rows of a model selection table for storing (types and distinct keys only)."""
+    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence) or not rows:
+        raise ArgumentTypeError(
+            f"rows must be a non-empty list of dicts with the columns {list(SELECTION_COLUMNS)}"
+            f". Received: {type(rows).__name__}."
+        )
+    checked = []
+    keys: set[int] = set()
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping) or set(row) != set(SELECTION_COLUMNS):
+            raise ArgumentError(
+                f"rows[{i}] must be a dict with exactly the columns {list(SELECTION_COLUMNS)}. "
+                f"Received: {row!r:.200}."
+            )
+        key = v.check_id(row["mst_key"], f"rows[{i}]['mst_key']")
+        if key < 1 or key in keys:
+            raise ArgumentError(
+                f"rows[{i}]['mst_key'] must be a positive integer used by no other row. "
+                f"Received: mst_key={key}."
+            )
+        keys.add(key)
+        texts = {}
+        for column in ("compile_params", "fit_params"):
+            if not isinstance(row[column], str):
+                raise ArgumentTypeError(
+                    f"rows[{i}][{column!r}] must be a parameter string. Received: "
+                    f"{type(row[column]).__name__} {row[column]!r:.80}."
+                )
+            texts[column] = row[column]
+        checked.append(
+            {"mst_key": key, "model_id": v.check_id(row["model_id"], f"rows[{i}]['model_id']"),
+             **texts}
+        )  # fmt: skip
+    return checked
 
 
 def open_registry(registry: Registry | str | None) -> Registry:

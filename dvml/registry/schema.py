@@ -11,7 +11,16 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-__all__ = ["custom_functions", "metadata", "model_arch", "model_iterations", "models"]
+__all__ = [
+    "custom_functions",
+    "metadata",
+    "model_arch",
+    "model_iterations",
+    "model_selection_rows",
+    "model_selection_runs",
+    "model_selections",
+    "models",
+]
 
 metadata = sa.MetaData()
 
@@ -77,4 +86,47 @@ custom_functions = sa.Table(
     sa.Column("description", sa.Text, nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.CheckConstraint("kind IN ('loss', 'metric')", name="custom_functions_kind"),
+)
+
+# MADlib's model selection tables, one row per table here and its configurations below. The
+# rows' model_id has no foreign key, as models.arch_id: the ids are checked when a table is
+# saved, and deleting an architecture later leaves the table readable.
+model_selections = sa.Table(
+    "model_selections",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", _NAME, nullable=False, unique=True),
+    sa.Column("description", sa.Text, nullable=True),
+    sa.Column("search", sa.String(16), nullable=True),
+    sa.Column("seed", sa.BigInteger, nullable=True),
+    sa.Column("source", _TEXT, nullable=True),
+    sa.Column("custom_objects", sa.Text, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sqlite_autoincrement=True,
+)
+
+model_selection_rows = sa.Table(
+    "model_selection_rows",
+    metadata,
+    sa.Column(
+        "selection_id",
+        sa.Integer,
+        sa.ForeignKey("model_selections.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("mst_key", sa.Integer, primary_key=True),
+    sa.Column("model_id", sa.Integer, nullable=False),
+    sa.Column("compile_params", _TEXT, nullable=False),
+    sa.Column("fit_params", _TEXT, nullable=False),
+)
+
+# dvml.fit_multiple: MADlib's <model_output>_info (one row per configuration) and
+# <model_output>_summary, as JSON, under the run's model_output name.
+model_selection_runs = sa.Table(
+    "model_selection_runs",
+    metadata,
+    sa.Column("name", _NAME, primary_key=True),
+    sa.Column("info", _TEXT, nullable=False),
+    sa.Column("summary", _TEXT, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )

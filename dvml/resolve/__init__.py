@@ -6,6 +6,7 @@ remote blobs) and feeding them to TensorFlow one batch at a time. Training itsel
 """
 
 from dvml.resolve.batches import BatchPlan, steps_per_epoch
+from dvml.resolve.by_id import read_buffer
 from dvml.resolve.partitions import LocalPartitions, open_local
 
-__all__ = ["BatchPlan", "LocalPartitions", "open_local", "steps_per_epoch"]
+__all__ = ["BatchPlan", "LocalPartitions", "open_local", "read_buffer", "steps_per_epoch"]

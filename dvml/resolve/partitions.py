@@ -15,6 +15,8 @@ import numpy as np
 
 from dvml.cluster.connection import local_client, this_worker_name
 from dvml.exceptions import DatasetNotFoundError, TrainingError
+from dvml.store import readers
+from dvml.store.tensors import release_views
 
 __all__ = ["LocalPartitions", "aligned_empty", "open_local"]
 
@@ -42,6 +44,9 @@ class LocalPartitions:
     buffer_indices: list[int]
     fields: dict[str, list[np.ndarray]]
     _client: Any = dataclasses.field(repr=False, default=None)
+    # Object ids pinned for this reader (dvml.store.readers): a drop in this process defers
+    # their delete until close().
+    _pinned: list[int] = dataclasses.field(repr=False, default_factory=list)
 
     @property
     def x_fields(self) -> list[str]:
@@ -81,10 +86,14 @@ class LocalPartitions:
         """Drop the views (they must not be used afterwards).
 
         The process's vineyard connection stays open: it is shared by every user in the
-        process (see :func:`dvml.cluster.connection.local_client`).
+        process (see :func:`dvml.cluster.connection.local_client`). A drop of the dataset that
+        waited for this reader frees the memory now.
         """
         self.fields = {f: [] for f in self.fields}
         self._client = None
+        pinned, self._pinned = self._pinned, []
+        if pinned:
+            release_views(pinned)
 
 
 def open_local(name: str, require: bool = True, socket: str | None = None) -> LocalPartitions:
@@ -128,12 +137,26 @@ def open_local(name: str, require: bool = True, socket: str | None = None) -> Lo
         )
     ipc = client.ipc_client
     fields: dict[str, list[np.ndarray]] = {f: [] for f in layout["fields"]}
-    for buf in local:
-        for field, obj in buf["fields"].items():
-            oid = vineyard.ObjectID(obj["id"])
-            if not ipc.get_meta(oid).islocal:  # never expected: the layout says local
-                raise TrainingError(f"Buffer {buf['index']} of {name!r} is not local.")
-            fields[field].append(ipc.get(oid))
+    # Pin before mapping: a drop from now on waits for close(); one that came first left
+    # nothing to map, which is reported below instead of reading freed memory.
+    pinned = readers.pin(obj["id"] for buf in local for obj in buf["fields"].values())
+    try:
+        for buf in local:
+            for field, obj in buf["fields"].items():
+                oid = vineyard.ObjectID(obj["id"])
+                try:
+                    meta = ipc.get_meta(oid)
+                except Exception:
+                    raise DatasetNotFoundError(
+                        f"Dataset {name!r} was dropped or replaced while {this_worker_name()} "
+                        "opened it. Run the call again (it reads the current dataset)."
+                    ) from None
+                if not meta.islocal:  # never expected: the layout says local
+                    raise TrainingError(f"Buffer {buf['index']} of {name!r} is not local.")
+                fields[field].append(ipc.get(oid))
+    except BaseException:
+        release_views(pinned)
+        raise
     return LocalPartitions(
         name=name,
         summary=summary,
@@ -141,4 +164,5 @@ def open_local(name: str, require: bool = True, socket: str | None = None) -> Lo
         buffer_indices=[b["index"] for b in local],
         fields=fields,
         _client=client,
+        _pinned=pinned,
     )

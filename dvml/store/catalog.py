@@ -4,7 +4,8 @@ A dataset named ``digits`` is one global vineyard object, ``put_name``d as ``dig
 every buffer is in place (so the name never points at a partial dataset)::
 
     dvml::Dataset (global)     dvml_kind, dvml_summary (JSON), dvml_layout (JSON),
-    │                          dvml_global_tensors (JSON: field -> id of its GlobalTensor)
+    │                          dvml_global_tensors (JSON: field -> id of its GlobalTensor),
+    │                          dvml_run (the run that wrote it: see dvml.store.staging)
     ├── x_0-0 … x_0-N: vineyard::Tensor<float>     buffer i of input 0
     └── y-0 … y-N:     vineyard::Tensor<float>     buffer i of the one-hot labels
 
@@ -35,7 +36,6 @@ __all__ = [
     "list_records",
     "not_found",
     "publish",
-    "staging_objects",
 ]
 
 DATASET_TYPENAME = "dvml::Dataset"
@@ -100,12 +100,16 @@ def publish(
     summary: dict[str, Any],
     layout: dict[str, Any],
     overwrite: bool,
-    staging_names: list[str],
+    run_id: str = "",
 ) -> dict[str, Any]:
     """Create the global objects of a dataset and name it; return ``{"id", "replaced"}``.
 
+    The layout's tensors must be persisted already (:func:`dvml.store.staging.persist_staged`).
     ``replaced`` is the record of a dataset that had the name before (its objects are
-    deleted by the caller on the workers that own them), or None.
+    deleted by the caller on the workers that own them), or None. ``run_id`` is recorded in
+    the dataset, so that the run's cleanup keeps its tensors even when this call's result is
+    lost on its way back. Writes through etcd: one persist per field and one for the root,
+    then the name; none per buffer.
     """
     import vineyard
 
@@ -119,7 +123,7 @@ def publish(
                 f"A dataset named {name!r} already exists. Pass overwrite=True to "
                 "replace it, or choose another name."
             )
-    global_tensors = {}
+    gmetas = []
     for field, spec in layout["fields"].items():
         gmeta = vineyard.ObjectMeta()
         gmeta["typename"] = "vineyard::GlobalTensor"
@@ -129,9 +133,13 @@ def publish(
         gmeta["partitions_-size"] = len(layout["buffers"])
         for i, buf in enumerate(layout["buffers"]):
             gmeta.add_member(f"partitions_-{i}", vineyard.ObjectID(buf["fields"][field]["id"]))
-        gid = client.create_metadata(gmeta).id
-        client.persist(gid)
-        global_tensors[field] = int(gid)
+        gmetas.append(gmeta)
+    # One call (and one metadata sync) for every field's GlobalTensor.
+    created = client.create_metadata(gmetas) if gmetas else []
+    global_tensors = {}
+    for field, gmeta in zip(layout["fields"], created, strict=True):
+        client.persist(gmeta.id)
+        global_tensors[field] = int(gmeta.id)
     root = vineyard.ObjectMeta()
     root["typename"] = DATASET_TYPENAME
     root.set_global(True)
@@ -139,6 +147,7 @@ def publish(
     root["dvml_summary"] = json.dumps(summary, default=_json_default)
     root["dvml_layout"] = json.dumps(layout)
     root["dvml_global_tensors"] = json.dumps(global_tensors)
+    root["dvml_run"] = run_id
     for i, buf in enumerate(layout["buffers"]):
         for field, obj in buf["fields"].items():
             root.add_member(f"{field}-{i}", vineyard.ObjectID(obj["id"]))
@@ -146,11 +155,6 @@ def publish(
     client.persist(root_id)
     # The name appears last and in one step: readers never see a partial dataset.
     client.put_name(root_id, name)
-    for staging in staging_names:
-        try:
-            client.drop_name(staging)
-        except Exception:
-            pass
     return {"id": int(root_id), "replaced": replaced, "global_tensors": global_tensors}
 
 
@@ -169,21 +173,6 @@ def drop_metadata(record: dict[str, Any], drop_name: bool) -> None:
             client.delete(oid, force=False, deep=False)
         except Exception:
             pass
-
-
-def staging_objects(run_id: str | None = None) -> list[tuple[str, int, int]]:
-    """Staging names (of one run, or of all runs): ``(name, object id, instance id)``."""
-    client = local_client()
-    prefix = STAGING_PREFIX + (f"{run_id}/" if run_id else "")
-    found = []
-    for name, oid in client.ipc_client.list_names(f"{prefix}*", limit=100000).items():
-        if not name.startswith(prefix):
-            continue
-        try:
-            found.append((name, int(oid), int(client.get_meta(oid).instance_id)))
-        except Exception:  # object deleted already: the name is stale
-            found.append((name, int(oid), -1))
-    return found
 
 
 def _json_default(value: Any) -> Any:

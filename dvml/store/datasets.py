@@ -10,6 +10,7 @@ import builtins
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from dvml.cluster.health import require_daemons, wait_watched
 from dvml.cluster.workers import WorkerInfo, current_client, discover_workers
 from dvml.exceptions import ClusterError, DvmlError, StoreError
 from dvml.store import catalog
@@ -26,19 +27,43 @@ __all__ = [
     "drop",
     "exists",
     "list",
+    "lost_buffers",
     "resolve_dataset",
     "run_on",
     "vineyard_workers",
 ]
 
 
-def vineyard_workers(client: Client) -> dict[int, WorkerInfo]:
-    """Workers that have a reachable vineyardd, by vineyard instance id."""
+def vineyard_workers(client: Client, all_vineyardds: bool = True) -> dict[int, WorkerInfo]:
+    """Workers that have a reachable vineyardd, by vineyard instance id.
+
+    Raises :class:`~dvml.exceptions.DaemonDiedError` first when etcd or (with
+    ``all_vineyardds``) a vineyardd of the cluster is not running: every dvml call that
+    touches vineyard passes here. Reading the catalog needs etcd and one live vineyardd only.
+    """
+    require_daemons(client, vineyardd=all_vineyardds)
     return {
         w.vineyard_instance_id: w
         for w in discover_workers(client)
         if w.vineyard_instance_id is not None
     }
+
+
+def lost_buffers(layout: dict[str, Any], live_instances: Any) -> tuple[int, ...]:
+    """Indexes of the buffers of ``layout`` whose vineyard instance is not in ``live_instances``.
+
+    A buffer lives in the shared memory of one vineyardd; when no live worker serves that
+    instance any more (its daemon died, or its host left the cluster), the buffer's rows are
+    gone even though the dataset's name and metadata, kept in etcd, still list them.
+    """
+    live = set(live_instances)
+    return tuple(b["index"] for b in layout["buffers"] if b["instance_id"] not in live)
+
+
+def with_health(client: Client, found: builtins.list[Dataset]) -> builtins.list[Dataset]:
+    """``found`` with :attr:`Dataset.lost_buffers` filled in from the workers alive now."""
+    live = vineyard_workers(client, all_vineyardds=False)
+    return [dataclasses.replace(ds, lost_buffers=lost_buffers(ds.layout, live)) for ds in found]
 
 
 def buffer_workers(
@@ -70,8 +95,8 @@ def buffer_workers(
 
 def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run ``fn`` on ``worker`` (any vineyard worker when None) and return its result."""
-    if worker is None:
-        workers = vineyard_workers(client)
+    if worker is None:  # the catalog: etcd and any live vineyardd
+        workers = vineyard_workers(client, all_vineyardds=False)
         if not workers:
             raise ClusterError(
                 "No worker has a reachable vineyardd. Check `dvml cluster status`; workers need "
@@ -81,6 +106,7 @@ def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwa
     future = client.submit(
         fn, *args, workers=[worker.address], allow_other_workers=False, pure=False, **kwargs
     )
+    wait_watched(client, [future])
     return future.result()
 
 
@@ -94,6 +120,9 @@ class Dataset:
     summary: dict[str, Any]
     layout: dict[str, Any]
     global_tensors: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Indexes of the buffers whose vineyardd no live worker serves (filled in by
+    #: :func:`describe` and :func:`list`; empty for a dataset that is intact).
+    lost_buffers: tuple[int, ...] = ()
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Dataset:
@@ -102,6 +131,34 @@ class Dataset:
     @property
     def rows(self) -> int:
         return int(sum(b["rows"] for b in self.layout["buffers"]))
+
+    @property
+    def damaged(self) -> bool:
+        """Whether some of its buffers are lost with their vineyardd."""
+        return bool(self.lost_buffers)
+
+    @property
+    def status(self) -> str:
+        """``"intact"``, or ``"damaged"`` when buffers are lost."""
+        return "damaged" if self.damaged else "intact"
+
+    @property
+    def lost_rows(self) -> int:
+        """Rows of the lost buffers (0 when intact)."""
+        lost = set(self.lost_buffers)
+        return int(sum(b["rows"] for b in self.layout["buffers"] if b["index"] in lost))
+
+    def damage(self) -> str | None:
+        """One sentence on what was lost and what to do, or None when intact."""
+        if not self.damaged:
+            return None
+        lost = set(self.lost_buffers)
+        where = sorted({b["worker_name"] for b in self.layout["buffers"] if b["index"] in lost})
+        return (
+            f"{len(lost)} of {len(self.layout['buffers'])} buffers ({self.lost_rows} of "
+            f"{self.rows} rows) lived on {where}, whose vineyardd no live worker serves: they are "
+            f"lost. Drop {self.name!r} and preprocess or compute it again."
+        )
 
     @property
     def nbytes(self) -> int:
@@ -121,6 +178,7 @@ class Dataset:
                 "vineyard_instance_id": b["instance_id"],
                 "rows": b["rows"],
                 "nbytes": sum(f["nbytes"] for f in b["fields"].values()),
+                "status": "lost" if b["index"] in self.lost_buffers else "ok",
             }
             row.update({f"{k}_id": v["id"] for k, v in b["fields"].items()})
             rows.append(row)
@@ -158,9 +216,10 @@ class Dataset:
 
     def __repr__(self) -> str:
         workers = len({b["worker_name"] for b in self.layout["buffers"]})
+        damage = f" DAMAGED: {len(self.lost_buffers)} buffers lost" if self.damaged else ""
         return (
             f"<dvml.Dataset {self.name!r} kind={self.kind} rows={self.rows} "
-            f"buffers={len(self.layout['buffers'])} workers={workers} bytes={self.nbytes}>"
+            f"buffers={len(self.layout['buffers'])} workers={workers} bytes={self.nbytes}{damage}>"
         )
 
 
@@ -173,8 +232,13 @@ def read_record(client: Client, name: str) -> dict[str, Any]:
 
 
 def describe(name: str, client: Client | None = None) -> Dataset:
-    """The dataset called ``name``: summary and placement (raises DatasetNotFoundError)."""
-    return Dataset.from_record(read_record(current_client(client), name))
+    """The dataset called ``name``: summary, placement and health (raises DatasetNotFoundError).
+
+    ``.status`` is ``"damaged"`` (and ``.damage()`` says what was lost) when some buffers lived
+    on a vineyardd that no live worker serves.
+    """
+    client = current_client(client)
+    return with_health(client, [Dataset.from_record(read_record(client, name))])[0]
 
 
 def resolve_dataset(value: str | Dataset, client: Client) -> Dataset:
@@ -187,16 +251,23 @@ def exists(name: str, client: Client | None = None) -> bool:
     return run_on(current_client(client), None, catalog.find_record, name) is not None
 
 
+LIST_COLUMNS = ["name", "kind", "rows", "buffers", "workers", "nbytes", "created", "status",
+                "lost_rows"]  # fmt: skip
+
+
 def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:
-    """Every dataset (and feature cache): name, kind, rows, buffers, workers, bytes."""
+    """Every dataset (and feature cache): name, kind, rows, buffers, workers, bytes, status.
+
+    ``status`` is ``"damaged"`` for a dataset whose buffers partly lived on a vineyardd that no
+    live worker serves any more; ``lost_rows`` counts the rows gone with it.
+    """
     import pandas as pd
 
-    records = run_on(current_client(client), None, catalog.list_records)
+    client = current_client(client)
+    records = run_on(client, None, catalog.list_records)
+    found = [Dataset.from_record(r) for r in records if kind is None or r["kind"] == kind]
     rows = []
-    for r in records:
-        if kind is not None and r["kind"] != kind:
-            continue
-        ds = Dataset.from_record(r)
+    for ds in with_health(client, found):
         rows.append(
             {
                 "name": ds.name,
@@ -206,11 +277,11 @@ def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:
                 "workers": len({b["worker_name"] for b in ds.layout["buffers"]}),
                 "nbytes": ds.nbytes,
                 "created": ds.summary.get("created_at"),
+                "status": ds.status,
+                "lost_rows": ds.lost_rows,
             }
         )
-    return pd.DataFrame(
-        rows, columns=["name", "kind", "rows", "buffers", "workers", "nbytes", "created"]
-    )
+    return pd.DataFrame(rows, columns=LIST_COLUMNS)
 
 
 def drop(name: str, client: Client | None = None) -> None:
@@ -241,7 +312,7 @@ def delete_by_instance(
     Objects on an instance that no live worker serves are lost with their daemon; they are
     skipped.
     """
-    workers = vineyard_workers(client)
+    workers = vineyard_workers(client, all_vineyardds=False)  # the lost ones are skipped
     futures = []
     for iid in set(ids_by_instance) | set(names_by_instance):
         if iid not in workers:
@@ -256,4 +327,5 @@ def delete_by_instance(
                 pure=False,
             )
         )
+    wait_watched(client, futures)
     return int(sum(client.gather(futures)))

@@ -1,10 +1,30 @@
 """Publish buffers as one named dataset, atomically, or leave nothing behind.
 
-Used by the pack graph (:mod:`dvml.preprocess.graph`) and the feature cache: every object is
-put under
-a staging name of this run; the dataset's name appears last, in one step; on any failure (an
-exception, a Ctrl-C) every staged object of the run is deleted, and on success every staged
-object that did not make it into the dataset (an attempt whose worker died) is deleted too.
+Used by the pack graph (:mod:`dvml.preprocess.graph`) and the feature cache: every buffer is
+staged under a staging name of this run (:mod:`dvml.store.staging`); the dataset's name
+appears last, in one step; on any failure (an exception, a Ctrl-C) every staged object of the
+run is deleted, and on success every staged object that did not make it into the dataset (an
+attempt whose worker died) is deleted too.
+
+What goes through etcd, the cost that grew with buffers before (each write takes vineyard's
+cluster-wide metadata lock): staging a buffer writes nothing; publication persists each
+instance's buffers in one transaction (one task per instance, in parallel), then one
+GlobalTensor per field, the root and its name; cleanup deletes each instance's staged
+wrappers in one call. So a run costs O(instances + fields) locked writes, whatever the number
+of buffers.
+
+Risks kept in view:
+
+- a run whose publication succeeded but whose result was lost on its way back (the worker
+  died after naming the dataset, a Ctrl-C while waiting) is cleaned up as failed: the
+  cleanup keeps the tensors of a named dataset that records this run, so it never deletes a
+  published dataset;
+- a Ctrl-C while the publication task still runs: the cleanup waits for that task first, so
+  that the task cannot name a dataset whose tensors the cleanup is deleting;
+- an attempt whose worker died leaves its staged objects on its (surviving) vineyardd: they
+  carry the run's id and are deleted by the run's cleanup, published or not;
+- the client itself dies: the staged objects stay until ``dvml.jobs``' cleanup
+  (:func:`staged_objects` by run, :func:`cleanup_run`) deletes them.
 """
 
 from __future__ import annotations
@@ -14,12 +34,16 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dvml.store import catalog
-from dvml.store.datasets import Dataset, delete_by_instance, delete_layout, run_on
-from dvml.store.tensors import STAGING_PREFIX, delete_objects
+from dvml.cluster.health import wait_watched
+from dvml.exceptions import DaemonDiedError, StoreError
+from dvml.store import catalog, staging
+from dvml.store.datasets import Dataset, delete_layout, run_on, vineyard_workers
+from dvml.store.tensors import STAGING_PREFIX
 
 if TYPE_CHECKING:
     from distributed import Client
+
+    from dvml.cluster.workers import WorkerInfo
 
 logger = logging.getLogger("dvml.store")
 
@@ -29,6 +53,7 @@ __all__ = [
     "layout_of",
     "placement_summary",
     "publish_run",
+    "staged_objects",
     "staging_name",
 ]
 
@@ -36,7 +61,7 @@ LAYOUT_KEYS = ("index", "rows", "instance_id", "worker", "worker_name", "host", 
 
 
 def staging_name(run_id: str, index: int, attempt: int) -> str:
-    """The staging name of one attempt at one buffer (fields are put under ``<name>/<field>``)."""
+    """The staging name of one attempt at one buffer (carried by its staged wrapper)."""
     return f"{STAGING_PREFIX}{run_id}/{index}/{attempt}-{uuid.uuid4().hex[:8]}"
 
 
@@ -91,26 +116,35 @@ def publish_run(
         ``finish(summary, buffers) -> summary``: last additions to the summary.
     """
     run_id = uuid.uuid4().hex[:16]
+    publishing = None
     try:
         buffers = produce(run_id)
         layout = layout_of(buffers)
         summary = {**summary, **placement_summary(layout)}
         if finish is not None:
             summary = finish(summary, buffers)
-        # Only the names of the published buffers are dropped with the publication: an object
-        # staged by an attempt whose worker died keeps its name, so that cleanup_run finds
-        # and deletes it. Any live worker publishes.
-        kept = {f["id"] for b in layout["buffers"] for f in b["fields"].values()}
-        staged = [
-            n for n, oid, _ in run_on(client, None, catalog.staging_objects, run_id) if oid in kept
-        ]
-        published = run_on(
-            client, None, catalog.publish, name, kind, summary, layout, overwrite, staged
-        )
+        by_instance = _ids_by_instance(layout)
+        workers = vineyard_workers(client)  # asks every worker: once for the whole publication
+        lost = sorted(set(by_instance) - set(workers))
+        if lost:
+            raise StoreError(
+                f"Buffers of this run were written to vineyard instances {lost}, which no "
+                "live worker serves now: that data is lost with its daemon. Nothing was "
+                "published; check `dvml cluster status` and run again."
+            )
+        _on_instances(client, workers, staging.persist_staged, by_instance, run_id)
+        publishing = client.submit(
+            catalog.publish, name, kind, summary, layout, overwrite, run_id,
+            workers=[workers[min(workers)].address], allow_other_workers=False, pure=False,
+        )  # fmt: skip
+        wait_watched(client, [publishing], f"publishing {name!r}")
+        published = publishing.result()
     except BaseException:
+        if publishing is not None and not publishing.done():
+            _wait_quietly(publishing)
         cleanup_run(client, run_id, keep=None)
         raise
-    cleanup_run(client, run_id, keep=layout)
+    cleanup_run(client, run_id, keep=layout, workers=workers)
     replaced = published["replaced"]
     if replaced is not None:
         delete_layout(client, replaced["layout"])
@@ -119,27 +153,85 @@ def publish_run(
                    global_tensors=published["global_tensors"])  # fmt: skip
 
 
-def cleanup_run(client: Client, run_id: str, keep: dict[str, Any] | None) -> None:
-    """Delete every staged object of ``run_id`` that is not in ``keep``; drop staging names."""
+def cleanup_run(
+    client: Client,
+    run_id: str,
+    keep: dict[str, Any] | None,
+    workers: dict[int, WorkerInfo] | None = None,
+) -> None:
+    """Delete every staged object of ``run_id`` except the tensors of ``keep`` (a layout).
+
+    One task per vineyard worker, in parallel, each on its own instance
+    (:func:`dvml.store.staging.discard_staged`); the tensors of a dataset that this run
+    published and named are kept even when ``keep`` is None. Failures are logged, not raised:
+    this runs while another error propagates. ``workers``: :func:`vineyard_workers`, when
+    the caller has it.
+    """
+    kept = _ids_by_instance(keep) if keep is not None else {}
     try:
-        staged = run_on(client, None, catalog.staging_objects, run_id)
-    except Exception:  # the cluster itself is failing: nothing more can be cleaned
-        logger.warning("could not list staged objects of run %s", run_id, exc_info=True)
+        workers = vineyard_workers(client) if workers is None else workers
+        futures = [
+            client.submit(staging.discard_staged, run_id, kept.get(iid, []),
+                          workers=[w.address], allow_other_workers=False, pure=False)
+            for iid, w in workers.items()
+        ]  # fmt: skip
+        wait_watched(client, futures)
+        client.gather(futures)
+    except DaemonDiedError:  # the caller's own error names the daemon
         return
-    kept = set()
-    if keep is not None:
-        kept = {f["id"] for b in keep["buffers"] for f in b["fields"].values()}
+    except Exception:  # the cluster itself is failing: nothing more can be cleaned
+        logger.warning("could not clean up the staged objects of run %s", run_id, exc_info=True)
+
+
+def staged_objects(client: Client, run_id: str | None = None) -> list[tuple[str, int, int]]:
+    """Staged objects of every vineyard instance: ``(staging name, object id, instance id)``.
+
+    Objects of ``run_id`` only, when given; the run of each is
+    :func:`dvml.store.staging.run_of` its staging name. Objects on an instance that no live
+    worker serves are lost with their daemon and not listed.
+    """
+    found: list[tuple[str, int, int]] = []
+    for part in _on_instances(
+        client, vineyard_workers(client), staging.staged_objects, None, run_id
+    ):
+        found.extend((str(n), int(o), int(i)) for n, o, i in part)
+    return sorted(found)
+
+
+def _ids_by_instance(layout: dict[str, Any]) -> dict[int, list[int]]:
     ids: dict[int, list[int]] = {}
-    names: dict[int, list[str]] = {}
-    for staging_name, oid, iid in staged:
-        names.setdefault(iid, []).append(staging_name)
-        if oid not in kept:
-            ids.setdefault(iid, []).append(oid)
-    delete_by_instance(client, ids, names)
-    orphan_names = names.get(-1, [])
-    if orphan_names:
-        run_on(client, None, _drop_names, orphan_names)
+    for b in layout["buffers"]:
+        ids.setdefault(b["instance_id"], []).extend(f["id"] for f in b["fields"].values())
+    return ids
 
 
-def _drop_names(names: list[str]) -> None:
-    delete_objects([], names)
+def _on_instances(
+    client: Client,
+    workers: dict[int, WorkerInfo],
+    fn: Any,
+    per_instance: dict[int, Any] | None,
+    *args: Any,
+) -> list[Any]:
+    """``fn(*args)`` on every vineyard worker, in parallel, and their results.
+
+    With ``per_instance``, only on the instances it names, as ``fn(*args, per_instance[i])``.
+    """
+    futures = []
+    for iid, worker in workers.items():
+        if per_instance is not None and iid not in per_instance:
+            continue
+        extra = () if per_instance is None else (per_instance[iid],)
+        futures.append(client.submit(fn, *args, *extra, workers=[worker.address],
+                                     allow_other_workers=False, pure=False))  # fmt: skip
+    # A task blocked in a vineyardd whose etcd died never ends: check the daemons while waiting.
+    wait_watched(client, futures)
+    return list(client.gather(futures))
+
+
+def _wait_quietly(future: Any, timeout: float = 60) -> None:
+    from distributed import wait
+
+    try:
+        wait([future], timeout=timeout)
+    except BaseException:  # a second Ctrl-C, a timeout: clean up anyway
+        pass

@@ -4,6 +4,14 @@ Everything here runs in a process whose ``VINEYARD_IPC_SOCKET`` points at its ow
 Tensors are allocated as blobs of the local daemon and filled in place, never put through
 ``Client.put``: on a full daemon ``Client.put`` silently re-puts the object on another
 instance, which would break placement.
+
+A staged buffer costs no etcd round trip: its tensors and one wrapper object that names the
+run (:data:`STAGED_TYPENAME`) are created in two local calls and stay *transient* (known to
+this vineyardd only) until the run is published; :mod:`dvml.store.staging` finds, persists
+and discards them per instance. Every metadata write that goes through etcd (persist, a name,
+deleting a persisted object) takes vineyard's cluster-wide metadata lock, about six etcd
+requests each, serialised over all workers: writing them per field and buffer made packing
+slower the more buffers it wrote.
 """
 
 from __future__ import annotations
@@ -16,18 +24,24 @@ import numpy as np
 
 from dvml.cluster.connection import local_client, this_worker_name
 from dvml.exceptions import StoreError, VineyardMemoryError
+from dvml.store import readers
 
 __all__ = [
+    "STAGED_TYPENAME",
     "STAGING_PREFIX",
     "delete_objects",
     "put_arrays",
+    "release_views",
     "write_arrays",
 ]
 
-# Objects are named `<STAGING_PREFIX><run id>/<buffer>/<field>` between their put and the
-# publication of the dataset, so that objects of a failed or retried run can be found and
-# deleted: no orphan stays in any vineyardd.
+# A staged buffer's wrapper carries `<STAGING_PREFIX><run id>/<buffer>/<attempt>` (its
+# "staging name", a metadata value, not a vineyard name) between its put and the publication
+# of the dataset, so that the objects of a failed or retried run can be found and deleted: no
+# orphan stays in any vineyardd.
 STAGING_PREFIX = "__dvml_staging__/"
+# The wrapper of one staged buffer: a local object whose members are the buffer's tensors.
+STAGED_TYPENAME = "dvml::StagedBuffer"
 
 
 def put_arrays(
@@ -42,7 +56,7 @@ def put_arrays(
     arrays : dict of str to ndarray
         Field name → numeric array (stored C-contiguous).
     staging_name : str, optional
-        When given, each object is named ``f"{staging_name}/{field}"`` until published.
+        As :func:`write_arrays`.
     client : vineyard.Client, optional
         An open client on the local instance. Default: :func:`local_client`.
 
@@ -70,11 +84,11 @@ def write_arrays(
     """Allocate and stage tensors in the LOCAL vineyardd, then let ``fill`` write them in place.
 
     The arrays ``fill`` receives are C-contiguous views of vineyard shared memory: whatever
-    it writes there is the stored tensor, with no copy after it. The objects are sealed,
-    persisted and named (``staging_name``) before ``fill`` runs, so that the run's cleanup
-    finds them even if the process dies while filling; publish them only after this returns.
-    They are the same ``vineyard::Tensor`` objects that vineyard's own numpy builder makes, so
-    any vineyard client reads them.
+    it writes there is the stored tensor, with no copy after it. The objects are sealed and
+    staged before ``fill`` runs, so that the run's cleanup finds them even if the process dies
+    while filling; publish them only after this returns. They are the same
+    ``vineyard::Tensor`` objects that vineyard's own numpy builder makes, so any vineyard
+    client on this instance reads them by id.
 
     Parameters
     ----------
@@ -83,7 +97,10 @@ def write_arrays(
     fill : callable
         Called once with ``{field: writable ndarray}``; must fill every element.
     staging_name : str, optional
-        When given, each object is named ``f"{staging_name}/{field}"`` until published.
+        When given (``<STAGING_PREFIX><run id>/...``), the tensors stay transient, wrapped in
+        one :data:`STAGED_TYPENAME` object that carries this name, with no etcd write at all:
+        :func:`dvml.store.publish.publish_run` persists them, or its cleanup deletes them.
+        When None, each tensor is persisted now (visible from every instance, unnamed).
     client : vineyard.Client, optional
         An open client on the local instance. Default: :func:`local_client`.
 
@@ -121,13 +138,13 @@ def write_arrays(
     builders: dict[str, Any] = {}
     created: list[Any] = []  # sealed blobs and tensors, deleted on failure
     try:
-        # Every object is sealed, persisted and staged BEFORE it is filled: vineyardd never
-        # frees an unsealed blob whose client died, so a worker killed while filling a
-        # 256 MiB buffer would leak that memory until the daemon restarts. A staged object,
-        # even half filled, is found and deleted by the run's cleanup. Nothing reads it before
-        # the dataset is published, which happens only after this call returns.
+        # Every object is sealed and staged BEFORE it is filled: vineyardd never frees an
+        # unsealed blob whose client died, so a worker killed while filling a 256 MiB buffer
+        # would leak that memory until the daemon restarts. A staged object, even half
+        # filled, is found and deleted by the run's cleanup. Nothing reads it before the
+        # dataset is published, which happens only after this call returns.
         views: dict[str, np.ndarray] = {}
-        fields: dict[str, Any] = {}
+        metas = []
         for field, (shape, dtype) in layout.items():
             if sizes[field] == 0:
                 blob = client.create_empty_blob()
@@ -138,17 +155,20 @@ def write_arrays(
                 blob = builders[field].seal(client)
             created.append(blob.id)
             builders.pop(field, None)  # sealed: deleted through `created` from now on
-            oid = client.create_metadata(_tensor_meta(shape, dtype, blob)).id
-            created.append(oid)
-            client.persist(oid)
-            if staging_name is not None:
-                client.put_name(oid, f"{staging_name}/{field}")
-            fields[field] = {
-                "id": int(oid),
-                "shape": list(shape),
-                "dtype": str(dtype),
-                "nbytes": sizes[field],
-            }
+            metas.append(_tensor_meta(shape, dtype, blob))
+        # One local call for every tensor, one for the wrapper: neither touches etcd.
+        tensors = client.create_metadata(metas) if metas else []
+        created.extend(t.id for t in tensors)
+        fields: dict[str, Any] = {
+            field: {"id": int(t.id), "shape": list(shape), "dtype": str(dtype),
+                    "nbytes": sizes[field]}
+            for (field, (shape, dtype)), t in zip(layout.items(), tensors, strict=True)
+        }  # fmt: skip
+        if staging_name is not None:
+            created.append(client.create_metadata(_staged_meta(staging_name, tensors)).id)
+        else:
+            for t in tensors:
+                client.persist(t.id)
         fill(views)
         del views
     except NotEnoughMemoryException:
@@ -177,6 +197,21 @@ def _tensor_meta(shape: tuple[int, ...], dtype: np.dtype, blob: Any) -> Any:
     meta["nbytes"] = math.prod(shape) * dtype.itemsize
     meta["order_"] = to_json("C")
     meta.add_member("buffer_", blob)  # the sealed Blob: an id alone is a placeholder
+    return meta
+
+
+def _staged_meta(staging_name: str, tensors: list[Any]) -> Any:
+    """The transient wrapper of a staged buffer: its tensors as members, the run in a value."""
+    import json
+
+    from vineyard._C import ObjectMeta
+
+    meta = ObjectMeta()
+    meta["typename"] = STAGED_TYPENAME
+    meta["dvml_staging"] = staging_name
+    meta["dvml_members"] = json.dumps([int(t.id) for t in tensors])
+    for i, tensor in enumerate(tensors):
+        meta.add_member(f"tensor_-{i}", tensor)  # the full meta: no remote sync is needed
     return meta
 
 
@@ -211,23 +246,43 @@ def delete_objects(ids: list[int], names: list[str] | None = None) -> int:
     """Delete local objects (deeply) and drop names; return how many objects were deleted.
 
     Runs on the worker that owns the objects. Missing objects and names are ignored, so the
-    call is idempotent (safe in retried Dask tasks).
+    call is idempotent (safe in retried Dask tasks). The objects go in one delete call: one
+    etcd transaction for persisted ones, however many there are. An object that a reader in
+    this process still maps (:mod:`dvml.store.readers`) loses its name now but is deleted when
+    the last reader lets go (:func:`release_views`): readers never see freed or reused memory.
     """
-    import vineyard
-
     client = local_client()
-    deleted = 0
     for name in names or []:
         try:
             client.drop_name(name)
         except Exception:
             pass
+    now, later = readers.split_pinned(ids)
+    return _delete_existing(client, now) + len(later)
+
+
+def release_views(ids: list[int]) -> int:
+    """A reader of ``ids`` (from :func:`dvml.store.readers.pin`) is done with its views.
+
+    Deletes the objects whose delete waited for it; returns how many.
+    """
+    due = readers.unpin(ids)
+    return _delete_existing(local_client(), due) if due else 0
+
+
+def _delete_existing(client: Any, ids: list[int]) -> int:
+    import vineyard
+
+    # Which exist, from this vineyardd's own metadata: Client.exists asks etcd each time.
+    ipc = client.ipc_client
+    oids = []
     for raw in ids:
         oid = vineyard.ObjectID(int(raw))
         try:
-            if client.exists(oid):
-                client.delete(oid, force=True, deep=True)
-                deleted += 1
-        except Exception:
-            pass
-    return deleted
+            ipc.get_meta(oid, False)
+        except Exception:  # deleted already
+            continue
+        oids.append(oid)
+    if oids:
+        client.delete(oids, force=True, deep=True)
+    return len(oids)

@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,9 @@ from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import launch
+from dvml.train.exits import KILLED_BY
 from dvml.train.model import Model
+from dvml.train.model_lock import holding_model
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
 from dvml.train.summary import build_summary, check_shapes, iteration_record, weights_size_kb
 from dvml.train.sync import check_sync, choose_sync
@@ -56,6 +59,25 @@ def _rows_per_worker(dataset: Dataset, workers: list[WorkerInfo]) -> dict[str, i
     for b in dataset.layout["buffers"]:
         rows[by_instance[b["instance_id"]]] += b["rows"]
     return rows
+
+
+def _trainers(
+    client: Client, train: Dataset, valid: Dataset | None, use_gpus: bool
+) -> list[WorkerInfo]:
+    """The workers that hold ``train`` (one trainer each), checked against the validation set
+    and, with ``use_gpus``, for a GPU on every one (shared by fit and fit_multiple)."""
+    workers = trainer_workers(client, train)
+    if valid is not None:
+        _check_validation(train, valid, workers)
+    if use_gpus:
+        without = [w.name for w in workers if not w.gpus]
+        if without:
+            raise TrainingError(
+                f"use_gpus=True but trainers {without} have no GPU. Received: trainers "
+                f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
+                "or train with use_gpus=False."
+            )
+    return workers
 
 
 def _check_validation(train: Dataset, valid: Dataset, workers: list[WorkerInfo]) -> None:
@@ -192,18 +214,23 @@ def fit(
         warm_start=warm_start, custom_objects=custom_objects, tensorboard_dir=tensorboard_dir,
         seed=seed, timeout=timeout, sync=requested_sync,
     )  # fmt: skip
-    start_iteration, weights_blob, history = _resume(client, plan, resume)
-    endpoints = _reserve_ports(client, plan.workers)
-    collector = _Progress(len(plan.workers), model, num_iterations, on_iteration, progress)
-    start = _now()
-    results = _run_trainers(
-        client, plan, _job(plan, start_iteration, history), endpoints, weights_blob, collector
-    )
-    end = _now()
-    iterations = _aggregate(history, results)
-    summary = _summary(plan, results, iterations, start, end, start_iteration, name, description)
-    _save(reg, plan, results, summary, iterations)
-    _clear_checkpoints(client, plan)
+    # One fit per model at a time: a second one would share (and resume from) this one's
+    # checkpoints. Held until the model is saved; refused with the running job's name.
+    with holding_model(config.state_dir(), model, plan.key):
+        start_iteration, weights_blob, history = _resume(client, plan, resume)
+        endpoints = _reserve_ports(client, plan.workers)
+        collector = _Progress(len(plan.workers), model, num_iterations, on_iteration, progress)
+        start = _now()
+        results = _run_trainers(
+            client, plan, _job(plan, start_iteration, history), endpoints, weights_blob, collector
+        )
+        end = _now()
+        iterations = _aggregate(history, results)
+        summary = _summary(
+            plan, results, iterations, start, end, start_iteration, name, description
+        )
+        _save(reg, plan, results, summary, iterations)
+        _clear_checkpoints(client, plan)
     return Model(model, reg)
 
 
@@ -271,17 +298,7 @@ def _plan(
     weights = arch["weights"]
     if warm_start:
         weights = _warm_start_weights(reg, model, arch_id)
-    workers = trainer_workers(client, train)
-    if valid is not None:
-        _check_validation(train, valid, workers)
-    if use_gpus:
-        without = [w.name for w in workers if not w.gpus]
-        if without:
-            raise TrainingError(
-                f"use_gpus=True but trainers {without} have no GPU. Received: trainers "
-                f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
-                "or train with use_gpus=False."
-            )
+    workers = _trainers(client, train, valid, use_gpus)
     sync_mode, sync_reason = choose_sync(sync, use_gpus, [w.gpus for w in workers])
     logger.info("training %s with sync=%r: %s", model, sync_mode, sync_reason)
     rows = _rows_per_worker(train, workers)
@@ -385,6 +402,8 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
         "use_gpus": plan.use_gpus,
         "sync": plan.sync,
         "peer_timeout": config.get("train.peer-timeout"),
+        # Launchers stop their trainers when this client is gone this long (dvml.train.launch).
+        "client_timeout": config.get("train.client-timeout"),
         # Thread budget (dvml.tf_runtime.thread_budget): None = share of the host's cores.
         "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
         "standby": bool(config.get("train.standby-trainer")),
@@ -624,6 +643,9 @@ def _wait_trainers(
     try:
         for future in as_completed(futures, loop=client.loop):
             if future.status == "error":
+                # The first error to arrive is often a survivor's "peer went away": blame the
+                # trainer that died first when it reports within a few seconds.
+                future = _first_cause(futures, future)
                 worker = workers[futures.index(future)].name
                 exc = future.exception()
                 _raise_if_a_peer_left(client, futures, workers, exc)
@@ -641,6 +663,30 @@ def _wait_trainers(
         abort.set()
         _settle(futures, timeout=120)
         raise
+
+
+def _first_cause(futures: list[Any], failed: Any, wait: float = 5.0) -> Any:
+    """The failed trainer to blame: ``failed``, unless its error is what a lost peer causes
+    and another trainer fails within ``wait`` seconds for a reason of its own (killed by a
+    signal, an error in the model): then that one."""
+    from dvml.train.peers import looks_like_peer_failure
+
+    def own_failure(future: Any) -> bool:
+        text = f"{type(exc := future.exception()).__name__}: {exc}"
+        # A killed trainer's last lines may mention connections: its signal decides.
+        return KILLED_BY in text or not looks_like_peer_failure(text)
+
+    if own_failure(failed):
+        return failed
+    deadline = time.monotonic() + wait
+    while True:
+        for future in futures:
+            if future is not failed and future.status == "error" and own_failure(future):
+                return future
+        pending = [f for f in futures if f.status == "pending"]
+        if not pending or time.monotonic() >= deadline:
+            return failed
+        time.sleep(0.25)
 
 
 def _raise_if_a_peer_left(
@@ -701,6 +747,8 @@ class _Progress:
         # training time alone (the slowest trainer), and the part of it spent averaging
         record["fit_seconds"] = max(m.get("fit_seconds", 0.0) for m in bucket)
         record["averaging_seconds"] = max(m.get("averaging_seconds", 0.0) for m in bucket)
+        # the end-of-iteration metrics over the local rows (0 where none were computed)
+        record["metrics_seconds"] = max(m.get("metrics_seconds", 0.0) for m in bucket)
         if self.echo:
             metrics = record.get("training_metrics") or {}
             extra = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())

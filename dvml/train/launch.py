@@ -16,6 +16,16 @@ GPU job keeps the rule that its GPU memory goes with it. A standby is stopped wh
 closes (a WorkerPlugin's teardown, and ``atexit``) and exits by itself when its stdin closes,
 so a killed worker leaves none behind. ``dvml.train.standby-trainer: false`` turns it off.
 
+Control path: a launcher gives its worker thread back as soon as it starts
+(``distributed.secede``), so a fit never holds a worker's task slots: other dvml calls run on
+the workers while trainers train, and two fits on single-thread workers cannot deadlock each
+other.
+
+Client lease: a launcher stops its trainer (SIGTERM, then SIGKILL; the checkpoint stays, so a
+rerun resumes) when nobody waits for the result any more: its task was released (the fit's
+client disconnected or cancelled it), or the scheduler has not heard from any client that
+wants the result for ``job["client_timeout"]`` seconds (a client that hangs or was cut off).
+
 Thread budget: each trainer gets the cores of its host divided by the trainers of the fit
 placed on that host (``job["trainers_on_host"]``), unless the user set
 ``dvml.train.intra-op-threads`` / ``inter-op-threads`` (see :func:`dvml.tf_runtime.thread_budget`).
@@ -23,6 +33,7 @@ placed on that host (``job["trainers_on_host"]``), unless the user set
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,8 +47,9 @@ import time
 from collections import deque
 from typing import Any
 
-from dvml import tf_runtime
+from dvml import config, tf_runtime
 from dvml.exceptions import TrainerFailedError, TrainingError
+from dvml.train.exits import describe_exit
 
 __all__ = ["checkpoint_state", "clear_checkpoint", "reserve_port", "run_trainer"]
 
@@ -95,17 +107,57 @@ def _trainer_command(arg: str) -> list[str]:
     return [sys.executable, "-m", "dvml.train.trainer", arg]
 
 
+# pid of a trainer → the file that receives its fd 2 (TensorFlow's C++ output goes there
+# before Python's logging exists); its tail goes into the error when the trainer fails.
+_STDERR_LOGS: dict[int, str] = {}
+
+
 def _popen(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        _trainer_command(arg),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=stdin,
-        env=env,
-        text=True,
-        start_new_session=True,  # its own process group: _stop ends TensorFlow's children too
-        cwd=cwd,
-    )
+    if tf_runtime.show_startup_log():
+        stderr: Any = subprocess.STDOUT  # into the output pipe, as before
+        path = None
+    else:
+        fd, path = tempfile.mkstemp(prefix="dvml-trainer-", suffix=".stderr", dir=cwd)
+        stderr = fd
+        env = {**env, tf_runtime.STDERR_CAPTURED_ENV: "1"}
+    try:
+        proc = subprocess.Popen(
+            _trainer_command(arg),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            stdin=stdin,
+            env=env,
+            text=True,
+            start_new_session=True,  # its own process group: _stop ends TensorFlow's children
+            cwd=cwd,
+        )
+    finally:
+        if path is not None:
+            os.close(stderr)
+    if path is not None:
+        _STDERR_LOGS[proc.pid] = path
+    return proc
+
+
+def _stderr_tail(proc: subprocess.Popen[str], said: str = "", lines: int = 20) -> str:
+    """The last ``lines`` lines the trainer wrote to fd 2 before the traceback of the error it
+    reported (``said`` holds that error already); its file is removed."""
+    path = _STDERR_LOGS.pop(proc.pid, None)
+    if path is None:
+        return ""
+    try:
+        with open(path, errors="replace") as f:
+            written = [x.rstrip() for x in f]
+    except OSError:
+        return ""
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if said:
+        starts = [i for i, x in enumerate(written) if x == "Traceback (most recent call last):"]
+        written = written[: starts[-1]] if starts else written
+    known = {x.strip() for x in said.splitlines()}
+    return "\n".join(deque((x for x in written if x.strip() and x.strip() not in known), lines))
 
 
 def stop_standby() -> None:
@@ -119,6 +171,7 @@ def stop_standby() -> None:
             except OSError:
                 pass
         _stop(proc)
+        _stderr_tail(proc)  # removes its file
 
 
 class _StandbyPlugin:
@@ -174,6 +227,7 @@ def _take_standby(job: dict[str, Any], env: dict[str, str], workdir: str, job_pa
     if proc is None or proc.poll() is not None or proc.stdin is None:
         if proc is not None:
             _stop(proc)
+            _stderr_tail(proc)
         return None
     keys = ("TF_CONFIG", *tf_runtime.ThreadBudget(1, 1, 1).environment())
     message = {
@@ -186,6 +240,7 @@ def _take_standby(job: dict[str, Any], env: dict[str, str], workdir: str, job_pa
         proc.stdin.close()
     except OSError:  # it died in between: start a fresh trainer instead
         _stop(proc)
+        _stderr_tail(proc)
         return None
     return proc
 
@@ -210,9 +265,13 @@ def run_trainer(
     TrainerFailedError
         Naming the worker, the exit code and the trainer's last words.
     """
-    from distributed import Event, get_worker
+    from distributed import Event, get_worker, secede
 
     worker = get_worker()
+    task_key = worker.get_current_task()
+    # From here on this task runs outside the worker's thread pool: the slot is free for other
+    # tasks (datasets.list, another fit's launcher) while the trainer runs.
+    secede()
     workdir = tempfile.mkdtemp(prefix="dvml-trainer-", dir=worker.local_directory)
     job = dict(job)
     job["worker_name"] = str(worker.name)
@@ -268,6 +327,7 @@ def run_trainer(
     reader.start()
     abort = Event(abort_event)
     deadline = time.monotonic() + timeout
+    lease = _ClientLease(worker, task_key, job.get("client_timeout"))
     reason = None
     try:
         while proc.poll() is None:
@@ -278,20 +338,27 @@ def run_trainer(
             if time.monotonic() > deadline:
                 reason = f"stopped after running past the timeout of {timeout:.0f}s"
                 break
+            gone = lease.lost()
+            if gone is not None:
+                reason = f"stopped because {gone}; its checkpoint is kept, a rerun resumes"
+                break
     finally:
         _stop(proc)
         reader.join(10)
         if use_standby:  # for the next job; it imports while this worker idles
             start_standby()
+    stderr_tail = _stderr_tail(proc, error.get("message") or "")
     try:
         if reason is not None:
             raise TrainingError(f"The trainer on {job['worker_name']} was {reason}.")
         if proc.returncode != 0 or not done:
-            said = error.get("message") or "\n".join(list(tail)[-8:])
-            kind = error.get("type", "exit")
+            # The trainer's stdout tail and its fd 2 (TensorFlow's own output, in a file):
+            # describe_exit drops TensorFlow's start-up banner from both.
+            message = describe_exit(proc.returncode, error, [*tail, *stderr_tail.splitlines()])
+            if error.get("message") and stderr_tail:
+                message += f"\nIts TensorFlow output ended with:\n{stderr_tail}"
             raise TrainerFailedError(
-                f"The trainer on worker {job['worker_name']} failed (exit code {proc.returncode}"
-                f", {kind}): {said}"
+                f"The trainer on worker {job['worker_name']} (pid {proc.pid}) failed: {message}"
             )
         result = {
             "worker": job["worker_name"],
@@ -308,3 +375,49 @@ def run_trainer(
         return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _client_silence(dask_scheduler: Any, key: Any) -> float | None:
+    """(Runs on the scheduler.) Seconds since it last heard from the freshest client that
+    wants ``key``; None when no connected client wants it any more."""
+    ts = dask_scheduler.tasks.get(key)
+    if ts is None or not ts.who_wants:
+        return None
+    now = time.time()
+    return min(now - cs.last_seen for cs in ts.who_wants)
+
+
+class _ClientLease:
+    """Whether anybody still waits for this launcher's result (see the module docstring)."""
+
+    def __init__(self, worker: Any, key: Any, timeout: float | None) -> None:
+        self.worker, self.key = worker, key
+        self.timeout = float(config.get("train.client-timeout", timeout))
+        # Asking the scheduler costs a round trip: a few times per timeout, at most every 2 s.
+        self.interval = min(2.0, max(self.timeout / 4, 0.25))
+        self.next_check = time.monotonic() + self.interval
+
+    def lost(self) -> str | None:
+        """Why the result is no longer wanted, or None while it is."""
+        if self.key is None:
+            return None
+        ts = self.worker.state.tasks.get(self.key)
+        if ts is None or ts.state in ("cancelled", "released", "forgotten"):
+            return "its fit's client went away (the task was released)"
+        if time.monotonic() < self.next_check:
+            return None
+        self.next_check = time.monotonic() + self.interval
+        try:
+            from distributed import get_client
+
+            silence = get_client().run_on_scheduler(_client_silence, key=self.key)
+        except Exception:  # the scheduler is unreachable: the worker itself will go away
+            return None
+        if silence is None:
+            return "its fit's client went away (no client waits for the result)"
+        if silence > self.timeout:
+            return (
+                f"the scheduler has not heard from its fit's client for {silence:.0f}s "
+                f"(train.client-timeout: {self.timeout:g}s)"
+            )
+        return None

@@ -40,6 +40,7 @@ __all__ = [
     "FIT_KEYS",
     "MAX_DEPTH",
     "MAX_LENGTH",
+    "bracket_depth",
     "build_optimizer",
     "compile_kwargs",
     "format_params",
@@ -554,7 +555,7 @@ _FIT_REFUSED = {
 # --------------------------------------------------------------------------- literal parsing
 
 
-def _bracket_depth(text: str) -> int:
+def bracket_depth(text: str) -> int:
     """Deepest bracket nesting of ``text``, counting brackets inside strings too (cheap, safe)."""
     depth = deepest = 0
     for char in text:
@@ -572,7 +573,7 @@ def _guard(text: str, what: str) -> None:
             f"Too many characters in the {what}: {len(text)}, at most {MAX_LENGTH} are "
             f"accepted. Received: {text[:60]!r}... Pass fewer or shorter parameters."
         )
-    depth = _bracket_depth(text)
+    depth = bracket_depth(text)
     if depth > MAX_DEPTH:
         raise ParameterError(
             f"Brackets nest too deeply in the {what}: depth {depth}, at most {MAX_DEPTH} is "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from dvml.cluster.workers import current_client
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, TrainingError
 from dvml.preprocess.sources import normalize_x
+from dvml.preprocess.string_cells import restore_array_cells
 from dvml.registry.database import Registry, opened_registry
 from dvml.registry.weights import weights_to_bytes
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
@@ -133,6 +134,7 @@ def _predict(
         raise DataError(
             f"Columns {missing} are missing from data. Available: {list(data.columns)}."
         )
+    data = restore_array_cells(data, [c for g in groups for c in g])
     spec_future = _share(client, spec)
     meta = inference.format_predictions(
         data._meta[id_col].to_numpy(),

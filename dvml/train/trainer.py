@@ -121,8 +121,15 @@ def _checkpoint_path(job: dict[str, Any]) -> str | None:
     directory = job.get("checkpoint_dir")
     if not directory:
         return None
-    os.makedirs(directory, exist_ok=True)
+    # Owner-only (0700 directories, 0600 files): weights are the model, and a rerun loads
+    # them back, so nobody else may read or replace them.
+    os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
     return os.path.join(directory, f"{job['worker_name']}.npz")
+
+
+def _private_opener(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
 
 
 def save_checkpoint(
@@ -135,9 +142,9 @@ def save_checkpoint(
     if path is None:
         return
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with open(tmp, "wb", opener=_private_opener) as f:
         f.write(weights_to_bytes(weights))
-    with open(path + ".json.tmp", "w") as f:
+    with open(path + ".json.tmp", "w", opener=_private_opener) as f:
         json.dump({"iteration": iteration, "history": history, "job_id": job["job_key"]}, f)
     os.replace(tmp, path)
     os.replace(path + ".json.tmp", path + ".json")
@@ -262,10 +269,12 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
             record["averages"] = averager.count - averaged[0]
             record["averaging_seconds"] = averager.seconds - averaged[1]
         if iteration % freq == 0 or iteration == last:
+            t1 = time.monotonic()
             evaluator.set_weights(weights)
             record["training"] = local_metrics(evaluator, train, per_worker_batch)
             if valid is not None and valid.rows:
                 record["validation"] = local_metrics(evaluator, valid, per_worker_batch)
+            record["metrics_seconds"] = time.monotonic() - t1
         history.append(record)
         save_checkpoint(job, iteration, weights, history)
         emit("iteration", **record)

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 import dvml
+from tests.helpers import tls_environment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.timeout(900)]
 
@@ -35,7 +36,7 @@ COMPILE = (
 
 
 class Session:
-    def __init__(self, tmp: pathlib.Path, scheduler: str) -> None:
+    def __init__(self, tmp: pathlib.Path, scheduler: str, tls: dict[str, str]) -> None:
         self.tmp = tmp
         self.scheduler = scheduler
         self.registry = f"sqlite:///{tmp / 'registry.db'}"
@@ -44,6 +45,7 @@ class Session:
             **os.environ,
             "DASK_DVML__CLUSTER__STATE_DIR": str(tmp / "dvml-state"),
             "TF_CPP_MIN_LOG_LEVEL": "3",
+            **tls,  # the session cluster's certificate, as a user's Dask config would give it
         }
 
     def dvml(self, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
@@ -117,7 +119,7 @@ predict:
   output: predictions.csv
 """
     )
-    state = Session(tmp, cluster2.scheduler_address)
+    state = Session(tmp, cluster2.scheduler_address, tls_environment(cluster2))
     yield state
     table = dvml.datasets.list(client=cluster2.client)
     for name in table["name"]:
@@ -162,10 +164,12 @@ def test_datasets_commands_with_the_recorded_cluster(session: Session) -> None:
 
     records = json.loads(session.ok("datasets", "list", "--json", *where))
     assert {r["name"]: r["rows"] for r in records}[f"{NAME}-train"] == train
+    assert {r["status"] for r in records} == {"intact"}
 
     out = session.ok("datasets", "describe", f"{NAME}-train", "--placement", *where)
     assert f"name:     {NAME}-train" in out
     assert f"rows:     {train} in 2 buffers" in out
+    assert "status:   intact" in out
     assert "distribution_rules: 'all_workers' -> worker-0, worker-1" in out
     assert "normalizing_const: 16.0" in out
     assert "worker_name  host" in out and "buffer  worker_name" in out

@@ -214,6 +214,18 @@ def test_a_weights_change_is_a_miss(env: dict[str, Any], cleanup: None) -> None:
     assert batches(client) > before
 
 
+def test_a_hit_depends_on_the_key_not_the_name(env: dict[str, Any], cleanup: None) -> None:
+    """#13 item 8: the same request without name= finds the cache stored under a name."""
+    client = env["client"]
+    named = dvml.features.cache("fc_src", tiny_backbone(seed=5), pooling="max", name="fc_named",
+                                client=client)  # fmt: skip
+    datasets_before, before = dataset_names(client), batches(client)
+    again = dvml.features.cache("fc_src", tiny_backbone(seed=5), pooling="max", client=client)
+    assert again.name == "fc_named" and again.id == named.id
+    assert batches(client) == before  # the backbone did not run
+    assert dataset_names(client) == datasets_before  # no duplicate under the default name
+
+
 def test_a_replaced_or_dropped_source_is_never_served_stale(
     env: dict[str, Any], cleanup: None
 ) -> None:

@@ -19,7 +19,7 @@ dvml itself is imported inside the helpers, never at the top of a module here (b
 importing this package stays cheap.
 """
 
-from tests.helpers.clusters import on_worker, running_cluster
+from tests.helpers.clusters import on_worker, running_cluster, tls_environment
 from tests.helpers.data import (
     CLASSES,
     color_images,
@@ -92,6 +92,7 @@ __all__ = [
     "staging_names",
     "tensors_by_instance",
     "tiny_backbone",
+    "tls_environment",
     "vineyard_contents",
     "vineyard_usage",
     "with_state_dir",

@@ -48,3 +48,17 @@ def on_worker(
         fn, *args, workers=[worker.address], allow_other_workers=False, pure=False
     )
     return future.result(timeout=timeout)
+
+
+def tls_environment(cluster: Any) -> dict[str, str]:
+    """Environment variables that give a ``python -m dvml`` subprocess this cluster's TLS
+    certificate through Dask's configuration (``distributed.comm.tls.*``); empty without TLS."""
+    files = getattr(cluster, "tls_files", None)
+    if not files:
+        return {}
+    return {
+        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+        "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": files["ca"],
+        "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": files["cert"],
+        "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": files["key"],
+    }

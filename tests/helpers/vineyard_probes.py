@@ -32,20 +32,27 @@ __all__ = [
 
 
 def vineyard_contents() -> dict[str, Any]:
-    """On a worker: its instance id, memory in use, local tensors and staging names."""
+    """On a worker: its instance id, memory in use, local tensors and staged objects.
+
+    ``staging``: the staging names of this instance's staged objects (unpublished buffers,
+    :mod:`dvml.store.staging`), plus any vineyard NAME that starts with the staging prefix
+    (dvml no longer puts such names; one would be a leftover).
+    """
     import vineyard
 
+    from dvml.store.staging import staged_objects
     from dvml.store.tensors import STAGING_PREFIX
 
     client = vineyard.connect()  # VINEYARD_IPC_SOCKET names this worker's own vineyardd
     iid = int(client.instance_id)
     metas = client.ipc_client.list_metadatas("vineyard::Tensor*", limit=1_000_000)
-    staging = client.ipc_client.list_names(STAGING_PREFIX + "*", limit=1_000_000)
+    names = client.ipc_client.list_names(STAGING_PREFIX + "*", limit=1_000_000)
+    staged = [name for name, _, _ in staged_objects()]
     return {
         "instance_id": iid,
         "memory_usage": int(client.status.memory_usage),
         "tensors": sorted(int(m.id) for m in metas if int(m.instance_id) == iid),
-        "staging": sorted(str(n) for n in staging),
+        "staging": sorted([*(str(n) for n in names), *staged]),
     }
 
 
@@ -74,10 +81,9 @@ def vineyard_usage(cluster: Any) -> dict[str, int]:
 
 def staging_names(client: Any) -> list[str]:
     """The staging names (objects of unfinished runs) in every vineyardd."""
-    from dvml.store import catalog
-    from dvml.store.datasets import run_on
+    from dvml.store.publish import staged_objects
 
-    return [name for name, _, _ in run_on(client, None, catalog.staging_objects)]
+    return [name for name, _, _ in staged_objects(client)]
 
 
 def dataset_names(client: Any) -> set[str]:

@@ -928,3 +928,35 @@ def test_writer_killed_mid_transaction_leaves_no_half_entry(url, tmp_path, repla
         registry.save_model("after", arch, _weights(), replace=True)
         assert time.monotonic() - start < 5
         assert registry.model_exists("after")
+
+
+def _selection_models(arch_id: int, names: list[str]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": n,
+            "arch_id": arch_id,
+            "weights": _weights(i),
+            "summary": {"mst_key": i},
+            "iterations": [{"iteration": 1, "training_loss": 0.5, "elapsed_s": 1.0}],
+        }
+        for i, n in enumerate(names)
+    ]
+
+
+def test_model_selection_is_saved_in_one_transaction(reg, arch_id):
+    ids = reg.save_model_selection_run(
+        "grid", _selection_models(arch_id, ["grid_1", "grid_2"]), [{"mst_key": 1}], {"n": 2}
+    )
+    assert len(ids) == 2 and reg.model_exists("grid_2")
+    assert reg.model_selection_run("grid") == {"info": [{"mst_key": 1}], "summary": {"n": 2}}
+    # a second run replaces the models (new versions) and the run's tables
+    reg.save_model_selection_run("grid", _selection_models(arch_id, ["grid_1"]), [], {"n": 1})
+    assert reg.get_model("grid_1")["version"] == 2
+    assert reg.model_selection_run("grid")["summary"] == {"n": 1}
+    # a model that cannot be written (unknown architecture) leaves NOTHING of its run behind
+    broken = _selection_models(arch_id, ["other_1"]) + _selection_models(arch_id + 99, ["other_2"])
+    with pytest.raises(RegistryNotFoundError):
+        reg.save_model_selection_run("other", broken, [], {})
+    assert not reg.model_exists("other_1")
+    with pytest.raises(RegistryNotFoundError, match="fit_multiple run named 'other'"):
+        reg.model_selection_run("other")

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import dvml
-from tests.helpers import keras, poll_for
+from tests.helpers import keras, poll_for, tls_environment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.timeout(900)]
 
@@ -47,10 +47,10 @@ def write_images(root: pathlib.Path, per_class: int, seed: int) -> None:
 
 
 class Refresh:
-    def __init__(self, tmp: pathlib.Path, scheduler: str) -> None:
+    def __init__(self, tmp: pathlib.Path, scheduler: str, tls: dict[str, str]) -> None:
         self.tmp, self.scheduler = tmp, scheduler
         self.registry = f"sqlite:///{tmp / 'registry.db'}"
-        self.env = {**os.environ, "DASK_DVML__CLUSTER__STATE_DIR": str(tmp / "dvml-state"),
+        self.env = {**os.environ, **tls, "DASK_DVML__CLUSTER__STATE_DIR": str(tmp / "dvml-state"),
                     "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
 
     def config(self, backbone: int, num_iterations: int) -> pathlib.Path:
@@ -99,7 +99,7 @@ def refresh(cluster2: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     head = k.Sequential([k.layers.InputLayer(input_shape=(8,)),
                          k.layers.Dense(2, activation="softmax")])  # fmt: skip
     (tmp / "head.json").write_text(head.to_json())
-    state = Refresh(tmp, cluster2.scheduler_address)
+    state = Refresh(tmp, cluster2.scheduler_address, tls_environment(cluster2))
     yield state
     for name in dvml.datasets.list(client=cluster2.client)["name"]:
         if name.startswith(NAME):

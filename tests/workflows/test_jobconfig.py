@@ -124,12 +124,32 @@ def test_wrong_type_or_value(tmp_path: pathlib.Path, text: str, expected: str) -
         (GOOD.replace("  source: sklearn:digits\n", ""), "missing required key 'data.source'"),
         (GOOD.split("model:")[0], "missing required section 'model'"),
         (GOOD.replace("  architecture: builtin:digits-cnn\n", "  architecture:\n"),
-         "missing required key 'model.architecture'"),
+         "'model' needs 'architecture' (or 'from_selection'"),
         ("", "missing required key 'name'"),
     ],
 )  # fmt: skip
 def test_missing_field(tmp_path: pathlib.Path, text: str, expected: str) -> None:
     assert expected in problem(tmp_path, text)
+
+
+SELECTION = GOOD.split("model:")[0] + "model:\n  from_selection: grid\n  num_iterations: 2\n"
+
+
+def test_model_from_a_fit_multiple_run(tmp_path: pathlib.Path) -> None:
+    """``model.from_selection`` replaces the architecture and its parameters (retrain the best
+    configuration of a stored fit_multiple run); giving both is refused."""
+    job = load(write(tmp_path, SELECTION), JOB_SCHEMA)
+    model = job["model"]
+    assert model["from_selection"] == "grid" and model["num_iterations"] == 2
+    assert model["architecture"] is None and model["fit_params"] is None
+    assert load(write(tmp_path, GOOD), JOB_SCHEMA)["model"]["from_selection"] is None
+    both = SELECTION + "  architecture: builtin:digits-cnn\n  fit_params: 'batch_size=8'\n"
+    message = problem(tmp_path, both)
+    assert "give either 'model.from_selection' or 'architecture', 'fit_params'" in message
+    assert "Received: from_selection='grid'" in message
+    assert "'model.from_selection' must" in problem(
+        tmp_path, SELECTION.replace("from_selection: grid", "from_selection: my grid")
+    )
 
 
 def test_unknown_key_is_reported_before_the_missing_one(tmp_path: pathlib.Path) -> None:

@@ -23,7 +23,7 @@ import pytest
 import dvml
 from dvml.jobs.job_cluster import staging_runs
 from dvml.registry import Registry
-from tests.helpers import digits_job, pid_gone, poll_for, write_job
+from tests.helpers import digits_job, pid_gone, poll_for, tls_environment, write_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -37,7 +37,7 @@ COMPILE = (
 class Job:
     """The job files of one test module, its registry and the processes it started."""
 
-    def __init__(self, tmp: pathlib.Path, scheduler: str) -> None:
+    def __init__(self, tmp: pathlib.Path, scheduler: str, tls: dict[str, str]) -> None:
         self.tmp = tmp
         self.registry = f"sqlite:///{tmp / 'registry.db'}"
         self.state = tmp / "wf-state"
@@ -48,6 +48,7 @@ class Job:
             **os.environ,
             "DASK_DVML__CLUSTER__STATE_DIR": str(tmp / "dvml-state"),  # trainer checkpoints
             "TF_CPP_MIN_LOG_LEVEL": "3",
+            **tls,  # the session cluster's certificate, as a user's Dask config would give it
         }
         self.procs: list[subprocess.Popen[bytes]] = []
         self.count = 0
@@ -136,7 +137,9 @@ def our_datasets(cluster: Any) -> set[str]:
 
 @pytest.fixture(scope="module")
 def job(cluster2: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    state = Job(tmp_path_factory.mktemp("retrain"), cluster2.scheduler_address)
+    state = Job(
+        tmp_path_factory.mktemp("retrain"), cluster2.scheduler_address, tls_environment(cluster2)
+    )
     yield state
     for proc in state.procs:  # only the runs this module started, by pid
         if proc.poll() is None:

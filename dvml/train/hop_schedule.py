@@ -1,0 +1,171 @@
+"""Pure pieces of ``fit_multiple``: the model hopper schedule, configurations, MADlib's tables.
+
+Model Hopper Parallelism (MOP, Cerebro: Nakandala et al., PVLDB 13(11), 2020; MADlib's
+``madlib_keras_fit_multiple_model``): the data stays where it is and the models move. With
+``M`` models and ``W`` workers holding partitions, an iteration is ``W`` rounds; in round
+``r`` model ``m`` trains one sub-epoch on the partition of worker ``(m + r) mod W``. After
+``W`` rounds every model has seen every partition exactly once.
+
+- ``M >= W``: every worker trains in every round. When ``M`` is not a multiple of ``W`` some
+  workers train one model more than others in a round (they train their models of the round
+  one after the other).
+- ``M < W``: MADlib's rule: the number of configurations should be at least the number of
+  workers (segments) or some sit idle. Here ``W - M`` workers have no model in each round;
+  every model still visits every partition once per iteration, so an iteration still takes
+  ``W`` rounds.
+
+Nothing here does I/O; :mod:`dvml.train.hop_fit` runs the schedule on a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dvml.exceptions import ArgumentError, ArgumentTypeError
+
+__all__ = [
+    "CONFIG_COLUMNS",
+    "Config",
+    "build_info",
+    "check_configs",
+    "hop_schedule",
+]
+
+CONFIG_COLUMNS = ("mst_key", "model_id", "compile_params", "fit_params")
+
+Config = dict[str, Any]
+
+
+def hop_schedule(n_models: int, n_workers: int) -> list[list[tuple[int, int]]]:
+    """The rounds of one iteration: round ``r`` lists ``(model, worker)`` pairs.
+
+    Model ``m`` is on worker ``(m + r) mod W`` in round ``r`` (Cerebro's round-robin).
+
+    Raises
+    ------
+    ArgumentError
+        Fewer than one model or one worker.
+    """
+    if n_models < 1 or n_workers < 1:
+        raise ArgumentError(
+            f"A hop schedule needs at least one model and one worker. Received: "
+            f"n_models={n_models}, n_workers={n_workers}."
+        )
+    return [[(m, (m + r) % n_workers) for m in range(n_models)] for r in range(n_workers)]
+
+
+def check_configs(rows: Sequence[Any]) -> list[Config]:
+    """Validate configuration records (dicts with :data:`CONFIG_COLUMNS`), sorted by mst_key.
+
+    Raises
+    ------
+    ArgumentTypeError
+        A record is not a mapping, or a field has the wrong type.
+    ArgumentError
+        No record, a missing column, or a repeated ``mst_key``.
+    """
+    if len(rows) == 0:
+        raise ArgumentError(
+            "configs is empty. Received: 0 configurations. Build them with "
+            "dvml.model_configs(...) or pass a list of dicts with keys "
+            f"{list(CONFIG_COLUMNS)}."
+        )
+    out: list[Config] = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ArgumentTypeError(
+                f"configs[{i}] must be a dict with keys {list(CONFIG_COLUMNS)}. Received: "
+                f"{type(row).__name__}."
+            )
+        missing = [c for c in CONFIG_COLUMNS if c not in row]
+        if missing:
+            raise ArgumentError(
+                f"configs[{i}] lacks {missing}. Received keys: {sorted(row)}. Each "
+                f"configuration needs {list(CONFIG_COLUMNS)}."
+            )
+        for column in ("mst_key", "model_id"):
+            value = row[column]
+            if isinstance(value, bool) or (not isinstance(value, int) and not _is_int(value)):
+                raise ArgumentTypeError(
+                    f"configs[{i}][{column!r}] must be an int. Received: {value!r}."
+                )
+        for column in ("compile_params", "fit_params"):
+            if not isinstance(row[column], str | dict) and row[column] is not None:
+                raise ArgumentTypeError(
+                    f"configs[{i}][{column!r}] must be a MADlib parameter string or a dict. "
+                    f"Received: {type(row[column]).__name__}."
+                )
+        out.append(
+            {
+                "mst_key": int(row["mst_key"]),
+                "model_id": int(row["model_id"]),
+                "compile_params": row["compile_params"],
+                "fit_params": row["fit_params"] if row["fit_params"] is not None else "",
+            }
+        )
+    keys = [c["mst_key"] for c in out]
+    if len(set(keys)) != len(keys):
+        raise ArgumentError(
+            f"configs repeat an mst_key. Received mst_keys: {keys}. Each configuration needs "
+            "its own mst_key."
+        )
+    return sorted(out, key=lambda c: c["mst_key"])
+
+
+def _is_int(value: Any) -> bool:
+    import numpy as np
+
+    return isinstance(value, np.integer)
+
+
+def build_info(
+    configs: Sequence[Config],
+    model_names: dict[int, str],
+    summaries: dict[int, dict[str, Any]],
+    seconds: dict[int, dict[str, float]],
+) -> list[dict[str, Any]]:
+    """MADlib's ``<model_output>_info`` rows, one per configuration (in mst_key order).
+
+    Parameters
+    ----------
+    configs
+        The checked configurations.
+    model_names
+        mst_key -> the registered model's name.
+    summaries
+        mst_key -> that model's MADlib fit summary (:func:`dvml.train.summary.build_summary`).
+    seconds
+        mst_key -> ``{"training_s", "moving_s"}``: the model's sub-epoch training seconds and
+        the seconds its weights and optimizer state spent moving between workers.
+    """
+    rows = []
+    for c in configs:
+        key = c["mst_key"]
+        s = summaries[key]
+        rows.append(
+            {
+                "mst_key": key,
+                "model_id": c["model_id"],
+                "model_name": model_names[key],
+                "compile_params": s["compile_params"],
+                "fit_params": s["fit_params"],
+                "model_type": s["model_type"],
+                "model_size": s["model_size"],
+                "metrics_elapsed_time": s["metrics_elapsed_time"],
+                "metrics_type": s["metrics_type"],
+                "loss_type": s["loss_type"],
+                "training_metrics_final": s["training_metrics_final"],
+                "training_loss_final": s["training_loss_final"],
+                "training_metrics": s["training_metrics"],
+                "training_loss": s["training_loss"],
+                "validation_metrics_final": s["validation_metrics_final"],
+                "validation_loss_final": s["validation_loss_final"],
+                "validation_metrics": s["validation_metrics"],
+                "validation_loss": s["validation_loss"],
+                "metrics_iters": s["metrics_iters"],
+                "training_seconds": round(seconds[key]["training_s"], 4),
+                "moving_seconds": round(seconds[key]["moving_s"], 4),
+            }
+        )
+    return rows

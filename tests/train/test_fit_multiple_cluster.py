@@ -1,0 +1,320 @@
+"""dvml.fit_multiple (Model Hopper Parallelism) on a real 2-worker LocalCluster with real
+TensorFlow hop trainers: every model visits every partition, results registered, evaluate and
+predict on a result, warm start, a killed trainer and the resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+
+import dvml
+from dvml.exceptions import ArgumentTypeError, TrainerFailedError
+from tests.helpers import cnn, pid_gone, poll_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+
+def configs(arch: int, lrs: tuple[float, ...] = (0.003, 0.01), batches: tuple[int, ...] = (32,)):
+    rows = []
+    for lr in lrs:
+        for b in batches:
+            rows.append(
+                {
+                    "mst_key": len(rows) + 1,
+                    "model_id": arch,
+                    "compile_params": (
+                        "loss='categorical_crossentropy',"
+                        f"optimizer='Adam(learning_rate={lr})',metrics=['accuracy']"
+                    ),
+                    "fit_params": f"batch_size={b},epochs=1",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def env(cluster2: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    frame = pd.DataFrame(
+        {
+            "id": np.arange(len(d.target)),
+            "pixels": list(d.images.reshape(-1, 8, 8, 1).astype("float32")),
+            "label": d.target,
+        }
+    ).sample(frac=1.0, random_state=0)
+    train, test = frame.iloc[:1400], frame.iloc[1400:]
+    tmp = tmp_path_factory.mktemp("mop")
+    client = cluster2.client
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp / "state")}):
+        dvml.training_preprocessor(
+            train, y="label", x="pixels", normalizing_const=16.0, name="mop_digits",
+            overwrite=True, client=client,
+        )  # fmt: skip
+        dvml.validation_preprocessor(
+            test, y="label", x="pixels", training="mop_digits", name="mop_digits_val",
+            overwrite=True, client=client,
+        )  # fmt: skip
+        registry = dvml.Registry(f"sqlite:///{tmp / 'registry.db'}")
+        arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+        yield {"client": client, "registry": registry, "arch": arch, "test": test, "tmp": tmp}
+        registry.close()
+        for name in ("mop_digits", "mop_digits_val"):
+            dvml.datasets.drop(name, client=client)
+
+
+def run(env: dict[str, Any], output: str, table: Any, **kwargs: Any) -> dvml.ModelSelection:
+    params: dict[str, Any] = {"num_iterations": 2, "progress": False}
+    params.update(kwargs)
+    return dvml.fit_multiple(
+        "mop_digits", output, table, registry=env["registry"], client=env["client"], **params
+    )
+
+
+@pytest.fixture(scope="module")
+def selection(env: dict[str, Any]) -> dvml.ModelSelection:
+    # 3 models on 2 workers: every worker busy each round, one of them trains two models.
+    table = configs(env["arch"], lrs=(0.003, 0.01, 0.001))
+    return run(
+        env,
+        "mop",
+        table,
+        num_iterations=3,
+        validation_set="mop_digits_val",
+        metrics_compute_frequency=1,
+        name="grid",
+        description="three learning rates",
+    )
+
+
+def test_every_model_visits_every_partition_each_iteration(
+    selection: dvml.ModelSelection,
+) -> None:
+    s = selection.summary
+    assert s["workers"] == ["worker-0", "worker-1"]
+    assert s["hops"] == 3 * 3 * 2  # models x iterations x workers
+    visits = {(k, it): set() for k in (1, 2, 3) for it in (1, 2, 3)}
+    for k, it, worker in s["hop_workers"]:
+        visits[(k, it)].add(worker)
+    assert all(v == {"worker-0", "worker-1"} for v in visits.values()), visits
+    assert s["moving_seconds"] > 0 and s["moved_bytes"] > 0
+
+
+def test_info_has_one_row_per_configuration(selection: dvml.ModelSelection) -> None:
+    info = selection.info
+    assert info["mst_key"].tolist() == [1, 2, 3]
+    assert info["model_name"].tolist() == ["mop_1", "mop_2", "mop_3"]
+    for column in ("training_loss", "validation_metrics", "metrics_elapsed_time"):
+        assert all(len(v) == 3 for v in info[column]), column
+    assert "Adam(learning_rate=0.01)" in info.loc[1, "compile_params"]
+    # learning from every partition: the good learning rates reach a useful accuracy
+    assert info["validation_metrics_final"].max() >= 0.85, info["validation_metrics_final"]
+    assert (info["moving_seconds"] > 0).all()
+    summary = selection.summary
+    assert summary["model_info"] == "mop_info" and summary["name"] == "grid"
+    assert summary["metrics_iters"] == [1, 2, 3]
+    assert summary["num_iterations"] == 3
+
+
+def test_evaluate_and_predict_on_a_result(
+    env: dict[str, Any], selection: dvml.ModelSelection
+) -> None:
+    best = selection.best()
+    row = selection.info.set_index("model_name").loc[best.name]
+    result = dvml.evaluate(
+        best.name, "mop_digits_val", registry=env["registry"], client=env["client"]
+    )
+    assert result["metric"] == pytest.approx(row["validation_metrics_final"], abs=1e-4)
+    assert result["loss"] == pytest.approx(row["validation_loss_final"], rel=1e-3)
+    by_key = selection.model(2)
+    assert by_key.name == "mop_2" and by_key.summary["mst_key"] == 2
+    top1 = dvml.predict(
+        best.name, env["test"], "id", "pixels", registry=env["registry"], client=env["client"]
+    ).compute(scheduler=env["client"])
+    truth = env["test"].set_index("id")["label"]
+    hits = (top1.set_index("id")["class_value"].astype(int) == truth.loc[top1["id"]].values).mean()
+    assert hits == pytest.approx(result["metric"], abs=1e-6)
+
+
+def test_warm_start_continues_each_model(
+    env: dict[str, Any], selection: dvml.ModelSelection
+) -> None:
+    before = {k: selection.model(k).summary["validation_loss_final"] for k in (1, 2, 3)}
+    table = configs(env["arch"], lrs=(0.003, 0.01, 0.001))
+    again = run(
+        env, "mop", table, num_iterations=1, validation_set="mop_digits_val", warm_start=True
+    )
+    assert again.summary["warm_start"] is True
+    after = again.info.set_index("mst_key")["validation_loss_final"]
+    # a fresh start would lose to three trained iterations by far
+    for k in (1, 2, 3):
+        assert after[k] < before[k] * 1.5 + 0.05, (k, before, after.to_dict())
+    assert env["registry"].get_model("mop_1")["version"] == 2
+
+
+def test_fewer_models_than_workers_still_visit_every_partition(env: dict[str, Any]) -> None:
+    one = run(env, "mop_single", configs(env["arch"], lrs=(0.003,)), num_iterations=1)
+    assert sorted(w for _, _, w in one.summary["hop_workers"]) == ["worker-0", "worker-1"]
+    assert one.info["training_loss_final"].notna().all()
+
+
+def test_refuses_bad_configs_before_any_trainer(env: dict[str, Any]) -> None:
+    with pytest.raises(ArgumentTypeError, match="DataFrame"):
+        run(env, "mop_bad", 42)
+    with pytest.raises(dvml.DvmlError, match=r"optimizer|parse|Unknown|not"):
+        bad = configs(env["arch"])
+        bad.loc[0, "compile_params"] = "loss='categorical_crossentropy', optimizer=__import__('os')"
+        run(env, "mop_bad", bad)
+    assert not env["registry"].model_exists("mop_bad_1")
+
+
+def test_killed_trainer_stops_the_job_and_rerun_resumes(env: dict[str, Any], cluster2: Any) -> None:
+    table = configs(env["arch"], lrs=(0.003, 0.01))
+    outcome: dict[str, Any] = {}
+    progressed = threading.Event()
+
+    def train() -> None:
+        import contextlib
+        import io
+
+        class Lines(io.StringIO):
+            def write(self, text: str) -> int:
+                if "iteration 1/" in text:
+                    progressed.set()
+                return super().write(text)
+
+        try:
+            with contextlib.redirect_stdout(Lines()):
+                run(env, "mop_resume", table, num_iterations=4, progress=True)
+        except BaseException as exc:  # recorded for the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    assert progressed.wait(300), "the first iteration never finished"
+    victims = _worker_trainers(cluster2, "worker-1")
+    assert victims, "no hop trainer found on worker-1"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    thread.join(180)
+    assert not thread.is_alive(), "fit_multiple did not return within a bounded time"
+    error = outcome.get("error")
+    assert isinstance(error, TrainerFailedError), repr(error)
+    assert "worker-1" in str(error)
+    others = _worker_trainers(cluster2, "worker-0")
+    assert poll_for(lambda: all(pid_gone(p) for p in others), 30)
+    assert not env["registry"].model_exists("mop_resume_1")
+
+    resumed = run(env, "mop_resume", table, num_iterations=4)
+    assert resumed.summary["resumed_from_iteration"] >= 1
+    for k in (1, 2):
+        history = resumed.model(k).history()
+        assert history["iteration"].tolist() == [1, 2, 3, 4]
+
+
+def _worker_trainers(cluster: Any, worker: str) -> list[int]:
+    """Pids of the hop trainers the Dask worker process named ``worker`` started."""
+    worker_pid = cluster.processes()[f"dask worker {worker}"]
+    pids = []
+    for child in psutil.Process(worker_pid).children(recursive=True):
+        try:
+            if "dvml.train.hop_trainer" in " ".join(child.cmdline()):
+                pids.append(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def test_killed_worker_process_stops_the_job_and_rerun_resumes(
+    local_cluster: Any, tmp_path: Any
+) -> None:
+    """SIGKILL a Dask WORKER process (not only its trainer) during a hop on a 2-worker cluster
+    of the test's own: the job stops within a bounded time with an error naming the worker,
+    no process of the job is left, nothing is registered, and once the Nanny has brought the
+    worker back a rerun resumes every model from the last completed iteration."""
+    from sklearn.datasets import load_digits
+
+    cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
+    client = cluster.client
+    d = load_digits()
+    frame = pd.DataFrame(
+        {"pixels": list(d.images.reshape(-1, 8, 8, 1).astype("float32")), "label": d.target}
+    )
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
+        dvml.training_preprocessor(
+            frame, y="label", x="pixels", normalizing_const=16.0, name="mop_wk", client=client
+        )
+        arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+        table = configs(arch, lrs=(0.003, 0.01))
+        own = {"registry": registry, "client": client}
+        outcome: dict[str, Any] = {}
+        progressed = threading.Event()
+
+        def train() -> None:
+            import contextlib
+            import io
+
+            class Lines(io.StringIO):
+                def write(self, text: str) -> int:
+                    if "iteration 1/" in text:
+                        progressed.set()
+                    return super().write(text)
+
+            try:
+                with contextlib.redirect_stdout(Lines()):
+                    dvml.fit_multiple(
+                        "mop_wk", "mop_wk", table, num_iterations=4, progress=True, **own
+                    )
+            except BaseException as exc:  # recorded for the main thread
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=train, daemon=True)
+        thread.start()
+        assert progressed.wait(300), "the first iteration never finished"
+        trainers = _worker_trainers(cluster, "worker-1") + _worker_trainers(cluster, "worker-0")
+        assert trainers, "no hop trainer found"
+        os.kill(cluster.processes()["dask worker worker-1"], signal.SIGKILL)
+        thread.join(180)
+        assert not thread.is_alive(), "fit_multiple did not return within a bounded time"
+        error = outcome.get("error")
+        assert isinstance(error, TrainerFailedError), repr(error)
+        assert "worker-1" in str(error) and "left the cluster" in str(error), str(error)
+        # both trainers end: the survivor's is stopped, the orphan sees its stdin close
+        assert poll_for(lambda: all(pid_gone(p) for p in trainers), 60), trainers
+        assert not registry.model_exists("mop_wk_1")
+        assert not registry.model_exists("mop_wk_2")
+        assert not _has_selection_run(registry, "mop_wk")
+
+        def back() -> bool:
+            identity = client.sync(client.scheduler.identity, n_workers=-1)
+            names = {w.get("name") for w in identity["workers"].values()}
+            return {"worker-0", "worker-1"} <= {str(n) for n in names}
+
+        assert poll_for(back, 120), "the Nanny did not bring worker-1 back"
+        resumed = dvml.fit_multiple(
+            "mop_wk", "mop_wk", table, num_iterations=4, progress=False, **own
+        )
+        assert resumed.summary["resumed_from_iteration"] >= 1
+        for k in (1, 2):
+            assert resumed.model(k).history()["iteration"].tolist() == [1, 2, 3, 4]
+        dvml.datasets.drop("mop_wk", client=client)
+    registry.close()
+
+
+def _has_selection_run(registry: Any, name: str) -> bool:
+    try:
+        registry.model_selection_run(name)
+    except dvml.DvmlError:
+        return False
+    return True

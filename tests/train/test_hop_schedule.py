@@ -1,0 +1,95 @@
+"""Pure pieces of fit_multiple: the hop schedule, configuration checks, the info table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dvml.exceptions import ArgumentError, ArgumentTypeError
+from dvml.train.hop_fit import _resolve_configs, model_name
+from dvml.train.hop_schedule import build_info, check_configs, hop_schedule
+
+COMPILE = (
+    "loss='categorical_crossentropy',optimizer='Adam(learning_rate=0.001)',metrics=['accuracy']"
+)
+
+
+@pytest.mark.parametrize(("models", "workers"), [(4, 2), (3, 2), (2, 2), (1, 2), (2, 3), (5, 3)])
+def test_every_model_visits_every_worker_once_per_iteration(models: int, workers: int) -> None:
+    rounds = hop_schedule(models, workers)
+    assert len(rounds) == workers
+    for m in range(models):
+        assert sorted(w for round_ in rounds for mm, w in round_ if mm == m) == list(range(workers))
+    for r, round_ in enumerate(rounds):
+        assert round_ == [(m, (m + r) % workers) for m in range(models)]  # Cerebro's rule
+
+
+@pytest.mark.parametrize(
+    ("models", "workers", "idle"), [(4, 2, 0), (3, 2, 0), (1, 2, 1), (2, 5, 3)]
+)
+def test_idle_workers_per_round_follow_madlibs_rule(models: int, workers: int, idle: int) -> None:
+    for round_ in hop_schedule(models, workers):
+        assert workers - len({w for _, w in round_}) == idle
+
+
+def test_a_schedule_needs_models_and_workers() -> None:
+    with pytest.raises(ArgumentError, match="n_models=0"):
+        hop_schedule(0, 2)
+
+
+def _row(key: Any, **kw: Any) -> dict[str, Any]:
+    return {
+        "mst_key": key,
+        "model_id": 1,
+        "compile_params": COMPILE,
+        "fit_params": "batch_size=8",
+        **kw,
+    }
+
+
+def test_configs_from_a_dataframe_or_a_list_are_sorted_by_key() -> None:
+    frame = pd.DataFrame([_row(2), _row(1)])
+    checked = check_configs(_resolve_configs(frame))
+    assert [c["mst_key"] for c in checked] == [1, 2]
+    assert all(type(c["mst_key"]) is int and type(c["model_id"]) is int for c in checked)
+    assert check_configs(_resolve_configs([_row(np.int64(3))]))[0]["mst_key"] == 3
+
+
+@pytest.mark.parametrize("bad", ["configs_table", 3, {"mst_key": 1}, None])
+def test_other_config_types_are_refused(bad: Any) -> None:
+    with pytest.raises(ArgumentTypeError, match="DataFrame"):
+        _resolve_configs(bad)
+
+
+def test_bad_config_records_are_refused() -> None:
+    with pytest.raises(ArgumentError, match="empty"):
+        check_configs([])
+    with pytest.raises(ArgumentError, match="lacks"):
+        check_configs([{"mst_key": 1}])
+    with pytest.raises(ArgumentError, match="repeat"):
+        check_configs([_row(1), _row(1)])
+    with pytest.raises(ArgumentTypeError, match="must be an int"):
+        check_configs([_row("1")])
+    with pytest.raises(ArgumentTypeError, match="must be a dict"):
+        check_configs(["x"])
+
+
+def test_info_rows_carry_the_summaries_and_the_seconds() -> None:
+    configs = check_configs([_row(1)])
+    names = (
+        "compile_params fit_params model_type model_size metrics_elapsed_time metrics_type "
+        "loss_type training_metrics_final training_loss_final training_metrics training_loss "
+        "validation_metrics_final validation_loss_final validation_metrics validation_loss "
+        "metrics_iters"
+    )
+    summary: dict[str, Any] = dict.fromkeys(names.split(" "))
+    summary["training_loss_final"] = 0.5
+    rows = build_info(
+        configs, {1: model_name("out", 1)}, {1: summary}, {1: {"training_s": 2.0, "moving_s": 0.25}}
+    )
+    assert rows[0]["model_name"] == "out_1"
+    assert rows[0]["training_loss_final"] == 0.5
+    assert rows[0]["moving_seconds"] == 0.25
