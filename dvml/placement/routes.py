@@ -199,10 +199,12 @@ def pack_graph_size(
     -------
     dict of str to int
         ``prepare`` (P), ``stats`` and ``split`` (one per group), ``pack`` (B), ``catalog``
-        (the fixed tasks that list staging names and publish), ``tasks`` (their sum),
+        (the tasks that persist, publish and clean up: two per target instance and one),
+        ``tasks`` (their sum),
         ``fetches`` (worker-to-worker requests of the pack tasks, outside the graph) and
-        ``etcd_writes`` (metadata writes: per field of each buffer, a persist, a staging name
-        and its drop; per field a GlobalTensor; the dataset's root object and its name).
+        ``etcd_writes`` (metadata writes, :mod:`dvml.store.publish`: none per buffer; per
+        target instance one persist of its buffers and one delete of the object that carried
+        them; per field a GlobalTensor; the dataset's root object and its name).
     """
     for name, value in (("partitions", partitions), ("workers", workers), ("buffers", buffers)):
         if value < 1:
@@ -215,11 +217,13 @@ def pack_graph_size(
         by_bytes = math.ceil(parts * partition_bytes / MAX_GROUP_BYTES)
         n_groups += min(parts, max(threads, by_bytes))
     buffers = max(buffers, workers)
-    catalog = 4  # staging names listed before publishing and by the clean-up, publish, delete
+    # dvml.store.publish: one persist task per target instance, the publish task, one cleanup
+    # task per instance (the targets, for the model)
+    catalog = 2 * min(workers, buffers) + 1
     tasks = partitions + 2 * n_groups + buffers + catalog
     # Each buffer reads one slice from every group; slices on one worker come in one request.
     fetches = buffers * min(n_groups, holders)
-    etcd = 3 * fields * buffers + fields + 2
+    etcd = 2 * min(workers, buffers) + fields + 2
     return {
         "prepare": partitions,
         "stats": n_groups,

@@ -105,6 +105,6 @@ def test_pack_graph_size_grows_with_partitions_plus_workers() -> None:
     model = pack_graph_size(10_000, 64, 64, partition_bytes=10 << 20)
     assert MAX_GROUP_BYTES == 128 << 20  # 156 or 157 partitions of 10 MiB: 13 groups a worker
     assert model["split"] == 64 * 13
-    assert model["etcd_writes"] == 3 * 2 * 64 + 2 + 2
+    assert model["etcd_writes"] == 2 * 64 + 2 + 2  # per instance, not per buffer (#17.2)
     with pytest.raises(ArgumentError, match="partitions must be at least 1"):
         pack_graph_size(0, 1, 1)
