@@ -277,9 +277,17 @@ def _check_workers(client: Client, what: str | None, timeout: float) -> None:
 
 
 def wait_watched(
-    client: Client, futures: Sequence[Future], what: str | None = None, interval: float = 1.0
+    client: Client,
+    futures: Sequence[Future],
+    what: str | None = None,
+    interval: float = 1.0,
+    vineyardd: bool = True,
 ) -> None:
     """Wait until every future is done, checking the daemons every ``interval`` seconds.
+
+    ``vineyardd=False`` watches etcd only, as :func:`require_daemons` does: for tasks that run
+    on live vineyardds while another is known to be dead (reading the catalog, deleting what
+    the live ones hold), which must finish however long they take.
 
     Raises
     ------
@@ -298,7 +306,7 @@ def wait_watched(
         pending = [f for f in pending if not f.done()]
         if pending:
             try:
-                require_daemons(client, what)
+                require_daemons(client, what, vineyardd=vineyardd)
             except DaemonDiedError:
                 client.cancel(list(futures))
                 raise

@@ -95,6 +95,7 @@ def buffer_workers(
 
 def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run ``fn`` on ``worker`` (any vineyard worker when None) and return its result."""
+    catalog_only = worker is None
     if worker is None:  # the catalog: etcd and any live vineyardd
         workers = vineyard_workers(client, all_vineyardds=False)
         if not workers:
@@ -106,7 +107,9 @@ def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwa
     future = client.submit(
         fn, *args, workers=[worker.address], allow_other_workers=False, pure=False, **kwargs
     )
-    wait_watched(client, [future])
+    # A dead vineyardd elsewhere must not fail a catalog read: that is how its damaged datasets
+    # are listed, described and dropped.
+    wait_watched(client, [future], vineyardd=not catalog_only)
     return future.result()
 
 
@@ -327,5 +330,5 @@ def delete_by_instance(
                 pure=False,
             )
         )
-    wait_watched(client, futures)
+    wait_watched(client, futures, vineyardd=False)  # the dead ones' objects were skipped
     return int(sum(client.gather(futures)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -15,6 +16,8 @@ import pandas as pd
 import pytest
 
 import dvml
+from dvml.cluster.health import wait_watched
+from dvml.exceptions import VineyarddDiedError
 from dvml.store.datasets import lost_buffers
 from tests.helpers import pid_gone, poll_for
 
@@ -63,3 +66,16 @@ def test_a_dead_vineyardd_makes_its_datasets_damaged(
     assert set(placement.loc["worker-1", ["status"]].values.ravel()) == {"lost"}
     assert set(placement.loc["worker-0", ["status"]].values.ravel()) == {"ok"}
     assert dvml.datasets.exists("health", client)  # the name is still there, to drop it
+
+    # Tasks slower than the watch's interval: a catalog read or a delete on a live vineyardd
+    # must finish (under load a drop of this dataset failed: the watch found the dead vineyardd
+    # and cancelled the catalog read); any other watched task stops at once.
+    live = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "worker-0")
+    catalog_like = client.submit(time.sleep, 2.0, workers=[live], pure=False)
+    wait_watched(client, [catalog_like], interval=0.2, vineyardd=False)
+    needs_every_vineyardd = client.submit(time.sleep, 2.0, workers=[live], pure=False)
+    with pytest.raises(VineyarddDiedError, match="worker-1"):
+        wait_watched(client, [needs_every_vineyardd], interval=0.2)
+
+    dvml.datasets.drop("health", client)
+    assert not dvml.datasets.exists("health", client)
