@@ -45,6 +45,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b9_decode",
     "benchmarks.b10_scaling",
     "benchmarks.b11_fit_multiple",
+    "benchmarks.b12_pack_scaling",
     "benchmarks.b13_netns_fit",
     "benchmarks.b14_tls",
 )

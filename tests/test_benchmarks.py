@@ -113,3 +113,17 @@ def test_quick_pack_benchmarks_report_first_runs(tmp_path: pathlib.Path) -> None
         assert row["dvml"] > 0 and row["baseline"] > 0
         firsts = [v for k, v in row["details"].items() if k.startswith("first")]
         assert len(firsts) == 2 and all(v > 0 for v in firsts), row["details"]
+
+
+@pytest.mark.cluster
+def test_quick_b12_runs_partition_and_buffer_rows(tmp_path: pathlib.Path) -> None:
+    """B12 (issue 17) runs a partition row and a buffer row on one cluster, end to end."""
+    out = tmp_path / "results"
+    _run_quick("B12a,B12g", out)
+    rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    assert set(rows) == {"B12a", "B12g"}
+    for key, row in rows.items():
+        assert row["error"] is None, (key, row["error"])
+        assert row["dvml"] > 0 and row["baseline"] > 0
+    assert rows["B12a"]["details"]["partitions"] == 4
+    assert rows["B12g"]["details"]["buffers"] == 4  # quick: 2, 4, 8, 16 buffers

@@ -326,6 +326,7 @@ def _plan_and_pack(
         "class_values": class_values,
         "num_classes": n_classes,
         "normalizing_const": float(normalizing_const),
+        "x_shapes": x_shapes,
     }
     return pack_and_publish(
         client,

@@ -1,15 +1,21 @@
-"""The pack graph: prepared parts → split pieces → buffers pinned to their target workers.
+"""The pack graph: prepared parts → split groups → buffers pinned to their target workers.
 
 ::
 
-    prepare(part p)  ─► split(p) ─► take(p, target t) ─┐
-                                                        ├─► pack(b) for each buffer b of t,
-    prepare(part q)  ─► split(q) ─► take(q, target t) ─┘    on t, into t's vineyardd
+    prepare(part p) ─┐                                    fetch (worker to worker,
+    prepare(part q) ─┴─► split_group(g) on the worker  ─────── outside the graph) ─► pack(b)
+                         that holds p and q                                          on b's target
 
-A split permutes its part once with the buffers of each target laid out together, so a
-take is a view and each (part, target) piece moves at most once; a pack writes its rows
-straight into vineyard shared memory. Data moves worker to worker; the client sees only row
-counts, label sets and object ids.
+Its task count grows with partitions plus targets, not with their product: one prepare task
+per source partition, one stats and one split task per group of partitions that live on the
+same worker (:func:`~dvml.placement.routes.group_parts`: at least one per thread, about
+128 MiB each), and one pack task per buffer. A split lays out its group's rows buffer after
+buffer, buffers grouped by target, so the rows a buffer needs from a group are ONE contiguous
+slice; the pack task fetches its slices straight from the workers that hold the groups
+(:mod:`dvml.preprocess.exchange`) and writes its rows, shuffled, straight into vineyard shared
+memory. Data moves worker to worker, each row once; the client sees only row counts, label
+sets and object ids. A buffer holds the same rows in the same order as when every partition
+had its own split task: the seeded shuffle does not depend on the grouping.
 Every put is staged under a per-attempt name, so objects of a failed or retried pack are
 found and deleted: a failed run leaves nothing behind.
 """
@@ -19,9 +25,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from dvml.cluster.pinned import run_pinned
 from dvml.cluster.workers import WorkerInfo
-from dvml.placement.planner import partition_seed, plan_pieces
+from dvml.placement.planner import partition_seed
+from dvml.placement.routes import group_parts, plan_routes
 from dvml.preprocess import tasks
 from dvml.store.datasets import Dataset
 from dvml.store.publish import publish_run, staging_name
@@ -32,6 +41,39 @@ if TYPE_CHECKING:
 __all__ = ["compute_stats", "pack_and_publish"]
 
 
+def _raise_first_error(futures: Sequence[Future]) -> None:
+    for future in futures:
+        if future.status in ("error", "cancelled"):
+            future.result()  # raises the task's own error
+
+
+def _holder_groups(client: Client, futures: Sequence[Future]) -> list[tuple[str, list[int]]]:
+    """Groups of the parts (by position) that live on the same worker."""
+    keys = [f.key for f in futures]
+    who_has = client.who_has(list(futures))
+    nbytes = client.nbytes(keys=keys, summary=False)
+    holders = [min(who_has.get(k) or [""]) for k in keys]
+    return group_parts(holders, [int(nbytes.get(k) or 0) for k in keys], client.nthreads())
+
+
+def _submit_groups(
+    client: Client,
+    fn: Any,
+    futures: Sequence[Future],
+    groups: Sequence[tuple[str, list[int]]],
+    per_group: Sequence[tuple[Any, ...]] | None = None,
+    **kwargs: Any,
+) -> list[Future]:
+    """One task per group, where its parts are (another worker only if that one is gone)."""
+    out = []
+    for g, (holder, parts) in enumerate(groups):
+        extra = per_group[g] if per_group is not None else ()
+        where = {"workers": [holder], "allow_other_workers": True} if holder else {}
+        out.append(client.submit(fn, [futures[p] for p in parts], *extra, pure=False,
+                                 **where, **kwargs))  # fmt: skip
+    return out
+
+
 def compute_stats(
     client: Client, parts: Sequence[Any], progress: bool = False
 ) -> tuple[list[Future], list[dict]]:
@@ -39,17 +81,29 @@ def compute_stats(
 
     With ``progress``, Dask's text progress bar follows the read/decode/validate tasks (they
     are not pinned, so Dask reruns them elsewhere if a worker dies and the bar always ends).
+    The stats are computed by one task per group of parts that live on the same worker.
     """
+    from distributed import wait
+
     futures = client.compute(list(parts))
-    stats_futures = client.map(tasks.part_stats, futures, pure=False)
+    stats_futures: list[Future] = []
     try:
         if progress:
             from distributed import progress as progress_bar
 
             with client.as_current():
-                progress_bar(stats_futures, notebook=False)
+                progress_bar(futures, notebook=False)
             print(flush=True)
-        return futures, client.gather(stats_futures)
+        with client.as_current():  # distributed.wait looks up the default client
+            wait(futures)
+        _raise_first_error(futures)
+        groups = _holder_groups(client, futures)
+        stats_futures = _submit_groups(client, tasks.group_stats, futures, groups)
+        stats: list[dict] = [{} for _ in futures]
+        for (_, members), found in zip(groups, client.gather(stats_futures), strict=True):
+            for p, s in zip(members, found, strict=True):
+                stats[p] = s
+        return futures, stats
     except BaseException:
         # Free the prepared parts on the workers now, not when the traceback is collected.
         client.cancel([*futures, *stats_futures])
@@ -71,10 +125,9 @@ def pack_and_publish(
     """Split, pack and publish; on any failure delete every object this run put.
 
     Takes ownership of ``prepared``: the list is emptied once every part has its split task,
-    so that each prepared part is freed on its worker as soon as it is split, not when the
-    whole run ends (a lower peak of worker memory, and a first run after a cluster starts
-    about twice as fast). Should a split result be lost with a worker, Dask recomputes the
-    part from its source.
+    so that each prepared part is freed on its worker as soon as its group is split, not when
+    the whole run ends. Should a split result be lost with a worker, Dask recomputes it (and
+    the parts, from their source).
     """
 
     def produce(run_id: str) -> list[dict[str, Any]]:
@@ -92,43 +145,45 @@ def _pack(
     seed: int,
     run_id: str,
 ) -> list[dict[str, Any]]:
-    plan = plan_pieces(counts, [w.address for w in buffer_targets])
-    n_parts, n_buffers = counts.shape
-    splits = [
-        client.submit(
-            tasks.split_part,
-            prepared[p],
-            plan.ordered_counts[p].tolist(),
-            partition_seed(seed, p),
-            pure=False,
-            **split_args,
-        )
-        for p in range(n_parts)
+    from distributed import Event, wait
+
+    counts = np.asarray(counts)
+    groups = _holder_groups(client, prepared)
+    routes = plan_routes(counts, [w.address for w in buffer_targets], [g for _, g in groups])
+    per_group = [
+        (routes.group_counts[g], routes.starts[g], [partition_seed(seed, p) for p in parts])
+        for g, parts in enumerate(routes.groups)
     ]
+    encode = {k: v for k, v in split_args.items() if k != "x_shapes"}
+    splits = _submit_groups(client, tasks.split_group, prepared, groups, per_group, **encode)
     prepared.clear()  # the splits hold the parts now (see pack_and_publish)
-    # One piece per (part, target): everything a target needs from a part moves at once.
-    taken = {
-        (p, t): client.submit(tasks.take_piece, splits[p], int(start), int(stop), pure=False)
-        for p in range(n_parts)
-        for t, (start, stop) in enumerate(plan.piece_ranges[p])
-        if stop > start
-    }
-    # What the pack of buffer b reads: pieces[i][start:stop] for (start, stop) = ranges[i].
-    inputs: list[tuple[list[tuple[int, int]], list[Future]]] = []
-    for b in range(n_buffers):
-        sources = [p for p in range(n_parts) if counts[p, b] > 0]
-        ranges = [
-            (int(plan.buffer_ranges[p, b, 0]), int(plan.buffer_ranges[p, b, 1])) for p in sources
+    try:
+        # The packs read the splits' results outside the graph: they start once all exist.
+        with client.as_current():
+            wait(splits)
+        _raise_first_error(splits)
+        fields = {f"x_{i}": list(s) for i, s in enumerate(split_args["x_shapes"])}
+        fields["y"] = [int(split_args["num_classes"])]
+        keys = [f.key for f in splits]
+        sources = [
+            [(keys[g], start, stop, routes.groups[g]) for g, start, stop in routes.fetches[b]]
+            for b in range(counts.shape[1])
         ]
-        inputs.append((ranges, [taken[p, int(plan.target_of[b])] for p in sources]))
+        abort_name = f"dvml-pack-abort-{run_id}"
 
-    def submit(b: int, address: str, attempt: int) -> Future:
-        ranges, pieces = inputs[b]
-        return client.submit(
-            tasks.pack_buffer, b, seed, staging_name(run_id, b, attempt), ranges, *pieces,
-            workers=[address], allow_other_workers=False, pure=False, retries=0,
-        )  # fmt: skip
+        def submit(b: int, address: str, attempt: int) -> Future:
+            return client.submit(
+                tasks.pack_buffer, b, seed, staging_name(run_id, b, attempt), fields,
+                counts[:, b], sources[b], abort_name,
+                workers=[address], allow_other_workers=False, pure=False, retries=0,
+            )  # fmt: skip
 
-    # A pack whose worker died is resubmitted to the restarted worker of the same name: its
-    # vineyardd, and so the placement, is unchanged.
-    return list(run_pinned(client, submit, buffer_targets, "packing"))
+        abort = Event(abort_name, client=client)
+        try:
+            # A pack whose worker died is resubmitted to the restarted worker of the same
+            # name: its vineyardd, and so the placement, is unchanged.
+            return list(run_pinned(client, submit, buffer_targets, "packing", abort=abort.set))
+        finally:
+            abort.clear()  # events live on the scheduler until cleared
+    finally:
+        client.cancel(splits)  # the packed rows live in vineyard now; free the groups

@@ -1,4 +1,4 @@
-"""Worker-side steps of the pack graph: prepare a partition, split it, pack a buffer.
+"""Worker-side steps of the pack graph: prepare a partition, split a group, pack a buffer.
 
 Top-level functions only (Dask pickles them by reference). Each takes and returns plain
 values; the graph that wires them together is in :mod:`dvml.preprocess.graph`.
@@ -21,18 +21,25 @@ from dvml.cluster.workers import worker_host
 from dvml.exceptions import DataError
 from dvml.placement.planner import split_partition
 from dvml.preprocess.encode import check_finite, normalize, one_hot, overflow_limit, x_to_array
+from dvml.preprocess.exchange import fetch_slices, serve_slices_here
 from dvml.preprocess.images import decode_image
 from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
 from dvml.store.tensors import write_arrays
 
 __all__ = [
+    "buffer_positions",
+    "group_stats",
+    "lay_out_group",
     "pack_buffer",
     "part_stats",
     "prepare_arrays",
     "prepare_image_files",
     "prepare_table",
     "prepare_tar_shard",
+    "slice_positions",
+    "split_group",
     "split_part",
+    "take_piece",
 ]
 
 
@@ -192,32 +199,114 @@ def split_part(
 
     ``ordered_counts`` is the part's row of :attr:`PiecePlan.ordered_counts`: the rows of each
     buffer, buffers grouped by target worker, so that what one target needs is one contiguous
-    slice (:func:`take_piece`). x is copied once: gathered in the permuted order, then
-    converted and divided in place (the same float32 values as normalizing first).
+    slice (:func:`take_piece`). The laid-out rows of a group of one part (:func:`split_group`).
     """
-    normalize(part["x"][0][:0], normalizing_const)  # validates the constant and the dtype
-    y = one_hot(part["labels"], class_values, num_classes)
-    pieces = split_partition(len(y), np.asarray(ordered_counts), seed)
-    perm = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    counts = np.asarray(ordered_counts, dtype=np.int64).reshape(1, -1)
+    starts = (np.cumsum(counts[0]) - counts[0]).reshape(-1, 1)
+    return lay_out_group([part], counts, starts, [seed], class_values, num_classes,
+                         normalizing_const)  # fmt: skip
+
+
+def group_stats(parts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`part_stats` of each part of a group (one task per group, where the parts are)."""
+    return [part_stats(part) for part in parts]
+
+
+# A partition's rows for one buffer are copied as one block (np.take into the output) when
+# blocks are at least this many rows on average; below, one scatter per partition is cheaper
+# than a Python call per block.
+_BLOCK_ROWS = 16
+
+
+def split_group(
+    parts: Sequence[dict[str, Any]],
+    group_counts: np.ndarray,
+    starts: np.ndarray,
+    seeds: Sequence[int],
+    class_values: list[Any],
+    num_classes: int,
+    normalizing_const: float,
+) -> dict[str, np.ndarray]:
+    """The task of a group: :func:`lay_out_group`, kept here for the pack tasks to fetch.
+
+    Its result stays in this worker's memory under the task's key (Dask recomputes it, from
+    the source if need be, should the worker die); the pack tasks fetch their slices of it
+    through :mod:`dvml.preprocess.exchange`, which this installs on the worker.
+    """
+    serve_slices_here()
+    return lay_out_group(
+        parts, group_counts, starts, seeds, class_values, num_classes, normalizing_const
+    )
+
+
+def lay_out_group(
+    parts: Sequence[dict[str, Any]],
+    group_counts: np.ndarray,
+    starts: np.ndarray,
+    seeds: Sequence[int],
+    class_values: list[Any],
+    num_classes: int,
+    normalizing_const: float,
+) -> dict[str, np.ndarray]:
+    """Normalize, one-hot encode and lay out the rows of a group of parts for their buffers.
+
+    Parameters
+    ----------
+    parts : sequence of dict
+        Prepared parts, the group's partitions in ascending order.
+    group_counts : numpy.ndarray
+        ``RoutePlan.group_counts[g]``: rows of part ``i`` for the buffer at each position of
+        the buffer order (buffers grouped by target).
+    starts : numpy.ndarray
+        ``RoutePlan.starts[g]``: where part ``i``'s rows for buffer position ``j`` begin.
+    seeds : sequence of int
+        The :func:`~dvml.placement.planner.partition_seed` of each part.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``x_0``, ... and ``y``, float32: the group's rows buffer after buffer, part after part
+        within a buffer, each part's rows in the order of its seeded permutation (the same rows
+        in the same order as :func:`split_part` gives each part). x is copied once: gathered
+        in the permuted order straight into the output, then divided in place.
+    """
+    group_counts = np.asarray(group_counts, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
+    total = int(group_counts.sum())
+    first = next((p for p in parts if len(p["labels"])), parts[0])
     laid_out = {
-        f"x_{i}": _take_normalized(x, perm, normalizing_const) for i, x in enumerate(part["x"])
+        f"x_{k}": np.empty((total, *np.shape(x)[1:]), dtype=np.float32)
+        for k, x in enumerate(first["x"])
     }
-    laid_out["y"] = y[perm]
+    laid_out["y"] = np.empty((total, num_classes), dtype=np.float32)
+    for i, part in enumerate(parts):
+        counts = group_counts[i]
+        normalize(part["x"][0][:0], normalizing_const)  # validates the constant and the dtype
+        sources = [np.asarray(x) for x in part["x"]]
+        sources.append(one_hot(part["labels"], class_values, num_classes))
+        pieces = split_partition(len(sources[-1]), counts, int(seeds[i]))
+        blocks = [j for j in range(len(counts)) if counts[j]]
+        n = int(counts.sum())
+        if blocks and n >= _BLOCK_ROWS * len(blocks):
+            for j in blocks:
+                at = slice(int(starts[j, i]), int(starts[j, i] + counts[j]))
+                for source, out in zip(sources, laid_out.values(), strict=True):
+                    np.take(source, pieces[j], axis=0, out=out[at], mode="clip")
+        elif n:
+            perm = np.concatenate(pieces)
+            dest = np.repeat(starts[:, i] - (np.cumsum(counts) - counts), counts)
+            dest += np.arange(n)
+            for source, out in zip(sources, laid_out.values(), strict=True):
+                out[dest] = source[perm]
+    if normalizing_const != 1:
+        for field, values in laid_out.items():
+            if field != "y":
+                values /= np.float32(normalizing_const)
     return laid_out
 
 
-def _take_normalized(x: np.ndarray, idx: np.ndarray, normalizing_const: float) -> np.ndarray:
-    """``normalize(x, c)[idx]`` in one copy: take the rows, then convert and divide in place."""
-    out = np.take(np.asarray(x), idx, axis=0)
-    if out.dtype != np.float32:
-        out = out.astype(np.float32)
-    if normalizing_const != 1:
-        out /= np.float32(normalizing_const)
-    return out
-
-
 def take_piece(laid_out: dict[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
-    """The rows one target needs from a split part (a separate task, so only they move).
+    """Rows ``start:stop`` of laid-out rows: what one target needs from a split part.
 
     Views, not copies: a piece that stays on its worker costs nothing, and one that moves is
     sent as its own bytes only.
@@ -225,37 +314,77 @@ def take_piece(laid_out: dict[str, np.ndarray], start: int, stop: int) -> dict[s
     return {field: values[start:stop] for field, values in laid_out.items()}
 
 
+def buffer_positions(seed: int, index: int, rows: int) -> np.ndarray:
+    """Where each row of buffer ``index`` goes: ``where[j]`` for row ``j`` of its rows from
+    every partition, concatenated in partition order (a seeded shuffle of the buffer)."""
+    order = np.random.default_rng(seed + index).permutation(rows)
+    where = np.empty_like(order)
+    where[order] = np.arange(rows)
+    return where
+
+
+def slice_positions(
+    column: np.ndarray, offsets: np.ndarray, where: np.ndarray, parts: Sequence[int]
+) -> np.ndarray:
+    """Positions in the buffer of the rows of one fetched slice.
+
+    The slice holds the buffer's rows from ``parts`` (ascending), part after part;
+    ``column[p]`` rows of partition ``p`` begin at ``offsets[p]`` in the concatenation that
+    ``where`` (:func:`buffer_positions`) shuffles.
+    """
+    chosen = np.asarray(parts, dtype=np.int64)
+    sizes = column[chosen]
+    dest = np.repeat(offsets[chosen] - (np.cumsum(sizes) - sizes), sizes)
+    dest += np.arange(len(dest))
+    return where[dest]
+
+
 def pack_buffer(
-    index: int, seed: int, staging_name: str, ranges: Sequence[tuple[int, int]], *pieces: Any
+    index: int,
+    seed: int,
+    staging_name: str,
+    fields: dict[str, list[int]],
+    column: np.ndarray,
+    sources: Sequence[tuple[str, int, int, Sequence[int]]],
+    abort_event: str | None = None,
 ) -> dict[str, Any]:
     """Shuffle a buffer's rows straight into THIS worker's vineyardd.
 
-    ``pieces[i][start:stop]``, with ``ranges[i] == (start, stop)``, are the buffer's rows from
-    one source part. They are written, in a random order, into tensors allocated in vineyard
-    shared memory: the only copy of the buffer's bytes on this worker.
+    Parameters
+    ----------
+    index, seed : int
+        The buffer's index and the run's seed: its rows are shuffled with
+        ``default_rng(seed + index)``, as the concatenation of its rows from every partition
+        in partition order.
+    staging_name : str
+        See :func:`~dvml.store.publish.staging_name`.
+    fields : dict of str to list of int
+        Each field's shape after the row axis (all float32).
+    column : numpy.ndarray
+        ``Layout.counts[:, index]``: the buffer's rows from each partition.
+    sources : sequence of (str, int, int, sequence of int)
+        ``(key, start, stop, parts)``: rows ``start:stop`` of the split group held under Dask
+        key ``key`` are this buffer's rows from ``parts``, part after part. They are fetched
+        from the worker that holds the key (:func:`~dvml.preprocess.exchange.fetch_slices`).
+    abort_event : str, optional
+        A Dask event set when the run failed elsewhere: a pack waiting for rows a dead worker
+        took along stops waiting.
     """
     from distributed import get_worker
 
-    parts = [
-        {field: values[start:stop] for field, values in piece.items()}
-        for piece, (start, stop) in zip(pieces, ranges, strict=True)
-    ]
-    rows = sum(len(p["y"]) for p in parts)
-    order = np.random.default_rng(seed + index).permutation(rows)
-    # concatenate(parts)[order], written in one pass: row j of the concatenation goes to
-    # position where[j], straight from its part.
-    where = np.empty_like(order)
-    where[order] = np.arange(rows)
+    column = np.asarray(column, dtype=np.int64)
+    rows = int(column.sum())
+    where = buffer_positions(seed, index, rows)
+    offsets = np.cumsum(column) - column  # where each partition's rows begin
 
     def scatter(out: dict[str, np.ndarray]) -> None:
-        for field, buffer in out.items():
-            start = 0
-            for p in parts:
-                n = len(p[field])
-                buffer[where[start : start + n]] = p[field]
-                start += n
+        requests = [(key, start, stop) for key, start, stop, _ in sources]
+        for i, piece in fetch_slices(requests, abort_event):
+            dest = slice_positions(column, offsets, where, sources[i][3])
+            for field, buffer in out.items():
+                buffer[dest] = piece[field]
 
-    specs = {k: ((rows, *v.shape[1:]), v.dtype) for k, v in parts[0].items()}
+    specs = {field: ((rows, *shape), np.float32) for field, shape in fields.items()}
     record = write_arrays(specs, scatter, staging_name=staging_name)
     worker = get_worker()
     return {

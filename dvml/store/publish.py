@@ -23,6 +23,10 @@ Risks kept in view:
   that the task cannot name a dataset whose tensors the cleanup is deleting;
 - an attempt whose worker died leaves its staged objects on its (surviving) vineyardd: they
   carry the run's id and are deleted by the run's cleanup, published or not;
+- an attempt killed after sealing a blob but before its staged wrapper referenced it leaves a
+  blob that no staging name leads to: every cleanup sweeps its instance for sealed blobs that
+  no object references, under the vineyardd's allocation lock, which writers hold over that
+  window (:func:`dvml.store.staging.sweep_orphans`);
 - the client itself dies: the staged objects stay until ``dvml.jobs``' cleanup
   (:func:`staged_objects` by run, :func:`cleanup_run`) deletes them.
 """

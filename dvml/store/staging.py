@@ -15,6 +15,9 @@ in parallel, from :mod:`dvml.store.publish`) and touches that instance's objects
   those of a dataset of that run that is already named: a run whose publication succeeded but
   whose result never reached the client is cleaned up without deleting the dataset.
 - :func:`staged_objects` lists them (for the cleanup of runs whose client died).
+- :func:`sweep_orphans`, part of every :func:`discard_staged`, deletes the blobs and
+  dvml's transient tensors that no object references: what a writer killed between sealing
+  its blobs and staging them left (no staging name reaches those).
 
 The wrappers themselves are never published: the dataset references the tensors.
 """
@@ -25,7 +28,7 @@ import json
 from typing import Any
 
 from dvml.cluster.connection import local_client
-from dvml.store.tensors import STAGED_TYPENAME, STAGING_PREFIX
+from dvml.store.tensors import STAGED_TYPENAME, STAGING_PREFIX, WRITER_KEY, allocation_lock
 
 __all__ = [
     "PERSISTED_TYPENAME",
@@ -34,11 +37,13 @@ __all__ = [
     "published_tensors",
     "run_of",
     "staged_objects",
+    "sweep_orphans",
 ]
 
 # The object through which one instance's buffers of a run are persisted (members: tensors).
 PERSISTED_TYPENAME = "dvml::StagedPersist"
 _LIMIT = 1 << 30  # list everything: vineyard's default limit is 5
+_BLOB = "vineyard::Blob"
 
 
 def run_of(staging_name: str) -> str:
@@ -115,9 +120,15 @@ def discard_staged(run_id: str, keep: list[int]) -> int:
     returns how many staged objects were found. With nothing staged here, no request reaches
     etcd; otherwise at most one metadata sync and two deletes, whatever the number of buffers.
     """
+    client = local_client()
+    found = _discard(client, run_id, keep)
+    sweep_orphans(client)
+    return found
+
+
+def _discard(client: Any, run_id: str, keep: list[int]) -> int:
     import vineyard
 
-    client = local_client()
     staged = _local_staged(client, run_id)
     found = len(staged)
     if not found:
@@ -138,3 +149,43 @@ def discard_staged(run_id: str, keep: list[int]) -> int:
         # Not deep: the kept tensors stay; not force: nothing is built on a wrapper.
         client.delete([m.id for m in staged], force=False, deep=False)
     return found
+
+
+def sweep_orphans(client: Any = None) -> int:
+    """Delete this instance's blobs and tensors that a killed writer left; return how many.
+
+    A writer killed after sealing a blob and before its staged wrapper (or a persist)
+    referenced it leaves a sealed blob, or a transient tensor of dvml's (one with
+    :data:`~dvml.store.tensors.WRITER_KEY`), that no object references and no staging name
+    leads to (:func:`dvml.store.tensors.write_arrays`). Under the vineyardd's allocation lock,
+    held exclusively, no live writer is in that window, so such objects are leftovers. Every
+    dataset, staged buffer and feature cache references its tensors, and every tensor its blob,
+    so they are never touched; nor is a transient tensor that dvml did not write. Local
+    metadata only: no etcd request (the leftovers are transient). Does nothing where the lock
+    cannot be had.
+    """
+    client = local_client() if client is None else client
+    with allocation_lock(client, exclusive=True) as held:
+        if not held:
+            return 0
+        me = int(client.instance_id)
+        blobs: list[Any] = []
+        tensors: list[Any] = []
+        referenced: set[int] = set()
+        for meta in client.ipc_client.list_metadatas("*", limit=_LIMIT, nobuffer=True):
+            for _, member in meta.items():  # members are ObjectMeta, the rest plain values
+                if hasattr(member, "typename") and hasattr(member, "id"):
+                    referenced.add(int(member.id))
+            if int(meta.instance_id) != me:
+                continue
+            if meta.typename == _BLOB:
+                blobs.append(meta.id)
+            elif WRITER_KEY in meta and meta.get("transient", False) is True:
+                tensors.append(meta.id)
+        tensors = [t for t in tensors if int(t) not in referenced]
+        blobs = [b for b in blobs if int(b) not in referenced]
+        if tensors:  # deep: their blobs too
+            client.delete(tensors, force=False, deep=True)
+        if blobs:
+            client.delete(blobs, force=False, deep=False)
+    return len(tensors) + len(blobs)

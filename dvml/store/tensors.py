@@ -12,12 +12,25 @@ and discards them per instance. Every metadata write that goes through etcd (per
 deleting a persisted object) takes vineyard's cluster-wide metadata lock, about six etcd
 requests each, serialised over all workers: writing them per field and buffer made packing
 slower the more buffers it wrote.
+
+vineyardd frees nothing of a client that dies: a blob that the process sealed, or a tensor it
+created, but had not yet wrapped in a staged object (or persisted) would stay, referenced by
+nothing, until the daemon restarts. So a writer holds its vineyardd's *allocation lock*
+(:func:`allocation_lock`, an ``flock`` that the kernel drops with its holder) from its first
+blob until everything is referenced, and a run's cleanup takes it exclusively to delete the
+blobs that no object references, and dvml's transient tensors that nothing references
+(:func:`dvml.store.staging.sweep_orphans`): whatever a killed writer left between
+sealing and staging.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -29,6 +42,8 @@ from dvml.store import readers
 __all__ = [
     "STAGED_TYPENAME",
     "STAGING_PREFIX",
+    "WRITER_KEY",
+    "allocation_lock",
     "delete_objects",
     "put_arrays",
     "release_views",
@@ -42,6 +57,41 @@ __all__ = [
 STAGING_PREFIX = "__dvml_staging__/"
 # The wrapper of one staged buffer: a local object whose members are the buffer's tensors.
 STAGED_TYPENAME = "dvml::StagedBuffer"
+# Carried by every tensor dvml writes (the staging name, or "" for one persisted at once): a
+# transient tensor with this key that nothing references was left by a killed writer.
+WRITER_KEY = "dvml_writer"
+# The allocation lock of a vineyardd is this file beside its socket (see allocation_lock).
+_LOCK_SUFFIX = ".dvml-alloc.lock"
+
+logger = logging.getLogger("dvml.store")
+
+
+@contextlib.contextmanager
+def allocation_lock(client: Any, exclusive: bool = False) -> Iterator[bool]:
+    """Hold the allocation lock of ``client``'s vineyardd; yield whether it is held.
+
+    Writers hold it shared from their first blob until every blob they made is referenced by
+    an object (a staged wrapper's tensor, or a persisted tensor); the sweep of orphaned blobs
+    holds it exclusively, so that it never takes a live writer's blob for an orphan. It is an
+    ``flock`` on a file beside the daemon's socket: the kernel releases it when its holder
+    dies, so a writer killed while holding it blocks nobody. Where that file cannot be opened
+    (a socket in a directory this user cannot write), nothing is held and False is yielded:
+    writers go on, and the sweep, which needs the lock, does not run.
+    """
+    socket = getattr(client, "ipc_socket", None) or os.environ.get("VINEYARD_IPC_SOCKET")
+    fd = -1
+    if socket:
+        try:
+            fd = os.open(f"{socket}{_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            logger.debug("no allocation lock beside %s: %s", socket, exc)
+    try:
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield fd >= 0
+    finally:
+        if fd >= 0:
+            os.close(fd)  # releases the lock
 
 
 def put_arrays(
@@ -138,37 +188,31 @@ def write_arrays(
     builders: dict[str, Any] = {}
     created: list[Any] = []  # sealed blobs and tensors, deleted on failure
     try:
-        # Every object is sealed and staged BEFORE it is filled: vineyardd never frees an
-        # unsealed blob whose client died, so a worker killed while filling a 256 MiB buffer
-        # would leak that memory until the daemon restarts. A staged object, even half
-        # filled, is found and deleted by the run's cleanup. Nothing reads it before the
-        # dataset is published, which happens only after this call returns.
-        views: dict[str, np.ndarray] = {}
-        metas = []
-        for field, (shape, dtype) in layout.items():
-            if sizes[field] == 0:
-                blob = client.create_empty_blob()
-                views[field] = np.empty(shape, dtype)
+        # Every object is sealed and staged BEFORE it is filled: vineyardd never frees a
+        # blob whose client died, so a worker killed while filling a 256 MiB buffer would
+        # leak that memory until the daemon restarts. A staged object, even half filled, is
+        # found and deleted by the run's cleanup. Nothing reads it before the dataset is
+        # published, which happens only after this call returns. From the first blob until
+        # the wrapper (or the persist) references them all, the blobs are nobody's: under
+        # the allocation lock, so that the cleanup's sweep finds them should this process be
+        # killed in between, and never takes them for orphans while it lives.
+        with allocation_lock(client):
+            views, metas = _allocate(client, layout, sizes, builders, created)
+            for meta in metas:  # marks dvml's tensors for the sweep of orphans
+                meta[WRITER_KEY] = staging_name or ""
+            # One local call for every tensor, one for the wrapper: neither touches etcd.
+            tensors = client.create_metadata(metas) if metas else []
+            created.extend(t.id for t in tensors)
+            if staging_name is not None:
+                created.append(client.create_metadata(_staged_meta(staging_name, tensors)).id)
             else:
-                builders[field] = client.create_blob(sizes[field])
-                views[field] = np.frombuffer(memoryview(builders[field]), dtype).reshape(shape)
-                blob = builders[field].seal(client)
-            created.append(blob.id)
-            builders.pop(field, None)  # sealed: deleted through `created` from now on
-            metas.append(_tensor_meta(shape, dtype, blob))
-        # One local call for every tensor, one for the wrapper: neither touches etcd.
-        tensors = client.create_metadata(metas) if metas else []
-        created.extend(t.id for t in tensors)
+                for t in tensors:
+                    client.persist(t.id)
         fields: dict[str, Any] = {
             field: {"id": int(t.id), "shape": list(shape), "dtype": str(dtype),
                     "nbytes": sizes[field]}
             for (field, (shape, dtype)), t in zip(layout.items(), tensors, strict=True)
         }  # fmt: skip
-        if staging_name is not None:
-            created.append(client.create_metadata(_staged_meta(staging_name, tensors)).id)
-        else:
-            for t in tensors:
-                client.persist(t.id)
         fill(views)
         del views
     except NotEnoughMemoryException:
@@ -181,6 +225,36 @@ def write_arrays(
         _abort_quietly(client, builders, created)
         raise
     return {"instance_id": int(client.instance_id), "fields": fields}
+
+
+def _allocate(
+    client: Any,
+    layout: dict[str, tuple[tuple[int, ...], np.dtype]],
+    sizes: dict[str, int],
+    builders: dict[str, Any],
+    created: list[Any],
+) -> tuple[dict[str, np.ndarray], list[Any]]:
+    """One sealed blob per field, and writable views of them; the tensors' metadata.
+
+    Each blob is sealed right after it is created, before anything else: an UNSEALED blob is
+    listed by no vineyard call, so not even the sweep of orphans could find it. ``builders``
+    holds a blob until it is sealed and ``created`` every sealed one (for the caller's abort).
+    """
+    views: dict[str, np.ndarray] = {}
+    metas = []
+    for field, (shape, dtype) in layout.items():
+        if sizes[field] == 0:
+            blob = client.create_empty_blob()
+            views[field] = np.empty(shape, dtype)
+        else:
+            builders[field] = client.create_blob(sizes[field])
+            blob = builders[field].seal(client)
+            # The builder's memory stays mapped and writable after the seal.
+            views[field] = np.frombuffer(memoryview(builders[field]), dtype).reshape(shape)
+        created.append(blob.id)
+        builders.pop(field, None)  # sealed: deleted through `created` from now on
+        metas.append(_tensor_meta(shape, dtype, blob))
+    return views, metas
 
 
 def _tensor_meta(shape: tuple[int, ...], dtype: np.dtype, blob: Any) -> Any:

@@ -52,6 +52,85 @@ def read_plain(ids: list[int]) -> list[np.ndarray]:
     return [np.array(client.get(vineyard.ObjectID(i))) for i in ids]
 
 
+def sealed_blobs() -> list[int]:
+    """On a worker: the sealed blobs of its own vineyardd."""
+    import vineyard
+
+    client = vineyard.connect()
+    iid = int(client.instance_id)
+    metas = client.ipc_client.list_metadatas("vineyard::Blob", limit=1 << 30, nobuffer=True)
+    return sorted(int(m.id) for m in metas if int(m.instance_id) == iid)
+
+
+def leave_orphans(size: int) -> list[int]:
+    """On a worker: what writers killed between sealing and staging leave: a sealed blob, and
+    a tensor of dvml's (over its own blob) that no wrapper references yet."""
+    from dvml.cluster.connection import local_client
+    from dvml.store.tensors import WRITER_KEY
+
+    client = local_client()
+    blob = client.create_blob(size).seal(client)
+    meta = vineyard_tensor_meta(client.create_blob(size).seal(client), size)
+    meta[WRITER_KEY] = "__dvml_staging__/killedrun/0/1"
+    return [int(blob.id), int(client.create_metadata(meta).id)]
+
+
+def local_tensors() -> list[int]:
+    """On a worker: the tensors of its own vineyardd (transient or persisted)."""
+    import vineyard
+
+    client = vineyard.connect()
+    iid = int(client.instance_id)
+    metas = client.ipc_client.list_metadatas("vineyard::Tensor*", limit=1 << 30, nobuffer=True)
+    return sorted(int(m.id) for m in metas if int(m.instance_id) == iid)
+
+
+def sweep_beside_a_writer(size: int) -> dict[str, Any]:
+    """On a worker: a writer holds the allocation lock with a sealed blob that nothing
+    references yet while the sweep runs; the sweep must wait and leave the blob alone."""
+    import threading
+
+    from dvml.cluster.connection import local_client
+    from dvml.store.tensors import allocation_lock, delete_objects
+
+    client = local_client()
+    sealed, release = threading.Event(), threading.Event()
+    out: dict[str, Any] = {}
+
+    def writer() -> None:
+        with allocation_lock(client):
+            blob = client.create_blob(size).seal(client)
+            out["blob"] = int(blob.id)
+            sealed.set()
+            release.wait(30)
+            meta = vineyard_tensor_meta(blob, size)
+            out["tensor"] = int(client.create_metadata(meta).id)
+
+    def sweeper() -> None:
+        out["swept"] = staging.sweep_orphans(client)
+
+    w = threading.Thread(target=writer)
+    w.start()
+    assert sealed.wait(30)
+    s = threading.Thread(target=sweeper)
+    s.start()
+    s.join(1.0)
+    out["sweep_waited"] = s.is_alive()
+    release.set()
+    w.join(30)
+    s.join(30)
+    out["blob_kept"] = out["blob"] in sealed_blobs()
+    delete_objects([out["tensor"]])  # the tensor and, deeply, its blob
+    return out
+
+
+def vineyard_tensor_meta(blob: Any, size: int) -> Any:
+    """The metadata of a uint8 tensor over ``blob`` (as dvml's writer makes them)."""
+    from dvml.store.tensors import _tensor_meta
+
+    return _tensor_meta((size,), np.dtype(np.uint8), blob)
+
+
 def names() -> dict[str, int]:
     """On a worker: every vineyard name in the cluster."""
     import vineyard
@@ -192,3 +271,33 @@ def test_cleanup_of_a_run_whose_result_was_lost_keeps_its_dataset(
         assert on_worker(cluster, worker, object_exists, [extra["fields"]["y"]["id"]]) == [False]
     finally:
         dvml.datasets.drop("staging_lost", client=client)
+
+
+def test_cleanup_deletes_a_blob_whose_writer_died_before_staging_it(
+    cluster: dvml.LocalCluster,
+) -> None:
+    """A writer killed between sealing a blob and wrapping it leaves a blob (or a tensor) that
+    no staging name leads to: any run's cleanup on that instance deletes it, and nothing
+    else."""
+    client = cluster.client
+    ds = publish_run(client, "staging_orphan", "dataset", {}, lambda r: stage(cluster, r, 4))
+    try:
+        worker = cluster.workers[0]
+        blobs, tensors = (on_worker(cluster, worker, f) for f in (sealed_blobs, local_tensors))
+        blob, tensor = on_worker(cluster, worker, leave_orphans, 384_000)
+        assert blob in on_worker(cluster, worker, sealed_blobs)
+        assert len(on_worker(cluster, worker, sealed_blobs)) == len(blobs) + 2
+        assert on_worker(cluster, worker, local_tensors) == sorted([*tensors, tensor])
+        cleanup_run(client, "someotherrun01", keep=None)  # any run's cleanup sweeps
+        assert on_worker(cluster, worker, sealed_blobs) == blobs
+        assert on_worker(cluster, worker, local_tensors) == tensors
+        for b in ds.layout["buffers"]:  # the dataset's blobs are referenced: all kept
+            check_buffer(cluster, b)
+    finally:
+        ds.drop(client)
+    # The fixture checks that every vineyardd holds exactly its tensors and bytes of before.
+
+
+def test_sweep_waits_for_a_writer_and_keeps_its_blob(cluster: dvml.LocalCluster) -> None:
+    out = on_worker(cluster, cluster.workers[1], sweep_beside_a_writer, 4096)
+    assert out["sweep_waited"] and out["blob_kept"] and out["swept"] == 0, out
