@@ -57,7 +57,8 @@ def _no_autoshard(dataset: Any) -> Any:
 def training_dataset(
     parts: LocalPartitions, batch_size: int, steps: int, seed: int, shuffle: bool = True
 ) -> Any:
-    """An endless dataset of ``steps`` batches per epoch, reshuffled by index every epoch.
+    """An endless dataset (infinite cardinality) of ``steps`` batches per epoch, reshuffled by
+    index every epoch.
 
     The generator gathers a group of batches per call (one copy of their rows, shaped
     ``(group, batch_size, ...)``) and ``unbatch`` hands them to Keras one batch at a time.
@@ -83,7 +84,11 @@ def training_dataset(
 
     signature = _signature(parts, lead=(None, batch_size))
     dataset = tf.data.Dataset.from_generator(groups, output_signature=signature).unbatch()
-    return _no_autoshard(dataset.prefetch(2))
+    # Endless, and saying so: for a dataset of unknown length MultiWorkerMirroredStrategy's
+    # iterator all-reduces at every step whether each trainer still has a batch (one gRPC
+    # round trip per step on CPU, see dvml.train.step_collectives).
+    endless = tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)
+    return _no_autoshard(dataset.apply(endless).prefetch(2))
 
 
 def _group_size(parts: LocalPartitions, batch_size: int, steps: int) -> int:

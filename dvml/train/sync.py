@@ -2,9 +2,10 @@
 
 Three modes:
 
-- ``"step"``: MultiWorkerMirroredStrategy all-reduces the gradients at every step. Right on
-  GPUs with NCCL; on CPU the all-reduce goes through gRPC and costs about 20 ms per step
-  whatever the model size, so it dominates small models.
+- ``"step"``: MultiWorkerMirroredStrategy all-reduces the gradients at every step (one
+  all-reduce per step: see :mod:`dvml.train.step_collectives`). Right on GPUs with NCCL; on
+  CPU each all-reduce goes through gRPC (~3 ms on loopback here, whatever the model size),
+  so it dominates small models.
 - ``"iteration"``: MADlib's model averaging (``madlib_keras_fit``). Each trainer fits its
   LOCAL rows for the iteration's epochs with its own optimizer (its state is kept across
   iterations), then every weight, trainable or not (batch-norm statistics too), is averaged

@@ -109,8 +109,18 @@ def build_model(keras: Any, job: dict[str, Any], custom_objects: dict[str, Any])
     return tf_runtime.build_model(job["model_json"], weights, custom_objects)
 
 
-def compile_model(model: Any, job: dict[str, Any], custom_objects: dict[str, Any]) -> None:
-    model.compile(**compile_kwargs(job["compile_params"], custom_objects))
+def compile_model(
+    model: Any,
+    job: dict[str, Any],
+    custom_objects: dict[str, Any],
+    steps_per_execution: int | None = None,
+) -> None:
+    """Compile ``model`` with the job's arguments; ``steps_per_execution`` is a default that
+    the user's ``compile_params`` override."""
+    kwargs = compile_kwargs(job["compile_params"], custom_objects)
+    if steps_per_execution is not None:
+        kwargs.setdefault("steps_per_execution", steps_per_execution)
+    model.compile(**kwargs)
 
 
 def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
@@ -199,9 +209,15 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
     sync = job.get("sync", "step")
     averager = None
     if sync == "step":
+        from dvml.train.step_collectives import local_step_metrics
+        from dvml.train.step_collectives import steps_per_execution as execution_steps
+
+        # One all-reduce per step (the gradients), several steps per call of the train
+        # function: see dvml.train.step_collectives.
         with strategy.scope():
             model = build_model(keras, job, custom_objects)
-            compile_model(model, job, custom_objects)
+            compile_model(model, job, custom_objects, execution_steps(steps))
+            local_step_metrics(model, tf)
     else:
         from dvml.train.averaging import Averager
 

@@ -49,3 +49,14 @@ def test_an_epoch_is_every_planned_row_once(
     assert len(set(first)) == len(first) == batch * steps
     assert len(set(second)) == batch * steps
     assert not np.array_equal(first, second)  # reshuffled every epoch
+
+
+def test_the_training_dataset_says_it_is_endless() -> None:
+    # Under MultiWorkerMirroredStrategy a dataset of unknown length costs an all-reduce per
+    # step (do all trainers still have a batch?); an infinite one does not.
+    from dvml import tf_runtime
+
+    tf = tf_runtime.tensorflow()
+    dataset = tfdata.training_dataset(_parts((20,)), 4, 5, seed=1)
+    assert int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+    assert len(list(dataset.take(12))) == 12  # and it is: more than two epochs of 5 steps
