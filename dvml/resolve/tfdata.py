@@ -16,7 +16,7 @@ from dvml import tf_runtime
 from dvml.resolve.batches import BatchPlan
 from dvml.resolve.partitions import LocalPartitions
 
-__all__ = ["evaluation_dataset", "training_dataset"]
+__all__ = ["evaluation_dataset", "evaluation_steps", "training_dataset"]
 
 
 # A training generator call gathers up to this many bytes (and batches, below): the
@@ -96,6 +96,12 @@ def _group_size(parts: LocalPartitions, batch_size: int, steps: int) -> int:
     row_bytes = sum(arrays[0][:1].nbytes for arrays in parts.fields.values() if arrays)
     by_bytes = GROUP_BYTES // max(1, row_bytes * batch_size)
     return int(max(1, min(by_bytes, MAX_GROUP, steps)))
+
+
+def evaluation_steps(parts: LocalPartitions, batch_size: int) -> int:
+    """How many batches :func:`evaluation_dataset` yields: a model compiled to run several
+    steps per call cannot evaluate a dataset of unknown length without it."""
+    return sum(-(-int(rows) // batch_size) for rows in parts.buffer_rows)
 
 
 def evaluation_dataset(parts: LocalPartitions, batch_size: int) -> Any:

@@ -208,9 +208,10 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
     # is kept for its collective context, which averages the weights (dvml.train.averaging).
     sync = job.get("sync", "step")
     averager = None
+    from dvml.train.step_collectives import steps_per_execution as execution_steps
+
     if sync == "step":
         from dvml.train.step_collectives import local_step_metrics
-        from dvml.train.step_collectives import steps_per_execution as execution_steps
 
         # One all-reduce per step (the gradients), several steps per call of the train
         # function: see dvml.train.step_collectives.
@@ -222,7 +223,10 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
         from dvml.train.averaging import Averager
 
         model = build_model(keras, job, custom_objects)
-        compile_model(model, job, custom_objects)
+        # "iteration": nothing happens between two local steps, so several run per call of
+        # the train function too; an int k keeps one, its callback counts steps.
+        per_call = execution_steps(steps) if sync == "iteration" else None
+        compile_model(model, job, custom_objects, per_call)
         averager = Averager(strategy, train.rows)
         # Same start everywhere (MultiWorkerMirroredStrategy would do it inside its scope).
         averager.broadcast(model, chief=int(job["tf_config"]["task"]["index"]) == 0)

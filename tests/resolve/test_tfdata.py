@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -60,3 +62,13 @@ def test_the_training_dataset_says_it_is_endless() -> None:
     dataset = tfdata.training_dataset(_parts((20,)), 4, 5, seed=1)
     assert int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
     assert len(list(dataset.take(12))) == 12  # and it is: more than two epochs of 5 steps
+
+
+def test_evaluation_steps_count_every_batch_of_every_buffer() -> None:
+    from types import SimpleNamespace
+
+    from dvml.resolve.tfdata import evaluation_steps
+
+    parts: Any = SimpleNamespace(buffer_rows=(10, 16, 1))
+    assert evaluation_steps(parts, 8) == 2 + 2 + 1  # each buffer ends on its own last batch
+    assert evaluation_steps(parts, 100) == 3
