@@ -291,7 +291,10 @@ def lay_out_group(
             for j in blocks:
                 at = slice(int(starts[j, i]), int(starts[j, i] + counts[j]))
                 for source, out in zip(sources, laid_out.values(), strict=True):
-                    np.take(source, pieces[j], axis=0, out=out[at], mode="clip")
+                    if source.dtype == out.dtype:
+                        np.take(source, pieces[j], axis=0, out=out[at], mode="clip")
+                    else:  # e.g. uint8 images: take refuses to cast, an assignment does
+                        out[at] = source[pieces[j]]
         elif n:
             perm = np.concatenate(pieces)
             dest = np.repeat(starts[:, i] - (np.cumsum(counts) - counts), counts)

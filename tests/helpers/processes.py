@@ -48,6 +48,13 @@ def _excluded_pids() -> set[int]:
     return pids
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.NoSuchProcess:
+        return None
+
+
 def child_processes() -> dict[int, str]:
     """Running descendants of the test process: ``{pid: command line}``.
 
@@ -76,6 +83,11 @@ def assert_no_new_processes(before: dict[int, str], timeout: float = 10.0) -> No
     def none_new() -> bool:
         nonlocal new
         new = {p: c for p, c in child_processes().items() if p not in before}
+        # A standby trainer that a worker from before started (a pack warms one, a fit leaves
+        # one) belongs to that worker and is stopped with it, like the worker itself.
+        for pid in standby_trainers(new, idle=False):
+            if _parent(pid) in before:
+                del new[pid]
         return not new
 
     if not poll_for(none_new, timeout, interval=0.1):

@@ -108,3 +108,24 @@ def test_pack_graph_size_grows_with_partitions_plus_workers() -> None:
     assert model["etcd_writes"] == 2 * 64 + 2 + 2  # per instance, not per buffer (#17.2)
     with pytest.raises(ArgumentError, match="partitions must be at least 1"):
         pack_graph_size(0, 1, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int64, np.float64])
+def test_lay_out_group_gives_float32_from_any_source_dtype(dtype: type) -> None:
+    # Enough rows per buffer for the block path (np.take into the output), which refused
+    # to cast uint8 images (the feature cache's sources) into float32.
+    sizes, seed = [200, 150], 3
+    xs = [np.random.default_rng(p).integers(0, 255, size=(n, 2, 2)) for p, n in enumerate(sizes)]
+    layout = plan_layout(sizes, ["w0", "w1"], None, 8, 1 << 20, seed)
+    routes = plan_routes(layout.counts, [b.worker for b in layout.buffers], [[0, 1]])
+    seeds = [partition_seed(seed, p) for p in (0, 1)]
+
+    def laid(as_type: type) -> dict[str, np.ndarray]:
+        prepared = [{"x": [x.astype(as_type)], "labels": np.zeros(len(x), int)} for x in xs]
+        return lay_out_group(
+            prepared, routes.group_counts[0], routes.starts[0], seeds, [0], 1, 255.0
+        )
+
+    got, want = laid(dtype), laid(np.float32)
+    assert got["x_0"].dtype == np.float32
+    np.testing.assert_array_equal(got["x_0"], want["x_0"])
