@@ -100,7 +100,8 @@ def _group_size(parts: LocalPartitions, batch_size: int, steps: int) -> int:
 
 def evaluation_steps(parts: LocalPartitions, batch_size: int) -> int:
     """How many batches :func:`evaluation_dataset` yields: a model compiled to run several
-    steps per call cannot evaluate a dataset of unknown length without it."""
+    steps per call (``steps_per_execution`` in ``compile_params``) cannot evaluate a dataset
+    of unknown length without it."""
     return sum(-(-int(rows) // batch_size) for rows in parts.buffer_rows)
 
 

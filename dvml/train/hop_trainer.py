@@ -69,29 +69,18 @@ class _Models:
         self.custom = custom_objects_from_sources(job.get("custom_objects", {}))
         self.models: dict[int, Any] = {}
 
-    def get(self, mst_key: int, rows: int) -> Any:
-        """The model of ``mst_key``, compiled for training on ``rows`` local rows."""
+    def get(self, mst_key: int) -> Any:
         if mst_key not in self.models:
-            from dvml.train.step_collectives import steps_per_execution
-
             config = self.job["configs"][str(mst_key)]
             tf = tf_runtime.tensorflow()
             tf.random.set_seed(int(self.job["seed"]) + mst_key)
             model = tf_runtime.build_model(config["model_json"], None, self.custom)
-            kwargs = compile_kwargs(config["compile_params"], self.custom)
-            _, steps = _batch_and_steps(config["fit_params"], rows)
-            kwargs.setdefault("steps_per_execution", steps_per_execution(steps))
-            model.compile(**kwargs)
+            model.compile(**compile_kwargs(config["compile_params"], self.custom))
             # Build the optimizer's variables now, so that a state that arrives with them
             # can be assigned before the first step.
             model.optimizer.build(model.trainable_variables)
             self.models[mst_key] = model
         return self.models[mst_key]
-
-
-def _batch_and_steps(fit_params: dict[str, Any], rows: int) -> tuple[int, int]:
-    batch = min(int(fit_params.get("batch_size", 32)), rows)
-    return batch, max(1, rows // batch)
 
 
 def _optimizer_variables(model: Any) -> list[Any]:
@@ -127,7 +116,7 @@ def _save(model: Any, path: str) -> None:
 
 
 def _metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
-    steps = evaluation_steps(parts, batch_size)  # the model runs several steps per call
+    steps = evaluation_steps(parts, batch_size)  # compile_params may run several per call
     data = evaluation_dataset(parts, batch_size)
     result = model.evaluate(data, steps=steps, verbose=0, return_dict=True)
     return {"rows": parts.rows, "values": {k: float(v) for k, v in result.items()}}
@@ -154,12 +143,13 @@ def serve(job: dict[str, Any]) -> None:
 def _train(job: dict[str, Any], models: _Models, train: Any, command: dict[str, Any]) -> Any:
     key = int(command["mst_key"])
     config = job["configs"][str(key)]
-    model = models.get(key, train.rows)
+    model = models.get(key)
     t0 = time.perf_counter()
     _load(model, command["state_in"])
     loaded = time.perf_counter()
     fit_params = config["fit_params"]
-    batch, steps = _batch_and_steps(fit_params, train.rows)
+    batch = min(int(fit_params.get("batch_size", 32)), train.rows)
+    steps = max(1, train.rows // batch)
     # A new shuffle per model, iteration and worker.
     seed = int(job["seed"]) + 7919 * int(command["iteration"]) + 104729 * key
     seed += int(job["worker_index"])
@@ -187,7 +177,7 @@ def _evaluate(
     job: dict[str, Any], models: _Models, train: Any, valid: Any, command: dict[str, Any]
 ) -> Any:
     key = int(command["mst_key"])
-    model = models.get(key, train.rows)
+    model = models.get(key)
     _load(model, command["state_in"])
     batch = int(job["configs"][str(key)]["fit_params"].get("batch_size", 32))
     out: dict[str, Any] = {"op": "eval", "training": _metrics(model, train, batch)}

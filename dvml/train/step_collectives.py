@@ -31,11 +31,8 @@ from typing import Any
 __all__ = ["STEPS_PER_EXECUTION", "local_step_metrics", "steps_per_execution"]
 
 STEPS_PER_EXECUTION = 50
-"""Steps per call of the train function unless ``compile_params`` set ``steps_per_execution``:
-under ``sync="step"`` 10 steps took 5.8 ms per step, 50 took 4.0 (two trainers, above).
-``sync="iteration"`` and ``fit_multiple``'s trainers use it too (their steps are local, so
-only the Python side of a step is saved: 9.2 ms per step with 1, 3.1 with 10, one process);
-an int ``sync=k`` keeps one step per call, since its callback counts steps."""
+"""Steps per call of the train function under ``sync="step"`` unless ``compile_params`` set
+``steps_per_execution``: 10 steps took 5.8 ms per step, 50 took 4.0 (two trainers, above)."""
 
 
 def steps_per_execution(steps_per_epoch: int) -> int:

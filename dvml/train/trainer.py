@@ -37,7 +37,7 @@ import numpy as np
 
 from dvml import tf_runtime
 from dvml.resolve.partitions import open_local
-from dvml.resolve.tfdata import evaluation_dataset, training_dataset
+from dvml.resolve.tfdata import evaluation_dataset, evaluation_steps, training_dataset
 from dvml.train.orphan import exit_with_parent
 from dvml.train.params import compile_kwargs
 
@@ -125,7 +125,9 @@ def compile_model(
 
 def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
     """Loss and metrics of ``model`` on every local row (aggregated over workers later)."""
-    result = model.evaluate(evaluation_dataset(parts, batch_size), verbose=0, return_dict=True)
+    steps = evaluation_steps(parts, batch_size)  # compile_params may run several per call
+    data = evaluation_dataset(parts, batch_size)
+    result = model.evaluate(data, steps=steps, verbose=0, return_dict=True)
     return {"rows": parts.rows, "values": {k: float(v) for k, v in result.items()}}
 
 
@@ -208,10 +210,9 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
     # is kept for its collective context, which averages the weights (dvml.train.averaging).
     sync = job.get("sync", "step")
     averager = None
-    from dvml.train.step_collectives import steps_per_execution as execution_steps
-
     if sync == "step":
         from dvml.train.step_collectives import local_step_metrics
+        from dvml.train.step_collectives import steps_per_execution as execution_steps
 
         # One all-reduce per step (the gradients), several steps per call of the train
         # function: see dvml.train.step_collectives.
@@ -223,10 +224,7 @@ def run(job: dict[str, Any], startup: Startup | None = None) -> None:
         from dvml.train.averaging import Averager
 
         model = build_model(keras, job, custom_objects)
-        # "iteration": nothing happens between two local steps, so several run per call of
-        # the train function too; an int k keeps one, its callback counts steps.
-        per_call = execution_steps(steps) if sync == "iteration" else None
-        compile_model(model, job, custom_objects, per_call)
+        compile_model(model, job, custom_objects)
         averager = Averager(strategy, train.rows)
         # Same start everywhere (MultiWorkerMirroredStrategy would do it inside its scope).
         averager.broadcast(model, chief=int(job["tf_config"]["task"]["index"]) == 0)
