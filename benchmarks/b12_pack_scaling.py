@@ -28,6 +28,7 @@ import statistics
 import time
 from typing import Any
 
+from benchmarks._clusters import drop_and_close
 from benchmarks.harness import Benchmark, register
 
 MiB = 1 << 20
@@ -101,15 +102,7 @@ def prepare(quick: bool) -> dict[str, Any]:
 
 
 def cleanup(context: dict[str, Any]) -> None:
-    import dvml
-    from dvml.exceptions import DatasetNotFoundError
-
-    try:
-        dvml.datasets.drop(NAME, client=context["cluster"].client)
-    except DatasetNotFoundError:
-        pass
-    finally:
-        context["cluster"].close()
+    drop_and_close(context["cluster"], NAME)
 
 
 def _median_pack(context: dict[str, Any], config: tuple[int, int]) -> float | None:

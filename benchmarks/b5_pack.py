@@ -37,6 +37,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from benchmarks._clusters import drop_and_close
 from benchmarks.harness import Benchmark, register
 
 MiB = 1 << 20
@@ -151,15 +152,7 @@ def prepare(quick: bool) -> dict[str, Any]:
 
 
 def cleanup(context: dict[str, Any]) -> None:
-    import dvml
-    from dvml.exceptions import DatasetNotFoundError
-
-    try:
-        dvml.datasets.drop(NAME, client=context["cluster"].client)
-    except DatasetNotFoundError:
-        pass
-    finally:
-        context["cluster"].close()
+    drop_and_close(context["cluster"], NAME)
 
 
 def _register(key: str, title: str) -> Benchmark:
