@@ -17,13 +17,20 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 
 import dvml
 from dvml.jobs.job_cluster import staging_runs
 from dvml.registry import Registry
-from tests.helpers import digits_job, pid_gone, poll_for, tls_environment, write_job
+from tests.helpers import (
+    digits_job,
+    job_trainers,
+    pid_gone,
+    poll_for,
+    tls_environment,
+    worker_descendants,
+    write_job,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -112,22 +119,9 @@ def wait_for(log: pathlib.Path, text: str, proc: subprocess.Popen[bytes], timeou
 
 
 def trainer_pids(cluster: Any) -> list[int]:
-    """Trainer processes (``python -m dvml.train.trainer``) under the cluster's workers."""
-    found = []
-    for name, pid in cluster.processes().items():
-        if not name.startswith("dask worker"):
-            continue
-        try:
-            children = psutil.Process(pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            continue
-        for child in children:
-            try:
-                if "dvml.train.trainer" in " ".join(child.cmdline()):
-                    found.append(child.pid)
-            except psutil.NoSuchProcess:
-                pass
-    return found
+    """Trainers running a job under the cluster's workers (by their job file: the idle standby
+    trainers that a pack warms and a fit leaves behind do not count)."""
+    return job_trainers(worker_descendants(cluster))
 
 
 def our_datasets(cluster: Any) -> set[str]:
