@@ -19,7 +19,9 @@ buffers (B12f-i; issue 17: <= 1.3 at 64), medians of the repeats.
 Sizes: 2^18 rows, 32 MiB of x (``--quick``: 2^14 rows, partitions 4, 8, 16, 32, 64 and
 buffers 2, 4, 8, 16 at 8 partitions). One LocalCluster of 2 workers, 1 thread each, serves
 every row; each side runs once untimed at 4 partitions first (memory touched for the first
-time is slower, see B5).
+time is slower, see B5). Standby trainers are off (``dvml.train.standby-trainer``): no fit
+follows, and the TensorFlow import that a pack of a training set starts on each worker would
+compete with the first timed packs, not with the later ones.
 """
 
 from __future__ import annotations
@@ -52,17 +54,20 @@ def _arrays(rows: int, partitions: int) -> tuple[Any, Any]:
 
 
 def _pack(context: dict[str, Any], partitions: int, buffers: int) -> float:
+    import dask
+
     import dvml
 
     client, rows = context["cluster"].client, context["rows"]
     x, y = _arrays(rows, partitions)
     buffer_size = None if buffers == 2 else rows // buffers
-    start = time.perf_counter()
-    dvml.training_preprocessor(
-        {"x": x, "y": y}, y="y", x="x", buffer_size=buffer_size, name=NAME, overwrite=True,
-        client=client,
-    )  # fmt: skip
-    seconds = time.perf_counter() - start
+    with dask.config.set({"dvml.train.standby-trainer": False}):
+        start = time.perf_counter()
+        dvml.training_preprocessor(
+            {"x": x, "y": y}, y="y", x="x", buffer_size=buffer_size, name=NAME, overwrite=True,
+            client=client,
+        )  # fmt: skip
+        seconds = time.perf_counter() - start
     dvml.datasets.drop(NAME, client=client)
     context["packs"].setdefault((partitions, buffers), []).append(seconds)
     return seconds

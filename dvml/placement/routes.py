@@ -6,7 +6,8 @@ holds them (:func:`group_parts`); one task per group lays out the rows of all it
 buffer after buffer (buffers grouped by target, as :func:`~dvml.placement.planner.plan_pieces`
 orders them), so that the rows a buffer needs from a group are ONE contiguous slice
 (:func:`plan_routes`). The pack task of a buffer fetches its slice from each group's worker
-directly, outside the task graph. :func:`pack_graph_size` counts the tasks and the etcd
+directly, outside the task graph. Small source partitions whose sizes are known are prepared
+several per task (:func:`batch_sizes`). :func:`pack_graph_size` counts the tasks and the etcd
 writes of one run, the scale model the README quotes. Plain values in, plain values out.
 """
 
@@ -22,8 +23,10 @@ from dvml.exceptions import ArgumentError
 from dvml.placement.planner import plan_pieces
 
 __all__ = [
+    "BATCH_BYTES",
     "MAX_GROUP_BYTES",
     "RoutePlan",
+    "batch_sizes",
     "group_parts",
     "pack_graph_size",
     "plan_routes",
@@ -33,6 +36,50 @@ __all__ = [
 # rows at once, so this bounds the extra memory of a worker while it splits (per thread);
 # larger groups mean fewer tasks.
 MAX_GROUP_BYTES = 128 << 20
+
+# A prepare task reads at most this many bytes of source partitions, and every thread gets
+# at least BATCHES_PER_THREAD tasks: big enough that Dask's cost per task (~2 ms on this
+# machine) is small beside the work, small enough to balance the threads and bound memory.
+BATCH_BYTES = 16 << 20
+BATCHES_PER_THREAD = 4
+
+
+def batch_sizes(block_bytes: Sequence[int] | None, n_blocks: int, threads: int) -> list[int]:
+    """How many consecutive blocks (partitions) each prepare task takes.
+
+    Parameters
+    ----------
+    block_bytes
+        The size of each block in bytes, or None where unknown (then one block per task).
+    n_blocks
+        The number of blocks.
+    threads
+        Threads of the cluster.
+
+    Returns
+    -------
+    list of int
+        Blocks per task, in order; they sum to ``n_blocks``.
+    """
+    if block_bytes is None:
+        return [1] * n_blocks
+    if len(block_bytes) != n_blocks:
+        raise ArgumentError(
+            f"block_bytes must have one entry per block. Received: {len(block_bytes)} sizes "
+            f"for {n_blocks} blocks."
+        )
+    limit = min(BATCH_BYTES, sum(block_bytes) / (BATCHES_PER_THREAD * max(1, threads)))
+    sizes: list[int] = []
+    count = size = 0
+    for nbytes in block_bytes:
+        if count and size + nbytes > limit:
+            sizes.append(count)
+            count = size = 0
+        count += 1
+        size += nbytes
+    if count:
+        sizes.append(count)
+    return sizes
 
 
 def group_parts(
@@ -175,6 +222,7 @@ def pack_graph_size(
     threads: int = 1,
     partition_bytes: int = 0,
     holders: int | None = None,
+    batched: bool = False,
 ) -> dict[str, int]:
     """Tasks, fetches and etcd writes of one pack, as :mod:`dvml.preprocess.graph` runs it.
 
@@ -194,13 +242,17 @@ def pack_graph_size(
         Bytes of one prepared partition (decides the groups; 0: one group per thread).
     holders : int, optional
         Workers that hold source partitions (default ``min(P, W)``).
+    batched : bool
+        Whether the source's partition sizes are known before reading (a dict of Dask
+        arrays), so that small ones are prepared several per task (:func:`batch_sizes`, from
+        ``partition_bytes``, all W workers' threads). Otherwise one prepare task per partition.
 
     Returns
     -------
     dict of str to int
-        ``prepare`` (P), ``stats`` and ``split`` (one per group), ``pack`` (B), ``catalog``
-        (the tasks that persist, publish and clean up: two per target instance and one),
-        ``tasks`` (their sum),
+        ``prepare`` (P, or the batches), ``stats`` and ``split`` (one per group), ``pack``
+        (B), ``catalog`` (the tasks that persist, publish and clean up: two per target
+        instance and one), ``tasks`` (their sum),
         ``fetches`` (worker-to-worker requests of the pack tasks, outside the graph) and
         ``etcd_writes`` (metadata writes, :mod:`dvml.store.publish`: none per buffer; per
         target instance one persist of its buffers and one delete of the object that carried
@@ -209,23 +261,26 @@ def pack_graph_size(
     for name, value in (("partitions", partitions), ("workers", workers), ("buffers", buffers)):
         if value < 1:
             raise ArgumentError(f"{name} must be at least 1. Received: {name}={value}.")
-    holders = min(partitions, workers) if holders is None else holders
-    base, extra = divmod(partitions, holders)
+    sizes = [1] * partitions
+    if batched:
+        sizes = batch_sizes([partition_bytes] * partitions, partitions, workers * threads)
+    prepare = len(sizes)
+    holders = min(prepare, workers) if holders is None else holders
     n_groups = 0
     for h in range(holders):
-        parts = base + (1 if h < extra else 0)
-        by_bytes = math.ceil(parts * partition_bytes / MAX_GROUP_BYTES)
-        n_groups += min(parts, max(threads, by_bytes))
+        held = len(range(h, prepare, holders))  # prepare tasks (batches) on this holder
+        by_bytes = math.ceil(len(range(h, partitions, holders)) * partition_bytes / MAX_GROUP_BYTES)
+        n_groups += min(held, max(threads, by_bytes))
     buffers = max(buffers, workers)
     # dvml.store.publish: one persist task per target instance, the publish task, one cleanup
     # task per instance (the targets, for the model)
     catalog = 2 * min(workers, buffers) + 1
-    tasks = partitions + 2 * n_groups + buffers + catalog
+    tasks = prepare + 2 * n_groups + buffers + catalog
     # Each buffer reads one slice from every group; slices on one worker come in one request.
     fetches = buffers * min(n_groups, holders)
     etcd = 2 * min(workers, buffers) + fields + 2
     return {
-        "prepare": partitions,
+        "prepare": prepare,
         "stats": n_groups,
         "split": n_groups,
         "pack": buffers,

@@ -209,17 +209,20 @@ def _preprocess(
         # A training set: its workers run the next fit's trainers. Their standby trainers
         # import TensorFlow now, at a low priority, while the data packs.
         warm_trainers(client, targets)
+    threads = sum(client.nthreads().values())
     src = source_parts(
-        source, y, x, len(targets), on_invalid, image_size, channels, float(normalizing_const)
-    )
+        source, y, x, len(targets), on_invalid, image_size, channels, float(normalizing_const),
+        threads,
+    )  # fmt: skip
     if not src.parts:
         raise DataError("The source has no partitions: there is nothing to preprocess.")
-    prepared, stats = compute_stats(client, src.parts, progress)
+    prepared, stats, sizes = compute_stats(client, src.parts, progress)
     try:
         return _plan_and_pack(
             kind=kind,
             src=src,
             prepared=prepared,
+            sizes=sizes,
             stats=stats,
             buffer_size=buffer_size,
             normalizing_const=normalizing_const,
@@ -244,6 +247,7 @@ def _plan_and_pack(
     kind: str,
     src: Any,
     prepared: list[Any],
+    sizes: list[int],
     stats: list[dict[str, Any]],
     buffer_size: int | None,
     normalizing_const: float,
@@ -331,6 +335,7 @@ def _plan_and_pack(
     return pack_and_publish(
         client,
         prepared,
+        sizes,
         layout.counts,
         buffer_targets,
         split_args,

@@ -2,20 +2,21 @@
 
 ::
 
-    prepare(part p) ─┐                                    fetch (worker to worker,
-    prepare(part q) ─┴─► split_group(g) on the worker  ─────── outside the graph) ─► pack(b)
-                         that holds p and q                                          on b's target
+    prepare(batch p) ─┐                                    fetch (worker to worker,
+    prepare(batch q) ─┴─► split_group(g) on the worker  ─────── outside the graph) ─► pack(b)
+                          that holds p and q                                         on b's target
 
-Its task count grows with partitions plus targets, not with their product: one prepare task
-per source partition, one stats and one split task per group of partitions that live on the
-same worker (:func:`~dvml.placement.routes.group_parts`: at least one per thread, about
-128 MiB each), and one pack task per buffer. A split lays out its group's rows buffer after
-buffer, buffers grouped by target, so the rows a buffer needs from a group are ONE contiguous
-slice; the pack task fetches its slices straight from the workers that hold the groups
-(:mod:`dvml.preprocess.exchange`) and writes its rows, shuffled, straight into vineyard shared
-memory. Data moves worker to worker, each row once; the client sees only row counts, label
-sets and object ids. A buffer holds the same rows in the same order as when every partition
-had its own split task: the seeded shuffle does not depend on the grouping.
+Its task count grows with partitions plus targets, not with their product: one prepare task per
+source partition, or per batch of small consecutive partitions, fused with the source's own
+tasks for them (:mod:`dvml.preprocess.fusion`); one stats and one split task per group of
+batches that live on the same worker (:func:`~dvml.placement.routes.group_parts`: at least one
+per thread, about 128 MiB each), and one pack task per buffer. A split lays out its group's
+rows buffer after buffer, buffers grouped by target, so the rows a buffer needs from a group
+are ONE contiguous slice; the pack task fetches its slices straight from the workers that hold
+the groups (:mod:`dvml.preprocess.exchange`) and writes its rows, shuffled, straight into
+vineyard shared memory. Data moves worker to worker, each row once; the client sees only row
+counts, label sets and object ids. A buffer holds the same rows in the same order as when every
+partition had its own split task: the seeded shuffle does not depend on the grouping.
 Every put is staged under a per-attempt name, so objects of a failed or retried pack are
 found and deleted: a failed run leaves nothing behind.
 """
@@ -76,12 +77,15 @@ def _submit_groups(
 
 def compute_stats(
     client: Client, parts: Sequence[Any], progress: bool = False
-) -> tuple[list[Future], list[dict]]:
-    """Prepare every part on the workers; return the part futures and their small stats.
+) -> tuple[list[Future], list[dict], list[int]]:
+    """Prepare every part on the workers.
 
-    With ``progress``, Dask's text progress bar follows the read/decode/validate tasks (they
-    are not pinned, so Dask reruns them elsewhere if a worker dies and the bar always ends).
-    The stats are computed by one task per group of parts that live on the same worker.
+    ``parts`` compute batches (lists) of prepared parts (:class:`~dvml.preprocess.sources.
+    SourceParts`). Returns the batches' futures, the small stats of every part in order, and
+    the number of parts in each batch. With ``progress``, Dask's text progress bar follows the
+    read/decode/validate tasks (they are not pinned, so Dask reruns them elsewhere if a worker
+    dies and the bar always ends). The stats are computed by one task per group of batches
+    that live on the same worker.
     """
     from distributed import wait
 
@@ -99,11 +103,11 @@ def compute_stats(
         _raise_first_error(futures)
         groups = _holder_groups(client, futures)
         stats_futures = _submit_groups(client, tasks.group_stats, futures, groups)
-        stats: list[dict] = [{} for _ in futures]
+        by_batch: list[list[dict]] = [[] for _ in futures]
         for (_, members), found in zip(groups, client.gather(stats_futures), strict=True):
-            for p, s in zip(members, found, strict=True):
-                stats[p] = s
-        return futures, stats
+            for i, batch_stats in zip(members, found, strict=True):
+                by_batch[i] = batch_stats
+        return futures, [s for batch in by_batch for s in batch], [len(b) for b in by_batch]
     except BaseException:
         # Free the prepared parts on the workers now, not when the traceback is collected.
         client.cancel([*futures, *stats_futures])
@@ -113,6 +117,7 @@ def compute_stats(
 def pack_and_publish(
     client: Client,
     prepared: list[Future],
+    sizes: Sequence[int],
     counts: Any,
     buffer_targets: Sequence[WorkerInfo],
     split_args: dict[str, Any],
@@ -124,14 +129,15 @@ def pack_and_publish(
 ) -> Dataset:
     """Split, pack and publish; on any failure delete every object this run put.
 
-    Takes ownership of ``prepared``: the list is emptied once every part has its split task,
+    ``prepared`` are the batches of :func:`compute_stats`, ``sizes`` their numbers of parts.
+    Takes ownership of ``prepared``: the list is emptied once every batch has its split task,
     so that each prepared part is freed on its worker as soon as its group is split, not when
     the whole run ends. Should a split result be lost with a worker, Dask recomputes it (and
     the parts, from their source).
     """
 
     def produce(run_id: str) -> list[dict[str, Any]]:
-        return _pack(client, prepared, counts, buffer_targets, split_args, seed, run_id)
+        return _pack(client, prepared, sizes, counts, buffer_targets, split_args, seed, run_id)
 
     return publish_run(client, name, kind, summary, produce, overwrite=overwrite)
 
@@ -139,6 +145,7 @@ def pack_and_publish(
 def _pack(
     client: Client,
     prepared: list[Future],
+    sizes: Sequence[int],
     counts: Any,
     buffer_targets: Sequence[WorkerInfo],
     split_args: dict[str, Any],
@@ -148,8 +155,11 @@ def _pack(
     from distributed import Event, wait
 
     counts = np.asarray(counts)
-    groups = _holder_groups(client, prepared)
-    routes = plan_routes(counts, [w.address for w in buffer_targets], [g for _, g in groups])
+    groups = _holder_groups(client, prepared)  # of batches
+    first = np.cumsum(sizes) - np.asarray(sizes, dtype=np.int64)
+    group_parts = [[p for i in batches for p in range(first[i], first[i] + sizes[i])]
+                   for _, batches in groups]  # fmt: skip
+    routes = plan_routes(counts, [w.address for w in buffer_targets], group_parts)
     per_group = [
         (routes.group_counts[g], routes.starts[g], [partition_seed(seed, p) for p in parts])
         for g, parts in enumerate(routes.groups)

@@ -12,18 +12,21 @@ import dataclasses
 import functools
 import glob
 import itertools
+import math
 import os
-import uuid
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
+from dvml.placement.routes import batch_sizes
+from dvml.preprocess.fusion import one_task_per_block
 from dvml.preprocess.images import list_image_folder
 from dvml.preprocess.shards import expand_braces
 from dvml.preprocess.string_cells import restore_array_cells
 from dvml.preprocess.tasks import (
     prepare_arrays,
+    prepare_batch,
     prepare_image_files,
     prepare_table,
     prepare_tar_shard,
@@ -39,7 +42,11 @@ IMAGE_CHUNK = 256  # images decoded per task
 
 @dataclasses.dataclass
 class SourceParts:
-    """The delayed prepared parts of a source and the names the summary records."""
+    """The delayed prepared parts of a source and the names the summary records.
+
+    Each of ``parts`` computes a batch: a list of the prepared parts of one or more
+    consecutive partitions (:func:`~dvml.preprocess.tasks.prepare_batch`).
+    """
 
     parts: list[Any]
     x_names: list[list[str]]
@@ -91,10 +98,12 @@ def source_parts(
     image_size: tuple[int, int] | None,
     channels: int,
     normalizing_const: float = 1.0,
+    threads: int = 1,
 ) -> SourceParts:
     """Build the delayed prepared parts of ``source`` (nothing is computed here).
 
     ``normalizing_const`` lets the parts count values that overflow float32 once normalized.
+    ``threads`` (of the cluster) bounds how many small partitions one task prepares.
     """
     import dask.dataframe as dd
     import pandas as pd
@@ -124,11 +133,18 @@ def source_parts(
     if isinstance(source, dd.DataFrame):
         return _table(source, y, x, (on_invalid, normalizing_const), desc)
     if isinstance(source, dict):
-        return _arrays(source, y, x, (on_invalid, normalizing_const), desc)
+        return _arrays(source, y, x, (on_invalid, normalizing_const), desc, threads)
     raise ArgumentTypeError(
         "source must be a Dask or pandas DataFrame, a Parquet/CSV path, a dict of arrays, an "
         f"image folder or a tar-shard pattern. Received: {type(source).__name__}."
     )
+
+
+def _batch_of_one(fn: Any, *args: Any) -> Any:
+    """A Delayed batch of the one prepared part ``fn(*args)``."""
+    from dask import delayed
+
+    return delayed(prepare_batch)(fn, len(args), *args)
 
 
 def _need(value: Any, what: str) -> Any:
@@ -154,34 +170,8 @@ def _table(ddf: Any, y: str | None, x: Any, invalid: tuple[str, float], desc: st
     prepare = functools.partial(
         prepare_table, x_groups=groups, y=y, on_invalid=invalid[0], normalizing_const=invalid[1]
     )
-    parts = _one_task_per_block("prepare_table", prepare, [[p] for p in ddf.to_delayed()])
+    parts = one_task_per_block("prepare_table", prepare, [[p] for p in ddf.to_delayed()])
     return SourceParts(parts, groups, y, desc)
-
-
-def _one_task_per_block(name: str, fn: Any, blocks: list[list[Any]]) -> list[Any]:
-    """``[delayed(fn)(*blocks[i]) for i]``, built as ONE graph layer.
-
-    ``delayed(fn)(block)`` merges and culls the whole source graph once per call: quadratic in
-    the partitions (seconds at 500 partitions, the largest cost of a pack from 1,000). Here the
-    source graph is merged once and every task is one entry of one layer. ``blocks[i]`` are
-    Delayed objects of the source (``to_delayed()``); ``fn`` takes their values positionally.
-    """
-    from dask.base import tokenize
-    from dask.delayed import Delayed
-    from dask.highlevelgraph import HighLevelGraph
-
-    # Not pure, as delayed() is not by default: a second run computes its parts afresh.
-    layer_name = f"{name}-{tokenize(fn, [[b.key for b in row] for row in blocks], uuid.uuid4())}"
-    sources = {id(b.dask): b for row in blocks for b in row}
-    graph = HighLevelGraph.merge(*(b.dask for b in sources.values()))
-    layer: dict[Any, Any] = {
-        (layer_name, i): (fn, *(b.key for b in row)) for i, row in enumerate(blocks)
-    }
-    graph = HighLevelGraph(
-        {**graph.layers, layer_name: layer},
-        {**graph.dependencies, layer_name: set(graph.layers)},
-    )
-    return [Delayed((layer_name, i), graph, layer=layer_name) for i in range(len(blocks))]
 
 
 def _check_table(columns: list[Any], y: str | None, x: Any) -> tuple[str, list[list[str]]]:
@@ -205,8 +195,6 @@ def _pandas_array_cells(
     one block per x input (one copy, :func:`dvml.preprocess.encode.x_to_array`), the parts
     are plain numpy slices prepared like a dict of arrays.
     """
-    from dask import delayed
-
     from dvml.preprocess.encode import has_array_cells, x_to_array
 
     if x is None or y is None:
@@ -223,7 +211,7 @@ def _pandas_array_cells(
     k = max(1, min(n_parts, n))  # as many parts as dd.from_pandas would make
     bounds = [n * i // k for i in range(k + 1)]
     parts = [
-        delayed(prepare_arrays)([a[lo:hi] for a in xs], labels[lo:hi], names, y, *invalid)
+        _batch_of_one(prepare_arrays, [a[lo:hi] for a in xs], labels[lo:hi], names, y, *invalid)
         for lo, hi in itertools.pairwise(bounds)
     ]
     return SourceParts(parts, groups, y, desc)
@@ -247,7 +235,12 @@ def _read_table(path: str) -> Any:
 
 
 def _arrays(
-    source: dict[str, Any], y: str | None, x: Any, invalid: tuple[str, float], desc: str
+    source: dict[str, Any],
+    y: str | None,
+    x: Any,
+    invalid: tuple[str, float],
+    desc: str,
+    threads: int,
 ) -> SourceParts:
     import dask.array as da
 
@@ -277,7 +270,11 @@ def _arrays(
         normalizing_const=invalid[1],
     )  # fmt: skip
     blocks = [[*(xb[i] for xb in x_blocks), y_blocks[i]] for i in range(len(chunks))]
-    return SourceParts(_one_task_per_block("prepare_arrays", prepare, blocks), groups, y, desc)
+    row_bytes = labels.dtype.itemsize + sum(a.dtype.itemsize * math.prod(a.shape[1:]) for a in xs)
+    known = not any(math.isnan(c) for c in chunks)
+    sizes = batch_sizes([c * row_bytes for c in chunks] if known else None, len(chunks), threads)
+    parts = one_task_per_block("prepare_arrays", prepare, blocks, sizes)
+    return SourceParts(parts, groups, y, desc)
 
 
 def _prepare_block_arrays(*blocks: Any, **kwargs: Any) -> Any:
@@ -288,13 +285,15 @@ def _prepare_block_arrays(*blocks: Any, **kwargs: Any) -> Any:
 def _image_folder(
     path: str, image_size: tuple[int, int] | None, channels: int, desc: str
 ) -> SourceParts:
-    from dask import delayed
-
     size = _need(image_size, "image_size=(height, width)")
     paths, labels = list_image_folder(path)
     parts = [
-        delayed(prepare_image_files)(
-            paths[i : i + IMAGE_CHUNK], labels[i : i + IMAGE_CHUNK], tuple(size), channels
+        _batch_of_one(
+            prepare_image_files,
+            paths[i : i + IMAGE_CHUNK],
+            labels[i : i + IMAGE_CHUNK],
+            tuple(size),
+            channels,
         )
         for i in range(0, len(paths), IMAGE_CHUNK)
     ]
@@ -304,8 +303,6 @@ def _image_folder(
 def _tar_shards(
     pattern: str, image_size: tuple[int, int] | None, channels: int, desc: str
 ) -> SourceParts:
-    from dask import delayed
-
     size = _need(image_size, "image_size=(height, width)")
     shards = expand_braces(pattern)
     missing = [s for s in shards if not os.path.exists(s)]
@@ -313,5 +310,5 @@ def _tar_shards(
         raise DataError(
             f"{len(missing)} of {len(shards)} tar shards do not exist, e.g. {missing[0]!r}."
         )
-    parts = [delayed(prepare_tar_shard)(s, tuple(size), channels) for s in shards]
+    parts = [_batch_of_one(prepare_tar_shard, s, tuple(size), channels) for s in shards]
     return SourceParts(parts, [["image"]], "label", desc, tuple(size))

@@ -33,6 +33,7 @@ __all__ = [
     "pack_buffer",
     "part_stats",
     "prepare_arrays",
+    "prepare_batch",
     "prepare_image_files",
     "prepare_table",
     "prepare_tar_shard",
@@ -147,6 +148,14 @@ def prepare_arrays(
     return _finish(arrays, labels, list(x_names), on_invalid, normalizing_const)
 
 
+def prepare_batch(fn: Any, arity: int, *values: Any) -> list[dict[str, Any]]:
+    """The prepared parts of consecutive partitions: ``fn`` of every ``arity`` values.
+
+    A pack's prepare tasks each return such a list (a batch), most of one partition.
+    """
+    return [fn(*values[i : i + arity]) for i in range(0, len(values), arity)]
+
+
 def prepare_image_files(
     paths: Sequence[str], labels: Sequence[str], size: tuple[int, int], channels: int
 ) -> dict[str, Any]:
@@ -207,9 +216,10 @@ def split_part(
                          normalizing_const)  # fmt: skip
 
 
-def group_stats(parts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """:func:`part_stats` of each part of a group (one task per group, where the parts are)."""
-    return [part_stats(part) for part in parts]
+def group_stats(batches: Sequence[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """:func:`part_stats` of each part of each batch of a group (one task per group, where
+    the batches are)."""
+    return [[part_stats(part) for part in batch] for batch in batches]
 
 
 # A partition's rows for one buffer are copied as one block (np.take into the output) when
@@ -219,7 +229,7 @@ _BLOCK_ROWS = 16
 
 
 def split_group(
-    parts: Sequence[dict[str, Any]],
+    batches: Sequence[list[dict[str, Any]]],
     group_counts: np.ndarray,
     starts: np.ndarray,
     seeds: Sequence[int],
@@ -234,6 +244,7 @@ def split_group(
     through :mod:`dvml.preprocess.exchange`, which this installs on the worker.
     """
     serve_slices_here()
+    parts = [part for batch in batches for part in batch]
     return lay_out_group(
         parts, group_counts, starts, seeds, class_values, num_classes, normalizing_const
     )

@@ -20,15 +20,23 @@ def _prefix(key: Any) -> str:
 
 
 class TaskRecorder:
-    """Records the key and worker restrictions of every task that enters the scheduler."""
+    """Records the key and worker restrictions of every task that enters the scheduler.
+
+    Once per key: a graph that refers to futures (a task submitted with them as arguments)
+    lists their keys again.
+    """
 
     name = NAME
 
     def __init__(self) -> None:
         self.tasks: list[tuple[str, tuple[str, ...]]] = []
+        self.seen: set[Any] = set()
 
     def update_graph(self, scheduler: Any, *, tasks: Any = (), **kwargs: Any) -> None:
         for key in tasks:
+            if key in self.seen:
+                continue
+            self.seen.add(key)
             ts = scheduler.tasks.get(key)
             workers = tuple(sorted(ts.worker_restrictions or ())) if ts is not None else ()
             self.tasks.append((_prefix(key), workers))

@@ -110,6 +110,18 @@ def test_pack_graph_size_grows_with_partitions_plus_workers() -> None:
         pack_graph_size(0, 1, 1)
 
 
+def test_pack_graph_size_counts_batches_of_small_known_partitions() -> None:
+    # B12e: 1,024 partitions of 32 KiB (32 MiB) on 2 workers of 1 thread: 8 prepare tasks.
+    model = pack_graph_size(1024, 2, 2, partition_bytes=32 << 10, batched=True)
+    assert model["prepare"] == 8 and model["stats"] == model["split"] == 2
+    assert model["tasks"] == 8 + 2 * 2 + 2 + model["catalog"]
+    # Partitions of a table (sizes unknown): one task each, whatever their size.
+    assert pack_graph_size(1024, 2, 2, partition_bytes=32 << 10)["prepare"] == 1024
+    # Large partitions are never batched.
+    big = pack_graph_size(100, 4, 4, partition_bytes=64 << 20, batched=True)
+    assert big["prepare"] == 100
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.int64, np.float64])
 def test_lay_out_group_gives_float32_from_any_source_dtype(dtype: type) -> None:
     # Enough rows per buffer for the block path (np.take into the output), which refused

@@ -25,7 +25,9 @@ def test_same_prepared_rows_as_the_table_path() -> None:
     src = source_parts(frame, "digit", "pixels", 4, "drop", None, 3, 255.0)
     assert src.x_names == [["pixels"]] and src.y == "digit"
     assert len(src.parts) == 8  # 2 per target, as dd.from_pandas would split it
-    parts = dask.compute(*src.parts, scheduler="sync")
+    batches = dask.compute(*src.parts, scheduler="sync")
+    assert all(len(batch) == 1 for batch in batches)  # one part per task here
+    parts = [batch[0] for batch in batches]
     reference = prepare_table(frame, [["pixels"]], "digit", "drop", 255.0)
     x = np.concatenate([p["x"][0] for p in parts])
     assert x.dtype == reference["x"][0].dtype == np.float32

@@ -2,8 +2,9 @@
 
 A 1,024-partition source is packed onto the 4 workers of ``cluster4``; the tasks the scheduler
 received are counted by function and compared with :func:`dvml.placement.routes.pack_graph_size`
-(one prepare task per partition, one stats and one split task per group of partitions on one
-worker, one pack task per buffer: nothing per partition and target).
+(one prepare task per batch of small partitions, fused with the source's reads of them; one
+stats and one split task per group of batches on one worker, one pack task per buffer: nothing
+per partition and target).
 """
 
 from __future__ import annotations
@@ -81,12 +82,13 @@ def test_1024_partitions_onto_4_workers(
     # The graph: O(P + W) tasks, as the model counts them.
     counts = count_by_name(tasks)
     holders = {w for name, restricted in tasks if name == "group_stats" for w in restricted}
-    model = pack_graph_size(parts, 4, len(ds.layout["buffers"]), holders=len(holders))
-    # The scheduler received 3,072 keys named after the prepare layer for 1,024 partitions
-    # (the source's block reads carry its name once Dask has optimized the graph): per
-    # partition, never per (partition, worker).
-    assert model["prepare"] == parts
-    assert parts <= counts["prepare_arrays"] <= 3 * parts
+    block_bytes = 4 * (3 * 8 + 8)  # 4 rows of x (3 float64) and y (int64)
+    model = pack_graph_size(parts, 4, len(ds.layout["buffers"]), holders=len(holders),
+                            partition_bytes=block_bytes, batched=True)  # fmt: skip
+    # 1,024 partitions of 128 bytes on 4 threads: 16 tasks read and prepare them (4 per
+    # thread), each reading its blocks of x and y itself.
+    assert counts["prepare_arrays"] == model["prepare"] == 16
+    assert {"prepare_arrays", "group_stats", "split_group", "pack_buffer"} <= set(counts)
     assert counts["group_stats"] == model["stats"] == len(holders)
     assert counts["split_group"] == model["split"]
     assert counts["pack_buffer"] == model["pack"] == len(ds.layout["buffers"])
