@@ -1,11 +1,12 @@
-"""Run one task per buffer on the worker that holds it, surviving a worker restart.
+"""Run tasks pinned to the workers that hold their buffers, surviving a worker restart.
 
 A task pinned to a worker that died would wait for the scheduler's no-workers timeout; here a
 task whose worker left is resubmitted to the worker of the same NAME once its Nanny has
 restarted it. Its vineyardd runs on, so the buffer is still there and the placement holds.
 Resubmitting is safe because every attempt puts its objects under its own staging name, and
-the caller deletes every staged object that is not published. The pack graph and the feature
-cache (build, save, load) both run their per-buffer tasks through :func:`run_pinned`.
+the caller deletes every staged object that is not published. The pack graph (a task per
+thread of each target) and the feature cache (build, save, load: a task per buffer) both run
+their tasks through :func:`run_pinned`.
 """
 
 from __future__ import annotations
@@ -139,37 +140,44 @@ def run_pinned(
     try:
         while len(results) < len(futures):
             pending = [f for i, f in futures.items() if i not in results]
+            timed_out = False
             try:
+                # All of them, or a second: one pass per second, not per finished task (at
+                # hundreds of buffers, a pass per task cost the client more than the packs).
                 with client.as_current():  # distributed.wait looks up the default client
-                    wait(pending, timeout=1, return_when="FIRST_COMPLETED")
-            except TimeoutError:  # nothing finished within the second: look at the workers
+                    wait(pending, timeout=1, return_when="ALL_COMPLETED")
+            except TimeoutError:  # not all finished within the second: look at the workers
                 # A daemon that died now would leave the tasks blocked in vineyardd forever.
                 require_daemons(client, what)
+                timed_out = True
+            statuses = {i: str(f.status) for i, f in futures.items() if i not in results}
+            done = [i for i, status in statuses.items() if status == "finished"]
+            for i, result in zip(done, client.gather([futures[i] for i in done]), strict=True):
+                results[i] = result
+            if not timed_out and all(s == "finished" for s in statuses.values()):
+                continue
             live = live_identities(client)
-            for i, fut in futures.items():
-                if i in results:
+            for i, status in statuses.items():
+                if status == "finished":
                     continue
                 name = targets[i].name
-                step = pinned_step(str(fut.status), pinned[i], live.get(name))
-                if step == "done":
-                    results[i] = fut.result()
-                    continue
+                step = pinned_step(status, pinned[i], live.get(name))
                 if step == "wait":
                     continue
                 if step == "failed":
-                    fut.result()  # raises the task's own error: not a lost worker
+                    futures[i].result()  # raises the task's own error: not a lost worker
                     continue  # a cancelled future whose result did not raise: look again
                 if attempts[i] >= ATTEMPTS:
                     raise ClusterError(
-                        f"{what} of buffer {i} failed {attempts[i]} times because its worker "
+                        f"{what} task {i} failed {attempts[i]} times because its worker "
                         f"{name} left the cluster. Check the worker's logs and memory, then "
                         "run the call again."
                     )
                 identity = live.get(name) or _wait_for_worker(client, name, what, restart_timeout)
                 if identity == pinned[i]:  # it was only missing from one listing
                     continue
-                fut.cancel()
-                logger.warning("worker %s restarted as %s: redoing %s of buffer %d",
+                futures[i].cancel()
+                logger.warning("worker %s restarted as %s: redoing %s task %d",
                                name, identity[0], what, i)  # fmt: skip
                 addresses[i], pinned[i] = identity[0], identity
                 attempts[i] += 1

@@ -24,10 +24,12 @@ from dvml.placement.planner import plan_pieces
 
 __all__ = [
     "BATCH_BYTES",
+    "FETCH_ROUND_BYTES",
     "MAX_GROUP_BYTES",
     "RoutePlan",
     "batch_sizes",
     "group_parts",
+    "pack_chunks",
     "pack_graph_size",
     "plan_routes",
 ]
@@ -36,6 +38,9 @@ __all__ = [
 # rows at once, so this bounds the extra memory of a worker while it splits (per thread);
 # larger groups mean fewer tasks.
 MAX_GROUP_BYTES = 128 << 20
+# Rows a pack task fetches in one round (one request per worker that holds them) before
+# writing them: bounds the task's memory beside the buffers in shared memory.
+FETCH_ROUND_BYTES = 64 << 20
 
 # A prepare task reads at most this many bytes of source partitions, and every thread gets
 # at least BATCHES_PER_THREAD tasks: big enough that Dask's cost per task (~2 ms on this
@@ -127,6 +132,32 @@ def group_parts(
         n = min(len(parts), max(int(threads.get(holder, 1)), math.ceil(size / max_group_bytes)))
         groups.extend((holder, [int(p) for p in chunk]) for chunk in np.array_split(parts, n))
     return groups
+
+
+def pack_chunks(buffer_targets: Sequence[str], threads: Mapping[str, int]) -> list[list[int]]:
+    """The buffers each pack task packs: those of one target, cut into one chunk per thread.
+
+    Parameters
+    ----------
+    buffer_targets : sequence of str
+        The target worker of each buffer.
+    threads : mapping of str to int
+        Threads of each worker (a worker not listed counts as 1).
+
+    Returns
+    -------
+    list of list of int
+        Buffer indices per task, ascending; targets in order of their first buffer, and at
+        most as many chunks per target as it has threads and buffers.
+    """
+    by_target: dict[str, list[int]] = {}
+    for b, target in enumerate(buffer_targets):
+        by_target.setdefault(target, []).append(b)
+    chunks: list[list[int]] = []
+    for target, buffers in by_target.items():
+        n = min(len(buffers), max(1, int(threads.get(target, 1))))
+        chunks.extend([int(b) for b in chunk] for chunk in np.array_split(buffers, n))
+    return chunks
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -251,12 +282,12 @@ def pack_graph_size(
     -------
     dict of str to int
         ``prepare`` (P, or the batches), ``stats`` and ``split`` (one per group), ``pack``
-        (B), ``catalog`` (the tasks that persist, publish and clean up: two per target
-        instance and one), ``tasks`` (their sum),
-        ``fetches`` (worker-to-worker requests of the pack tasks, outside the graph) and
-        ``etcd_writes`` (metadata writes, :mod:`dvml.store.publish`: none per buffer; per
-        target instance one persist of its buffers and one delete of the object that carried
-        them; per field a GlobalTensor; the dataset's root object and its name).
+        (one per thread of each target that holds buffers), ``catalog`` (the tasks that
+        persist, publish and clean up: two per target instance and one), ``tasks`` (their
+        sum), ``fetches`` (worker-to-worker requests of the pack tasks, outside the graph)
+        and ``etcd_writes`` (metadata writes, :mod:`dvml.store.publish`: none per buffer;
+        per target instance one persist of its buffers and one delete of the object that
+        carried them; per field a GlobalTensor; the dataset's root object and its name).
     """
     for name, value in (("partitions", partitions), ("workers", workers), ("buffers", buffers)):
         if value < 1:
@@ -275,15 +306,23 @@ def pack_graph_size(
     # dvml.store.publish: one persist task per target instance, the publish task, one cleanup
     # task per instance (the targets, for the model)
     catalog = 2 * min(workers, buffers) + 1
-    tasks = prepare + 2 * n_groups + buffers + catalog
-    # Each buffer reads one slice from every group; slices on one worker come in one request.
-    fetches = buffers * min(n_groups, holders)
+    # One pack task per thread of each target (pack_chunks), buffers spread evenly; each
+    # fetches its buffers' rows in rounds of FETCH_ROUND_BYTES, one request per holder.
+    buffer_bytes = partitions * partition_bytes / buffers
+    pack = fetches = 0
+    for w in range(workers):
+        held = len(range(w, buffers, workers))
+        for n in (len(range(t, held, threads)) for t in range(min(held, threads))):
+            pack += 1
+            per_round = max(1, int(FETCH_ROUND_BYTES // buffer_bytes)) if buffer_bytes else n
+            fetches += math.ceil(n / per_round) * min(n_groups, holders)
+    tasks = prepare + 2 * n_groups + pack + catalog
     etcd = 2 * min(workers, buffers) + fields + 2
     return {
         "prepare": prepare,
         "stats": n_groups,
         "split": n_groups,
-        "pack": buffers,
+        "pack": pack,
         "catalog": catalog,
         "tasks": tasks,
         "fetches": fetches,

@@ -31,7 +31,7 @@ import numpy as np
 from dvml.cluster.pinned import run_pinned
 from dvml.cluster.workers import WorkerInfo
 from dvml.placement.planner import partition_seed
-from dvml.placement.routes import group_parts, plan_routes
+from dvml.placement.routes import group_parts, pack_chunks, plan_routes
 from dvml.preprocess import tasks
 from dvml.store.datasets import Dataset
 from dvml.store.publish import publish_run, staging_name
@@ -180,11 +180,15 @@ def _pack(
             for b in range(counts.shape[1])
         ]
         abort_name = f"dvml-pack-abort-{run_id}"
+        addresses = [w.address for w in buffer_targets]
+        chunks = pack_chunks(addresses, client.nthreads())
 
-        def submit(b: int, address: str, attempt: int) -> Future:
+        def submit(c: int, address: str, attempt: int) -> Future:
+            chosen = chunks[c]
             return client.submit(
-                tasks.pack_buffer, b, seed, staging_name(run_id, b, attempt), fields,
-                counts[:, b], sources[b], abort_name,
+                tasks.pack_buffers, chosen, seed,
+                [staging_name(run_id, b, attempt) for b in chosen], fields,
+                [counts[:, b] for b in chosen], [sources[b] for b in chosen], abort_name,
                 workers=[address], allow_other_workers=False, pure=False, retries=0,
             )  # fmt: skip
 
@@ -192,7 +196,9 @@ def _pack(
         try:
             # A pack whose worker died is resubmitted to the restarted worker of the same
             # name: its vineyardd, and so the placement, is unchanged.
-            return list(run_pinned(client, submit, buffer_targets, "packing", abort=abort.set))
+            targets = [buffer_targets[chunk[0]] for chunk in chunks]
+            packed = run_pinned(client, submit, targets, "packing", abort=abort.set)
+            return sorted((r for records in packed for r in records), key=lambda r: r["index"])
         finally:
             abort.clear()  # events live on the scheduler until cleared
     finally:

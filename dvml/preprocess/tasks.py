@@ -12,6 +12,7 @@ are counted, and the client raises with the totals of the whole source.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 from dvml.cluster.workers import worker_host
 from dvml.exceptions import DataError
 from dvml.placement.planner import split_partition
+from dvml.placement.routes import FETCH_ROUND_BYTES
 from dvml.preprocess.encode import check_finite, normalize, one_hot, overflow_limit, x_to_array
 from dvml.preprocess.exchange import fetch_slices, serve_slices_here
 from dvml.preprocess.images import decode_image
@@ -28,9 +30,10 @@ from dvml.store.tensors import write_arrays
 
 __all__ = [
     "buffer_positions",
+    "fetch_rounds",
     "group_stats",
     "lay_out_group",
-    "pack_buffer",
+    "pack_buffers",
     "part_stats",
     "prepare_arrays",
     "prepare_batch",
@@ -353,60 +356,105 @@ def slice_positions(
     return where[dest]
 
 
-def pack_buffer(
+def fetch_rounds(buffer_bytes: Sequence[int], limit: int = FETCH_ROUND_BYTES) -> list[list[int]]:
+    """Positions of consecutive buffers fetched together: at most ``limit`` bytes a round,
+    at least one buffer."""
+    rounds: list[list[int]] = []
+    size = 0
+    for i, nbytes in enumerate(buffer_bytes):
+        if not rounds or size + nbytes > limit:
+            rounds.append([])
+            size = 0
+        rounds[-1].append(i)
+        size += nbytes
+    return rounds
+
+
+def pack_buffers(
+    indices: Sequence[int],
+    seed: int,
+    staging_names: Sequence[str],
+    fields: dict[str, list[int]],
+    columns: Sequence[np.ndarray],
+    sources: Sequence[Sequence[tuple[str, int, int, Sequence[int]]]],
+    abort_event: str | None = None,
+) -> list[dict[str, Any]]:
+    """Shuffle buffers' rows straight into THIS worker's vineyardd, one buffer after another.
+
+    One task packs all the buffers of its worker (of one of its threads), fetching the rows
+    of as many buffers as fit in :data:`FETCH_ROUND_BYTES` in one round: one scheduler
+    query and one request per worker that holds them, instead of a task, a query and a
+    request per buffer (at hundreds of buffers those were most of the pack).
+
+    Parameters
+    ----------
+    indices : sequence of int
+        The buffers' indices. Buffer ``b``'s rows are shuffled with ``default_rng(seed +
+        b)``, as the concatenation of its rows from every partition in partition order.
+    seed : int
+        The run's seed.
+    staging_names : sequence of str
+        Per buffer, see :func:`~dvml.store.publish.staging_name`.
+    fields : dict of str to list of int
+        Each field's shape after the row axis (all float32).
+    columns : sequence of numpy.ndarray
+        Per buffer ``b``, ``Layout.counts[:, b]``: its rows from each partition.
+    sources : sequence of sequence of (str, int, int, sequence of int)
+        Per buffer, ``(key, start, stop, parts)``: rows ``start:stop`` of the split group
+        held under Dask key ``key`` are the buffer's rows from ``parts``, part after part.
+        They are fetched from the worker that holds the key
+        (:func:`~dvml.preprocess.exchange.fetch_slices`).
+    abort_event : str, optional
+        A Dask event set when the run failed elsewhere: a pack waiting for rows a dead worker
+        took along stops waiting.
+
+    Returns
+    -------
+    list of dict
+        Per buffer, its index, rows, instance, worker, host and fields.
+    """
+    from distributed import get_worker
+
+    worker = get_worker()
+    where = {"worker": worker.address, "worker_name": str(worker.name),
+             "host": worker_host(worker.address)}  # fmt: skip
+    row_bytes = 4 * sum(math.prod(shape) for shape in fields.values())
+    columns = [np.asarray(c, dtype=np.int64) for c in columns]
+    out = []
+    for chosen in fetch_rounds([int(c.sum()) * row_bytes for c in columns]):
+        requests = [(key, a, b) for i in chosen for key, a, b, _ in sources[i]]
+        owners = [(i, j) for i in chosen for j in range(len(sources[i]))]
+        pieces: dict[int, list[tuple[Sequence[int], dict[str, np.ndarray]]]] = {}
+        for r, piece in fetch_slices(requests, abort_event):
+            i, j = owners[r]
+            pieces.setdefault(i, []).append((sources[i][j][3], piece))
+        for i in chosen:
+            record = _write_buffer(
+                indices[i], seed, staging_names[i], fields, columns[i], pieces.pop(i, [])
+            )
+            out.append({"index": indices[i], "rows": int(columns[i].sum()), **record, **where})
+    return out
+
+
+def _write_buffer(
     index: int,
     seed: int,
     staging_name: str,
     fields: dict[str, list[int]],
     column: np.ndarray,
-    sources: Sequence[tuple[str, int, int, Sequence[int]]],
-    abort_event: str | None = None,
+    pieces: Sequence[tuple[Sequence[int], dict[str, np.ndarray]]],
 ) -> dict[str, Any]:
-    """Shuffle a buffer's rows straight into THIS worker's vineyardd.
-
-    Parameters
-    ----------
-    index, seed : int
-        The buffer's index and the run's seed: its rows are shuffled with
-        ``default_rng(seed + index)``, as the concatenation of its rows from every partition
-        in partition order.
-    staging_name : str
-        See :func:`~dvml.store.publish.staging_name`.
-    fields : dict of str to list of int
-        Each field's shape after the row axis (all float32).
-    column : numpy.ndarray
-        ``Layout.counts[:, index]``: the buffer's rows from each partition.
-    sources : sequence of (str, int, int, sequence of int)
-        ``(key, start, stop, parts)``: rows ``start:stop`` of the split group held under Dask
-        key ``key`` are this buffer's rows from ``parts``, part after part. They are fetched
-        from the worker that holds the key (:func:`~dvml.preprocess.exchange.fetch_slices`).
-    abort_event : str, optional
-        A Dask event set when the run failed elsewhere: a pack waiting for rows a dead worker
-        took along stops waiting.
-    """
-    from distributed import get_worker
-
-    column = np.asarray(column, dtype=np.int64)
+    """Write one buffer's fetched rows, shuffled, into the local vineyardd."""
     rows = int(column.sum())
     where = buffer_positions(seed, index, rows)
     offsets = np.cumsum(column) - column  # where each partition's rows begin
 
     def scatter(out: dict[str, np.ndarray]) -> None:
-        requests = [(key, start, stop) for key, start, stop, _ in sources]
-        for i, piece in fetch_slices(requests, abort_event):
-            dest = slice_positions(column, offsets, where, sources[i][3])
+        for parts, piece in pieces:
+            dest = slice_positions(column, offsets, where, parts)
             for field, buffer in out.items():
                 buffer[dest] = piece[field]
 
     specs = {field: ((rows, *shape), np.float32) for field, shape in fields.items()}
     record = write_arrays(specs, scatter, staging_name=staging_name)
-    worker = get_worker()
-    return {
-        "index": index,
-        "rows": rows,
-        "instance_id": record["instance_id"],
-        "worker": worker.address,
-        "worker_name": str(worker.name),
-        "host": worker_host(worker.address),
-        "fields": record["fields"],
-    }
+    return {"instance_id": record["instance_id"], "fields": record["fields"]}

@@ -28,7 +28,14 @@ import json
 from typing import Any
 
 from dvml.cluster.connection import local_client
-from dvml.store.tensors import STAGED_TYPENAME, STAGING_PREFIX, WRITER_KEY, allocation_lock
+from dvml.store.tensors import (
+    STAGED_TYPENAME,
+    STAGING_PREFIX,
+    WRITER_KEY,
+    allocation_lock,
+    clear_writer_markers,
+    writers_died,
+)
 
 __all__ = [
     "PERSISTED_TYPENAME",
@@ -162,11 +169,13 @@ def sweep_orphans(client: Any = None) -> int:
     dataset, staged buffer and feature cache references its tensors, and every tensor its blob,
     so they are never touched; nor is a transient tensor that dvml did not write. Local
     metadata only: no etcd request (the leftovers are transient). Does nothing where the lock
-    cannot be had.
+    cannot be had, nor when no writer died inside its window (it left no marker:
+    :func:`~dvml.store.tensors.writers_died`), so most cleanups list nothing.
     """
     client = local_client() if client is None else client
     with allocation_lock(client, exclusive=True) as held:
-        if not held:
+        markers = writers_died(client) if held else []
+        if not markers:  # no writer died inside its window: nothing can be orphaned
             return 0
         me = int(client.instance_id)
         blobs: list[Any] = []
@@ -188,4 +197,5 @@ def sweep_orphans(client: Any = None) -> int:
             client.delete(tensors, force=False, deep=True)
         if blobs:
             client.delete(blobs, force=False, deep=False)
+        clear_writer_markers(markers)
     return len(tensors) + len(blobs)

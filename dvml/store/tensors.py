@@ -20,16 +20,22 @@ nothing, until the daemon restarts. So a writer holds its vineyardd's *allocatio
 blob until everything is referenced, and a run's cleanup takes it exclusively to delete the
 blobs that no object references, and dvml's transient tensors that nothing references
 (:func:`dvml.store.staging.sweep_orphans`): whatever a killed writer left between
-sealing and staging.
+sealing and staging. Inside that window a writer also keeps a marker file beside the lock
+(:func:`writers_died`): a marker that outlives its writer says that a sweep is needed, so a
+cleanup does not list every object of the vineyardd when no writer died (at thousands of
+objects that listing took most of a pack's cleanup).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
+import itertools
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,10 +50,12 @@ __all__ = [
     "STAGING_PREFIX",
     "WRITER_KEY",
     "allocation_lock",
+    "clear_writer_markers",
     "delete_objects",
     "put_arrays",
     "release_views",
     "write_arrays",
+    "writers_died",
 ]
 
 # A staged buffer's wrapper carries `<STAGING_PREFIX><run id>/<buffer>/<attempt>` (its
@@ -62,6 +70,9 @@ STAGED_TYPENAME = "dvml::StagedBuffer"
 WRITER_KEY = "dvml_writer"
 # The allocation lock of a vineyardd is this file beside its socket (see allocation_lock).
 _LOCK_SUFFIX = ".dvml-alloc.lock"
+# A writer's marker inside its window: `<lock><_MARKER>.<pid>.<thread>.<n>` (see writers_died).
+_MARKER = ".writer"
+_MARKER_COUNT = itertools.count()
 
 logger = logging.getLogger("dvml.store")
 
@@ -71,27 +82,58 @@ def allocation_lock(client: Any, exclusive: bool = False) -> Iterator[bool]:
     """Hold the allocation lock of ``client``'s vineyardd; yield whether it is held.
 
     Writers hold it shared from their first blob until every blob they made is referenced by
-    an object (a staged wrapper's tensor, or a persisted tensor); the sweep of orphaned blobs
-    holds it exclusively, so that it never takes a live writer's blob for an orphan. It is an
-    ``flock`` on a file beside the daemon's socket: the kernel releases it when its holder
-    dies, so a writer killed while holding it blocks nobody. Where that file cannot be opened
-    (a socket in a directory this user cannot write), nothing is held and False is yielded:
-    writers go on, and the sweep, which needs the lock, does not run.
+    an object (a staged wrapper's tensor, or a persisted tensor), with a marker file of their
+    own beside it (:func:`writers_died`); the sweep of orphaned blobs holds it exclusively, so
+    that it never takes a live writer's blob for an orphan. It is an ``flock`` on a file
+    beside the daemon's socket: the kernel releases it when its holder dies, so a writer
+    killed while holding it blocks nobody. Where that file cannot be opened (a socket in a
+    directory this user cannot write), nothing is held and False is yielded: writers go on,
+    and the sweep, which needs the lock, does not run.
     """
-    socket = getattr(client, "ipc_socket", None) or os.environ.get("VINEYARD_IPC_SOCKET")
-    fd = -1
-    if socket:
+    lock = _lock_path(client)
+    fd, marker = -1, ""
+    if lock:
         try:
-            fd = os.open(f"{socket}{_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
-            logger.debug("no allocation lock beside %s: %s", socket, exc)
+            logger.debug("no allocation lock at %s: %s", lock, exc)
     try:
         if fd >= 0:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            if not exclusive:  # after the lock: a sweep never sees a live writer's marker
+                marker = f"{lock}{_MARKER}.{os.getpid()}.{threading.get_ident()}."
+                marker += str(next(_MARKER_COUNT))
+                os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))
         yield fd >= 0
     finally:
+        if marker:
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
         if fd >= 0:
             os.close(fd)  # releases the lock
+
+
+def _lock_path(client: Any) -> str:
+    socket = getattr(client, "ipc_socket", None) or os.environ.get("VINEYARD_IPC_SOCKET")
+    return f"{socket}{_LOCK_SUFFIX}" if socket else ""
+
+
+def writers_died(client: Any) -> list[str]:
+    """The markers of writers that died inside their window: call under the EXCLUSIVE lock.
+
+    Under the exclusive lock no writer is inside its window, so every marker left is a
+    writer's that was killed there (or between its marker and its lock: harmless). None:
+    nothing can be orphaned, and the sweep need not look.
+    """
+    lock = _lock_path(client)
+    return sorted(glob.glob(glob.escape(f"{lock}{_MARKER}.") + "*")) if lock else []
+
+
+def clear_writer_markers(markers: list[str]) -> None:
+    """Remove markers once the sweep they called for is done."""
+    for marker in markers:
+        with contextlib.suppress(OSError):
+            os.unlink(marker)
 
 
 def put_arrays(

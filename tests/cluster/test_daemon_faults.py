@@ -123,7 +123,7 @@ def test_etcd_killed_during_a_pack(local_cluster: Callable[..., dvml.LocalCluste
         # Once the split, take or pack tasks run, the pack graph is under way: etcd dies now.
         def packing() -> bool:
             keys = [str(k) for ks in cluster.client.processing().values() for k in ks]
-            return any(k.startswith(("split_part", "take_piece", "pack_buffer")) for k in keys)
+            return any(k.startswith(("split_part", "take_piece", "pack_buffers")) for k in keys)
 
         poll_for(packing, 60, interval=0.02)
         os.kill(pid, signal.SIGKILL)

@@ -91,4 +91,4 @@ def test_only_a_real_restart_redoes_a_task(
     after = live_identities(client)["worker-1"]
     assert after != before
     warned = [r.getMessage() for r in caplog.records if "restarted" in r.getMessage()]
-    assert warned == [f"worker worker-1 restarted as {after[0]}: redoing checking of buffer 1"]
+    assert warned == [f"worker worker-1 restarted as {after[0]}: redoing checking task 1"]

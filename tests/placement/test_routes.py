@@ -12,8 +12,14 @@ import pytest
 
 from dvml.exceptions import ArgumentError
 from dvml.placement.planner import partition_seed, plan_layout, plan_pieces, split_partition
-from dvml.placement.routes import MAX_GROUP_BYTES, group_parts, pack_graph_size, plan_routes
-from dvml.preprocess.tasks import buffer_positions, lay_out_group, slice_positions
+from dvml.placement.routes import (
+    MAX_GROUP_BYTES,
+    group_parts,
+    pack_chunks,
+    pack_graph_size,
+    plan_routes,
+)
+from dvml.preprocess.tasks import buffer_positions, fetch_rounds, lay_out_group, slice_positions
 
 
 def test_group_parts_by_holder_threads_and_bytes() -> None:
@@ -110,11 +116,37 @@ def test_pack_graph_size_grows_with_partitions_plus_workers() -> None:
         pack_graph_size(0, 1, 1)
 
 
+def test_pack_chunks_one_task_per_thread_of_each_target() -> None:
+    targets = ["b", "a", "b", "a", "b", "c"]
+    assert pack_chunks(targets, {"a": 1, "b": 2}) == [[0, 2], [4], [1, 3], [5]]
+    # Never more chunks than buffers, nor an empty one.
+    assert pack_chunks(["a", "a"], {"a": 8}) == [[0], [1]]
+    assert pack_chunks([], {"a": 1}) == []
+
+
+def test_fetch_rounds_bound_the_bytes_in_flight() -> None:
+    assert fetch_rounds([10, 10, 10, 10], limit=25) == [[0, 1], [2, 3]]
+    assert fetch_rounds([30, 5, 5], limit=25) == [[0], [1, 2]]  # a big buffer alone
+    assert fetch_rounds([], limit=25) == []
+
+
+def test_pack_graph_size_counts_pack_tasks_per_thread_of_each_target() -> None:
+    # B12i: 256 buffers on 2 workers of 1 thread: 2 pack tasks, each one fetch round of
+    # 128 small buffers, one request to each of the 2 groups' workers.
+    model = pack_graph_size(32, 2, 256, partition_bytes=1 << 20, batched=True)
+    assert model["pack"] == 2 and model["fetches"] == 2 * 2
+    # 2 threads a worker: 2 pack tasks each; buffers of 800 MiB: one round per buffer, one
+    # request to each of the 2 holders per round.
+    model = pack_graph_size(64, 2, 8, threads=2, partition_bytes=100 << 20)
+    assert model["pack"] == 4
+    assert model["fetches"] == 8 * 2
+
+
 def test_pack_graph_size_counts_batches_of_small_known_partitions() -> None:
     # B12e: 1,024 partitions of 32 KiB (32 MiB) on 2 workers of 1 thread: 8 prepare tasks.
     model = pack_graph_size(1024, 2, 2, partition_bytes=32 << 10, batched=True)
     assert model["prepare"] == 8 and model["stats"] == model["split"] == 2
-    assert model["tasks"] == 8 + 2 * 2 + 2 + model["catalog"]
+    assert model["tasks"] == 8 + 2 * 2 + model["pack"] + model["catalog"]
     # Partitions of a table (sizes unknown): one task each, whatever their size.
     assert pack_graph_size(1024, 2, 2, partition_bytes=32 << 10)["prepare"] == 1024
     # Large partitions are never batched.

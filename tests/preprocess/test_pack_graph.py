@@ -3,8 +3,8 @@
 A 1,024-partition source is packed onto the 4 workers of ``cluster4``; the tasks the scheduler
 received are counted by function and compared with :func:`dvml.placement.routes.pack_graph_size`
 (one prepare task per batch of small partitions, fused with the source's reads of them; one
-stats and one split task per group of batches on one worker, one pack task per buffer: nothing
-per partition and target).
+stats and one split task per group of batches on one worker, one pack task per thread of each
+target worker: nothing per partition and target).
 """
 
 from __future__ import annotations
@@ -88,11 +88,12 @@ def test_1024_partitions_onto_4_workers(
     # 1,024 partitions of 128 bytes on 4 threads: 16 tasks read and prepare them (4 per
     # thread), each reading its blocks of x and y itself.
     assert counts["prepare_arrays"] == model["prepare"] == 16
-    assert {"prepare_arrays", "group_stats", "split_group", "pack_buffer"} <= set(counts)
+    assert {"prepare_arrays", "group_stats", "split_group", "pack_buffers"} <= set(counts)
     assert counts["group_stats"] == model["stats"] == len(holders)
     assert counts["split_group"] == model["split"]
-    assert counts["pack_buffer"] == model["pack"] == len(ds.layout["buffers"])
+    # One pack task per target worker (1 thread each), however many buffers it holds.
+    assert counts["pack_buffers"] == model["pack"] == 4 < len(ds.layout["buffers"])
     assert 1 <= len(holders) <= 4
     ours = model["prepare"] + counts["group_stats"] + counts["split_group"]
-    assert ours + counts["pack_buffer"] == model["tasks"] - model["catalog"]
+    assert ours + counts["pack_buffers"] == model["tasks"] - model["catalog"]
     assert not any(name in counts for name in ("take_piece", "split_part"))

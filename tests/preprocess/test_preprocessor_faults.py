@@ -363,7 +363,7 @@ def _kill_when_packing(
         if stop.is_set():
             return True
         keys = cluster.client.processing(workers=[address]).get(address, ())
-        return any(str(k).startswith("pack_buffer") for k in keys)
+        return any(str(k).startswith("pack_buffers") for k in keys)
 
     if poll_for(packing, 120, interval=0.01) and not stop.is_set():
         os.kill(pid, signal.SIGKILL)

@@ -62,17 +62,41 @@ def sealed_blobs() -> list[int]:
     return sorted(int(m.id) for m in metas if int(m.instance_id) == iid)
 
 
-def leave_orphans(size: int) -> list[int]:
-    """On a worker: what writers killed between sealing and staging leave: a sealed blob, and
-    a tensor of dvml's (over its own blob) that no wrapper references yet."""
-    from dvml.cluster.connection import local_client
-    from dvml.store.tensors import WRITER_KEY
+_KILLED_WRITER = """
+import sys, time
+import numpy as np
+from dvml.cluster.connection import local_client
+from dvml.store.tensors import WRITER_KEY, _tensor_meta, allocation_lock
 
-    client = local_client()
+size = int(sys.argv[1])
+client = local_client()
+with allocation_lock(client):
     blob = client.create_blob(size).seal(client)
-    meta = vineyard_tensor_meta(client.create_blob(size).seal(client), size)
+    meta = _tensor_meta((size,), np.dtype(np.uint8), client.create_blob(size).seal(client))
     meta[WRITER_KEY] = "__dvml_staging__/killedrun/0/1"
-    return [int(blob.id), int(client.create_metadata(meta).id)]
+    print(int(blob.id), int(client.create_metadata(meta).id), flush=True)
+    time.sleep(600)
+"""
+
+
+def leave_orphans(size: int) -> list[int]:
+    """On a worker: what a writer SIGKILLed between sealing and staging leaves: a sealed
+    blob, and a tensor of dvml's (over its own blob) that no wrapper references yet. The
+    writer is a process of its own, killed inside its window, as a worker would be."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(size)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    return [int(v) for v in line.split()]
 
 
 def local_tensors() -> list[int]:
@@ -277,8 +301,8 @@ def test_cleanup_deletes_a_blob_whose_writer_died_before_staging_it(
     cluster: dvml.LocalCluster,
 ) -> None:
     """A writer killed between sealing a blob and wrapping it leaves a blob (or a tensor) that
-    no staging name leads to: any run's cleanup on that instance deletes it, and nothing
-    else."""
+    no staging name leads to, and its marker: the next run's cleanup on that instance deletes
+    them, and nothing else."""
     client = cluster.client
     ds = publish_run(client, "staging_orphan", "dataset", {}, lambda r: stage(cluster, r, 4))
     try:
