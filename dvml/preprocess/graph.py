@@ -3,20 +3,22 @@
 ::
 
     prepare(batch p) ─┐                                    fetch (worker to worker,
-    prepare(batch q) ─┴─► split_group(g) on the worker  ─────── outside the graph) ─► pack(b)
-                          that holds p and q                                         on b's target
+    prepare(batch q) ─┴─► split_group(g) on the worker  ─────── outside the graph) ─► pack(w, t)
+                          that holds p and q                         thread t of target worker w
 
 Its task count grows with partitions plus targets, not with their product: one prepare task per
 source partition, or per batch of small consecutive partitions, fused with the source's own
 tasks for them (:mod:`dvml.preprocess.fusion`); one stats and one split task per group of
 batches that live on the same worker (:func:`~dvml.placement.routes.group_parts`: at least one
-per thread, about 128 MiB each), and one pack task per buffer. A split lays out its group's
-rows buffer after buffer, buffers grouped by target, so the rows a buffer needs from a group
-are ONE contiguous slice; the pack task fetches its slices straight from the workers that hold
-the groups (:mod:`dvml.preprocess.exchange`) and writes its rows, shuffled, straight into
-vineyard shared memory. Data moves worker to worker, each row once; the client sees only row
-counts, label sets and object ids. A buffer holds the same rows in the same order as when every
-partition had its own split task: the seeded shuffle does not depend on the grouping.
+per thread, about 128 MiB each), and one pack task per thread of each target worker
+(:func:`~dvml.placement.routes.pack_chunks`), which packs its buffers one after another. A
+split lays out its group's rows buffer after buffer, buffers grouped by target, so the rows a
+buffer needs from a group are ONE contiguous slice; a pack task fetches the slices of many
+buffers at once straight from the workers that hold the groups
+(:mod:`dvml.preprocess.exchange`) and writes its rows, shuffled, straight into vineyard shared
+memory. Data moves worker to worker, each row once; the client sees only row counts, label sets
+and object ids. A buffer holds the same rows in the same order as when every partition had its
+own split task: the seeded shuffle does not depend on the grouping.
 Every put is staged under a per-attempt name, so objects of a failed or retried pack are
 found and deleted: a failed run leaves nothing behind.
 """

@@ -154,7 +154,7 @@ def prepare_arrays(
 def prepare_batch(fn: Any, arity: int, *values: Any) -> list[dict[str, Any]]:
     """The prepared parts of consecutive partitions: ``fn`` of every ``arity`` values.
 
-    A pack's prepare tasks each return such a list (a batch), most of one partition.
+    A pack's prepare tasks each return such a list (a batch), most often of one partition.
     """
     return [fn(*values[i : i + arity]) for i in range(0, len(values), arity)]
 
@@ -240,7 +240,8 @@ def split_group(
     num_classes: int,
     normalizing_const: float,
 ) -> dict[str, np.ndarray]:
-    """The task of a group: :func:`lay_out_group`, kept here for the pack tasks to fetch.
+    """The task of a group: :func:`lay_out_group` of its batches' parts, kept here for the
+    pack tasks to fetch.
 
     Its result stays in this worker's memory under the task's key (Dask recomputes it, from
     the source if need be, should the worker die); the pack tasks fetch their slices of it
