@@ -101,9 +101,7 @@ def allocation_lock(client: Any, exclusive: bool = False) -> Iterator[bool]:
         if fd >= 0:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             if not exclusive:  # after the lock: a sweep never sees a live writer's marker
-                marker = f"{lock}{_MARKER}.{os.getpid()}.{threading.get_ident()}."
-                marker += str(next(_MARKER_COUNT))
-                os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))
+                marker = _leave_marker(lock)
         yield fd >= 0
     finally:
         if marker:
@@ -111,6 +109,17 @@ def allocation_lock(client: Any, exclusive: bool = False) -> Iterator[bool]:
                 os.unlink(marker)
         if fd >= 0:
             os.close(fd)  # releases the lock
+
+
+def _leave_marker(lock: str) -> str:
+    """Create this writer's marker; "" where it cannot (then a death here goes unswept)."""
+    marker = f"{lock}{_MARKER}.{os.getpid()}.{threading.get_ident()}.{next(_MARKER_COUNT)}"
+    try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError as exc:  # a lock file we may open in a directory we may not write
+        logger.debug("no writer marker at %s: %s", marker, exc)
+        return ""
+    return marker
 
 
 def _lock_path(client: Any) -> str:

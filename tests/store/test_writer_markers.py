@@ -57,3 +57,12 @@ def test_no_lock_file_no_markers(tmp_path: Path) -> None:
     with allocation_lock(client) as held:
         assert not held
     assert writers_died(client) == []
+
+
+def test_a_writer_that_cannot_leave_a_marker_still_writes(tmp_path: Path) -> None:
+    # The lock's name fits in a directory entry (255 bytes) but the marker's does not: the
+    # writer holds the lock and goes on without a marker (as in a directory it may not write).
+    client = types.SimpleNamespace(ipc_socket=str(tmp_path / ("s" * 220)))
+    with allocation_lock(client) as held:
+        assert held
+        assert list(tmp_path.iterdir()) == [tmp_path / ("s" * 220 + ".dvml-alloc.lock")]
