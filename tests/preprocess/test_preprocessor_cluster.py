@@ -324,6 +324,32 @@ def test_dict_of_dask_arrays_one_worker(
     check_dataset(cluster4, ds, ["worker-2"], [normalized(x_np, 4.0)], y)
 
 
+def test_persisted_sources_in_small_batched_blocks(
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str]
+) -> None:
+    """Sources already in the workers' memory (``persist``): their graphs hold futures,
+    which the fused prepare tasks must leave as they are; 60 small blocks of arrays are
+    prepared in batches (a few per task), a frame's 12 partitions one per task."""
+    client = cluster4.client
+    rng = np.random.default_rng(8)
+    x_np, labels_np = rng.random((600, 3)), rng.integers(0, 4, size=600)
+    x, labels = client.persist([da.from_array(x_np, chunks=(10, 3)),
+                                da.from_array(labels_np, chunks=10)])  # fmt: skip
+    frame = pd.DataFrame({"a": x_np[:, 0], "b": x_np[:, 1], "label": labels_np})
+    ddf = client.persist(dd.from_pandas(frame, npartitions=12))
+    clean_vineyard4.extend(["pp_persisted_arrays", "pp_persisted_frame"])
+    y = expected_one_hot(labels_np.tolist(), [0, 1, 2, 3], 4)
+    workers = ["worker-0", "worker-1", "worker-2", "worker-3"]
+    ds = dvml.training_preprocessor(
+        {"x": x, "label": labels}, y="label", x="x", name="pp_persisted_arrays", client=client
+    )
+    check_dataset(cluster4, ds, workers, [x_np], y)
+    ds = dvml.training_preprocessor(
+        ddf, y="label", x=[["a", "b"]], name="pp_persisted_frame", client=client
+    )
+    check_dataset(cluster4, ds, workers, [x_np[:, :2]], y)
+
+
 def _png(pixels: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")  # lossless: pixels come back exactly
