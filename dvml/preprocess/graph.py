@@ -189,7 +189,7 @@ def _pack(
             chosen = chunks[c]
             return client.submit(
                 tasks.pack_buffers, chosen, seed,
-                [staging_name(run_id, b, attempt) for b in chosen], fields,
+                staging_name(run_id, chosen[0], attempt), fields,
                 [counts[:, b] for b in chosen], [sources[b] for b in chosen], abort_name,
                 workers=[address], allow_other_workers=False, pure=False, retries=0,
             )  # fmt: skip

@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 
 from dvml.cluster.workers import worker_host
-from dvml.exceptions import DataError
+from dvml.exceptions import DataError, VineyardMemoryError
 from dvml.placement.planner import split_partition
 from dvml.placement.routes import FETCH_ROUND_BYTES
 from dvml.preprocess.encode import check_finite, normalize, one_hot, overflow_limit, x_to_array
 from dvml.preprocess.exchange import fetch_slices, serve_slices_here
 from dvml.preprocess.images import decode_image
 from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
-from dvml.store.tensors import write_arrays
+from dvml.store.tensors import write_buffers
 
 __all__ = [
     "buffer_positions",
@@ -374,18 +374,20 @@ def fetch_rounds(buffer_bytes: Sequence[int], limit: int = FETCH_ROUND_BYTES) ->
 def pack_buffers(
     indices: Sequence[int],
     seed: int,
-    staging_names: Sequence[str],
+    staging_name: str,
     fields: dict[str, list[int]],
     columns: Sequence[np.ndarray],
     sources: Sequence[Sequence[tuple[str, int, int, Sequence[int]]]],
     abort_event: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Shuffle buffers' rows straight into THIS worker's vineyardd, one buffer after another.
+    """Shuffle buffers' rows straight into THIS worker's vineyardd, a round after another.
 
-    One task packs all the buffers of its worker (of one of its threads), fetching the rows
-    of as many buffers as fit in :data:`FETCH_ROUND_BYTES` in one round: one scheduler
-    query and one request per worker that holds them, instead of a task, a query and a
-    request per buffer (at hundreds of buffers those were most of the pack).
+    One task packs all the buffers of its worker (of one of its threads), in rounds of as
+    many buffers as fit in :data:`FETCH_ROUND_BYTES`. A round fetches its rows with one
+    scheduler query and one request per worker that holds them, and writes its buffers with
+    one round of vineyardd calls (:func:`~dvml.store.tensors.write_buffers`), instead of a
+    task, a query, a request and five vineyardd calls per buffer (at hundreds of buffers
+    those were most of the pack).
 
     Parameters
     ----------
@@ -394,8 +396,9 @@ def pack_buffers(
         b)``, as the concatenation of its rows from every partition in partition order.
     seed : int
         The run's seed.
-    staging_names : sequence of str
-        Per buffer, see :func:`~dvml.store.publish.staging_name`.
+    staging_name : str
+        This attempt's, carried by every buffer it stages (see
+        :func:`~dvml.store.publish.staging_name`).
     fields : dict of str to list of int
         Each field's shape after the row axis (all float32).
     columns : sequence of numpy.ndarray
@@ -429,33 +432,44 @@ def pack_buffers(
         for r, piece in fetch_slices(requests, abort_event):
             i, j = owners[r]
             pieces.setdefault(i, []).append((sources[i][j][3], piece))
-        for i in chosen:
-            record = _write_buffer(
-                indices[i], seed, staging_names[i], fields, columns[i], pieces.pop(i, [])
-            )
+        records = _write_buffers(
+            [indices[i] for i in chosen], seed, staging_name, fields,
+            [columns[i] for i in chosen], [pieces.pop(i, []) for i in chosen],
+        )  # fmt: skip
+        for i, record in zip(chosen, records, strict=True):
             out.append({"index": indices[i], "rows": int(columns[i].sum()), **record, **where})
     return out
 
 
-def _write_buffer(
-    index: int,
+def _write_buffers(
+    indices: Sequence[int],
     seed: int,
     staging_name: str,
     fields: dict[str, list[int]],
-    column: np.ndarray,
-    pieces: Sequence[tuple[Sequence[int], dict[str, np.ndarray]]],
-) -> dict[str, Any]:
-    """Write one buffer's fetched rows, shuffled, into the local vineyardd."""
-    rows = int(column.sum())
-    where = buffer_positions(seed, index, rows)
-    offsets = np.cumsum(column) - column  # where each partition's rows begin
+    columns: Sequence[np.ndarray],
+    pieces: Sequence[Sequence[tuple[Sequence[int], dict[str, np.ndarray]]]],
+) -> list[dict[str, Any]]:
+    """Write buffers' fetched rows, each shuffled, into the local vineyardd in one round."""
+    rows = [int(column.sum()) for column in columns]
 
-    def scatter(out: dict[str, np.ndarray]) -> None:
-        for parts, piece in pieces:
-            dest = slice_positions(column, offsets, where, parts)
+    def scatter(b: int, out: dict[str, np.ndarray]) -> None:
+        where = buffer_positions(seed, indices[b], rows[b])
+        offsets = np.cumsum(columns[b]) - columns[b]  # where each partition's rows begin
+        for parts, piece in pieces[b]:
+            dest = slice_positions(columns[b], offsets, where, parts)
             for field, buffer in out.items():
                 buffer[dest] = piece[field]
 
-    specs = {field: ((rows, *shape), np.float32) for field, shape in fields.items()}
-    record = write_arrays(specs, scatter, staging_name=staging_name)
-    return {"instance_id": record["instance_id"], "fields": record["fields"]}
+    specs = [{field: ((n, *shape), np.float32) for field, shape in fields.items()} for n in rows]
+    try:
+        return write_buffers(specs, scatter, staging_name=staging_name)
+    except VineyardMemoryError:
+        if len(specs) == 1:
+            raise
+
+    # No room for all of them at once: one at a time, so that those that fit are written and
+    # the error names the one buffer that does not fit (what buffer_size is about).
+    def alone(b: int) -> dict[str, Any]:
+        return write_buffers([specs[b]], lambda _, out: scatter(b, out), staging_name)[0]
+
+    return [alone(b) for b in range(len(specs))]

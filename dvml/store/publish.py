@@ -65,7 +65,10 @@ LAYOUT_KEYS = ("index", "rows", "instance_id", "worker", "worker_name", "host", 
 
 
 def staging_name(run_id: str, index: int, attempt: int) -> str:
-    """The staging name of one attempt at one buffer (carried by its staged wrapper)."""
+    """The staging name of one attempt at buffer ``index`` (carried by its staged wrappers).
+
+    A pack task that writes several buffers stages them all under the name of its first.
+    """
     return f"{STAGING_PREFIX}{run_id}/{index}/{attempt}-{uuid.uuid4().hex[:8]}"
 
 

@@ -1,8 +1,8 @@
 """Staged buffers of unpublished runs, on the worker that owns them: list, persist, discard.
 
-A buffer written by :func:`dvml.store.tensors.write_arrays` under a staging name is a few
-*transient* tensors (known to their own vineyardd only) wrapped in one
-:data:`~dvml.store.tensors.STAGED_TYPENAME` object that carries the staging name
+Buffers written by :func:`dvml.store.tensors.write_buffers` under a staging name are a few
+*transient* tensors each (known to their own vineyardd only), wrapped in one
+:data:`~dvml.store.tensors.STAGED_TYPENAME` object per call that carries the staging name
 ``<STAGING_PREFIX><run id>/<buffer>/<attempt>``. Nothing of it has gone through etcd. Each
 function here runs on the worker of one vineyard instance (one task per instance, all of them
 in parallel, from :mod:`dvml.store.publish`) and touches that instance's objects only:

@@ -5,9 +5,10 @@ Tensors are allocated as blobs of the local daemon and filled in place, never pu
 ``Client.put``: on a full daemon ``Client.put`` silently re-puts the object on another
 instance, which would break placement.
 
-A staged buffer costs no etcd round trip: its tensors and one wrapper object that names the
-run (:data:`STAGED_TYPENAME`) are created in two local calls and stay *transient* (known to
-this vineyardd only) until the run is published; :mod:`dvml.store.staging` finds, persists
+Staged buffers cost no etcd round trip: their tensors and one wrapper object that names the
+run (:data:`STAGED_TYPENAME`) are created in two local calls, however many buffers one call
+writes (:func:`write_buffers`), and stay *transient* (known to this vineyardd only) until the
+run is published; :mod:`dvml.store.staging` finds, persists
 and discards them per instance. Every metadata write that goes through etcd (persist, a name,
 deleting a persisted object) takes vineyard's cluster-wide metadata lock, about six etcd
 requests each, serialised over all workers: writing them per field and buffer made packing
@@ -36,7 +37,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,15 +56,16 @@ __all__ = [
     "put_arrays",
     "release_views",
     "write_arrays",
+    "write_buffers",
     "writers_died",
 ]
 
-# A staged buffer's wrapper carries `<STAGING_PREFIX><run id>/<buffer>/<attempt>` (its
-# "staging name", a metadata value, not a vineyard name) between its put and the publication
+# A staged wrapper carries `<STAGING_PREFIX><run id>/<buffer>/<attempt>` (its "staging
+# name", a metadata value, not a vineyard name) between its put and the publication
 # of the dataset, so that the objects of a failed or retried run can be found and deleted: no
 # orphan stays in any vineyardd.
 STAGING_PREFIX = "__dvml_staging__/"
-# The wrapper of one staged buffer: a local object whose members are the buffer's tensors.
+# The wrapper of the buffers one call staged: a local object whose members are their tensors.
 STAGED_TYPENAME = "dvml::StagedBuffer"
 # Carried by every tensor dvml writes (the staging name, or "" for one persisted at once): a
 # transient tensor with this key that nothing references was left by a killed writer.
@@ -75,6 +77,8 @@ _MARKER = ".writer"
 _MARKER_COUNT = itertools.count()
 
 logger = logging.getLogger("dvml.store")
+
+Shape = tuple[int, ...]
 
 
 @contextlib.contextmanager
@@ -184,12 +188,7 @@ def write_arrays(
 ) -> dict[str, Any]:
     """Allocate and stage tensors in the LOCAL vineyardd, then let ``fill`` write them in place.
 
-    The arrays ``fill`` receives are C-contiguous views of vineyard shared memory: whatever
-    it writes there is the stored tensor, with no copy after it. The objects are sealed and
-    staged before ``fill`` runs, so that the run's cleanup finds them even if the process dies
-    while filling; publish them only after this returns. They are the same
-    ``vineyard::Tensor`` objects that vineyard's own numpy builder makes, so any vineyard
-    client on this instance reads them by id.
+    One buffer: :func:`write_buffers` with one spec.
 
     Parameters
     ----------
@@ -197,6 +196,43 @@ def write_arrays(
         Field name → shape and numeric dtype of its tensor.
     fill : callable
         Called once with ``{field: writable ndarray}``; must fill every element.
+    staging_name, client
+        As :func:`write_buffers`.
+
+    Returns
+    -------
+    dict
+        ``{"instance_id": int, "fields": {field: {"id", "shape", "dtype", "nbytes"}}}``.
+    """
+    return write_buffers([specs], lambda _, views: fill(views), staging_name, client)[0]
+
+
+def write_buffers(
+    specs: Sequence[dict[str, tuple[tuple[int, ...], Any]]],
+    fill: Callable[[int, dict[str, np.ndarray]], None],
+    staging_name: str | None = None,
+    client: Any = None,
+) -> list[dict[str, Any]]:
+    """Allocate and stage several buffers' tensors in the LOCAL vineyardd, then fill each.
+
+    The arrays ``fill`` receives are C-contiguous views of vineyard shared memory: whatever
+    it writes there is the stored tensor, with no copy after it. The objects are sealed and
+    staged before ``fill`` runs, so that the run's cleanup finds them even if the process dies
+    while filling; publish them only after this returns. They are the same
+    ``vineyard::Tensor`` objects that vineyard's own numpy builder makes, so any vineyard
+    client on this instance reads them by id.
+
+    The buffers share one round of calls to vineyardd: one memory check, one allocation, one
+    metadata call for every tensor and one staged wrapper. Per buffer, what is left is sealing
+    its blobs: at hundreds of small buffers, the calls per buffer were most of a pack's writes.
+
+    Parameters
+    ----------
+    specs : sequence of dict of str to (shape, dtype)
+        Per buffer, field name → shape and numeric dtype of its tensor.
+    fill : callable
+        ``fill(i, {field: writable ndarray})``, called once per buffer ``i``, in order; must
+        fill every element.
     staging_name : str, optional
         When given (``<STAGING_PREFIX><run id>/...``), the tensors stay transient, wrapped in
         one :data:`STAGED_TYPENAME` object that carries this name, with no etcd write at all:
@@ -207,8 +243,9 @@ def write_arrays(
 
     Returns
     -------
-    dict
-        ``{"instance_id": int, "fields": {field: {"id", "shape", "dtype", "nbytes"}}}``.
+    list of dict
+        Per buffer, ``{"instance_id": int, "fields": {field: {"id", "shape", "dtype",
+        "nbytes"}}}``.
 
     Raises
     ------
@@ -220,23 +257,16 @@ def write_arrays(
     from vineyard._C import NotEnoughMemoryException  # type: ignore[attr-defined]
 
     client = local_client() if client is None else client
-    layout = {
-        field: (tuple(int(n) for n in shape), np.dtype(dtype))
-        for field, (shape, dtype) in specs.items()
-    }
-    for field, (_, dtype) in layout.items():
-        if dtype.kind not in "biuf":
-            raise StoreError(
-                f"Field {field!r} has dtype {dtype}; only bool, integer and float tensors are "
-                "stored. Encode it first (labels are one-hot encoded by the preprocessor)."
-            )
-    sizes = {field: math.prod(shape) * dtype.itemsize for field, (shape, dtype) in layout.items()}
-    needed = sum(sizes.values())
+    layouts = [_layout(spec) for spec in specs]
+    fields = [(b, field, shape, dtype) for b, layout in enumerate(layouts)
+              for field, (shape, dtype) in layout.items()]  # fmt: skip
+    sizes = [math.prod(shape) * dtype.itemsize for _, _, shape, dtype in fields]
+    needed = sum(sizes)
     status = client.status
     free = int(status.memory_limit) - int(status.memory_usage)
     if needed > free:
-        raise _memory_error(needed, free, int(status.memory_limit))
-    builders: dict[str, Any] = {}
+        raise _memory_error(needed, free, int(status.memory_limit), len(layouts))
+    builders: dict[int, Any] = {}
     created: list[Any] = []  # sealed blobs and tensors, deleted on failure
     try:
         # Every object is sealed and staged BEFORE it is filled: vineyardd never frees a
@@ -248,7 +278,7 @@ def write_arrays(
         # the allocation lock, so that the cleanup's sweep finds them should this process be
         # killed in between, and never takes them for orphans while it lives.
         with allocation_lock(client):
-            views, metas = _allocate(client, layout, sizes, builders, created)
+            flat, metas = _allocate(client, fields, sizes, builders, created)
             for meta in metas:  # marks dvml's tensors for the sweep of orphans
                 meta[WRITER_KEY] = staging_name or ""
             # One local call for every tensor, one for the wrapper: neither touches etcd.
@@ -259,51 +289,78 @@ def write_arrays(
             else:
                 for t in tensors:
                     client.persist(t.id)
-        fields: dict[str, Any] = {
-            field: {"id": int(t.id), "shape": list(shape), "dtype": str(dtype),
-                    "nbytes": sizes[field]}
-            for (field, (shape, dtype)), t in zip(layout.items(), tensors, strict=True)
-        }  # fmt: skip
-        fill(views)
-        del views
+        records: list[dict[str, Any]] = [
+            {"instance_id": int(client.instance_id), "fields": {}} for _ in layouts
+        ]
+        views: list[dict[str, np.ndarray]] = [{} for _ in layouts]
+        for (b, field, shape, dtype), nbytes, view, t in zip(
+            fields, sizes, flat, tensors, strict=True
+        ):
+            records[b]["fields"][field] = {"id": int(t.id), "shape": list(shape),
+                                           "dtype": str(dtype), "nbytes": nbytes}  # fmt: skip
+            views[b][field] = view
+        del flat
+        for b in range(len(layouts)):
+            fill(b, views[b])
+            views[b] = {}  # the blob's memory is not ours to keep
     except NotEnoughMemoryException:
         _abort_quietly(client, builders, created)
         st = client.status
         raise _memory_error(
-            needed, int(st.memory_limit) - int(st.memory_usage), int(st.memory_limit)
+            needed, int(st.memory_limit) - int(st.memory_usage), int(st.memory_limit), len(layouts)
         ) from None
     except BaseException:
         _abort_quietly(client, builders, created)
         raise
-    return {"instance_id": int(client.instance_id), "fields": fields}
+    return records
+
+
+def _layout(spec: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, tuple[Shape, np.dtype]]:
+    """Field → (shape, dtype) as plain ints and numpy dtypes; only numeric dtypes."""
+    layout = {
+        field: (tuple(int(n) for n in shape), np.dtype(dtype))
+        for field, (shape, dtype) in spec.items()
+    }
+    for field, (_, dtype) in layout.items():
+        if dtype.kind not in "biuf":
+            raise StoreError(
+                f"Field {field!r} has dtype {dtype}; only bool, integer and float tensors are "
+                "stored. Encode it first (labels are one-hot encoded by the preprocessor)."
+            )
+    return layout
 
 
 def _allocate(
     client: Any,
-    layout: dict[str, tuple[tuple[int, ...], np.dtype]],
-    sizes: dict[str, int],
-    builders: dict[str, Any],
+    fields: list[tuple[int, str, tuple[int, ...], np.dtype]],
+    sizes: list[int],
+    builders: dict[int, Any],
     created: list[Any],
-) -> tuple[dict[str, np.ndarray], list[Any]]:
-    """One sealed blob per field, and writable views of them; the tensors' metadata.
+) -> tuple[list[np.ndarray], list[Any]]:
+    """One sealed blob per field, writable views of them, and the tensors' metadata.
 
-    Each blob is sealed right after it is created, before anything else: an UNSEALED blob is
-    listed by no vineyard call, so not even the sweep of orphans could find it. ``builders``
-    holds a blob until it is sealed and ``created`` every sealed one (for the caller's abort).
+    The blobs are allocated in one call, and each is sealed right after, before anything
+    else: an UNSEALED blob is listed by no vineyard call, so not even the sweep of orphans
+    could find it. ``builders`` holds a blob until it is sealed and ``created`` every sealed
+    one (for the caller's abort).
     """
-    views: dict[str, np.ndarray] = {}
+    nonempty = [i for i, size in enumerate(sizes) if size]
+    if nonempty:
+        allocated = client.create_blob([sizes[i] for i in nonempty])
+        builders.update(zip(nonempty, allocated, strict=True))
+    views: list[np.ndarray] = []
     metas = []
-    for field, (shape, dtype) in layout.items():
-        if sizes[field] == 0:
+    for i, (_, _, shape, dtype) in enumerate(fields):
+        builder = builders.get(i)
+        if builder is None:  # an empty field
             blob = client.create_empty_blob()
-            views[field] = np.empty(shape, dtype)
+            views.append(np.empty(shape, dtype))
         else:
-            builders[field] = client.create_blob(sizes[field])
-            blob = builders[field].seal(client)
+            blob = builder.seal(client)
             # The builder's memory stays mapped and writable after the seal.
-            views[field] = np.frombuffer(memoryview(builders[field]), dtype).reshape(shape)
+            views.append(np.frombuffer(memoryview(builder), dtype).reshape(shape))
         created.append(blob.id)
-        builders.pop(field, None)  # sealed: deleted through `created` from now on
+        builders.pop(i, None)  # sealed: deleted through `created` from now on
         metas.append(_tensor_meta(shape, dtype, blob))
     return views, metas
 
@@ -326,7 +383,7 @@ def _tensor_meta(shape: tuple[int, ...], dtype: np.dtype, blob: Any) -> Any:
 
 
 def _staged_meta(staging_name: str, tensors: list[Any]) -> Any:
-    """The transient wrapper of a staged buffer: its tensors as members, the run in a value."""
+    """The transient wrapper of staged buffers: their tensors as members, the run in a value."""
     import json
 
     from vineyard._C import ObjectMeta
@@ -340,7 +397,7 @@ def _staged_meta(staging_name: str, tensors: list[Any]) -> Any:
     return meta
 
 
-def _abort_quietly(client: Any, builders: dict[str, Any], created: list[Any]) -> None:
+def _abort_quietly(client: Any, builders: dict[int, Any], created: list[Any]) -> None:
     ipc = getattr(client, "ipc_client", client)  # abort() takes the C++ client only
     for builder in builders.values():
         try:
@@ -350,9 +407,10 @@ def _abort_quietly(client: Any, builders: dict[str, Any], created: list[Any]) ->
     _delete_quietly(client, created[::-1])
 
 
-def _memory_error(needed: int, free: int, limit: int) -> VineyardMemoryError:
+def _memory_error(needed: int, free: int, limit: int, buffers: int) -> VineyardMemoryError:
+    what = "a buffer" if buffers == 1 else f"{buffers} buffers written together"
     return VineyardMemoryError(
-        f"The vineyardd of {this_worker_name()} has no room for a buffer: it needs "
+        f"The vineyardd of {this_worker_name()} has no room for {what}: it needs "
         f"{needed} bytes and {free} of {limit} bytes are free. Nothing was put elsewhere. "
         "Use a smaller buffer_size, more target workers, or start the cluster with a larger "
         "vineyard_memory."

@@ -325,3 +325,68 @@ def test_cleanup_deletes_a_blob_whose_writer_died_before_staging_it(
 def test_sweep_waits_for_a_writer_and_keeps_its_blob(cluster: dvml.LocalCluster) -> None:
     out = on_worker(cluster, cluster.workers[1], sweep_beside_a_writer, 4096)
     assert out["sweep_waited"] and out["blob_kept"] and out["swept"] == 0, out
+
+
+def write_together(run_id: str, rows: list[int], fail_at: int = -1) -> list[dict[str, Any]]:
+    """On a worker: buffers of ``rows`` rows in one write_buffers call (x = b + row, y = -row)."""
+    from dvml.store.tensors import write_buffers
+
+    def fill(b: int, out: dict[str, np.ndarray]) -> None:
+        if b == fail_at:
+            raise ValueError("this fill fails")
+        out["x_0"][:] = np.arange(rows[b], dtype=np.float32)[:, None] + b
+        out["y"][:] = -np.arange(rows[b], dtype=np.float32)[:, None]
+
+    specs = [{"x_0": ((n, 3), np.float32), "y": ((n, 1), np.float32)} for n in rows]
+    records = write_buffers(specs, fill, staging_name=staging_name(run_id, 0, 1))
+    return [{"index": b, "rows": rows[b], **r} for b, r in enumerate(records)]
+
+
+def test_buffers_written_together_are_one_staged_object(cluster: dvml.LocalCluster) -> None:
+    client, worker = cluster.client, cluster.workers[0]
+    rows = [5, 0, 7]  # an empty buffer among them: empty blobs are not allocated
+    buffers = on_worker(cluster, worker, write_together, "together", rows)
+    try:
+        # One wrapper for the three buffers (what a pack task writes in one round).
+        assert len(staged_objects(client, "together")) == 1
+        assert [b["rows"] for b in buffers] == rows
+        ids = [f["id"] for b in buffers for f in b["fields"].values()]
+        assert len(set(ids)) == 6
+        for b in buffers:
+            assert b["instance_id"] == worker.vineyard_instance_id
+            check_buffer(cluster, b)
+    finally:
+        cleanup_run(client, "together", keep=None)
+    assert staged_objects(client, "together") == []
+    # The fixture checks that the vineyardd holds exactly its tensors and bytes of before.
+
+
+def test_a_failed_fill_leaves_nothing_of_its_batch(cluster: dvml.LocalCluster) -> None:
+    client = cluster.client
+    with pytest.raises(ValueError, match="this fill fails"):
+        on_worker(cluster, cluster.workers[1], write_together, "failedfill", [4, 4, 4], 1)
+    # Buffer 0 was filled and buffer 2 staged before the failure: all of them are gone.
+    assert staged_objects(client, "failedfill") == []
+
+
+def write_too_much(run_id: str) -> str:
+    """On a worker: two buffers that fit one at a time, but not together."""
+    from dvml.cluster.connection import local_client
+    from dvml.exceptions import VineyardMemoryError
+    from dvml.store.tensors import write_buffers
+
+    status = local_client().status
+    half = (int(status.memory_limit) - int(status.memory_usage)) // 2 + (1 << 20)
+    specs = [{"x_0": ((half,), np.uint8)}] * 2
+    try:
+        write_buffers(specs, lambda b, out: None, staging_name=staging_name(run_id, 0, 1))
+    except VineyardMemoryError as exc:
+        return str(exc)
+    return "written"
+
+
+def test_buffers_written_together_need_room_together(cluster: dvml.LocalCluster) -> None:
+    message = on_worker(cluster, cluster.workers[0], write_too_much, "toomuch")
+    assert "no room for 2 buffers written together" in message
+    assert "vineyard_memory" in message  # what to do next
+    assert staged_objects(cluster.client, "toomuch") == []
