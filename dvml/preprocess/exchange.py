@@ -23,7 +23,7 @@ import numpy as np
 
 from dvml.exceptions import ClusterError, StoreError
 
-__all__ = ["HANDLER", "LOST_ROWS_TIMEOUT", "fetch_slices", "serve_slices_here"]
+__all__ = ["HANDLER", "LOST_ROWS_TIMEOUT", "coalesce", "fetch_slices", "serve_slices_here"]
 
 logger = logging.getLogger("dvml.preprocess")
 
@@ -37,6 +37,37 @@ _FAILURES = 5
 
 def _slice(value: dict[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
     return {field: values[start:stop] for field, values in value.items()}
+
+
+def coalesce(
+    requests: Sequence[tuple[str, int, int]],
+) -> tuple[list[tuple[str, int, int]], list[tuple[int, int, int]]]:
+    """Requests for adjacent rows of the same key merged into one request.
+
+    A split group lays out its rows buffer after buffer, so the slices that the buffers of one
+    pack task need from a group usually follow each other: one slice, sent as one frame, costs
+    its holder one serialisation instead of one per buffer.
+
+    Returns
+    -------
+    merged : list of (str, int, int)
+        The requests to send.
+    spans : list of (int, int, int)
+        Per request, ``(m, start, stop)``: its rows are rows ``start:stop`` of ``merged[m]``.
+    """
+    merged: list[tuple[str, int, int]] = []
+    spans: list[tuple[int, int, int]] = []
+    latest: dict[str, int] = {}  # key -> its last merged request
+    for key, start, stop in requests:
+        m = latest.get(key)
+        if m is not None and merged[m][2] == start:
+            merged[m] = (key, merged[m][1], stop)
+        else:
+            m = latest[key] = len(merged)
+            merged.append((key, start, stop))
+        first = merged[m][1]
+        spans.append((m, start - first, stop - first))
+    return merged, spans
 
 
 def _serve(worker: Any, requests: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
@@ -81,9 +112,10 @@ def fetch_slices(
     """Yield ``(i, rows start:stop of the value under key)`` for every request, as they come.
 
     Runs inside a task. Keys held by this worker are sliced in place (views, no copy); the
-    others are fetched from their holders, one request per holder. A key that no live worker
-    holds (its worker died) is waited for while Dask recomputes it, out of the worker's thread
-    pool, up to ``timeout`` seconds, or until the Dask event ``abort_event`` is set.
+    others are fetched from their holders, one request per holder, adjacent slices of a key
+    as one (:func:`coalesce`). A key that no live worker holds (its worker died) is waited
+    for while Dask recomputes it, out of the worker's thread pool, up to ``timeout`` seconds,
+    or until the Dask event ``abort_event`` is set.
 
     Raises
     ------
@@ -97,22 +129,26 @@ def fetch_slices(
 
     worker = get_worker()
     serve_slices_here(worker)
-    pending = set(range(len(requests)))
+    merged, spans = coalesce(requests)
+    users: list[list[int]] = [[] for _ in merged]  # merged request -> the requests it serves
+    for r, (m, _, _) in enumerate(spans):
+        users[m].append(r)
+    pending = set(range(len(merged)))
     deadline = time.monotonic() + timeout
     delay, seceded, last_error = 0.05, False, "none"
     failures: dict[str, int] = {}
     try:
         while pending:
-            keys = sorted({requests[i][0] for i in pending})
+            keys = sorted({merged[i][0] for i in pending})
             who_has = sync(worker.loop, worker.scheduler.who_has, keys=keys)
             by_holder: dict[str, list[int]] = {}
             for i in sorted(pending):
-                holders = list(who_has.get(requests[i][0]) or ())
+                holders = list(who_has.get(merged[i][0]) or ())
                 if holders:
                     holder = worker.address if worker.address in holders else holders[0]
                     by_holder.setdefault(holder, []).append(i)
             for holder, chosen in by_holder.items():
-                asked = [requests[i] for i in chosen]
+                asked = [merged[i] for i in chosen]
                 got: list[Any]
                 if holder == worker.address:
                     data: Any = worker.data
@@ -134,10 +170,11 @@ def fetch_slices(
                                 "again."
                             ) from exc
                         got = [None] * len(asked)
-                for i, piece in zip(chosen, got, strict=True):
+                for m, piece in zip(chosen, got, strict=True):
                     if piece is not None:
-                        pending.discard(i)
-                        yield i, piece
+                        pending.discard(m)
+                        for r in users[m]:
+                            yield r, _slice(piece, spans[r][1], spans[r][2])
             if not pending:
                 break
             if time.monotonic() > deadline:

@@ -146,10 +146,10 @@ def _discard(client: Any, run_id: str, keep: list[int]) -> int:
     if doomed:
         doomed -= published_tensors(client, run_id)
     if doomed:
-        # force: also the objects built on them (their wrapper, a dataset of this run that
-        # was created but never named); deep: their blobs. Members of a listed wrapper exist
-        # (deleting one with force deletes its wrapper too), so no existence check: each
-        # costs vineyardd a round trip to etcd.
+        # force: also the objects built on them (the run's persist carrier, a dataset of this
+        # run that was created but never named); deep: their blobs. The tensors a listed
+        # wrapper names exist (it is deleted after them), so no existence check: each costs
+        # vineyardd a round trip to etcd.
         client.delete([vineyard.ObjectID(i) for i in sorted(doomed)], force=True, deep=True)
         staged = _local_staged(client, run_id)  # local metadata only
     if staged:
@@ -161,16 +161,16 @@ def _discard(client: Any, run_id: str, keep: list[int]) -> int:
 def sweep_orphans(client: Any = None) -> int:
     """Delete this instance's blobs and tensors that a killed writer left; return how many.
 
-    A writer killed after sealing a blob and before its staged wrapper (or a persist)
-    referenced it leaves a sealed blob, or a transient tensor of dvml's (one with
-    :data:`~dvml.store.tensors.WRITER_KEY`), that no object references and no staging name
-    leads to (:func:`dvml.store.tensors.write_arrays`). Under the vineyardd's allocation lock,
-    held exclusively, no live writer is in that window, so such objects are leftovers. Every
-    dataset, staged buffer and feature cache references its tensors, and every tensor its blob,
-    so they are never touched; nor is a transient tensor that dvml did not write. Local
-    metadata only: no etcd request (the leftovers are transient). Does nothing where the lock
-    cannot be had, nor when no writer died inside its window (it left no marker:
-    :func:`~dvml.store.tensors.writers_died`), so most cleanups list nothing.
+    A writer killed after sealing a blob and before its staged wrapper (or a persist) referenced
+    it leaves a sealed blob, or a transient tensor of dvml's (one with
+    :data:`~dvml.store.tensors.WRITER_KEY`), that no object references and no staging name leads
+    to (:func:`dvml.store.tensors.write_arrays`). Under the vineyardd's allocation lock, held
+    exclusively, no live writer is in that window, so such objects are leftovers. Every dataset
+    and feature cache references its tensors, every staged wrapper lists its tensors' ids, and
+    every tensor references its blob, so they are never touched; nor is a transient tensor that
+    dvml did not write. Local metadata only: no etcd request (the leftovers are transient). Does
+    nothing where the lock cannot be had, nor when no writer died inside its window (it left no
+    marker: :func:`~dvml.store.tensors.writers_died`), so most cleanups list nothing.
     """
     client = local_client() if client is None else client
     with allocation_lock(client, exclusive=True) as held:
@@ -185,6 +185,8 @@ def sweep_orphans(client: Any = None) -> int:
             for _, member in meta.items():  # members are ObjectMeta, the rest plain values
                 if hasattr(member, "typename") and hasattr(member, "id"):
                     referenced.add(int(member.id))
+            if meta.typename == STAGED_TYPENAME:  # a wrapper names its tensors by id
+                referenced.update(int(i) for i in json.loads(meta["dvml_members"]))
             if int(meta.instance_id) != me:
                 continue
             if meta.typename == _BLOB:

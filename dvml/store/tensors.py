@@ -19,12 +19,12 @@ created, but had not yet wrapped in a staged object (or persisted) would stay, r
 nothing, until the daemon restarts. So a writer holds its vineyardd's *allocation lock*
 (:func:`allocation_lock`, an ``flock`` that the kernel drops with its holder) from its first
 blob until everything is referenced, and a run's cleanup takes it exclusively to delete the
-blobs that no object references, and dvml's transient tensors that nothing references
-(:func:`dvml.store.staging.sweep_orphans`): whatever a killed writer left between
-sealing and staging. Inside that window a writer also keeps a marker file beside the lock
-(:func:`writers_died`): a marker that outlives its writer says that a sweep is needed, so a
-cleanup does not list every object of the vineyardd when no writer died (at thousands of
-objects that listing took most of a pack's cleanup).
+blobs that no object references, and dvml's transient tensors that nothing references and no
+staged wrapper lists (:func:`dvml.store.staging.sweep_orphans`): whatever a killed writer left
+between sealing and staging. Inside that window a writer also keeps a marker file beside the
+lock (:func:`writers_died`): a marker that outlives its writer says that a sweep is needed, so a
+cleanup does not list every object of the vineyardd when no writer died (at thousands of objects
+that listing took most of a pack's cleanup).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ __all__ = [
 # of the dataset, so that the objects of a failed or retried run can be found and deleted: no
 # orphan stays in any vineyardd.
 STAGING_PREFIX = "__dvml_staging__/"
-# The wrapper of the buffers one call staged: a local object whose members are their tensors.
+# The wrapper of the buffers one call staged: a local object that lists their tensors' ids.
 STAGED_TYPENAME = "dvml::StagedBuffer"
 # Carried by every tensor dvml writes (the staging name, or "" for one persisted at once): a
 # transient tensor with this key that nothing references was left by a killed writer.
@@ -85,13 +85,13 @@ Shape = tuple[int, ...]
 def allocation_lock(client: Any, exclusive: bool = False) -> Iterator[bool]:
     """Hold the allocation lock of ``client``'s vineyardd; yield whether it is held.
 
-    Writers hold it shared from their first blob until every blob they made is referenced by
-    an object (a staged wrapper's tensor, or a persisted tensor), with a marker file of their
-    own beside it (:func:`writers_died`); the sweep of orphaned blobs holds it exclusively, so
-    that it never takes a live writer's blob for an orphan. It is an ``flock`` on a file
-    beside the daemon's socket: the kernel releases it when its holder dies, so a writer
-    killed while holding it blocks nobody. Where that file cannot be opened (a socket in a
-    directory this user cannot write), nothing is held and False is yielded: writers go on,
+    Writers hold it shared from their first blob until every blob they made is referenced by an
+    object (a tensor that a staged wrapper lists, or a persisted tensor), with a marker file of
+    their own beside it (:func:`writers_died`); the sweep of orphaned blobs holds it
+    exclusively, so that it never takes a live writer's blob for an orphan. It is an ``flock``
+    on a file beside the daemon's socket: the kernel releases it when its holder dies, so a
+    writer killed while holding it blocks nobody. Where that file cannot be opened (a socket in
+    a directory this user cannot write), nothing is held and False is yielded: writers go on,
     and the sweep, which needs the lock, does not run.
     """
     lock = _lock_path(client)
@@ -383,7 +383,11 @@ def _tensor_meta(shape: tuple[int, ...], dtype: np.dtype, blob: Any) -> Any:
 
 
 def _staged_meta(staging_name: str, tensors: list[Any]) -> Any:
-    """The transient wrapper of staged buffers: their tensors as members, the run in a value."""
+    """The transient wrapper of staged buffers: the run in a value, their tensors' ids in another.
+
+    The ids, not the tensors as members: a member costs vineyardd a copy of the tensor's
+    metadata in the wrapper's, each time it is created and listed.
+    """
     import json
 
     from vineyard._C import ObjectMeta
@@ -392,8 +396,6 @@ def _staged_meta(staging_name: str, tensors: list[Any]) -> Any:
     meta["typename"] = STAGED_TYPENAME
     meta["dvml_staging"] = staging_name
     meta["dvml_members"] = json.dumps([int(t.id) for t in tensors])
-    for i, tensor in enumerate(tensors):
-        meta.add_member(f"tensor_-{i}", tensor)  # the full meta: no remote sync is needed
     return meta
 
 

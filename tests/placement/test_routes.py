@@ -19,6 +19,7 @@ from dvml.placement.routes import (
     pack_graph_size,
     plan_routes,
 )
+from dvml.preprocess.exchange import coalesce
 from dvml.preprocess.tasks import buffer_positions, fetch_rounds, lay_out_group, slice_positions
 
 
@@ -128,6 +129,17 @@ def test_fetch_rounds_bound_the_bytes_in_flight() -> None:
     assert fetch_rounds([10, 10, 10, 10], limit=25) == [[0, 1], [2, 3]]
     assert fetch_rounds([30, 5, 5], limit=25) == [[0], [1, 2]]  # a big buffer alone
     assert fetch_rounds([], limit=25) == []
+
+
+def test_coalesce_merges_adjacent_slices_of_a_key() -> None:
+    requests = [("a", 0, 4), ("b", 10, 12), ("a", 4, 9), ("a", 9, 9), ("a", 12, 15), ("b", 12, 13)]
+    merged, spans = coalesce(requests)
+    # a 0:9 is one request (an empty slice included); a 12:15 leaves a gap, so it is its own.
+    assert merged == [("a", 0, 9), ("b", 10, 13), ("a", 12, 15)]
+    assert spans == [(0, 0, 4), (1, 0, 2), (0, 4, 9), (0, 9, 9), (2, 0, 3), (1, 2, 3)]
+    for (key, start, stop), (m, lo, hi) in zip(requests, spans, strict=True):
+        assert merged[m][0] == key and merged[m][1] + lo == start and merged[m][1] + hi == stop
+    assert coalesce([]) == ([], [])
 
 
 def test_pack_graph_size_counts_pack_tasks_per_thread_of_each_target() -> None:

@@ -345,6 +345,7 @@ def write_together(run_id: str, rows: list[int], fail_at: int = -1) -> list[dict
 def test_buffers_written_together_are_one_staged_object(cluster: dvml.LocalCluster) -> None:
     client, worker = cluster.client, cluster.workers[0]
     rows = [5, 0, 7]  # an empty buffer among them: empty blobs are not allocated
+    tensors = on_worker(cluster, worker, local_tensors)
     buffers = on_worker(cluster, worker, write_together, "together", rows)
     try:
         # One wrapper for the three buffers (what a pack task writes in one round).
@@ -352,6 +353,14 @@ def test_buffers_written_together_are_one_staged_object(cluster: dvml.LocalClust
         assert [b["rows"] for b in buffers] == rows
         ids = [f["id"] for b in buffers for f in b["fields"].values()]
         assert len(set(ids)) == 6
+        staged = on_worker(cluster, worker, local_tensors)
+        assert staged == sorted([*tensors, *ids])
+        # The wrapper lists its tensors by id, not as members: a sweep (a writer died) still
+        # keeps them, and deletes only the dead writer's leftovers.
+        blob, orphan = on_worker(cluster, worker, leave_orphans, 4096)
+        cleanup_run(client, "someotherrun02", keep=None)
+        assert on_worker(cluster, worker, local_tensors) == staged
+        assert blob not in on_worker(cluster, worker, sealed_blobs) and orphan not in staged
         for b in buffers:
             assert b["instance_id"] == worker.vineyard_instance_id
             check_buffer(cluster, b)
