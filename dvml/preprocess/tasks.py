@@ -386,7 +386,7 @@ def pack_buffers(
     many buffers as fit in :data:`FETCH_ROUND_BYTES`. A round fetches its rows with one
     scheduler query and one request per worker that holds them, and writes its buffers with
     one round of vineyardd calls (:func:`~dvml.store.tensors.write_buffers`), instead of a
-    task, a query, a request and five vineyardd calls per buffer (at hundreds of buffers
+    task, a query, a request and seven vineyardd calls per buffer (at hundreds of buffers
     those were most of the pack).
 
     Parameters

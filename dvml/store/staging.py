@@ -147,9 +147,9 @@ def _discard(client: Any, run_id: str, keep: list[int]) -> int:
         doomed -= published_tensors(client, run_id)
     if doomed:
         # force: also the objects built on them (the run's persist carrier, a dataset of this
-        # run that was created but never named); deep: their blobs. The tensors a listed
-        # wrapper names exist (it is deleted after them), so no existence check: each costs
-        # vineyardd a round trip to etcd.
+        # run that was created but never named); deep: their blobs. No existence check (each
+        # costs vineyardd a round trip to etcd): vineyardd skips the ids that are gone, such
+        # as those of a wrapper whose cleanup was interrupted between these two deletes.
         client.delete([vineyard.ObjectID(i) for i in sorted(doomed)], force=True, deep=True)
         staged = _local_staged(client, run_id)  # local metadata only
     if staged:
@@ -164,7 +164,7 @@ def sweep_orphans(client: Any = None) -> int:
     A writer killed after sealing a blob and before its staged wrapper (or a persist) referenced
     it leaves a sealed blob, or a transient tensor of dvml's (one with
     :data:`~dvml.store.tensors.WRITER_KEY`), that no object references and no staging name leads
-    to (:func:`dvml.store.tensors.write_arrays`). Under the vineyardd's allocation lock, held
+    to (:func:`dvml.store.tensors.write_buffers`). Under the vineyardd's allocation lock, held
     exclusively, no live writer is in that window, so such objects are leftovers. Every dataset
     and feature cache references its tensors, every staged wrapper lists its tensors' ids, and
     every tensor references its blob, so they are never touched; nor is a transient tensor that

@@ -5,14 +5,13 @@ Tensors are allocated as blobs of the local daemon and filled in place, never pu
 ``Client.put``: on a full daemon ``Client.put`` silently re-puts the object on another
 instance, which would break placement.
 
-Staged buffers cost no etcd round trip: their tensors and one wrapper object that names the
-run (:data:`STAGED_TYPENAME`) are created in two local calls, however many buffers one call
-writes (:func:`write_buffers`), and stay *transient* (known to this vineyardd only) until the
-run is published; :mod:`dvml.store.staging` finds, persists
-and discards them per instance. Every metadata write that goes through etcd (persist, a name,
-deleting a persisted object) takes vineyard's cluster-wide metadata lock, about six etcd
-requests each, serialised over all workers: writing them per field and buffer made packing
-slower the more buffers it wrote.
+Staged buffers cost no etcd round trip: their tensors and one wrapper object that names the run
+(:data:`STAGED_TYPENAME`) are created in two local calls, however many buffers one call writes
+(:func:`write_buffers`), and stay *transient* (known to this vineyardd only) until the run is
+published; :mod:`dvml.store.staging` finds, persists and discards them per instance. Every
+metadata write that goes through etcd (persist, a name, deleting a persisted object) takes
+vineyard's cluster-wide metadata lock, about six etcd requests each, serialised over all
+workers: writing them per field and buffer made packing slower the more buffers it wrote.
 
 vineyardd frees nothing of a client that dies: a blob that the process sealed, or a tensor it
 created, but had not yet wrapped in a staged object (or persisted) would stay, referenced by
@@ -68,7 +67,8 @@ STAGING_PREFIX = "__dvml_staging__/"
 # The wrapper of the buffers one call staged: a local object that lists their tensors' ids.
 STAGED_TYPENAME = "dvml::StagedBuffer"
 # Carried by every tensor dvml writes (the staging name, or "" for one persisted at once): a
-# transient tensor with this key that nothing references was left by a killed writer.
+# transient tensor with this key that nothing references and no wrapper lists was left by a
+# killed writer.
 WRITER_KEY = "dvml_writer"
 # The allocation lock of a vineyardd is this file beside its socket (see allocation_lock).
 _LOCK_SUFFIX = ".dvml-alloc.lock"
