@@ -89,6 +89,9 @@ def test_identity_needs_pid_start_time_and_command_line() -> None:
 
 def test_sweep_removes_only_directories_of_dead_owners(tmp_path: pathlib.Path) -> None:
     dead = subprocess.Popen(["sleep", "30"])
+    # Until its exec is done a child's command line is empty (1 in ~300 here right after
+    # Popen): such an identity proves nothing, and the sweep rightly leaves its directory alone.
+    assert poll_for(lambda: (identity_of(dead.pid) or {}).get("cmdline") == ["sleep", "30"], 10)
     dead_identity = identity_of(dead.pid)
     dead.kill()
     dead.wait()
