@@ -28,6 +28,7 @@ Run it by hand::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import os
@@ -39,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from dvml.exceptions import ArgumentError, ClusterError, ClusterStartError
@@ -48,6 +49,8 @@ __all__ = ["NetnsCluster", "leftovers", "listening", "main", "unavailable_reason
 
 PREFIX = "dvml"
 ETCD_PORT, ETCD_PEER_PORT, SCHEDULER_PORT, DASHBOARD_PORT = 2379, 2380, 8786, 8787
+# Python multiprocessing's named semaphores: /dev/shm/sem.mp-* (see kill_host).
+_SHM, _SEMAPHORE_PREFIX = "/dev/shm", "sem.mp-"
 
 
 def _run(argv: Sequence[str], check: bool = True, timeout: float = 30) -> str:
@@ -107,6 +110,31 @@ def listening(namespace: str) -> list[dict[str, Any]]:
 def _ns_pids(namespace: str) -> list[int]:
     out = _run(["ip", "netns", "pids", namespace], check=False)
     return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _mapped_shm_inodes(pid: int) -> set[int]:
+    """Inodes of the ``/dev/shm`` files that process ``pid`` maps.
+
+    A named semaphore shows under the temporary name it was created with (glibc links it to
+    its name, then removes the temporary one), so it is told by its inode.
+    """
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return {int(line.split()[4]) for line in maps if " /dev/shm/" in line}
+    except (OSError, ValueError, IndexError):  # gone already
+        return set()
+
+
+def _remove_semaphores(inodes: set[int]) -> None:
+    """Remove Python multiprocessing's named semaphores (``sem.mp-*``) with these inodes."""
+    try:
+        entries = [e for e in os.scandir(_SHM) if e.name.startswith(_SEMAPHORE_PREFIX)]
+    except OSError:
+        return
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if entry.inode() in inodes:
+                os.unlink(entry.path)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -451,15 +479,23 @@ class NetnsCluster:
             check=False,
         )  # fmt: skip
 
-    def kill_host(self, namespace: str, keep_vineyardd: bool = False) -> list[int]:
+    def kill_host(
+        self, namespace: str, keep_vineyardd: bool = False, spare: Collection[int] = ()
+    ) -> list[int]:
         """SIGKILL every process of a worker host (a host that dies); return their pids.
 
         ``keep_vineyardd`` spares the host's vineyardd (its data stays): only the Dask workers
-        and what they started (trainers) die, as when the workers crash.
+        and what they started (trainers) die, as when the workers crash. ``spare``: pids left
+        running too (a trainer that must end on its own once its worker is gone).
 
         Returns once no other process runs in the namespace (bounded by a few seconds): a
         process started while the others were being killed (a Nanny restarting its worker, a
         worker starting a trainer) is killed too, not left behind as the host's survivor.
+
+        A machine that dies takes its ``/dev/shm`` along; these hosts share this machine's. So
+        the named semaphores that the killed processes mapped (Python multiprocessing's
+        ``sem.mp-*``, which their resource tracker, killed with them, would have removed) are
+        removed here, instead of piling up in ``/dev/shm`` at every simulated host death.
         """
         if namespace not in [h["namespace"] for h in self.state["hosts"]]:
             raise ArgumentError(f"Not a worker host of this cluster. Received: {namespace!r}.")
@@ -467,15 +503,17 @@ class NetnsCluster:
             p["pid"]
             for p in self.state["processes"]
             if keep_vineyardd and p["namespace"] == namespace and p["name"] == "vineyardd"
-        }
+        } | set(spare)
         killed: list[int] = []
+        inodes: set[int] = set()  # of the shared memory files the killed processes mapped
         deadline = time.monotonic() + 10.0
         while True:
             # Zombies count as gone: their parent (outside the host, or dead) reaps them.
             pids = [p for p in _ns_pids(namespace) if p not in spared and _pid_alive(p)]
             if not pids or time.monotonic() > deadline:
-                return killed
+                break
             for pid in pids:
+                inodes |= _mapped_shm_inodes(pid)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -483,6 +521,8 @@ class NetnsCluster:
                 if pid not in killed:
                     killed.append(pid)
             time.sleep(0.05)
+        _remove_semaphores(inodes)
+        return killed
 
     def set_link(self, namespace: str, up: bool) -> None:
         """Cut (``up=False``) or restore a host's link to the bridge: a network partition."""
