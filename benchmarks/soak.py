@@ -117,7 +117,7 @@ def _trainer_pids() -> list[int]:
     found = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "dvml.train.trainer" in " ".join(proc.cmdline()):
+            if "dvml.train.runtime.trainer" in " ".join(proc.cmdline()):
                 found.append(proc.pid)
         except psutil.NoSuchProcess:
             continue

@@ -26,8 +26,8 @@ _EXPORTS: dict[str, str] = {
     "training_preprocessor": "dvml.preprocess.api",
     "validation_preprocessor": "dvml.preprocess.api",
     "fit": "dvml.train.fit",
-    "fit_multiple": "dvml.train.hop_fit",
-    "ModelSelection": "dvml.train.hop_fit",
+    "fit_multiple": "dvml.train.fit_multiple",
+    "ModelSelection": "dvml.train.fit_multiple",
     "evaluate": "dvml.train.predict",
     "predict": "dvml.train.predict",
     "predict_byom": "dvml.train.predict",
@@ -113,7 +113,7 @@ if TYPE_CHECKING:
     from dvml.store import datasets
     from dvml.store.datasets import Dataset
     from dvml.train.fit import fit
-    from dvml.train.hop_fit import ModelSelection, fit_multiple
+    from dvml.train.fit_multiple import ModelSelection, fit_multiple
     from dvml.train.model import Model, plot_history
     from dvml.train.model_selection import (
         delete_model_configs,

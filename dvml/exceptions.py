@@ -30,7 +30,10 @@ received, and what to do next.
     │   └── RegistryNotFoundError (LookupError)
     ├── ModelMismatchError (ValueError)     data and architecture do not fit each other
     └── TrainingError                       a trainer failed
-        └── TrainerFailedError              one trainer process died or raised
+        ├── TrainerFailedError              one trainer process died or raised
+        ├── TrainerStoppedError             dvml stopped a trainer (a peer failed, a timeout,
+        │                                   its client went away)
+        └── ProtocolError                   a trainer line that is not a known message
 
 Use the most specific class that fits; :class:`ArgumentError` and :class:`ArgumentTypeError`
 are for arguments no specific class covers. ``tests/test_error_contract.py`` fails on any
@@ -56,11 +59,13 @@ __all__ = [
     "NoClusterError",
     "ParameterError",
     "PlacementError",
+    "ProtocolError",
     "RegistryError",
     "RegistryNotFoundError",
     "SharedMemoryError",
     "StoreError",
     "TrainerFailedError",
+    "TrainerStoppedError",
     "TrainingError",
     "VineyardMemoryError",
     "VineyarddDiedError",
@@ -161,3 +166,12 @@ class TrainingError(DvmlError):
 
 class TrainerFailedError(TrainingError):
     """A trainer process died or raised; the message names its worker."""
+
+
+class TrainerStoppedError(TrainingError):
+    """dvml stopped a trainer: another trainer failed, it ran past its timeout, or its
+    job's client went away (its checkpoint is kept; a rerun resumes)."""
+
+
+class ProtocolError(TrainingError):
+    """A trainer printed a protocol line that is not a known, well-formed message."""

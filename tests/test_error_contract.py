@@ -187,11 +187,13 @@ def test_exception_tree() -> None:
             "NoClusterError",
             "ParameterError",
             "PlacementError",
+            "ProtocolError",
             "RegistryError",
             "RegistryNotFoundError",
             "SharedMemoryError",
             "StoreError",
             "TrainerFailedError",
+            "TrainerStoppedError",
             "TrainingError",
             "VineyardMemoryError",
             "VineyarddDiedError",
@@ -229,9 +231,9 @@ def _caught_by_both(call, builtin: type[Exception]) -> DvmlError:
 
 
 def test_fit_argument_error_is_a_dvml_error_and_a_value_error() -> None:
-    from dvml.train.fit import _check_fit_args
+    from dvml.train.runtime.plan import check_fit_args
 
-    exc = _caught_by_both(lambda: _check_fit_args("digits", 0, None), ValueError)
+    exc = _caught_by_both(lambda: check_fit_args("digits", 0, None), ValueError)
     assert isinstance(exc, ArgumentError)
     assert "Received: num_iterations=0" in str(exc)
 
@@ -269,7 +271,7 @@ def test_full_shared_memory_is_a_dvml_error(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5])
 def test_fit_rejects_every_bad_iteration_count(bad: object) -> None:
-    from dvml.train.fit import _check_fit_args
+    from dvml.train.runtime.plan import check_fit_args
 
     with pytest.raises(ArgumentError, match="num_iterations must be a positive int"):
-        _check_fit_args("digits", bad, None)
+        check_fit_args("digits", bad, None)

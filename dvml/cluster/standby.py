@@ -1,13 +1,13 @@
 """Trainer processes on a Dask worker, and the one *standby* trainer each worker keeps warm.
 
-A trainer is ``python -m dvml.train.trainer`` in its own session (so that :func:`stop_trainer`
-ends TensorFlow's children too), its fd 2 in a file whose tail goes into a failure's message
-(:func:`stderr_tail`). :mod:`dvml.train.launch` runs one per job; this module only starts,
-stops and hands out processes, so that the preprocessors (a lower layer than ``dvml.train``)
-can warm the future trainers too.
+A trainer is ``python -m dvml.train.runtime.trainer`` in its own session (so that
+:func:`stop_trainer` ends TensorFlow's children too), its fd 2 in a file whose tail goes into a
+failure's message (:func:`stderr_tail`). The trainer runtime (:mod:`dvml.train.runtime`) runs
+one per job and worker; this module only starts, stops and hands out processes, so that the
+preprocessors (a lower layer than ``dvml.train``) can warm the future trainers too.
 
 Standby trainers: importing TensorFlow is most of a trainer's start (~5 s of one core), so a
-worker keeps ONE ``python -m dvml.train.trainer --standby`` that imports TensorFlow and
+worker keeps ONE ``python -m dvml.train.runtime.trainer --standby`` that imports TensorFlow and
 tf-keras and waits on stdin; the next CPU job is handed to it (:func:`take_standby`). It still
 runs one job and exits. When the standby starts matters, as its import takes a core:
 
@@ -20,9 +20,9 @@ runs one job and exits. When the standby starts matters, as its import takes a c
   will hold it, so the first fit does not pay the process start and the import.
 
 Either way the standby imports at a lower CPU priority (``nice`` +10 for its import thread,
-:mod:`dvml.train.trainer`), so it takes the cores only when nothing else wants them; the job
+:mod:`dvml.train.runtime.trainer`), so it takes the cores only when nothing else wants them; the job
 itself runs at normal priority. GPU jobs always get a fresh process (see
-:mod:`dvml.train.launch`): a standby hides every GPU. A standby is stopped when its worker
+:mod:`dvml.train.runtime.launch`): a standby hides every GPU. A standby is stopped when its worker
 closes (a WorkerPlugin's teardown, and ``atexit``) and exits by itself when its stdin closes,
 so a killed worker leaves none behind. ``dvml.train.standby-trainer: false`` turns it off.
 """
@@ -82,11 +82,11 @@ _STDERR_LOGS: dict[int, str] = {}
 
 
 def _trainer_command(arg: str) -> list[str]:
-    return [sys.executable, "-m", "dvml.train.trainer", arg]
+    return [sys.executable, "-m", "dvml.train.runtime.trainer", arg]
 
 
 def popen_trainer(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subprocess.Popen[str]:
-    """Start ``python -m dvml.train.trainer ARG`` in its own session, stdout piped."""
+    """Start ``python -m dvml.train.runtime.trainer ARG`` in its own session, stdout piped."""
     if tf_runtime.show_startup_log():
         stderr: Any = subprocess.STDOUT  # into the output pipe, as before
         path = None
@@ -134,13 +134,14 @@ def stderr_tail(proc: subprocess.Popen[str], said: str = "", lines: int = 20) ->
     return "\n".join(deque((x for x in written if x.strip() and x.strip() not in known), lines))
 
 
-def stop_trainer(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM the trainer's process group, then SIGKILL; always reap it."""
+def stop_trainer(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
+    """SIGTERM the trainer's process group, then SIGKILL after ``grace`` seconds; always reap
+    it."""
     if proc.poll() is not None:
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
+        proc.wait(grace)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)

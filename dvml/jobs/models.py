@@ -122,7 +122,7 @@ def best_configuration(registry: Registry, model_output: str) -> dict[str, Any]:
         No fit_multiple run of that name, or it has no validation figures to rank by.
     """
     from dvml.exceptions import ArgumentError
-    from dvml.train.hop_fit import ModelSelection
+    from dvml.train.fit_multiple import ModelSelection
 
     selection = ModelSelection(model_output, registry)
     try:

@@ -86,7 +86,7 @@ def training_dataset(
     dataset = tf.data.Dataset.from_generator(groups, output_signature=signature).unbatch()
     # Endless, and saying so: for a dataset of unknown length MultiWorkerMirroredStrategy's
     # iterator all-reduces at every step whether each trainer still has a batch (one gRPC
-    # round trip per step on CPU, see dvml.train.step_collectives).
+    # round trip per step on CPU, see dvml.train.runtime.step_collectives).
     endless = tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)
     return _no_autoshard(dataset.apply(endless).prefetch(2))
 

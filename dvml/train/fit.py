@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import hashlib
-import json
 import logging
 import time
 import uuid
@@ -15,108 +12,41 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import WorkerInfo, current_client
-from dvml.exceptions import (
-    ArgumentError,
-    ModelMismatchError,
-    PlacementError,
-    RegistryNotFoundError,
-    TrainerFailedError,
-    TrainingError,
-)
-from dvml.names import check_name
+from dvml.exceptions import TrainerFailedError, TrainingError
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
-from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
-from dvml.train import launch
-from dvml.train.exits import KILLED_BY
+from dvml.store.datasets import Dataset, resolve_dataset
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
+from dvml.train.runtime import launch
+from dvml.train.runtime.checkpoints import resume_iteration
+from dvml.train.runtime.exits import KILLED_BY
+from dvml.train.runtime.plan import (
+    check_fit_args,
+    job_key,
+    machine,
+    now,
+    rows_per_worker,
+    training_workers,
+    warm_start_weights,
+)
+from dvml.train.runtime.watcher import (
+    departed_workers,
+    describe_departure,
+    looks_like_peer_failure,
+    watch,
+)
 from dvml.train.summary import build_summary, check_shapes, iteration_record, weights_size_kb
 from dvml.train.sync import check_sync, choose_sync
 
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["fit", "trainer_workers"]
+__all__ = ["fit"]
 
 logger = logging.getLogger("dvml.train")
-
-
-def trainer_workers(client: Client, dataset: Dataset) -> list[WorkerInfo]:
-    """The live workers that hold buffers of ``dataset``, each once, in buffer order."""
-    workers: list[WorkerInfo] = []
-    for w in buffer_workers(client, dataset, TrainingError):
-        if w not in workers:
-            workers.append(w)
-    return workers
-
-
-def _rows_per_worker(dataset: Dataset, workers: list[WorkerInfo]) -> dict[str, int]:
-    rows = {w.name: 0 for w in workers}
-    by_instance = {w.vineyard_instance_id: w.name for w in workers}
-    for b in dataset.layout["buffers"]:
-        rows[by_instance[b["instance_id"]]] += b["rows"]
-    return rows
-
-
-def _trainers(
-    client: Client, train: Dataset, valid: Dataset | None, use_gpus: bool
-) -> list[WorkerInfo]:
-    """The workers that hold ``train`` (one trainer each), checked against the validation set
-    and, with ``use_gpus``, for a GPU on every one (shared by fit and fit_multiple)."""
-    workers = trainer_workers(client, train)
-    if valid is not None:
-        _check_validation(train, valid, workers)
-    if use_gpus:
-        without = [w.name for w in workers if not w.gpus]
-        if without:
-            raise TrainingError(
-                f"use_gpus=True but trainers {without} have no GPU. Received: trainers "
-                f"{[w.name for w in workers]}. Preprocess with distribution_rules='gpu_workers' "
-                "or train with use_gpus=False."
-            )
-    return workers
-
-
-def _check_validation(train: Dataset, valid: Dataset, workers: list[WorkerInfo]) -> None:
-    origin = valid.summary.get("training_dataset")
-    if origin is not None and origin["dataset_id"] != train.summary["dataset_id"]:
-        raise ModelMismatchError(
-            f"Validation set {valid.name!r} was preprocessed for training set "
-            f"{origin['name']!r}, not for {train.name!r} (or {train.name!r} was replaced since). "
-            f"Run dvml.validation_preprocessor(..., training={train.name!r}) again."
-        )
-    same = (
-        valid.summary["class_values"] == train.summary["class_values"]
-        and valid.summary["normalizing_const"] == train.summary["normalizing_const"]
-        and valid.summary["x_shapes"] == train.summary["x_shapes"]
-    )
-    if not same:
-        raise ModelMismatchError(
-            f"Validation set {valid.name!r} differs from training set {train.name!r} in class "
-            "values, normalizing_const or x shapes. Build it with dvml.validation_preprocessor("
-            f"..., training={train.name!r})."
-        )
-    trainer_instances = {w.vineyard_instance_id for w in workers}
-    elsewhere = sorted(
-        {
-            b["worker_name"]
-            for b in valid.layout["buffers"]
-            if b["instance_id"] not in trainer_instances
-        }
-    )
-    if elsewhere:
-        raise PlacementError(
-            f"Validation set {valid.name!r} has buffers on {elsewhere}, where no trainer runs "
-            f"(trainers: {[w.name for w in workers]}). Preprocess it with the training set's "
-            "distribution rules (the default of dvml.validation_preprocessor)."
-        )
-
-
-def _job_key(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def fit(
@@ -220,11 +150,16 @@ def fit(
         start_iteration, weights_blob, history = _resume(client, plan, resume)
         endpoints = _reserve_ports(client, plan.workers)
         collector = _Progress(len(plan.workers), model, num_iterations, on_iteration, progress)
-        start = _now()
+        start = now()
         results = _run_trainers(
-            client, plan, _job(plan, start_iteration, history), endpoints, weights_blob, collector
+            client,
+            plan,
+            _job(client, plan, start_iteration, history),
+            endpoints,
+            weights_blob,
+            collector,
         )
-        end = _now()
+        end = now()
         iterations = _aggregate(history, results)
         summary = _summary(
             plan, results, iterations, start, end, start_iteration, name, description
@@ -283,7 +218,7 @@ def _plan(
     sync: str | int | None,
 ) -> _Plan:
     """Check every argument and decide the trainers, batches and job key (starts nothing)."""
-    _check_fit_args(model, num_iterations, metrics_compute_frequency)
+    check_fit_args(model, num_iterations, metrics_compute_frequency)
     freq = metrics_compute_frequency or num_iterations
     # With the custom names, a loss or metric the trainers could not resolve is refused here.
     compile_parsed = parse_compile_params(compile_params, custom_names=custom_objects or [])
@@ -297,11 +232,11 @@ def _plan(
     check_shapes(arch, train.summary, train.name)
     weights = arch["weights"]
     if warm_start:
-        weights = _warm_start_weights(reg, model, arch_id)
-    workers = _trainers(client, train, valid, use_gpus)
+        weights = warm_start_weights(reg, model, arch_id)
+    workers = training_workers(client, train, valid, use_gpus)
     sync_mode, sync_reason = choose_sync(sync, use_gpus, [w.gpus for w in workers])
     logger.info("training %s with sync=%r: %s", model, sync_mode, sync_reason)
-    rows = _rows_per_worker(train, workers)
+    rows = rows_per_worker(train, workers)
     per_worker = per_worker_batch_sizes(global_batch, [rows[w.name] for w in workers])
     steps = steps_per_epoch([rows[w.name] for w in workers], per_worker)
     if len(set(per_worker)) > 1:
@@ -316,7 +251,7 @@ def _plan(
         _check_tensorboard()
     seed = int(config.get("preprocess.seed", seed))
     timeout = float(config.get("train.trainer-timeout", timeout))
-    key = _job_key(
+    key = job_key(
         train.summary["dataset_id"],
         valid.summary["dataset_id"] if valid else None,
         arch_id,
@@ -381,9 +316,12 @@ def _reserve_ports(client: Client, workers: list[WorkerInfo]) -> list[str]:
     return [f"{h}:{p}" for h, p in client.gather(addresses)]
 
 
-def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> dict[str, Any]:
+def _job(
+    client: Client, plan: _Plan, start_iteration: int, history: list[dict[str, Any]]
+) -> dict[str, Any]:
     """What every trainer is told (each adds its own ``tf_config``)."""
     return {
+        "program": "fit",
         "job_key": plan.key,
         "model": plan.model,  # names the job in its trainers' job files
         "model_json": plan.arch["model_json"],
@@ -403,8 +341,9 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
         "use_gpus": plan.use_gpus,
         "sync": plan.sync,
         "peer_timeout": config.get("train.peer-timeout"),
-        # Launchers stop their trainers when this client is gone this long (dvml.train.launch).
+        # Trainers stop when this client is gone this long (the runtime's ClientLease).
         "client_timeout": config.get("train.client-timeout"),
+        "client_id": client.id,
         # Thread budget (dvml.tf_runtime.thread_budget): None = share of the host's cores.
         "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
         "standby": bool(config.get("train.standby-trainer")),
@@ -435,7 +374,7 @@ def _run_trainers(
             "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
             # Trainers that share this machine's cores: its network address, not DVML_HOST
             # (a LocalCluster's simulated hosts are one machine).
-            "trainers_on_host": sum(1 for o in plan.workers if _machine(o) == _machine(w)),
+            "trainers_on_host": sum(1 for o in plan.workers if machine(o) == machine(w)),
         }
         futures.append(
             client.submit(
@@ -547,11 +486,6 @@ def _clear_checkpoints(client: Client, plan: _Plan) -> None:
     )
 
 
-def _machine(worker: WorkerInfo) -> str:
-    """The network host of a worker's address (``tcp://10.0.0.5:4242`` -> ``10.0.0.5``)."""
-    return worker.address.split("://")[-1].rsplit(":", 1)[0]
-
-
 def _check_tensorboard() -> None:
     import importlib.util
 
@@ -560,54 +494,6 @@ def _check_tensorboard() -> None:
             "tensorboard_dir was given but TensorBoard is not installed. Install it with "
             "`pip install tensorboard` (a dvml dependency), or leave tensorboard_dir out."
         )
-
-
-def _check_fit_args(model: Any, num_iterations: Any, freq: Any) -> None:
-    check_name(model, "model")
-    if (
-        isinstance(num_iterations, bool)
-        or not isinstance(num_iterations, int)
-        or num_iterations < 1
-    ):
-        raise ArgumentError(
-            f"num_iterations must be a positive int. Received: num_iterations={num_iterations!r}. "
-            "Pass the number of training iterations, for example num_iterations=10."
-        )
-    if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
-        raise ArgumentError(
-            f"metrics_compute_frequency must be a positive int or None. Received: "
-            f"metrics_compute_frequency={freq!r}. None computes metrics after the last iteration."
-        )
-
-
-def _warm_start_weights(reg: Registry, model: str, arch_id: int) -> Any:
-    try:
-        existing = reg.get_model(model)
-    except RegistryNotFoundError:
-        raise TrainingError(
-            f"warm_start=True but no model named {model!r} exists to start from. Train it once "
-            "with warm_start=False, or check the name with dvml.list_models()."
-        ) from None
-    if existing["arch_id"] != arch_id:
-        # Same input/output shapes are not enough: every weight must fit its variable.
-        expected = weight_shapes(reg.get_architecture(arch_id)["model_json"])
-        found = [list(w.shape) for w in existing["weights"]]
-        if expected != found:
-            raise ModelMismatchError(
-                f"warm_start=True but the weights of model {model!r} (architecture "
-                f"{existing['arch_id']}) do not fit architecture {arch_id}. Received weight "
-                f"shapes {found}, expected {expected}. Warm-start with the model's own "
-                "architecture, or train from scratch."
-            )
-    return existing["weights"]
-
-
-def weight_shapes(model_json: str) -> list[list[int]]:
-    """Shapes of a Keras model's weights, built from its JSON (loads TensorFlow)."""
-    from dvml import tf_runtime
-
-    model = tf_runtime.keras().models.model_from_json(model_json)
-    return [list(w.shape) for w in model.get_weights()]
 
 
 def _find_checkpoint(
@@ -627,36 +513,50 @@ def _find_checkpoint(
             for w in workers
         ]
     )
-    if any(s is None or s.get("job_id") != key for s in states):
+    if any(s is None or s.get("job_key") != key for s in states):
         return None
-    done = min(s["iteration"] for s in states)
-    state = next(s for s in states if s["iteration"] == done)
-    history = [r for r in state["history"] if r["iteration"] <= done]
-    return done + 1, state["weights"], history
+    # Every trainer's weights are the same after an iteration: any state of it will do.
+    held = {s["iteration"]: s for s in states}
+    done = resume_iteration(
+        {i: [r["iteration"] for r in s["history"]] for i, s in enumerate(states)},
+        lambda iteration: iteration in held,
+    )
+    if done == 0:
+        return None
+    history = [r for r in held[done]["history"] if r["iteration"] <= done]
+    return done + 1, held[done]["weights"], history
 
 
 def _wait_trainers(
     client: Client, futures: list[Any], workers: list[WorkerInfo], abort: Any
 ) -> list[dict[str, Any]]:
-    """Wait for every trainer; on the first failure (or an interrupt here) stop them all."""
-    from distributed import as_completed
-
+    """Wait for every trainer; on the first failure, a departed worker (the runtime's
+    watcher) or an interrupt here, stop them all."""
     try:
-        for future in as_completed(futures, loop=client.loop):
-            if future.status == "error":
-                # The first error to arrive is often a survivor's "peer went away": blame the
-                # trainer that died first when it reports within a few seconds.
-                future = _first_cause(futures, future)
-                worker = workers[futures.index(future)].name
-                exc = future.exception()
-                _raise_if_a_peer_left(client, futures, workers, exc)
-                if isinstance(exc, TrainerFailedError):
-                    raise exc
-                raise TrainerFailedError(
-                    f"The trainer on worker {worker} failed: {type(exc).__name__}: {exc}. If "
-                    "the worker died, run fit again: it resumes from the last completed "
-                    "iteration."
-                ) from exc
+        outcome = watch(client, futures, workers)
+        if outcome.gone:
+            # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
+            # up on the workers: stop waiting for them now.
+            client.cancel([f for f, w in zip(futures, workers, strict=True) if w in outcome.gone])
+            raise TrainerFailedError(
+                f"{describe_departure(outcome.gone)}. Bring the host back (or preprocess onto "
+                "the remaining workers) and run fit again: it resumes from the last completed "
+                "iteration when the data is still in place."
+            )
+        if outcome.failed is not None:
+            # The first error to arrive is often a survivor's "peer went away": blame the
+            # trainer that died first when it reports within a few seconds.
+            future = _first_cause(futures, outcome.failed)
+            worker = workers[futures.index(future)].name
+            exc = future.exception()
+            _raise_if_a_peer_left(client, futures, workers, exc)
+            if isinstance(exc, TrainerFailedError):
+                raise exc
+            raise TrainerFailedError(
+                f"The trainer on worker {worker} failed: {type(exc).__name__}: {exc}. If "
+                "the worker died, run fit again: it resumes from the last completed "
+                "iteration."
+            ) from exc
         return [f.result() for f in futures]
     except BaseException:
         # The others would block in collectives until the peer timeout: stop them now. Each
@@ -670,7 +570,6 @@ def _first_cause(futures: list[Any], failed: Any, wait: float = 5.0) -> Any:
     """The failed trainer to blame: ``failed``, unless its error is what a lost peer causes
     and another trainer fails within ``wait`` seconds for a reason of its own (killed by a
     signal, an error in the model): then that one."""
-    from dvml.train.peers import looks_like_peer_failure
 
     def own_failure(future: Any) -> bool:
         text = f"{type(exc := future.exception()).__name__}: {exc}"
@@ -699,8 +598,6 @@ def _raise_if_a_peer_left(
     on where in a step it was (and on the load), and a departed worker is the cause in any
     case. Only an error that looks like a lost peer waits for the scheduler to notice.
     """
-    from dvml.train.peers import departed_workers, describe_departure, looks_like_peer_failure
-
     text = f"{type(exc).__name__}: {exc}"
     gone = departed_workers(client, workers, wait=5.0 if looks_like_peer_failure(text) else 0.0)
     if gone:
@@ -769,7 +666,3 @@ class _Progress:
             print(line, flush=True)
         if self.callback is not None:
             self.callback(record)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

@@ -14,7 +14,7 @@ Model Hopper Parallelism (MOP, Cerebro: Nakandala et al., PVLDB 13(11), 2020; MA
   every model still visits every partition once per iteration, so an iteration still takes
   ``W`` rounds.
 
-Nothing here does I/O; :mod:`dvml.train.hop_fit` runs the schedule on a cluster.
+Nothing here does I/O; :mod:`dvml.train.fit_multiple` runs the schedule on a cluster.
 """
 
 from __future__ import annotations

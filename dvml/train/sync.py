@@ -3,7 +3,7 @@
 Three modes:
 
 - ``"step"``: MultiWorkerMirroredStrategy all-reduces the gradients at every step (one
-  all-reduce per step: see :mod:`dvml.train.step_collectives`). Right on GPUs with NCCL; on
+  all-reduce per step: see :mod:`dvml.train.runtime.step_collectives`). Right on GPUs with NCCL; on
   CPU each all-reduce goes through gRPC (~3 ms on loopback here, whatever the model size),
   so it dominates small models.
 - ``"iteration"``: MADlib's model averaging (``madlib_keras_fit``). Each trainer fits its
@@ -15,7 +15,7 @@ Three modes:
   iteration.
 
 This module holds the validation, the automatic choice and a numpy reference of the
-row-weighted average; the collective itself is in :mod:`dvml.train.averaging`.
+row-weighted average; the collective itself is in :mod:`dvml.train.runtime.averaging`.
 """
 
 from __future__ import annotations

@@ -266,14 +266,15 @@ def test_registry_checkpoints_and_scratch_are_owner_only(
     local_cluster: Any, home: pathlib.Path
 ) -> None:
     from dvml.registry import Registry
-    from dvml.train.trainer import save_checkpoint
+    from dvml.registry.weights import weights_to_bytes
+    from dvml.train.runtime.checkpoints import CheckpointStore
 
     state = home / ".dvml"
     registry = Registry(f"sqlite:///{state / 'registry.db'}")
     registry.register_custom_function("my_loss", "def my_loss(y_true, y_pred):\n    return 0\n")
     checkpoints = state / "checkpoints" / "digits-0123abcd"
-    job = {"checkpoint_dir": str(checkpoints), "worker_name": "worker-0", "job_key": "k"}
-    save_checkpoint(job, 1, [np.arange(4.0)], [{"loss": 1.0}])
+    meta = {"job_key": "k", "iteration": 1, "history": [{"loss": 1.0}]}
+    CheckpointStore(str(checkpoints)).save("worker-0", weights_to_bytes([np.arange(4.0)]), meta)
     cluster = local_cluster(n_workers=1, vineyard_memory="128MiB")
     scratch = next(iter(cluster.client.run(_write_scratch_file).values()))
 

@@ -37,7 +37,7 @@ def _excluded_pids() -> set[int]:
     pids: set[int] = set()
     for cluster in SESSION_CLUSTERS:
         pids.update(cluster.processes().values())
-    # A session cluster's workers keep a standby trainer between fits (dvml.train.launch); it
+    # A session cluster's workers keep a standby trainer between fits (dvml.cluster.standby); it
     # belongs to the worker and is stopped with it, like the worker itself.
     for pid in list(pids):
         try:

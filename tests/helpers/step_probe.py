@@ -21,7 +21,7 @@ def main(steps: int) -> None:
     from dvml import tf_runtime
     from dvml.resolve.partitions import LocalPartitions
     from dvml.resolve.tfdata import training_dataset
-    from dvml.train.step_collectives import local_step_metrics, steps_per_execution
+    from dvml.train.runtime.step_collectives import local_step_metrics, steps_per_execution
     from tests.helpers.models import cnn
 
     tf = tf_runtime.start()

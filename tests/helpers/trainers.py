@@ -1,11 +1,11 @@
 """Which trainer process runs which job: the victims and survivors of the fault tests.
 
 A fault test must kill the trainer of ITS job, not whatever looks like a trainer. A command
-line is not enough: a worker keeps a standby trainer (``python -m dvml.train.trainer
---standby``, dvml.train.launch) that is not part of any job until one is handed to it (its
-command line still says ``--standby`` then), and a hop trainer's command line names only a
+line is not enough: a worker keeps a standby trainer (``python -m dvml.train.runtime.trainer
+--standby``, dvml.cluster.standby) that is not part of any job until one is handed to it (its
+command line still says ``--standby`` then), and a fresh trainer's command line names only a
 file. What identifies a job's trainer is its job file: every trainer (fit's, a standby that
-was handed a job, fit_multiple's hop trainer) works in the job's directory, which holds
+was handed a job, fit_multiple's serving trainer) works in the job's directory, which holds
 ``job.json``. :func:`job_trainers` reads it and keeps the trainers whose job has the given
 values (``training="digits"``, ``model_output="mop"``, ``job_key=...``).
 """
@@ -29,8 +29,10 @@ __all__ = [
 ]
 
 # What a trainer's command line runs: fit's trainer (fresh or standby) and the hop trainer.
-TRAINER_MODULES = ("dvml.train.trainer", "dvml.train.hop_trainer")
-STANDBY = "dvml.train.trainer --standby"  # a standby's command line, also once it runs a job
+TRAINER_MODULES = ("dvml.train.runtime.trainer",)
+STANDBY = (
+    "dvml.train.runtime.trainer --standby"  # a standby's command line, also once it runs a job
+)
 
 
 def _job_of(proc: psutil.Process) -> dict[str, Any] | None:

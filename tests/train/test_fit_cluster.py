@@ -512,7 +512,7 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
     thread.start()
     assert first_iteration_done.wait(240), "the first iteration never finished"
     # The job's trainers, by their job file: after the job each worker starts a standby
-    # trainer for the next one (dvml.train.launch), which is neither victim nor survivor.
+    # trainer for the next one (dvml.cluster.standby), which is neither victim nor survivor.
     victims = worker_trainers(cluster2, "worker-1", model="resumable")
     others = worker_trainers(cluster2, "worker-0", model="resumable")
     assert len(victims) == 1 and len(others) == 1, (victims, others)
@@ -552,7 +552,7 @@ def test_trainer_start_is_timed_and_a_standby_serves_the_next_fit(
     env: dict[str, Any], cluster2: Any
 ) -> None:
     from dvml.tf_runtime import host_cores, thread_budget
-    from dvml.train import launch
+    from dvml.cluster import standby
 
     steps = {"runtime_start", "strategy", "open_partitions", "build_model", "first_step"}
     with dask.config.set({"dvml.train.standby-trainer": False}):
@@ -567,7 +567,7 @@ def test_trainer_start_is_timed_and_a_standby_serves_the_next_fit(
 
     # After a job each worker keeps one standby trainer that imports TensorFlow meanwhile
     # (here: warmed by hand, as the fit above ran with standbys off).
-    env["client"].run(launch.start_standby)
+    env["client"].run(standby.start_standby)
     assert poll_for(lambda: all(len(standby_trainers(worker_descendants(cluster2, w))) == 1 for w in
                                 ("worker-0", "worker-1")), 30)  # fmt: skip
     served = run_fit(env, "startup_standby", num_iterations=1, fit_params="epochs=1")

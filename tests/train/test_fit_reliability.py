@@ -193,7 +193,7 @@ def test_a_killed_trainer_is_named_with_its_signal(env: dict[str, Any], cluster2
 
 
 def test_exit_description_drops_the_tensorflow_banner() -> None:
-    from dvml.train.exits import describe_exit
+    from dvml.train.runtime.exits import describe_exit
 
     banner = [
         "2026-11-23 13:37:25.1: I tensorflow/core/util/port.cc:153] oneDNN custom operations "

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError
-from dvml.train.hop_fit import _resolve_configs, model_name
+from dvml.train.fit_multiple import _resolve_configs, model_name
 from dvml.train.hop_schedule import build_info, check_configs, hop_schedule
 
 COMPILE = (

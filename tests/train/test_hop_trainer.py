@@ -1,4 +1,4 @@
-"""The hop trainer's state: weights AND optimizer variables survive a hop (real tf-keras)."""
+"""A serving trainer's model state: weights AND optimizer variables survive a hop (tf-keras)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from dvml.examples import digits_cnn_json
-from dvml.train import hop_trainer
 from dvml.train.params import parse_compile_params, parse_fit_params
+from dvml.train.runtime import serve_program
+from dvml.train.runtime.model_state import write_state
 
 pytestmark = [pytest.mark.tf]
 
@@ -30,22 +31,22 @@ def _job() -> dict:
 def test_weights_and_optimizer_state_move_with_the_model(tmp_path: Path) -> None:
     from dvml import tf_runtime
 
-    keras = tf_runtime.keras()
+    tf_runtime.keras()
     rng = np.random.default_rng(0)
     x = rng.random((64, 8, 8, 1), dtype=np.float32)
     y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 64)]
-    here = hop_trainer._Models(_job(), keras).get(1)
+    here = serve_program.Models(_job()).get(1)
     here.fit(x, y, batch_size=16, epochs=1, verbose=0)
     path = str(tmp_path / "state.npz")
-    hop_trainer._save(here, path)
+    serve_program.save_state(here, path)
 
     # "the next worker": another model object of the same configuration
-    there = hop_trainer._Models(_job(), keras).get(1)
-    hop_trainer._load(there, path)
+    there = serve_program.Models(_job()).get(1)
+    serve_program.load_state(there, path)
     for a, b in zip(here.get_weights(), there.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
-    mine = hop_trainer._optimizer_variables(here)
-    theirs = hop_trainer._optimizer_variables(there)
+    mine = serve_program.optimizer_variables(here)
+    theirs = serve_program.optimizer_variables(there)
     assert int(theirs[0].numpy()) == 4  # Adam's step count: 64 rows / batch 16
     for a, b in zip(mine, theirs, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -61,13 +62,13 @@ def test_a_fresh_state_keeps_the_seeded_initialisation_and_resets_the_optimizer(
 ) -> None:
     from dvml import tf_runtime
 
-    keras = tf_runtime.keras()
-    model = hop_trainer._Models(_job(), keras).get(1)
+    tf_runtime.keras()
+    model = serve_program.Models(_job()).get(1)
     before = model.get_weights()
-    hop_trainer._optimizer_variables(model)[0].assign(7)
+    serve_program.optimizer_variables(model)[0].assign(7)
     path = str(tmp_path / "fresh.npz")
-    hop_trainer.write_state(path, [], [])
-    hop_trainer._load(model, path)
+    write_state(path, [], [])
+    serve_program.load_state(model, path)
     for a, b in zip(before, model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert int(hop_trainer._optimizer_variables(model)[0].numpy()) == 0
+    assert int(serve_program.optimizer_variables(model)[0].numpy()) == 0

@@ -14,7 +14,7 @@ from dvml import tf_runtime
 def test_standby_exits_when_its_stdin_closes() -> None:
     env = tf_runtime.trainer_environment(os.environ, None, use_gpus=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dvml.train.trainer", "--standby"],
+        [sys.executable, "-m", "dvml.train.runtime.trainer", "--standby"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -37,7 +37,7 @@ def test_standby_goes_with_its_worker(tmp_path: object) -> None:
 
     import dvml
     from dvml import config
-    from dvml.train import launch
+    from dvml.cluster import standby
     from tests.helpers import pid_gone, poll_for, standby_trainers, worker_descendants
 
     # Load dvml's defaults first: dask.config.set would otherwise drop them on exit.
@@ -46,8 +46,8 @@ def test_standby_goes_with_its_worker(tmp_path: object) -> None:
         dask.config.set({"dvml.cluster.state-dir": str(tmp_path)}),
         dvml.LocalCluster(n_workers=2, set_as_default=False) as cluster,
     ):
-        cluster.client.run(launch.start_standby)
-        cluster.client.run(launch.start_standby)  # one per worker, not two
+        cluster.client.run(standby.start_standby)
+        cluster.client.run(standby.start_standby)  # one per worker, not two
         first = cluster.processes()["dask worker worker-0"]
 
         def standbys(worker: str) -> list[int]:

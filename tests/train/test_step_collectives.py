@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dvml.train.step_collectives import STEPS_PER_EXECUTION, steps_per_execution
+from dvml.train.runtime.step_collectives import STEPS_PER_EXECUTION, steps_per_execution
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.tf

@@ -1,21 +1,32 @@
-"""Which trainer's host went away: turn a peer's collective error into one naming the host.
+"""The one failure watcher of every training job: a departed worker or host, named in bounds.
 
-When a host dies or is cut off during ``fit``, the first error the client sees usually comes
+When a host dies or is cut off during a job, the first error the client sees usually comes
 from a SURVIVING trainer (TensorFlow's ``UnavailableError`` in a collective op), which names
-the wrong worker. The Dask scheduler knows which worker left: this module asks it.
+the wrong worker, or nothing comes at all (a task pinned to a worker cut off the network
+waits until the scheduler's worker TTL, minutes). :func:`watch` waits for a job's tasks and
+asks the scheduler and a TCP probe which of the job's workers are gone, every few seconds;
+:func:`departed_workers` is that question alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from distributed import Client
 
     from dvml.cluster.workers import WorkerInfo
 
-__all__ = ["PEER_ERRORS", "departed_workers", "describe_departure", "looks_like_peer_failure"]
+__all__ = [
+    "PEER_ERRORS",
+    "Outcome",
+    "departed_workers",
+    "describe_departure",
+    "looks_like_peer_failure",
+    "watch",
+]
 
 # What a trainer reports when another trainer (or the network to it) went away.
 PEER_ERRORS = ("Unavailable", "Collective", "DeadlineExceeded", "Socket closed", "connect")
@@ -72,3 +83,41 @@ def describe_departure(gone: list[WorkerInfo]) -> str:
         f"{named} left the cluster during training (the host died, was cut off from the "
         "network, or the worker was killed)"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How :func:`watch` ended: every task finished (both None), a task failed (``failed``),
+    or workers of the job are gone (``gone``)."""
+
+    failed: Any = None
+    gone: list[WorkerInfo] | None = None
+
+
+def watch(
+    client: Client,
+    futures: list[Any],
+    workers: list[WorkerInfo],
+    *,
+    watched: list[Any] | None = None,
+    probe_every: float = 2.0,
+    poll: float = 0.25,
+) -> Outcome:
+    """Wait until every one of ``futures`` finished, one of ``watched`` (default: the same)
+    failed, or a worker of ``workers`` is gone (not listed by the scheduler, or not
+    accepting a TCP connection: a host cut off is named within ``probe_every`` plus the probe
+    timeout, not after the scheduler's worker TTL)."""
+    watched = futures if watched is None else watched
+    next_probe = time.monotonic() + probe_every
+    while True:
+        failed = next((f for f in (*watched, *futures) if f.status == "error"), None)
+        if failed is not None:
+            return Outcome(failed=failed)
+        if all(f.status == "finished" for f in futures):
+            return Outcome()
+        if time.monotonic() >= next_probe:
+            gone = departed_workers(client, workers, wait=0.0)
+            if gone:
+                return Outcome(gone=gone)
+            next_probe = time.monotonic() + probe_every
+        time.sleep(poll)

@@ -1,15 +1,14 @@
 """``dvml.fit_multiple``: train many configurations at once with Model Hopper Parallelism.
 
-MADlib's ``madlib_keras_fit_multiple_model`` on dvml's pinned partitions. The data stays in
+MADlib's ``madlib_keras_fit_multiple_model`` on dvml's pinned partitions, as a scheduler on
+the trainer runtime (:class:`~dvml.train.runtime.hopper.ModelHopper`). The data stays in
 each worker's vineyardd; the MODELS move. Every worker that holds training partitions runs
-one long-lived hop trainer (:mod:`dvml.train.hop_trainer`: TensorFlow imported once per
-worker and job, one plain Keras model per configuration, no distribution strategy). An
-iteration is ``W`` rounds over the ``W`` workers (:func:`dvml.train.hop_schedule.hop_schedule`):
-in round ``r`` model ``m`` trains its ``epochs`` on worker ``(m + r) mod W``'s local rows, then
-its weights AND optimizer variables go to the next worker. Each hop is a pinned Dask task
-whose input is the previous hop's result, so Dask moves a model's state directly between
-the two workers; the client holds only futures (it receives each model's weights once, at
-the end, to register them).
+one long-lived serving trainer (TensorFlow imported once per worker and job, one plain Keras
+model per configuration, no distribution strategy). An iteration is ``W`` rounds over the
+``W`` workers (:func:`dvml.train.hop_schedule.hop_schedule`): in round ``r`` model ``m`` trains
+its ``epochs`` on worker ``(m + r) mod W``'s local rows, then its weights AND optimizer
+variables go to the next worker. This module only decides that schedule and builds MADlib's
+tables; the runtime moves the states, checkpoints them and watches the trainers.
 
 After each iteration every model's state is checkpointed on the worker that holds it; a
 rerun of the same call resumes every model from the last iteration all of them completed.
@@ -22,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -30,23 +28,25 @@ import pandas as pd
 from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import WorkerInfo, current_client
-from dvml.exceptions import ArgumentError, ArgumentTypeError, TrainerFailedError
+from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.registry.database import Registry, open_registry
-from dvml.registry.weights import weights_from_bytes, weights_to_bytes
+from dvml.registry.weights import weights_from_bytes
 from dvml.store.datasets import Dataset, resolve_dataset
-from dvml.train import hop_worker, launch
-from dvml.train.fit import (
-    _check_fit_args,
-    _job_key,
-    _machine,
-    _now,
-    _trainers,
-    _warm_start_weights,
-)
 from dvml.train.hop_schedule import Config, build_info, check_configs, hop_schedule
 from dvml.train.model import Model
 from dvml.train.model_selection import resolve_model_configs
 from dvml.train.params import format_params, parse_compile_params, parse_fit_params
+from dvml.train.runtime import sessions
+from dvml.train.runtime.checkpoints import resume_iteration
+from dvml.train.runtime.hopper import ModelHopper
+from dvml.train.runtime.plan import (
+    check_fit_args,
+    job_key,
+    now,
+    training_workers,
+    warm_start_weights,
+)
+from dvml.train.runtime.model_state import state_bytes
 from dvml.train.summary import build_summary, check_shapes, iteration_record, weights_size_kb
 
 if TYPE_CHECKING:
@@ -242,26 +242,15 @@ def fit_multiple(
         validation_set, metrics_compute_frequency, warm_start, custom_objects, seed, timeout,
     )  # fmt: skip
     start_iteration, states, history = _resume(client, plan, resume)
-    start = _now()
+    start = now()
     started = time.time()
-    job_id = uuid.uuid4().hex[:12]
-    job = {**_job(plan, job_id), "started_at": started}
-    try:
-        finals, records, evals = _run(client, plan, job, start_iteration, states, progress, started)
-        weights = _final_weights(client, plan, finals)
-    finally:
-        client.run(hop_worker.stop_session, job_id, on_error="ignore")
-    end = _now()
+    with _hopper(client, plan, started) as hopper:
+        records, evals = _run(hopper, plan, start_iteration, states, progress, started)
+        weights = hopper.weights([c["mst_key"] for c in plan.configs])
+    end = now()
     _register(reg, plan, history, records, evals, weights, start, end, start_iteration, name,
               description, started)  # fmt: skip
-    client.gather(
-        [
-            client.submit(
-                launch.clear_checkpoint, plan.checkpoint_dir, workers=[w.address], pure=False
-            )
-            for w in plan.workers
-        ]
-    )
+    hopper.clear_checkpoints()
     return ModelSelection(model_output, reg)
 
 
@@ -281,7 +270,7 @@ def _plan(
     timeout: float | None,
 ) -> _Plan:
     """Check every argument and configuration up front (no trainer starts before this)."""
-    _check_fit_args(model_output, num_iterations, frequency)
+    check_fit_args(model_output, num_iterations, frequency)
     # A stored table's name, or rows given here: parsed and checked against the registry.
     table = resolve_model_configs(configs, reg, custom_objects)
     custom_objects = custom_objects or list(table.attrs.get("custom_objects") or [])
@@ -302,17 +291,17 @@ def _plan(
         check_shapes(arch, train.summary, train.name)
         weights = arch["weights"]
         if warm_start:
-            weights = _warm_start_weights(reg, model_name(model_output, key), c["model_id"])
+            weights = warm_start_weights(reg, model_name(model_output, key), c["model_id"])
         parsed[key] = {
             "model_json": arch["model_json"],
             "compile_params": compile_parsed,
             "fit_params": fit_parsed,
         }
-        initial[key] = _state_bytes(list(weights) if weights is not None else [])
-    workers = _trainers(client, train, valid, use_gpus)
+        initial[key] = state_bytes(list(weights) if weights is not None else [])
+    workers = training_workers(client, train, valid, use_gpus)
     freq = frequency or num_iterations
     seed = int(config.get("preprocess.seed", seed))
-    key = _job_key(
+    key = job_key(
         "fit_multiple",
         model_output,
         train.summary["dataset_id"],
@@ -344,31 +333,22 @@ def _plan(
     )
 
 
-def _state_bytes(weights: list[Any]) -> bytes:
-    """A starting state: weights (none = the model's own seeded initialisation), no optimizer."""
-    import numpy as np
-
-    return weights_to_bytes([np.array([len(weights)], dtype=np.int64), *weights])
-
-
-def _job(plan: _Plan, job_id: str) -> dict[str, Any]:
-    """What every hop trainer is told (each adds its own worker name and index)."""
-    return {
-        "job_id": job_id,
-        "model_output": plan.model_output,  # names the job in its trainers' job files
-        "configs": {str(k): v for k, v in plan.parsed.items()},
-        "training": plan.train.name,
-        "validation": plan.valid.name if plan.valid else None,
-        "seed": plan.seed,
-        "custom_objects": plan.custom_sources,
-        "use_gpus": plan.use_gpus,
-        "timeout": plan.timeout,
-        "workers": [w.name for w in plan.workers],
-        "trainers_on_host": [
-            sum(1 for o in plan.workers if _machine(o) == _machine(w)) for w in plan.workers
-        ],
-        "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
-    }
+def _hopper(client: Client, plan: _Plan, started: float) -> ModelHopper:
+    """The runtime's serving trainers for this job (one per worker holding data)."""
+    return ModelHopper(
+        client,
+        name=plan.model_output,
+        training=plan.train.name,
+        validation=plan.valid.name if plan.valid else None,
+        workers=plan.workers,
+        seed=plan.seed,
+        job_key=plan.key,
+        checkpoint_dir=plan.checkpoint_dir,
+        custom_sources=plan.custom_sources,
+        use_gpus=plan.use_gpus,
+        timeout=plan.timeout,
+        started_at=started,
+    )
 
 
 def _resume(
@@ -376,7 +356,8 @@ def _resume(
 ) -> tuple[int, dict[int, Any], list[dict[str, Any]]]:
     """First iteration to run, each model's starting state (future or bytes), the history.
 
-    Resumes from the last iteration for which EVERY model has a checkpointed state.
+    Resumes after the last iteration that EVERY model completed and whose state is kept (the
+    runtime's one resume rule).
     """
     fresh: dict[int, Any] = dict(plan.initial)
     if not resume:
@@ -384,7 +365,7 @@ def _resume(
     listings = client.gather(
         [
             client.submit(
-                hop_worker.list_checkpoints,
+                sessions.list_checkpoints,
                 plan.checkpoint_dir,
                 plan.key,
                 workers=[w.address],
@@ -395,28 +376,25 @@ def _resume(
         ]
     )
     holders: dict[tuple[int, int], WorkerInfo] = {}
-    history: list[dict[str, Any]] = []
-    seen: set[tuple[int, int]] = set()
+    history: dict[tuple[int, int], dict[str, Any]] = {}
     for w, listing in zip(plan.workers, listings, strict=True):
         for meta in listing:
             at = (int(meta["mst_key"]), int(meta["iteration"]))
             if meta["has_state"]:
                 holders[at] = w
-            if at not in seen:
-                seen.add(at)
-                history.append(meta)
+            history.setdefault(at, meta)
     keys = [c["mst_key"] for c in plan.configs]
-    done = 0
-    for iteration in range(plan.num_iterations, 0, -1):
-        if all((k, iteration) in holders for k in keys):
-            done = iteration
-            break
+    # A model's iteration counts as completed where its state is kept: each model must
+    # resume from its own state.
+    done = resume_iteration(
+        {k: [i for (m, i) in holders if m == k] for k in keys}, lambda iteration: True
+    )
     if done == 0:
         return 1, fresh, []
     logger.warning("resuming %s from iteration %d", plan.model_output, done)
     states = {
         k: client.submit(
-            hop_worker.load_checkpoint,
+            sessions.load_checkpoint,
             plan.checkpoint_dir,
             k,
             done,
@@ -426,110 +404,47 @@ def _resume(
         )
         for k in keys
     }
-    return done + 1, states, [h for h in history if h["iteration"] <= done]
+    return done + 1, states, [h for at, h in sorted(history.items()) if at[1] <= done]
 
 
 def _run(
-    client: Client,
+    hopper: ModelHopper,
     plan: _Plan,
-    job: dict[str, Any],
     start_iteration: int,
     states: dict[int, Any],
     progress: bool,
     started: float,
-) -> tuple[dict[int, Any], list[dict[str, Any]], dict[tuple[int, int], list[dict[str, Any]]]]:
-    """Submit every hop of every remaining iteration, wait, and return what they produced."""
+) -> tuple[list[dict[str, Any]], dict[tuple[int, int], list[dict[str, Any]]]]:
+    """Submit every hop of every remaining iteration, wait, and return the hops' records and
+    the evaluations (by model and iteration)."""
     keys = [c["mst_key"] for c in plan.configs]
-    n_workers = len(plan.workers)
-    schedule = hop_schedule(len(keys), n_workers)
-    current: dict[int, Any] = {}
-    for k in keys:  # a state in bytes is put on the worker of the model's first hop
-        first = plan.workers[schedule[0][keys.index(k)][1]]
-        state = states[k]
-        if isinstance(state, bytes):
-            # A list of one: scattering a dict would scatter each of its values on its own.
-            state = client.scatter(
-                [{"state": state, "record": None}], workers=[first.address], hash=False
-            )[0]
-        current[k] = state
+    schedule = hop_schedule(len(keys), len(plan.workers))
+    for m, k in enumerate(keys):  # each model starts on the worker of its first hop
+        hopper.add(k, plan.parsed[k], states[k], plan.workers[schedule[0][m][1]])
     record_futures: list[Any] = []
     eval_futures: dict[tuple[int, int], list[Any]] = {}
     checkpoints: dict[int, list[Any]] = {}
-    last_checkpoint: dict[int, Any] = {}
-    pending_keys: list[Any] = []
-    hops: list[Any] = []
-    for iteration in range(start_iteration, plan.num_iterations + 1):
-        per_model_records: dict[int, list[Any]] = {k: [] for k in keys}
-        holder: dict[int, WorkerInfo] = {}
-        for r, round_ in enumerate(schedule):
-            for m, w in round_:
-                k, worker = keys[m], plan.workers[w]
-                previous = current[k]
-                hop = client.submit(
-                    hop_worker.train_hop,
-                    job,
-                    k,
-                    iteration,
-                    previous,
-                    previous.key,
-                    workers=[worker.address],
-                    allow_other_workers=False,
-                    pure=False,
-                    retries=0,
-                    key=f"dvml-hop-{job['job_id']}-{iteration}-{r}-{k}",
-                )
-                rec = client.submit(
-                    hop_worker.hop_record,
-                    hop,
-                    workers=[worker.address],
-                    allow_other_workers=False,
-                    pure=False,
-                )
-                hops.append(hop)
-                per_model_records[k].append(rec)
-                record_futures.append(rec)
-                current[k], holder[k] = hop, worker
-        due = iteration % plan.frequency == 0 or iteration == plan.num_iterations
-        checkpoints[iteration] = []
-        for k in keys:
-            evals = []
-            if due:
-                evals = [
-                    client.submit(
-                        hop_worker.evaluate_state,
-                        job,
-                        k,
-                        current[k],
-                        workers=[w.address],
-                        allow_other_workers=False,
-                        pure=False,
-                    )
-                    for w in plan.workers
-                ]
-                eval_futures[(k, iteration)] = evals
-            last_checkpoint[k] = client.submit(
-                hop_worker.checkpoint,
-                plan.checkpoint_dir,
-                plan.key,
-                k,
-                iteration,
-                current[k],
-                per_model_records[k],
-                evals,
-                # after the model's previous checkpoint: a worker killed with the
-                # earlier one still queued must not leave a gap in the history
-                last_checkpoint.get(k),
-                workers=[holder[k].address],
-                allow_other_workers=False,
-                pure=False,
-            )
-            checkpoints[iteration].append(last_checkpoint[k])
-        pending_keys.extend(checkpoints[iteration])
-    submitted = [*hops, *record_futures, *pending_keys]
-    submitted += [f for futures in eval_futures.values() for f in futures]
     try:
         for iteration in range(start_iteration, plan.num_iterations + 1):
-            _wait(client, plan, checkpoints[iteration], record_futures)
+            per_model: dict[int, list[Any]] = {k: [] for k in keys}
+            holder: dict[int, WorkerInfo] = {}
+            for round_ in schedule:
+                for m, w in round_:
+                    _, record = hopper.train(keys[m], plan.workers[w], iteration)
+                    per_model[keys[m]].append(record)
+                    record_futures.append(record)
+                    holder[keys[m]] = plan.workers[w]
+            due = iteration % plan.frequency == 0 or iteration == plan.num_iterations
+            checkpoints[iteration] = []
+            for k in keys:
+                evals = hopper.evaluate(k) if due else []
+                if due:
+                    eval_futures[(k, iteration)] = evals
+                checkpoints[iteration].append(
+                    hopper.checkpoint(k, iteration, per_model[k], evals, holder[k])
+                )
+        for iteration in range(start_iteration, plan.num_iterations + 1):
+            hopper.wait(checkpoints[iteration])
             if progress:
                 line = (
                     f"[dvml.fit_multiple {plan.model_output}] iteration {iteration}/"
@@ -537,69 +452,15 @@ def _run(
                 )
                 logger.info(line)
                 print(line, flush=True)
-        records = client.gather(record_futures)
-        evals_out = {at: client.gather(futures) for at, futures in eval_futures.items()}
+        records = hopper.client.gather(record_futures)
+        evals_out = {at: hopper.client.gather(f) for at, f in eval_futures.items()}
     except BaseException:
         # Every task of the job, not only those waited on: the hops of a model whose chain
-        # did not break would go on (their futures live on in this frame, held by the
-        # traceback), start trainers after the job stopped them and write checkpoints that
-        # the rerun then reads.
-        client.cancel(submitted)
+        # did not break would go on, start trainers after the job stopped them and write
+        # checkpoints that the rerun then reads.
+        hopper.client.cancel(hopper.submitted)
         raise
-    return current, records, evals_out
-
-
-def _wait(client: Client, plan: _Plan, futures: list[Any], everything: list[Any]) -> None:
-    """Wait for ``futures``; on a failed task or a departed worker, raise (bounded time)."""
-    from dvml.train.peers import describe_departure
-
-    while True:
-        for _ in range(8):  # future statuses are updated by the client's event loop
-            if any(f.status != "pending" for f in futures) and all(
-                f.status == "finished" for f in futures
-            ):
-                break
-            if any(f.status == "error" for f in everything):
-                break
-            time.sleep(0.25)
-        failed = [f for f in (*everything, *futures) if f.status == "error"]
-        if failed:
-            exc = failed[0].exception()
-            client.cancel(everything + futures)
-            if isinstance(exc, TrainerFailedError):
-                raise exc
-            raise TrainerFailedError(
-                f"A hop of fit_multiple {plan.model_output!r} failed: {type(exc).__name__}: "
-                f"{exc}. Run fit_multiple again: it resumes every model from the last "
-                "iteration all of them completed."
-            ) from exc
-        if all(f.status == "finished" for f in futures):
-            return
-        # The scheduler drops a worker whose process died at once. (No TCP probe here: a
-        # worker busy training on a loaded host may be slow to accept a connection.)
-        # Asked of the scheduler directly: client.scheduler_info() returns a cache that the
-        # client's periodic refresh may have replaced by one without the workers (a race
-        # that made every worker look gone here).
-        identity = client.sync(client.scheduler.identity, n_workers=-1)  # type: ignore[union-attr]
-        alive = set(identity["workers"])
-        gone = [w for w in plan.workers if w.address not in alive]
-        if gone:
-            client.cancel(everything + futures)
-            raise TrainerFailedError(
-                f"{describe_departure(gone)}; fit_multiple {plan.model_output!r} was stopped. "
-                "Bring the worker back (or preprocess onto the remaining workers) and run "
-                "fit_multiple again: it resumes every model from the last iteration all of "
-                "them completed."
-            )
-
-
-def _final_weights(client: Client, plan: _Plan, finals: dict[int, Any]) -> dict[int, bytes]:
-    """Each model's final weights (the optimizer state stays on the workers)."""
-    keys = list(finals)
-    futures = [
-        client.submit(hop_worker.weights_of, finals[k], pure=False, workers=None) for k in keys
-    ]
-    return dict(zip(keys, client.gather(futures), strict=True))
+    return records, evals_out
 
 
 def _register(
@@ -617,8 +478,41 @@ def _register(
     started: float,
 ) -> None:
     """Build every model's summary and the info/summary tables; register all in one go."""
+    per_model = _per_model(plan, history, records, evals)
+    resumed = start_iteration - 1 if start_iteration > 1 else None
+    times = {"start": start, "end": end, "name": name, "description": description}
+    models, summaries, seconds, names = [], {}, {}, {}
+    for c in plan.configs:
+        k = c["mst_key"]
+        names[k] = model_name(plan.model_output, k)
+        iterations, seconds[k] = _iterations(per_model[k])
+        final = weights_from_bytes(weights[k])
+        summaries[k] = _model_summary(plan, c, names[k], iterations, final, times, resumed)
+        models.append(
+            {
+                "name": names[k],
+                "arch_id": c["model_id"],
+                "weights": final,
+                "summary": summaries[k],
+                "iterations": iterations,
+            }
+        )
+    info = build_info(plan.configs, names, summaries, seconds)
+    metrics_iters = summaries[plan.configs[0]["mst_key"]]["metrics_iters"]
+    run_summary = _run_summary(plan, records, names, metrics_iters, times, resumed, started)
+    reg.save_model_selection_run(plan.model_output, models, info, run_summary)
+
+
+def _per_model(
+    plan: _Plan,
+    history: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    evals: dict[tuple[int, int], list[dict[str, Any]]],
+) -> dict[int, dict[int, dict[str, Any]]]:
+    """mst_key -> iteration -> that iteration's hop records and evaluations (resumed ones
+    as the checkpoints recorded them)."""
     per_model: dict[int, dict[int, dict[str, Any]]] = {c["mst_key"]: {} for c in plan.configs}
-    for h in history:  # resumed iterations, as the checkpoints recorded them
+    for h in history:
         per_model[int(h["mst_key"])][int(h["iteration"])] = {
             "records": h["records"],
             "evals": h["evals"],
@@ -628,66 +522,82 @@ def _register(
         entry["records"].append(r)
     for (k, iteration), found in evals.items():
         per_model[k][iteration]["evals"] = found
-    models, summaries, seconds, names = [], {}, {}, {}
-    for c in plan.configs:
-        k = c["mst_key"]
-        iterations = []
-        train_s = moving_s = 0.0
-        for iteration in sorted(per_model[k]):
-            entry = per_model[k][iteration]
-            elapsed = max((r.get("elapsed", 0.0) for r in entry["records"]), default=0.0)
-            train_s += sum(r["train_s"] for r in entry["records"])
-            moving_s += sum(r["moving_s"] for r in entry["records"])
-            pseudo = [{"iteration": iteration, "elapsed": elapsed, **e} for e in entry["evals"]]
-            iterations.append(
-                iteration_record(pseudo or [{"iteration": iteration, "elapsed": elapsed}])
-            )
-        parsed = plan.parsed[k]
-        final = weights_from_bytes(weights[k])
-        names[k] = model_name(plan.model_output, k)
-        summary = build_summary(
-            training=plan.train,
-            validation=plan.valid,
-            model=names[k],
-            arch_id=c["model_id"],
-            compile_params=parsed["compile_params"],
-            fit_params=parsed["fit_params"],
-            compile_text=format_params(parsed["compile_params"]),
-            fit_text=format_params(parsed["fit_params"]),
-            num_iterations=plan.num_iterations,
-            metrics_compute_frequency=plan.frequency,
-            name=name,
-            description=description,
-            start=start,
-            end=end,
-            iterations=iterations,
-            model_size_kb=weights_size_kb(final),
-            trainers=[w.name for w in plan.workers],
-            weights_identical=True,
-            warm_start=plan.warm_start,
-            version=__version__,
+    return per_model
+
+
+def _iterations(
+    entries: dict[int, dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """One model's per-iteration records, and its training and moving seconds."""
+    iterations = []
+    train_s = moving_s = 0.0
+    for iteration in sorted(entries):
+        entry = entries[iteration]
+        elapsed = max((r.get("elapsed", 0.0) for r in entry["records"]), default=0.0)
+        train_s += sum(r["train_s"] for r in entry["records"])
+        moving_s += sum(r["moving_s"] for r in entry["records"])
+        pseudo = [{"iteration": iteration, "elapsed": elapsed, **e} for e in entry["evals"]]
+        iterations.append(
+            iteration_record(pseudo or [{"iteration": iteration, "elapsed": elapsed}])
         )
-        summary.update(
-            custom_objects=sorted(plan.custom_sources),
-            sync="model_hopper",
-            mst_key=k,
-            model_selection=plan.model_output,
-            resumed_from_iteration=start_iteration - 1 if start_iteration > 1 else None,
-        )
-        summaries[k], seconds[k] = summary, {"training_s": train_s, "moving_s": moving_s}
-        models.append(
-            {
-                "name": names[k],
-                "arch_id": c["model_id"],
-                "weights": final,
-                "summary": summary,
-                "iterations": iterations,
-            }
-        )
-    info = build_info(plan.configs, names, summaries, seconds)
+    return iterations, {"training_s": train_s, "moving_s": moving_s}
+
+
+def _model_summary(
+    plan: _Plan,
+    c: Config,
+    name: str,
+    iterations: list[dict[str, Any]],
+    final: list[Any],
+    times: dict[str, Any],
+    resumed: int | None,
+) -> dict[str, Any]:
+    """MADlib's fit summary of one configuration's model."""
+    parsed = plan.parsed[c["mst_key"]]
+    summary = build_summary(
+        training=plan.train,
+        validation=plan.valid,
+        model=name,
+        arch_id=c["model_id"],
+        compile_params=parsed["compile_params"],
+        fit_params=parsed["fit_params"],
+        compile_text=format_params(parsed["compile_params"]),
+        fit_text=format_params(parsed["fit_params"]),
+        num_iterations=plan.num_iterations,
+        metrics_compute_frequency=plan.frequency,
+        name=times["name"],
+        description=times["description"],
+        start=times["start"],
+        end=times["end"],
+        iterations=iterations,
+        model_size_kb=weights_size_kb(final),
+        trainers=[w.name for w in plan.workers],
+        weights_identical=True,
+        warm_start=plan.warm_start,
+        version=__version__,
+    )
+    summary.update(
+        custom_objects=sorted(plan.custom_sources),
+        sync="model_hopper",
+        mst_key=c["mst_key"],
+        model_selection=plan.model_output,
+        resumed_from_iteration=resumed,
+    )
+    return summary
+
+
+def _run_summary(
+    plan: _Plan,
+    hops: list[dict[str, Any]],
+    names: dict[int, str],
+    metrics_iters: Any,
+    times: dict[str, Any],
+    resumed: int | None,
+    started: float,
+) -> dict[str, Any]:
+    """MADlib's ``<model_output>_summary`` row, and dvml's own fields about the hops."""
     ts = plan.train.summary
-    hops = records
-    run_summary = {
+    return {
         "source_table": plan.train.name,
         "validation_table": plan.valid.name if plan.valid else None,
         "model": plan.model_output,
@@ -699,17 +609,17 @@ def _register(
         "num_iterations": plan.num_iterations,
         "metrics_compute_frequency": plan.frequency,
         "warm_start": plan.warm_start,
-        "name": name,
-        "description": description,
-        "start_training_time": start,
-        "end_training_time": end,
+        "name": times["name"],
+        "description": times["description"],
+        "start_training_time": times["start"],
+        "end_training_time": times["end"],
         "madlib_version": __version__,
         "version": __version__,
         "num_classes": ts["num_classes"],
         "class_values": ts["class_values"],
         "dependent_vartype": ts["dependent_vartype"],
         "normalizing_const": ts["normalizing_const"],
-        "metrics_iters": summaries[plan.configs[0]["mst_key"]]["metrics_iters"],
+        "metrics_iters": metrics_iters,
         # dvml's own fields
         "mst_keys": [c["mst_key"] for c in plan.configs],
         "model_names": [names[c["mst_key"]] for c in plan.configs],
@@ -722,6 +632,5 @@ def _register(
         "transfer_seconds": sum(r["transfer_s"] for r in hops),
         "moved_bytes": sum(r["bytes"] for r in hops),
         "wall_seconds": time.time() - started,
-        "resumed_from_iteration": start_iteration - 1 if start_iteration > 1 else None,
+        "resumed_from_iteration": resumed,
     }
-    reg.save_model_selection_run(plan.model_output, models, info, run_summary)

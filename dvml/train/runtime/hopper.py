@@ -1,0 +1,259 @@
+"""Client side of serving trainers: the interface through which schedulers move models.
+
+A scheduler (``fit_multiple``'s model hopper, a model search) decides which model trains on
+which worker and for how long; :class:`ModelHopper` does it. It keeps each model's *state*
+(weights and optimizer variables) as the Dask future of the task that last trained it, so the
+state stays on that worker until the next task needs it somewhere else (Dask moves it worker
+to worker; the client holds only futures). The verbs:
+
+- :meth:`~ModelHopper.add`: a model joins the running job (a configuration and a starting
+  state);
+- :meth:`~ModelHopper.train`: one step of its schedule (its ``epochs``) on one worker's local
+  rows, continuing from its current state;
+- :meth:`~ModelHopper.park` / :meth:`~ModelHopper.resume`: a parked model is not trained; its
+  state stays on its worker (and in its last checkpoint) until it is resumed, by the same
+  trainers, which are never restarted;
+- :meth:`~ModelHopper.evaluate`, :meth:`~ModelHopper.checkpoint` (the runtime's checkpoint
+  store, owner-only), :meth:`~ModelHopper.weights`, :meth:`~ModelHopper.digest`;
+- :meth:`~ModelHopper.wait`: wait for tasks with the runtime's failure watcher (a failed
+  trainer or a departed worker or host is named in bounded time);
+- :meth:`~ModelHopper.stop`: stop the job's trainers (also done by their client lease when
+  this client dies).
+
+Nothing here decides a schedule: that is the scheduler's job.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from dvml import config
+from dvml.cluster.workers import WorkerInfo
+from dvml.exceptions import ArgumentError, TrainerFailedError
+from dvml.train.runtime import launch, sessions
+from dvml.train.runtime.plan import machine
+from dvml.train.runtime.watcher import describe_departure, watch
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+__all__ = ["ModelHopper"]
+
+
+class ModelHopper:
+    """The serving trainers of one job (one per worker) and the models they train.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    name : str
+        Names the job in messages and in its trainers' job files (``model_output``).
+    training, validation : str
+        The datasets every trainer opens locally (validation may be None).
+    workers : list of WorkerInfo
+        One trainer each (the workers that hold the training set).
+    seed : int
+        The job's seed (:func:`~dvml.train.runtime.plan.shuffle_seed`).
+    job_key, checkpoint_dir : str
+        The key a rerun resumes by, and where checkpoints go.
+    custom_sources : dict, use_gpus : bool, timeout : float
+        Custom objects' sources; GPUs; seconds one task may take.
+    started_at : float, optional
+        Wall clock the job's records are timed from (an earlier run's, once resumed).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        name: str,
+        training: str,
+        validation: str | None,
+        workers: list[WorkerInfo],
+        seed: int,
+        job_key: str,
+        checkpoint_dir: str,
+        custom_sources: dict[str, str],
+        use_gpus: bool,
+        timeout: float,
+        started_at: float | None = None,
+    ) -> None:
+        self.client, self.workers, self.name = client, workers, name
+        self.job_key, self.checkpoint_dir = job_key, checkpoint_dir
+        self.job: dict[str, Any] = {
+            "job_id": uuid.uuid4().hex[:12],
+            "name": name,
+            "model_output": name,  # names the job in its trainers' job files
+            "configs": {},
+            "training": training,
+            "validation": validation,
+            "seed": seed,
+            "custom_objects": custom_sources,
+            "use_gpus": use_gpus,
+            "timeout": timeout,
+            "workers": [w.name for w in workers],
+            "trainers_on_host": [
+                sum(1 for o in workers if machine(o) == machine(w)) for w in workers
+            ],
+            "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
+            "standby": bool(config.get("train.standby-trainer")),
+            "client_id": client.id,
+            "client_timeout": config.get("train.client-timeout"),
+            "started_at": time.time() if started_at is None else started_at,
+        }
+        self.states: dict[int, Future] = {}
+        self.parked: set[int] = set()
+        self.submitted: list[Future] = []
+        self._last_checkpoint: dict[int, Future] = {}
+        self._seq = itertools.count()
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job["job_id"])
+
+    def _job(self) -> dict[str, Any]:
+        # A copy per task: later add() calls must not change what an earlier task was sent.
+        return copy.deepcopy(self.job)
+
+    def _submit(self, fn: Any, *args: Any, worker: WorkerInfo | None, **kwargs: Any) -> Future:
+        if worker is not None:
+            kwargs.update(workers=[worker.address], allow_other_workers=False)
+        future = self.client.submit(fn, *args, pure=False, **kwargs)
+        self.submitted.append(future)
+        return future
+
+    def add(
+        self, mst_key: int, model: dict[str, Any], state: bytes | Future, worker: WorkerInfo
+    ) -> None:
+        """Add model ``mst_key`` to the job: ``model`` has ``model_json`` and the parsed
+        ``compile_params`` and ``fit_params``; ``state`` (:mod:`dvml.train.runtime.model_state`
+        bytes, or the future of a task that returns ``{"state": ...}``) starts it, placed on
+        ``worker``."""
+        if mst_key in self.states:
+            raise ArgumentError(
+                f"Model {mst_key} is already in job {self.name!r}. Received: mst_key={mst_key}; "
+                f"models in the job: {sorted(self.states)}."
+            )
+        self.job["configs"][str(mst_key)] = model
+        if isinstance(state, bytes):
+            # A list of one: scattering a dict would scatter each of its values on its own.
+            state = self.client.scatter(
+                [{"state": state, "record": None}], workers=[worker.address], hash=False
+            )[0]
+        self.states[mst_key] = state  # type: ignore[assignment]
+
+    def train(self, mst_key: int, worker: WorkerInfo, iteration: int) -> tuple[Future, Future]:
+        """Train model ``mst_key`` once more (its ``epochs``) on ``worker``'s local rows, from
+        its current state (a parked model is resumed). Returns the futures of its new state
+        and of the step's small record (loss, seconds, trainer pid, digest of what it started
+        from)."""
+        self.resume(mst_key)
+        previous = self._state(mst_key)
+        hop = self._submit(
+            sessions.train_hop, self._job(), mst_key, iteration, previous, previous.key,
+            worker=worker, retries=0,
+            key=f"dvml-hop-{self.job_id}-{iteration}-{next(self._seq)}-{mst_key}",
+        )  # fmt: skip
+        record = self._submit(sessions.hop_record, hop, worker=worker)
+        self.states[mst_key] = hop
+        return hop, record
+
+    def park(self, mst_key: int) -> Future:
+        """Stop training model ``mst_key`` for now; its state stays where it is (returned)."""
+        state = self._state(mst_key)
+        self.parked.add(mst_key)
+        return state
+
+    def resume(self, mst_key: int) -> None:
+        """Make a parked model trainable again (a no-op for an active one)."""
+        self._state(mst_key)
+        self.parked.discard(mst_key)
+
+    def _state(self, mst_key: int) -> Future:
+        if mst_key not in self.states:
+            raise ArgumentError(
+                f"No model {mst_key} in job {self.name!r}. Received: mst_key={mst_key}; models "
+                f"in the job: {sorted(self.states)}. Add it with ModelHopper.add first."
+            )
+        return self.states[mst_key]
+
+    def evaluate(self, mst_key: int, workers: list[WorkerInfo] | None = None) -> list[Future]:
+        """Loss and metrics of model ``mst_key``'s current state on each worker's rows."""
+        state = self._state(mst_key)
+        return [
+            self._submit(sessions.evaluate_state, self._job(), mst_key, state, worker=w)
+            for w in (workers or self.workers)
+        ]
+
+    def checkpoint(
+        self,
+        mst_key: int,
+        iteration: int,
+        records: list[Future],
+        evals: list[Future],
+        worker: WorkerInfo,
+    ) -> Future:
+        """Checkpoint model ``mst_key``'s current state after ``iteration`` on ``worker`` (where
+        the state is), after its previous checkpoint, with the iteration's records."""
+        future = self._submit(
+            sessions.checkpoint, self.checkpoint_dir, self.job_key, mst_key, iteration,
+            self._state(mst_key), records, evals, self._last_checkpoint.get(mst_key),
+            worker=worker,
+        )  # fmt: skip
+        self._last_checkpoint[mst_key] = future
+        return future
+
+    def digest(self, mst_key: int) -> Future:
+        """The sha256 of model ``mst_key``'s current weights, computed where the state is."""
+        return self._submit(sessions.state_digest, self._state(mst_key), worker=None)
+
+    def weights(self, keys: list[int]) -> dict[int, bytes]:
+        """The current weights of ``keys`` (registry bytes; optimizer states stay)."""
+        futures = [self._submit(sessions.weights_of, self._state(k), worker=None) for k in keys]
+        return dict(zip(keys, self.client.gather(futures), strict=True))
+
+    def wait(self, futures: list[Future]) -> None:
+        """Wait for ``futures``; on any failed task of the job or a departed worker, cancel
+        everything and raise, naming the trainer or host (bounded time)."""
+        outcome = watch(self.client, futures, self.workers, watched=self.submitted)
+        if outcome.gone:
+            self.client.cancel(self.submitted)
+            raise TrainerFailedError(
+                f"{describe_departure(outcome.gone)}; job {self.name!r} was stopped. Bring the "
+                "worker back (or preprocess onto the remaining workers) and run it again: it "
+                "resumes every model from the last iteration all of them completed."
+            )
+        if outcome.failed is not None:
+            exc = outcome.failed.exception()
+            self.client.cancel(self.submitted)
+            if isinstance(exc, TrainerFailedError):
+                raise exc
+            raise TrainerFailedError(
+                f"A task of job {self.name!r} failed: {type(exc).__name__}: {exc}. Run it "
+                "again: it resumes every model from the last iteration all of them completed."
+            ) from exc
+
+    def clear_checkpoints(self) -> None:
+        """Remove the job's checkpoints on every worker (its models are registered)."""
+        self.client.gather(
+            [
+                self.client.submit(
+                    launch.clear_checkpoint, self.checkpoint_dir, workers=[w.address], pure=False
+                )
+                for w in self.workers
+            ]
+        )
+
+    def stop(self) -> None:
+        """Stop the job's trainers on every worker (idempotent)."""
+        self.client.run(sessions.stop_session, self.job_id, on_error="ignore")
+
+    def __enter__(self) -> ModelHopper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,60 @@
+"""Keras models inside a trainer process: build, compile, and metrics over the LOCAL rows.
+
+Shared by the trainer's programs (:mod:`dvml.train.runtime.sync_program`,
+:mod:`dvml.train.runtime.serve_program`). Runs only in trainer processes: TensorFlow through
+:mod:`dvml.tf_runtime`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dvml import tf_runtime
+from dvml.resolve.tfdata import evaluation_dataset, evaluation_steps
+from dvml.train.params import compile_kwargs
+
+__all__ = ["build_model", "compile_model", "fit_kwargs", "local_metrics"]
+
+
+def build_model(model_json: str, weights_path: str | None, custom_objects: dict[str, Any]) -> Any:
+    """The model from its JSON (layers' ``trainable`` flags are part of the JSON), with the
+    weights in ``weights_path`` (registry bytes) when given."""
+    weights = None
+    if weights_path:
+        from dvml.registry.weights import weights_from_bytes
+
+        with open(weights_path, "rb") as f:
+            weights = weights_from_bytes(f.read())
+    return tf_runtime.build_model(model_json, weights, custom_objects)
+
+
+def compile_model(
+    model: Any,
+    compile_params: dict[str, Any],
+    custom_objects: dict[str, Any],
+    steps_per_execution: int | None = None,
+) -> None:
+    """Compile ``model`` with parsed ``compile_params``; ``steps_per_execution`` is a default
+    that the user's ``compile_params`` override."""
+    kwargs = compile_kwargs(compile_params, custom_objects)
+    if steps_per_execution is not None:
+        kwargs.setdefault("steps_per_execution", steps_per_execution)
+    model.compile(**kwargs)
+
+
+def fit_kwargs(fit_params: dict[str, Any]) -> dict[str, Any]:
+    """``model.fit`` keywords from parsed ``fit_params`` (dvml feeds the batches itself)."""
+    kwargs = {
+        k: v for k, v in fit_params.items() if k not in ("batch_size", "shuffle", "steps_per_epoch")
+    }
+    kwargs.setdefault("epochs", 1)
+    kwargs["verbose"] = 0
+    return kwargs
+
+
+def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
+    """Loss and metrics of ``model`` on every local row (aggregated over workers later)."""
+    steps = evaluation_steps(parts, batch_size)  # compile_params may run several per call
+    data = evaluation_dataset(parts, batch_size)
+    result = model.evaluate(data, steps=steps, verbose=0, return_dict=True)
+    return {"rows": parts.rows, "values": {k: float(v) for k, v in result.items()}}

@@ -1,0 +1,301 @@
+"""Worker side of serving trainers: one long-lived trainer per worker and job, driven by tasks.
+
+A *serving* trainer (``program: "serve"``, :mod:`dvml.train.runtime.serve_program`) imports
+TensorFlow once, opens the worker's LOCAL partitions once, and then trains or evaluates any
+model it is sent, one command at a time: this is how the model hopper (``fit_multiple``) and
+model search train many models on pinned data without restarting a process. Each worker keeps
+ONE such trainer per job (its :class:`_Session`, started by the job's first task on the worker
+through the runtime's supervisor). A model's state (weights AND optimizer variables, ``.npz``
+bytes) is the result of the task that last trained it, so Dask moves it directly from the
+worker that trained it to the next one (the client holds only futures). A model that no task
+trains is *parked*: its state stays where its last task left it, and a later task resumes it.
+Models can join a running job: a task brings its model's configuration the first time that
+model reaches a trainer.
+
+Tasks of one job on one worker are serialised by the session's lock. A trainer that dies is not
+replaced: every later task of the job on that worker raises
+:class:`~dvml.exceptions.TrainerFailedError` saying how it ended, and the job stops (a rerun
+resumes from the checkpoints). A session whose client is gone (:class:`ClientLease`) stops its
+trainer by itself, also between tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from dvml.exceptions import TrainerFailedError
+from dvml.train.runtime.checkpoints import CheckpointStore
+from dvml.train.runtime.protocol import Evaluate, Evaluated, Failed, Line, Ready, Train, Trained
+from dvml.train.runtime.model_state import read_state
+from dvml.train.runtime.supervisor import ClientLease, TrainerProcess, private_workdir
+
+__all__ = [
+    "checkpoint",
+    "evaluate_state",
+    "list_checkpoints",
+    "load_checkpoint",
+    "state_digest",
+    "stop_session",
+    "train_hop",
+    "weights_of",
+]
+
+_LOCK = threading.Lock()
+_SESSIONS: dict[str, _Session] = {}
+# Jobs whose sessions were stopped: a task of such a job that starts late (it was already on
+# its way when the job was cancelled) must not start a new trainer nobody would stop.
+_STOPPED: deque[str] = deque(maxlen=1000)
+
+_RERUN = "\nRun the job again: it resumes every model from the last iteration all completed."
+
+
+class _Session:
+    """One serving trainer of one job on this worker, and the lease that bounds its life."""
+
+    def __init__(self, job: dict[str, Any], worker: Any) -> None:
+        self.job, self.worker = job, worker
+        self.lock = threading.Lock()
+        self.known: set[int] = set()  # models whose configuration the trainer has
+        self.ready = False
+        standby = bool(job.get("standby", True)) and not job["use_gpus"]
+        self.trainer = TrainerProcess.start(
+            {**job, "program": "serve"},
+            private_workdir(worker, "dvml-hop-"),
+            use_gpus=bool(job["use_gpus"]),
+            trainers_on_host=int(job.get("trainers_on_host") or 1),
+            standby=standby,
+        )
+        self.trainer.name = f"hop trainer on worker {job['worker_name']}"
+        self.standby_worker = worker if standby else None
+        self.lease = ClientLease(worker, job["client_id"], job.get("client_timeout"))
+        threading.Thread(target=self._watch, name="dvml-session-lease", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Stop the session when its client is gone, also while no task runs."""
+        while self.trainer.proc.poll() is None:
+            time.sleep(self.lease.interval)
+            reason = self.lease.lost()
+            if reason is not None:
+                self.trainer.stopped = reason
+                stop_session(self.job["job_id"])
+                return
+
+    def call(self, command: Line, timeout: float) -> Line:
+        """Send ``command`` and return the trainer's answer (raises when it failed)."""
+        if not self.ready:
+            ready = self.trainer.next(timeout, self.lease.lost)
+            if not isinstance(ready, Ready):
+                raise self._failed(ready)
+            self.ready = True
+        self.trainer.send(command)
+        answer = self.trainer.next(timeout, self.lease.lost)
+        if isinstance(answer, Failed):
+            raise self._failed(answer)
+        return answer
+
+    def _failed(self, answer: Line) -> TrainerFailedError:
+        if isinstance(answer, Failed) and not answer.fatal:
+            return TrainerFailedError(
+                f"The {self.trainer.name} (pid {self.trainer.proc.pid}) failed: "
+                f"{answer.type}: {answer.message}{_RERUN}"
+            )
+        return self.trainer.failure(_RERUN)
+
+    def close(self) -> None:
+        self.trainer.close(self.standby_worker)
+
+
+def _session(job: dict[str, Any]) -> _Session:
+    from distributed import get_worker
+
+    worker = get_worker()
+    with _LOCK:
+        if job["job_id"] in _STOPPED:
+            raise TrainerFailedError(
+                f"Job {job['job_id']} ({job.get('name')!r}) was stopped before this task of it "
+                f"started on worker {worker.name}; no trainer was started for it.{_RERUN}"
+            )
+        session = _SESSIONS.get(job["job_id"])
+        # A session whose trainer died is kept, not replaced: its next call raises, so a
+        # killed trainer ends the job whether it was training or waiting for its next task.
+        if session is None:
+            index = job["workers"].index(str(worker.name))
+            own = {
+                **job,
+                "worker_name": str(worker.name),
+                "worker_index": index,
+                "trainers_on_host": job["trainers_on_host"][index],
+                "configs": {},  # they come with the tasks (models join a running job)
+            }
+            session = _SESSIONS[job["job_id"]] = _Session(own, worker)
+        return session
+
+
+def _transfer_seconds(key: str | None) -> float:
+    """Seconds this worker spent receiving the Dask key ``key`` (0 when it was local)."""
+    if key is None:
+        return 0.0
+    from distributed import get_worker
+
+    for entry in reversed(list(get_worker().transfer_incoming_log)):
+        if key in entry.get("keys", {}):
+            return float(entry.get("duration", 0.0))
+    return 0.0
+
+
+def _run(
+    job: dict[str, Any], mst_key: int, iteration: int | None, state: bytes
+) -> tuple[Any, bytes]:
+    """Run one command for model ``mst_key`` on this worker's trainer: train when
+    ``iteration`` is given, else evaluate. Returns the answer and the new state (trained)."""
+    session = _session(job)
+    with session.lock:
+        fd, path_in = tempfile.mkstemp(suffix=".npz", dir=session.trainer.workdir)
+        with os.fdopen(fd, "wb") as f:
+            f.write(state)
+        path_out = path_in[: -len(".npz")] + "-out.npz"
+        config = None if mst_key in session.known else job["configs"][str(mst_key)]
+        command: Line
+        if iteration is None:
+            command = Evaluate(mst_key=mst_key, state_in=path_in, config=config)
+        else:
+            command = Train(mst_key, iteration, path_in, path_out, config=config)
+        try:
+            answer = session.call(command, float(job["timeout"]))
+            session.known.add(mst_key)
+            if iteration is None:
+                return answer, b""
+            with open(path_out, "rb") as f:
+                return answer, f.read()
+        finally:
+            for path in (path_in, path_out):
+                if os.path.exists(path):
+                    os.remove(path)
+
+
+def train_hop(
+    job: dict[str, Any], mst_key: int, iteration: int, previous: dict[str, Any], previous_key: Any
+) -> dict[str, Any]:
+    """Train model ``mst_key`` for one step of its schedule on this worker's partition.
+
+    ``previous`` is the result of the model's previous task (or of its start), moved here by
+    Dask; ``previous_key`` its Dask key, to time that move. Returns the new ``state`` and a
+    ``record`` (loss, seconds, the trainer's pid, the digest of the weights it started from).
+    """
+    from distributed import get_worker
+
+    started = time.perf_counter()
+    moved = _transfer_seconds(previous_key)
+    answer, state = _run(job, mst_key, iteration, previous["state"])
+    if not isinstance(answer, Trained):
+        raise TrainerFailedError(f"A trainer answered {answer!r} to a train command.{_RERUN}")
+    record = {
+        "mst_key": mst_key,
+        "iteration": iteration,
+        "worker": str(get_worker().name),
+        "pid": _SESSIONS[job["job_id"]].trainer.proc.pid,
+        "fit_loss": answer.fit_loss,
+        "train_s": answer.train_s,
+        # moving the model: the Dask transfer here plus loading and saving its state
+        "moving_s": moved + answer.load_s + answer.save_s,
+        "transfer_s": moved,
+        "bytes": len(state),
+        "loaded_sha256": answer.loaded_sha256,
+        "task_s": time.perf_counter() - started,
+        # wall clock, from the client's start of this run (an earlier run's, once resumed)
+        "elapsed": time.time() - float(job["started_at"]),
+    }
+    return {"state": state, "record": record}
+
+
+def hop_record(result: dict[str, Any]) -> dict[str, Any]:
+    """The small part of a hop's result (runs where the result is, so no state moves)."""
+    return dict(result["record"])
+
+
+def evaluate_state(job: dict[str, Any], mst_key: int, result: dict[str, Any]) -> dict[str, Any]:
+    """Loss and metrics of a model's state on this worker's training and validation rows."""
+    answer, _ = _run(job, mst_key, None, result["state"])
+    if not isinstance(answer, Evaluated):
+        raise TrainerFailedError(f"A trainer answered {answer!r} to an evaluate command.{_RERUN}")
+    out = {"training": answer.training}
+    if answer.validation is not None:
+        out["validation"] = answer.validation
+    return out
+
+
+def _name(mst_key: int, iteration: int) -> str:
+    return f"{mst_key}-{iteration}"
+
+
+def checkpoint(
+    directory: str,
+    job_key: str,
+    mst_key: int,
+    iteration: int,
+    result: dict[str, Any],
+    records: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    after: Any = None,
+) -> None:
+    """Write a model's state after ``iteration`` with that iteration's records.
+
+    The state of the iteration before the last is removed (each state is the size of the
+    model and its optimizer); the small records of every iteration stay, for the history.
+    ``after`` is the result of the model's previous checkpoint task (None): passing it makes
+    Dask write the checkpoints of one model in iteration order, so that the records of every
+    iteration up to a checkpointed state exist when a rerun resumes from it.
+    """
+    store = CheckpointStore(directory)
+    meta = {"job_key": job_key, "mst_key": mst_key, "iteration": iteration}
+    store.save(_name(mst_key, iteration), result["state"], {**meta, "records": records,
+                                                           "evals": evals})  # fmt: skip
+    store.drop_state(_name(mst_key, iteration - 2))
+
+
+def list_checkpoints(directory: str, job_key: str) -> list[dict[str, Any]]:
+    """Every checkpoint record of ``job_key`` on this worker (``has_state``: its state is here)."""
+    records = CheckpointStore(directory).records(job_key)
+    return sorted(records, key=lambda m: (m["mst_key"], m["iteration"]))
+
+
+def load_checkpoint(directory: str, mst_key: int, iteration: int) -> dict[str, Any]:
+    """A checkpointed state, as a hop result (it stays on this worker until a hop needs it)."""
+    found = CheckpointStore(directory).load(_name(mst_key, iteration))
+    if found is None:
+        raise TrainerFailedError(
+            f"The checkpoint of model {mst_key} after iteration {iteration} in {directory} is "
+            f"gone or torn. Run the job again with resume=False.{_RERUN}"
+        )
+    return {"state": found[1], "record": None}
+
+
+def stop_session(job_id: str, dask_worker: Any = None) -> bool:
+    """Stop this worker's serving trainer of ``job_id`` (``client.run``; idempotent)."""
+    with _LOCK:
+        _STOPPED.append(job_id)
+        session = _SESSIONS.pop(job_id, None)
+    if session is None:
+        return False
+    session.close()
+    return True
+
+
+def weights_of(result: dict[str, Any]) -> bytes:
+    """The weights alone of a model's state, as registry bytes (the optimizer state stays)."""
+    from dvml.registry.weights import weights_to_bytes
+
+    weights, _ = read_state(result["state"])
+    return weights_to_bytes(weights)
+
+
+def state_digest(result: dict[str, Any]) -> str:
+    """The sha256 of a model state's weights (what :class:`Trained` reports as loaded)."""
+    from dvml.train.runtime.model_state import weights_digest
+
+    return weights_digest(read_state(result["state"])[0])
