@@ -2,7 +2,7 @@
 
 What is measured, per repeat and side: the wall time of one :func:`dvml.fit` call (two
 MultiWorkerMirroredStrategy trainers, ``num_iterations=1``), timed inside a client that runs
-in the head namespace of a :class:`dvml.cluster.netns.NetnsCluster`:
+in the head namespace of a :class:`dvml.testing.netns.NetnsCluster`:
 
 - dvml side ("two hosts"): two worker-host namespaces with one vineyardd and one Dask worker
   each; the trainers' gradient all-reduce crosses the bridge between the namespaces.
@@ -37,7 +37,7 @@ PROTOCOL = "B13 "
 
 
 def prepare(quick: bool) -> dict[str, Any]:
-    from dvml.cluster import netns
+    from dvml.testing import netns
 
     reason = netns.unavailable_reason()
     if reason:

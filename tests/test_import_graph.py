@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
     {"dvml.demo"},
     {"dvml.cli"},
     {"dvml.__main__"},
+    {"dvml.testing"},  # test harnesses (netns hosts): nothing else in dvml imports them
 ]
 
 

@@ -175,15 +175,21 @@ def _find_released(client: Client) -> list[str]:
 
 
 def abort_orphaned_trainers(client: Client, timeout: float = 60.0) -> list[str]:
-    """Stop the trainers of fits whose client is gone; return their task keys.
+    """Stop the trainers of jobs whose client is gone; return their task keys and job ids.
 
-    A trainer task whose client died stays *cancelled* on its worker while it runs: nobody
+    The runtime's client lease stops them by itself within seconds; this does it at once. A
+    fit's trainer task whose client died stays *cancelled* on its worker while it runs: nobody
     will read its result, but it holds a worker thread (and its peers) until it ends. Setting
     its fit's abort event makes the launcher stop the trainer process; this waits (up to
-    ``timeout`` seconds) until the tasks have ended.
+    ``timeout`` seconds) until the tasks have ended. The serving trainers of a
+    ``fit_multiple`` (or model search) whose client is gone are stopped on every worker.
     """
     from distributed import Event
 
+    from dvml.train.runtime.sessions import stop_orphaned_sessions
+
+    found = client.run(stop_orphaned_sessions, on_error="return")
+    sessions = sorted({j for ids in found.values() if isinstance(ids, list) for j in ids})
     keys = _find_released(client)
     job_ids = {k[len(_TRAINER_PREFIX) :][:_JOB_ID_LENGTH] for k in keys}
     events = [Event(f"{_ABORT_PREFIX}{job_id}", client=client) for job_id in sorted(job_ids)]
@@ -202,7 +208,7 @@ def abort_orphaned_trainers(client: Client, timeout: float = 60.0) -> list[str]:
             "events set for their jobs. Check the workers' logs; restart the workers if they "
             "hang."
         )
-    return keys
+    return keys + sessions
 
 
 def wait_for_released_tasks(client: Client, timeout: float = 120.0) -> list[str]:

@@ -676,6 +676,40 @@ def _canonical_list(entries: Any, what: str, names: Collection[str] | None) -> l
     return list(result)
 
 
+def _checked_row(
+    where: str, row: Any, required: set[str], custom_names: Collection[str]
+) -> tuple[int, str, str]:
+    """One row's columns, architecture id and canonical parameter texts (or a clear error)."""
+    if not isinstance(row, Mapping):
+        raise ArgumentTypeError(
+            f"{where} of the model selection table must be a dict. Received: "
+            f"{type(row).__name__} {row!r:.80}."
+        )
+    unknown = sorted(str(k) for k in set(row) - set(COLUMNS))
+    missing = sorted(required - set(row))
+    if unknown or missing:
+        raise ArgumentError(
+            f"{where} of the model selection table has the wrong columns: missing "
+            f"{missing}, unknown {unknown}. Received: {dict(row)!r:.200}. The columns are "
+            f"{list(COLUMNS)} (mst_key optional)."
+        )
+    model_id = row["model_id"]
+    if isinstance(model_id, bool) or not isinstance(model_id, numbers.Integral):
+        raise ArgumentTypeError(
+            f"{where}: model_id must be one integer architecture id. Received: "
+            f"{type(model_id).__name__} {model_id!r:.80}."
+        )
+    model_id = int(model_id)
+    try:
+        compile_text, fit_text = _canonical(row["compile_params"], row["fit_params"], custom_names)
+    except ParameterError as exc:
+        raise ArgumentError(
+            f"{where} of the model selection table is refused: {exc} Received: "
+            f"{dict(row)!r:.200}. Fix that row."
+        ) from None
+    return model_id, compile_text, fit_text
+
+
 def check_config_rows(
     rows: Iterable[Mapping[str, Any]], custom_names: Collection[str] = ()
 ) -> list[ModelConfig]:
@@ -712,35 +746,7 @@ def check_config_rows(
     seen: dict[tuple[int, str, str], int] = {}
     for i, row in enumerate(items):
         where = f"row {i}"
-        if not isinstance(row, Mapping):
-            raise ArgumentTypeError(
-                f"{where} of the model selection table must be a dict. Received: "
-                f"{type(row).__name__} {row!r:.80}."
-            )
-        unknown = sorted(str(k) for k in set(row) - set(COLUMNS))
-        missing = sorted(required - set(row))
-        if unknown or missing:
-            raise ArgumentError(
-                f"{where} of the model selection table has the wrong columns: missing "
-                f"{missing}, unknown {unknown}. Received: {dict(row)!r:.200}. The columns are "
-                f"{list(COLUMNS)} (mst_key optional)."
-            )
-        model_id = row["model_id"]
-        if isinstance(model_id, bool) or not isinstance(model_id, numbers.Integral):
-            raise ArgumentTypeError(
-                f"{where}: model_id must be one integer architecture id. Received: "
-                f"{type(model_id).__name__} {model_id!r:.80}."
-            )
-        model_id = int(model_id)
-        try:
-            compile_text, fit_text = _canonical(
-                row["compile_params"], row["fit_params"], custom_names
-            )
-        except ParameterError as exc:
-            raise ArgumentError(
-                f"{where} of the model selection table is refused: {exc} Received: "
-                f"{dict(row)!r:.200}. Fix that row."
-            ) from None
+        model_id, compile_text, fit_text = _checked_row(where, row, required, custom_names)
         if row.get("mst_key") is not None:
             with_key += 1
             key = row["mst_key"]

@@ -16,21 +16,22 @@ from dvml.exceptions import TrainerFailedError, TrainingError
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
-from dvml.store.datasets import Dataset, resolve_dataset
+from dvml.store.datasets import Dataset
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
-from dvml.train.params import format_params, parse_compile_params, parse_fit_params
+from dvml.train.params import format_params
 from dvml.train.runtime import launch
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.exits import KILLED_BY
 from dvml.train.runtime.plan import (
-    check_fit_args,
+    Job,
+    JobArgs,
     job_key,
     machine,
+    model_spec,
     now,
+    place_job,
     rows_per_worker,
-    training_workers,
-    warm_start_weights,
 )
 from dvml.train.runtime.watcher import (
     departed_workers,
@@ -38,7 +39,7 @@ from dvml.train.runtime.watcher import (
     looks_like_peer_failure,
     watch,
 )
-from dvml.train.summary import build_summary, check_shapes, iteration_record, weights_size_kb
+from dvml.train.summary import build_summary, iteration_record, weights_size_kb
 from dvml.train.sync import check_sync, choose_sync
 
 if TYPE_CHECKING:
@@ -137,19 +138,20 @@ def fit(
     requested_sync = check_sync(config.get("train.sync", check_sync(sync)))
     client = current_client(client)
     reg = open_registry(registry)
+    args = JobArgs(
+        model, training_set, validation_set, num_iterations, metrics_compute_frequency,
+        use_gpus, warm_start, custom_objects, seed, timeout,
+    )  # fmt: skip
     plan = _plan(
-        reg, client, training_set, model=model, arch_id=arch_id, compile_params=compile_params,
-        fit_params=fit_params, num_iterations=num_iterations, use_gpus=use_gpus,
-        validation_set=validation_set, metrics_compute_frequency=metrics_compute_frequency,
-        warm_start=warm_start, custom_objects=custom_objects, tensorboard_dir=tensorboard_dir,
-        seed=seed, timeout=timeout, sync=requested_sync,
+        reg, client, args, arch_id=arch_id, compile_params=compile_params, fit_params=fit_params,
+        tensorboard_dir=tensorboard_dir, sync=requested_sync,
     )  # fmt: skip
     # One fit per model at a time: a second one would share (and resume from) this one's
     # checkpoints. Held until the model is saved; refused with the running job's name.
     with holding_model(config.state_dir(), model, plan.key):
         start_iteration, weights_blob, history = _resume(client, plan, resume)
-        endpoints = _reserve_ports(client, plan.workers)
-        collector = _Progress(len(plan.workers), model, num_iterations, on_iteration, progress)
+        endpoints = _reserve_ports(client, plan.job.workers)
+        collector = _Progress(len(plan.job.workers), model, num_iterations, on_iteration, progress)
         start = now()
         results = _run_trainers(
             client,
@@ -173,25 +175,16 @@ def fit(
 class _Plan:
     """Everything fit decided before any trainer starts: checked arguments and placement."""
 
+    job: Job  # the common arguments, datasets, trainers, seed and timeout
     model: str
     arch_id: int
     arch: dict[str, Any]
-    train: Dataset
-    valid: Dataset | None
-    workers: list[WorkerInfo]
     compile_params: dict[str, Any]
     fit_params: dict[str, Any]
-    num_iterations: int
-    frequency: int
     per_worker_batch: list[int]  # one per trainer, in workers' order
     steps_per_epoch: int
-    custom_sources: dict[str, str]
     weights: Any
-    warm_start: bool
-    use_gpus: bool
     tensorboard_dir: str | None
-    seed: int
-    timeout: float
     sync: str | int
     key: str
     checkpoint_dir: str
@@ -200,42 +193,57 @@ class _Plan:
 def _plan(
     reg: Registry,
     client: Client,
-    training_set: str | Dataset,
+    args: JobArgs,
     *,
-    model: str,
     arch_id: int,
     compile_params: str | dict[str, Any],
     fit_params: str | dict[str, Any] | None,
-    num_iterations: int,
-    use_gpus: bool,
-    validation_set: str | Dataset | None,
-    metrics_compute_frequency: int | None,
-    warm_start: bool,
-    custom_objects: list[str] | None,
     tensorboard_dir: str | None,
-    seed: int | None,
-    timeout: float | None,
     sync: str | int | None,
 ) -> _Plan:
     """Check every argument and decide the trainers, batches and job key (starts nothing)."""
-    check_fit_args(model, num_iterations, metrics_compute_frequency)
-    freq = metrics_compute_frequency or num_iterations
-    # With the custom names, a loss or metric the trainers could not resolve is refused here.
-    compile_parsed = parse_compile_params(compile_params, custom_names=custom_objects or [])
-    fit_parsed = parse_fit_params(fit_params)
-    fit_parsed.setdefault("epochs", 1)
-    global_batch = int(fit_parsed.setdefault("batch_size", 32))
+    job = place_job(reg, client, args)
+    warm_from = args.output if args.warm_start else None
+    spec = model_spec(
+        reg, arch_id, compile_params, fit_params, job.train, args.custom_objects or [], warm_from
+    )
+    workers = job.workers
+    sync_mode, sync_reason = choose_sync(sync, args.use_gpus, [w.gpus for w in workers])
+    logger.info("training %s with sync=%r: %s", args.output, sync_mode, sync_reason)
+    per_worker, steps = _batches(job.train, workers, int(spec.fit_params["batch_size"]))
+    _check_tensorboard(tensorboard_dir)
+    key = job_key(
+        job.train.summary["dataset_id"],
+        job.valid.summary["dataset_id"] if job.valid else None,
+        arch_id,
+        spec.compile_params,
+        spec.fit_params,
+        args.num_iterations,
+        job.frequency,
+        job.seed,
+        args.warm_start,
+        len(workers),
+        sync_mode,
+    )
+    return _Plan(
+        job=job,
+        model=args.output,
+        arch_id=arch_id,
+        arch=spec.arch,
+        compile_params=spec.compile_params,
+        fit_params=spec.fit_params,
+        per_worker_batch=per_worker,
+        steps_per_epoch=steps,
+        weights=spec.weights,
+        tensorboard_dir=tensorboard_dir,
+        sync=sync_mode,
+        key=key,
+        checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{args.output}-{key}"),
+    )
 
-    train = resolve_dataset(training_set, client)
-    valid = resolve_dataset(validation_set, client) if validation_set is not None else None
-    arch = reg.get_architecture(arch_id)
-    check_shapes(arch, train.summary, train.name)
-    weights = arch["weights"]
-    if warm_start:
-        weights = warm_start_weights(reg, model, arch_id)
-    workers = training_workers(client, train, valid, use_gpus)
-    sync_mode, sync_reason = choose_sync(sync, use_gpus, [w.gpus for w in workers])
-    logger.info("training %s with sync=%r: %s", model, sync_mode, sync_reason)
+
+def _batches(train: Dataset, workers: list[WorkerInfo], global_batch: int) -> tuple[list[int], int]:
+    """Each trainer's share of the global batch, and the steps per epoch all of them run."""
     rows = rows_per_worker(train, workers)
     per_worker = per_worker_batch_sizes(global_batch, [rows[w.name] for w in workers])
     steps = steps_per_epoch([rows[w.name] for w in workers], per_worker)
@@ -246,48 +254,7 @@ def _plan(
             len(workers),
             dict(zip([w.name for w in workers], per_worker, strict=True)),
         )
-    custom_sources = reg.custom_function_sources(custom_objects or [])
-    if tensorboard_dir is not None:
-        _check_tensorboard()
-    seed = int(config.get("preprocess.seed", seed))
-    timeout = float(config.get("train.trainer-timeout", timeout))
-    key = job_key(
-        train.summary["dataset_id"],
-        valid.summary["dataset_id"] if valid else None,
-        arch_id,
-        compile_parsed,
-        fit_parsed,
-        num_iterations,
-        freq,
-        seed,
-        warm_start,
-        len(workers),
-        sync_mode,
-    )
-    return _Plan(
-        model=model,
-        arch_id=arch_id,
-        arch=arch,
-        train=train,
-        valid=valid,
-        workers=workers,
-        compile_params=compile_parsed,
-        fit_params=fit_parsed,
-        num_iterations=num_iterations,
-        frequency=freq,
-        per_worker_batch=per_worker,
-        steps_per_epoch=steps,
-        custom_sources=custom_sources,
-        weights=weights,
-        warm_start=warm_start,
-        use_gpus=use_gpus,
-        tensorboard_dir=tensorboard_dir,
-        seed=seed,
-        timeout=timeout,
-        sync=sync_mode,
-        key=key,
-        checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{model}-{key}"),
-    )
+    return per_worker, steps
 
 
 def _resume(
@@ -296,7 +263,7 @@ def _resume(
     """The first iteration to run, the weights to start from and the history so far."""
     start_iteration, weights_blob, history = 1, None, list[dict[str, Any]]()
     if resume:
-        resumed = _find_checkpoint(client, plan.workers, plan.checkpoint_dir, plan.key)
+        resumed = _find_checkpoint(client, plan.job.workers, plan.checkpoint_dir, plan.key)
         if resumed is not None:
             start_iteration, weights_blob, history = resumed
             logger.warning("resuming %s from iteration %d", plan.model, start_iteration - 1)
@@ -327,18 +294,18 @@ def _job(
         "model_json": plan.arch["model_json"],
         "compile_params": plan.compile_params,
         "fit_params": plan.fit_params,
-        "num_iterations": plan.num_iterations,
+        "num_iterations": plan.job.args.num_iterations,
         "start_iteration": start_iteration,
         "history": history,
-        "metrics_compute_frequency": plan.frequency,
-        "training": plan.train.name,
-        "validation": plan.valid.name if plan.valid else None,
+        "metrics_compute_frequency": plan.job.frequency,
+        "training": plan.job.train.name,
+        "validation": plan.job.valid.name if plan.job.valid else None,
         "steps_per_epoch": plan.steps_per_epoch,
-        "seed": plan.seed,
-        "custom_objects": plan.custom_sources,
+        "seed": plan.job.seed,
+        "custom_objects": plan.job.custom_sources,
         "checkpoint_dir": plan.checkpoint_dir,
         "tensorboard_dir": plan.tensorboard_dir,
-        "use_gpus": plan.use_gpus,
+        "use_gpus": plan.job.args.use_gpus,
         "sync": plan.sync,
         "peer_timeout": config.get("train.peer-timeout"),
         # Trainers stop when this client is gone this long (the runtime's ClientLease).
@@ -366,7 +333,7 @@ def _run_trainers(
     client.subscribe_topic(topic, collector)
     abort = Event(abort_name, client=client)
     futures = []
-    for i, w in enumerate(plan.workers):
+    for i, w in enumerate(plan.job.workers):
         job = {
             **base_job,
             # Each trainer's own share of the global batch (they differ by at most one row).
@@ -374,7 +341,7 @@ def _run_trainers(
             "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
             # Trainers that share this machine's cores: its network address, not DVML_HOST
             # (a LocalCluster's simulated hosts are one machine).
-            "trainers_on_host": sum(1 for o in plan.workers if machine(o) == machine(w)),
+            "trainers_on_host": sum(1 for o in plan.job.workers if machine(o) == machine(w)),
         }
         futures.append(
             client.submit(
@@ -383,7 +350,7 @@ def _run_trainers(
                 weights_blob,
                 topic,
                 abort_name,
-                plan.timeout,
+                plan.job.timeout,
                 workers=[w.address],
                 allow_other_workers=False,
                 pure=False,
@@ -392,7 +359,7 @@ def _run_trainers(
             )
         )
     try:
-        return _wait_trainers(client, futures, plan.workers, abort)
+        return _wait_trainers(client, futures, plan.job.workers, abort)
     finally:
         client.unsubscribe_topic(topic)
 
@@ -422,28 +389,28 @@ def _summary(
     shas = {r["weights_sha256"] for r in results}
     final_blob = next(r["weights"] for r in results if r["weights"] is not None)
     summary = build_summary(
-        training=plan.train,
-        validation=plan.valid,
+        training=plan.job.train,
+        validation=plan.job.valid,
         model=plan.model,
         arch_id=plan.arch_id,
         compile_params=plan.compile_params,
         fit_params=plan.fit_params,
         compile_text=format_params(plan.compile_params),
         fit_text=format_params(plan.fit_params),
-        num_iterations=plan.num_iterations,
-        metrics_compute_frequency=plan.frequency,
+        num_iterations=plan.job.args.num_iterations,
+        metrics_compute_frequency=plan.job.frequency,
         name=name,
         description=description,
         start=start,
         end=end,
         iterations=iterations,
         model_size_kb=weights_size_kb(weights_from_bytes(final_blob)),
-        trainers=[w.name for w in plan.workers],
+        trainers=[w.name for w in plan.job.workers],
         weights_identical=len(shas) == 1,
-        warm_start=plan.warm_start,
+        warm_start=plan.job.args.warm_start,
         version=__version__,
     )
-    summary["custom_objects"] = sorted(plan.custom_sources)
+    summary["custom_objects"] = sorted(plan.job.custom_sources)
     summary["sync"] = plan.sync
     summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None
     # What each trainer read: its vineyard instance and the buffers it resolved locally.
@@ -481,15 +448,15 @@ def _clear_checkpoints(client: Client, plan: _Plan) -> None:
             client.submit(
                 launch.clear_checkpoint, plan.checkpoint_dir, workers=[w.address], pure=False
             )
-            for w in plan.workers
+            for w in plan.job.workers
         ]
     )
 
 
-def _check_tensorboard() -> None:
+def _check_tensorboard(tensorboard_dir: str | None) -> None:
     import importlib.util
 
-    if importlib.util.find_spec("tensorboard") is None:
+    if tensorboard_dir is not None and importlib.util.find_spec("tensorboard") is None:
         raise TrainingError(
             "tensorboard_dir was given but TensorBoard is not installed. Install it with "
             "`pip install tensorboard` (a dvml dependency), or leave tensorboard_dir out."

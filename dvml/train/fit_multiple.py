@@ -31,23 +31,17 @@ from dvml.cluster.workers import WorkerInfo, current_client
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes
-from dvml.store.datasets import Dataset, resolve_dataset
+from dvml.store.datasets import Dataset
 from dvml.train.hop_schedule import Config, build_info, check_configs, hop_schedule
 from dvml.train.model import Model
 from dvml.train.model_selection import resolve_model_configs
-from dvml.train.params import format_params, parse_compile_params, parse_fit_params
+from dvml.train.params import format_params
 from dvml.train.runtime import sessions
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.hopper import ModelHopper
-from dvml.train.runtime.plan import (
-    check_fit_args,
-    job_key,
-    now,
-    training_workers,
-    warm_start_weights,
-)
 from dvml.train.runtime.model_state import state_bytes
-from dvml.train.summary import build_summary, check_shapes, iteration_record, weights_size_kb
+from dvml.train.runtime.plan import Job, JobArgs, job_key, model_spec, now, place_job
+from dvml.train.summary import build_summary, iteration_record, weights_size_kb
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -137,22 +131,15 @@ def _resolve_configs(configs: Any) -> list[dict[str, Any]]:
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
+    """Everything fit_multiple decided before any trainer starts."""
+
+    job: Job  # the common arguments, datasets, trainers, seed and timeout
     model_output: str
     configs: list[Config]
     parsed: dict[int, dict[str, Any]]  # mst_key -> compile/fit params parsed, arch JSON
     initial: dict[int, bytes]  # mst_key -> starting state (weights, no optimizer state)
-    train: Dataset
-    valid: Dataset | None
-    workers: list[WorkerInfo]
-    num_iterations: int
-    frequency: int
-    use_gpus: bool
-    warm_start: bool
-    seed: int
-    timeout: float
     key: str
     checkpoint_dir: str
-    custom_sources: dict[str, str]
 
 
 def fit_multiple(
@@ -237,10 +224,11 @@ def fit_multiple(
     """
     client = current_client(client)
     reg = open_registry(registry)
-    plan = _plan(
-        reg, client, training_set, model_output, configs, num_iterations, use_gpus,
-        validation_set, metrics_compute_frequency, warm_start, custom_objects, seed, timeout,
+    args = JobArgs(
+        model_output, training_set, validation_set, num_iterations, metrics_compute_frequency,
+        use_gpus, warm_start, custom_objects, seed, timeout,
     )  # fmt: skip
+    plan = _plan(reg, client, args, configs)
     start_iteration, states, history = _resume(client, plan, resume)
     start = now()
     started = time.time()
@@ -254,82 +242,44 @@ def fit_multiple(
     return ModelSelection(model_output, reg)
 
 
-def _plan(
-    reg: Registry,
-    client: Client,
-    training_set: str | Dataset,
-    model_output: str,
-    configs: Any,
-    num_iterations: int,
-    use_gpus: bool,
-    validation_set: str | Dataset | None,
-    frequency: int | None,
-    warm_start: bool,
-    custom_objects: list[str] | None,
-    seed: int | None,
-    timeout: float | None,
-) -> _Plan:
+def _plan(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
     """Check every argument and configuration up front (no trainer starts before this)."""
-    check_fit_args(model_output, num_iterations, frequency)
     # A stored table's name, or rows given here: parsed and checked against the registry.
-    table = resolve_model_configs(configs, reg, custom_objects)
-    custom_objects = custom_objects or list(table.attrs.get("custom_objects") or [])
+    table = resolve_model_configs(configs, reg, args.custom_objects)
+    custom = args.custom_objects or list(table.attrs.get("custom_objects") or [])
+    args = dataclasses.replace(args, custom_objects=custom)
     checked = check_configs(_resolve_configs(table))
-    train = resolve_dataset(training_set, client)
-    valid = resolve_dataset(validation_set, client) if validation_set is not None else None
+    job = place_job(reg, client, args)
     parsed: dict[int, dict[str, Any]] = {}
     initial: dict[int, bytes] = {}
     for c in checked:
-        key = c["mst_key"]
-        compile_parsed = parse_compile_params(
-            c["compile_params"], custom_names=custom_objects or []
+        k = c["mst_key"]
+        warm_from = model_name(args.output, k) if args.warm_start else None
+        spec = model_spec(
+            reg, c["model_id"], c["compile_params"], c["fit_params"], job.train, custom, warm_from
         )
-        fit_parsed = parse_fit_params(c["fit_params"])
-        fit_parsed.setdefault("epochs", 1)
-        fit_parsed.setdefault("batch_size", 32)
-        arch = reg.get_architecture(c["model_id"])
-        check_shapes(arch, train.summary, train.name)
-        weights = arch["weights"]
-        if warm_start:
-            weights = warm_start_weights(reg, model_name(model_output, key), c["model_id"])
-        parsed[key] = {
-            "model_json": arch["model_json"],
-            "compile_params": compile_parsed,
-            "fit_params": fit_parsed,
-        }
-        initial[key] = state_bytes(list(weights) if weights is not None else [])
-    workers = training_workers(client, train, valid, use_gpus)
-    freq = frequency or num_iterations
-    seed = int(config.get("preprocess.seed", seed))
+        parsed[k] = spec.config()
+        initial[k] = state_bytes(list(spec.weights) if spec.weights is not None else [])
     key = job_key(
         "fit_multiple",
-        model_output,
-        train.summary["dataset_id"],
-        valid.summary["dataset_id"] if valid else None,
+        args.output,
+        job.train.summary["dataset_id"],
+        job.valid.summary["dataset_id"] if job.valid else None,
         [(c["mst_key"], c["model_id"], parsed[c["mst_key"]]) for c in checked],
-        num_iterations,
-        freq,
-        seed,
-        warm_start,
-        [w.name for w in workers],
+        args.num_iterations,
+        job.frequency,
+        job.seed,
+        args.warm_start,
+        [w.name for w in job.workers],
     )
     return _Plan(
-        model_output=model_output,
+        job=job,
+        model_output=args.output,
         configs=checked,
         parsed=parsed,
         initial=initial,
-        train=train,
-        valid=valid,
-        workers=workers,
-        num_iterations=num_iterations,
-        frequency=freq,
-        use_gpus=use_gpus,
-        warm_start=warm_start,
-        seed=seed,
-        timeout=float(config.get("train.trainer-timeout", timeout)),
         key=key,
-        checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{model_output}-mop-{key}"),
-        custom_sources=reg.custom_function_sources(custom_objects or []),
+        checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{args.output}-mop-{key}"),
     )
 
 
@@ -338,15 +288,15 @@ def _hopper(client: Client, plan: _Plan, started: float) -> ModelHopper:
     return ModelHopper(
         client,
         name=plan.model_output,
-        training=plan.train.name,
-        validation=plan.valid.name if plan.valid else None,
-        workers=plan.workers,
-        seed=plan.seed,
+        training=plan.job.train.name,
+        validation=plan.job.valid.name if plan.job.valid else None,
+        workers=plan.job.workers,
+        seed=plan.job.seed,
         job_key=plan.key,
         checkpoint_dir=plan.checkpoint_dir,
-        custom_sources=plan.custom_sources,
-        use_gpus=plan.use_gpus,
-        timeout=plan.timeout,
+        custom_sources=plan.job.custom_sources,
+        use_gpus=plan.job.args.use_gpus,
+        timeout=plan.job.timeout,
         started_at=started,
     )
 
@@ -372,12 +322,12 @@ def _resume(
                 allow_other_workers=False,
                 pure=False,
             )
-            for w in plan.workers
+            for w in plan.job.workers
         ]
     )
     holders: dict[tuple[int, int], WorkerInfo] = {}
     history: dict[tuple[int, int], dict[str, Any]] = {}
-    for w, listing in zip(plan.workers, listings, strict=True):
+    for w, listing in zip(plan.job.workers, listings, strict=True):
         for meta in listing:
             at = (int(meta["mst_key"]), int(meta["iteration"]))
             if meta["has_state"]:
@@ -418,23 +368,23 @@ def _run(
     """Submit every hop of every remaining iteration, wait, and return the hops' records and
     the evaluations (by model and iteration)."""
     keys = [c["mst_key"] for c in plan.configs]
-    schedule = hop_schedule(len(keys), len(plan.workers))
+    schedule = hop_schedule(len(keys), len(plan.job.workers))
     for m, k in enumerate(keys):  # each model starts on the worker of its first hop
-        hopper.add(k, plan.parsed[k], states[k], plan.workers[schedule[0][m][1]])
+        hopper.add(k, plan.parsed[k], states[k], plan.job.workers[schedule[0][m][1]])
     record_futures: list[Any] = []
     eval_futures: dict[tuple[int, int], list[Any]] = {}
     checkpoints: dict[int, list[Any]] = {}
     try:
-        for iteration in range(start_iteration, plan.num_iterations + 1):
+        for iteration in range(start_iteration, plan.job.args.num_iterations + 1):
             per_model: dict[int, list[Any]] = {k: [] for k in keys}
             holder: dict[int, WorkerInfo] = {}
             for round_ in schedule:
                 for m, w in round_:
-                    _, record = hopper.train(keys[m], plan.workers[w], iteration)
+                    _, record = hopper.train(keys[m], plan.job.workers[w], iteration)
                     per_model[keys[m]].append(record)
                     record_futures.append(record)
-                    holder[keys[m]] = plan.workers[w]
-            due = iteration % plan.frequency == 0 or iteration == plan.num_iterations
+                    holder[keys[m]] = plan.job.workers[w]
+            due = iteration % plan.job.frequency == 0 or iteration == plan.job.args.num_iterations
             checkpoints[iteration] = []
             for k in keys:
                 evals = hopper.evaluate(k) if due else []
@@ -443,12 +393,13 @@ def _run(
                 checkpoints[iteration].append(
                     hopper.checkpoint(k, iteration, per_model[k], evals, holder[k])
                 )
-        for iteration in range(start_iteration, plan.num_iterations + 1):
+        for iteration in range(start_iteration, plan.job.args.num_iterations + 1):
             hopper.wait(checkpoints[iteration])
             if progress:
+                total, took = plan.job.args.num_iterations, time.time() - started
                 line = (
-                    f"[dvml.fit_multiple {plan.model_output}] iteration {iteration}/"
-                    f"{plan.num_iterations}: {len(keys)} models ({time.time() - started:.1f}s)"
+                    f"[dvml.fit_multiple {plan.model_output}] iteration {iteration}/{total}: "
+                    f"{len(keys)} models ({took:.1f}s)"
                 )
                 logger.info(line)
                 print(line, flush=True)
@@ -555,29 +506,29 @@ def _model_summary(
     """MADlib's fit summary of one configuration's model."""
     parsed = plan.parsed[c["mst_key"]]
     summary = build_summary(
-        training=plan.train,
-        validation=plan.valid,
+        training=plan.job.train,
+        validation=plan.job.valid,
         model=name,
         arch_id=c["model_id"],
         compile_params=parsed["compile_params"],
         fit_params=parsed["fit_params"],
         compile_text=format_params(parsed["compile_params"]),
         fit_text=format_params(parsed["fit_params"]),
-        num_iterations=plan.num_iterations,
-        metrics_compute_frequency=plan.frequency,
+        num_iterations=plan.job.args.num_iterations,
+        metrics_compute_frequency=plan.job.frequency,
         name=times["name"],
         description=times["description"],
         start=times["start"],
         end=times["end"],
         iterations=iterations,
         model_size_kb=weights_size_kb(final),
-        trainers=[w.name for w in plan.workers],
+        trainers=[w.name for w in plan.job.workers],
         weights_identical=True,
-        warm_start=plan.warm_start,
+        warm_start=plan.job.args.warm_start,
         version=__version__,
     )
     summary.update(
-        custom_objects=sorted(plan.custom_sources),
+        custom_objects=sorted(plan.job.custom_sources),
         sync="model_hopper",
         mst_key=c["mst_key"],
         model_selection=plan.model_output,
@@ -596,19 +547,19 @@ def _run_summary(
     started: float,
 ) -> dict[str, Any]:
     """MADlib's ``<model_output>_summary`` row, and dvml's own fields about the hops."""
-    ts = plan.train.summary
+    ts = plan.job.train.summary
     return {
-        "source_table": plan.train.name,
-        "validation_table": plan.valid.name if plan.valid else None,
+        "source_table": plan.job.train.name,
+        "validation_table": plan.job.valid.name if plan.job.valid else None,
         "model": plan.model_output,
         "model_info": f"{plan.model_output}_info",
         "dependent_varname": ts["dependent_varname"],
         "independent_varname": ts["independent_varname"],
         "model_arch_table": "model_arch",
         "model_selection_table": "model_configs",
-        "num_iterations": plan.num_iterations,
-        "metrics_compute_frequency": plan.frequency,
-        "warm_start": plan.warm_start,
+        "num_iterations": plan.job.args.num_iterations,
+        "metrics_compute_frequency": plan.job.frequency,
+        "warm_start": plan.job.args.warm_start,
         "name": times["name"],
         "description": times["description"],
         "start_training_time": times["start"],
@@ -623,8 +574,8 @@ def _run_summary(
         # dvml's own fields
         "mst_keys": [c["mst_key"] for c in plan.configs],
         "model_names": [names[c["mst_key"]] for c in plan.configs],
-        "workers": [w.name for w in plan.workers],
-        "rounds_per_iteration": len(plan.workers),
+        "workers": [w.name for w in plan.job.workers],
+        "rounds_per_iteration": len(plan.job.workers),
         "hops": len(hops),
         "hop_workers": sorted({(r["mst_key"], r["iteration"], r["worker"]) for r in hops}),
         "training_seconds": sum(r["train_s"] for r in hops),

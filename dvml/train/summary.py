@@ -88,6 +88,22 @@ def iteration_record(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def _metric_series(
+    evaluated: list[dict[str, Any]], first_metric: str | None, validated: bool
+) -> dict[str, Any]:
+    """MADlib's per-iteration and final training (and validation) losses and first metric."""
+    out: dict[str, Any] = {}
+    for part in ("training", "validation"):
+        losses = [r.get(f"{part}_loss") for r in evaluated]
+        values = [(r.get(f"{part}_metrics") or {}).get(first_metric) for r in evaluated]
+        shown = part == "training" or validated
+        out[f"{part}_metrics_final"] = values[-1] if shown and values else None
+        out[f"{part}_loss_final"] = losses[-1] if shown and losses else None
+        out[f"{part}_metrics"] = values if shown else None
+        out[f"{part}_loss"] = losses if shown else None
+    return out
+
+
 def build_summary(
     *,
     training: Any,
@@ -118,15 +134,6 @@ def build_summary(
     """
     metrics, loss = metric_names(compile_params)
     evaluated = [r for r in iterations if r.get("training_loss") is not None]
-    first_metric = metrics[0] if metrics else None
-
-    def series(part: str) -> tuple[list[Any], list[Any]]:
-        losses = [r.get(f"{part}_loss") for r in evaluated]
-        values = [(r.get(f"{part}_metrics") or {}).get(first_metric) for r in evaluated]
-        return values, losses
-
-    t_metrics, t_loss = series("training")
-    v_metrics, v_loss = series("validation")
     ts = training.summary
     return {
         "source_table": training.name,
@@ -157,14 +164,7 @@ def build_summary(
         "normalizing_const": ts["normalizing_const"],
         "metrics_type": metrics,
         "loss_type": loss,
-        "training_metrics_final": t_metrics[-1] if t_metrics else None,
-        "training_loss_final": t_loss[-1] if t_loss else None,
-        "training_metrics": t_metrics,
-        "training_loss": t_loss,
-        "validation_metrics_final": v_metrics[-1] if validation is not None and v_metrics else None,
-        "validation_loss_final": v_loss[-1] if validation is not None and v_loss else None,
-        "validation_metrics": v_metrics if validation is not None else None,
-        "validation_loss": v_loss if validation is not None else None,
+        **_metric_series(evaluated, metrics[0] if metrics else None, validation is not None),
         "metrics_iters": [r["iteration"] for r in evaluated],
         # dvml's own fields
         "x_shapes": ts["x_shapes"],

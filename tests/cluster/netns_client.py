@@ -202,6 +202,28 @@ def long_fit(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def long_fit_multiple(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """A fit_multiple (two models hopping) that prints one line per iteration; reports how
+    it ended and when."""
+    import time
+
+    import pandas as pd
+
+    rows = [
+        {"mst_key": k, "model_id": args["arch"], "fit_params": "batch_size=32, epochs=1",
+         "compile_params": "loss='categorical_crossentropy', optimizer='adam'"}
+        for k in (1, 2)
+    ]  # fmt: skip
+    try:
+        dvml.fit_multiple(
+            args["name"], "nf_mop", pd.DataFrame(rows), num_iterations=args["iterations"],
+            timeout=args.get("timeout", 600),
+        )  # fmt: skip
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "ended": time.time()}
+    return {"error": None, "ended": time.time()}
+
+
 def _slow_block(block: Any) -> Any:
     import time
 
@@ -242,6 +264,7 @@ COMMANDS = {
     "pipeline": pipeline,
     "prepare": prepare,
     "long_fit": long_fit,
+    "long_fit_multiple": long_fit_multiple,
 }
 
 

@@ -1,6 +1,6 @@
 """dvml on several network hosts: a cluster of Linux network namespaces on a private bridge.
 
-One module-scoped cluster (dvml.cluster.netns, started with the cluster/ recipes): a head
+One module-scoped cluster (dvml.testing.netns, started with the cluster/ recipes): a head
 namespace with etcd and the Dask scheduler, two worker-host namespaces with one vineyardd and
 one Dask worker each. Clients run inside the head namespace (tests/cluster/netns_client.py)
 and print JSON that these tests assert on. After the module, nothing of the cluster may be
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dvml.cluster import netns
+from dvml.testing import netns
 from tests.helpers import netns_client, running_netns_cluster, tensors_by_instance
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]

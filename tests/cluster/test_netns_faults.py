@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dvml.cluster import netns
+from dvml.testing import netns
 from tests.helpers import (
     NETNS_CLIENT,
     job_trainers,
@@ -201,6 +201,34 @@ def test_a_host_cut_off_during_fit_fails_in_bounded_time_then_rejoins(
     # rejoin by itself, and its worker may have shut down: restart the host. Its new
     # vineyardd rejoins etcd, its worker the scheduler.
     cluster.kill_host(victim["namespace"])
+    cluster.start_host(victim["namespace"])
+    rejoined(cluster)
+
+
+def test_a_host_cut_off_during_fit_multiple_is_named_within_the_same_bound(
+    cluster: netns.NetnsCluster, model_json: str, tmp_path: pathlib.Path
+) -> None:
+    """The runtime's one failure watcher (scheduler + TCP probe) for the model hopper too: a
+    hop pinned to a host cut off the network would otherwise wait for the worker TTL."""
+    state = str(tmp_path / "state")
+    args = {"state_dir": state, "name": "nf_m"}
+    prepared = netns_client(cluster, "prepare", timeout=300, model_json=model_json, **args)
+    victim = cluster.hosts[1]
+    job = Background(cluster, "long_fit_multiple", arch=prepared["arch"], iterations=40, **args)
+    try:
+        assert poll_for(lambda: job.saw("iteration 1/40"), 300, interval=0.5), job.lines[-20:]
+        cut_at = time.time()
+        cluster.set_link(victim["namespace"], up=False)
+        result = job.result(timeout=BOUND + 60)
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+        cluster.set_link(victim["namespace"], up=True)
+    assert result["error"] == "TrainerFailedError", result
+    assert victim["address"] in result["message"], result
+    assert "left the cluster" in result["message"], result
+    assert result["ended"] - cut_at < BOUND, result
+    cluster.kill_host(victim["namespace"])  # as after the fit's cut: see the test above
     cluster.start_host(victim["namespace"])
     rejoined(cluster)
 

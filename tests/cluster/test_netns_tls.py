@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dvml.cluster import netns
+from dvml.testing import netns
 from tests.helpers import netns_client, running_netns_cluster, tensors_by_instance
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]

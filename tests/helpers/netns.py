@@ -1,6 +1,6 @@
 """The namespace cluster of the multi-host tests: started, leak-checked, and driven by a client.
 
-:func:`running_netns_cluster` brings a :class:`dvml.cluster.netns.NetnsCluster` up and, after
+:func:`running_netns_cluster` brings a :class:`dvml.testing.netns.NetnsCluster` up and, after
 the block, down, asserting that none of its namespaces, links, files or processes is left.
 Without root it skips the test with the reason (and a warning, so that a skip is loud).
 :func:`netns_client` runs ``tests/cluster/netns_client.py`` in the head namespace and returns
@@ -29,7 +29,7 @@ NETNS_CLIENT = pathlib.Path(__file__).parents[1] / "cluster" / "netns_client.py"
 @contextlib.contextmanager
 def running_netns_cluster(**kwargs: Any) -> Iterator[Any]:
     """A ``NetnsCluster(**kwargs)``, up for the block, then down with nothing left behind."""
-    from dvml.cluster import netns
+    from dvml.testing import netns
 
     reason = netns.unavailable_reason()
     if reason:

@@ -551,8 +551,8 @@ def test_sync_modes_end_on_identical_weights(env: dict[str, Any], sync: Any) -> 
 def test_trainer_start_is_timed_and_a_standby_serves_the_next_fit(
     env: dict[str, Any], cluster2: Any
 ) -> None:
-    from dvml.tf_runtime import host_cores, thread_budget
     from dvml.cluster import standby
+    from dvml.tf_runtime import host_cores, thread_budget
 
     steps = {"runtime_start", "strategy", "open_partitions", "build_model", "first_step"}
     with dask.config.set({"dvml.train.standby-trainer": False}):

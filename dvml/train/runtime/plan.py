@@ -1,21 +1,22 @@
-"""What every training job decides before a trainer starts: trainers, rows, seeds, job keys.
+"""What every training job decides before a trainer starts: arguments, datasets, trainers.
 
-The one planner of where a job trains: the live workers that hold the training set (one
-trainer each), checked against the validation set and the GPUs asked for; the rows each one
-holds; and the one seed function (:func:`shuffle_seed`) every trainer derives its shuffles and
-initialisations from. Schedulers (``fit``, ``fit_multiple``, model search) call these; nothing
-here starts a process.
+The one planner of where a job trains (:func:`place_job`): its common arguments checked, its
+datasets resolved, the live workers that hold the training set (one trainer each) checked
+against the validation set and the GPUs asked for, its seed and timeout; each model's
+architecture and parameters (:func:`model_spec`); the rows each worker holds; job keys.
+Schedulers (``fit``, ``fit_multiple``, model search) call these; nothing here starts a
+process. The seed function of the trainers is :func:`dvml.train.runtime.seeds.shuffle_seed`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from dvml import config
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import (
     ArgumentError,
@@ -25,7 +26,9 @@ from dvml.exceptions import (
     TrainingError,
 )
 from dvml.names import check_name
-from dvml.store.datasets import Dataset, buffer_workers
+from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
+from dvml.train.params import parse_compile_params, parse_fit_params
+from dvml.train.summary import check_shapes
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -33,12 +36,16 @@ if TYPE_CHECKING:
     from dvml.registry.database import Registry
 
 __all__ = [
+    "Job",
+    "JobArgs",
+    "ModelSpec",
     "check_fit_args",
     "job_key",
     "machine",
+    "model_spec",
     "now",
+    "place_job",
     "rows_per_worker",
-    "shuffle_seed",
     "trainer_workers",
     "training_workers",
     "warm_start_weights",
@@ -46,15 +53,100 @@ __all__ = [
 ]
 
 
-def shuffle_seed(seed: int, *, iteration: int = 0, model: int = 0, worker: int = 0) -> int:
-    """The seed of one shuffle (or initialisation): of ``model`` on ``worker`` in ``iteration``.
+@dataclasses.dataclass(frozen=True)
+class JobArgs:
+    """The arguments every training scheduler takes, as the user gave them (MADlib's names).
 
-    Independent streams for every combination, from the job's ``seed``
-    (:class:`numpy.random.SeedSequence`, as :func:`dvml.placement.planner.partition_seed` does
-    for the partitions), so no two trainers or models shuffle alike.
+    ``output`` is what the job registers: ``fit``'s ``model``, ``fit_multiple``'s
+    ``model_output``.
     """
-    spawn_key = (int(iteration), int(model), int(worker))
-    return int(np.random.SeedSequence(int(seed), spawn_key=spawn_key).generate_state(1)[0])
+
+    output: str
+    training_set: str | Dataset
+    validation_set: str | Dataset | None
+    num_iterations: int
+    metrics_compute_frequency: int | None
+    use_gpus: bool
+    warm_start: bool
+    custom_objects: list[str] | None
+    seed: int | None
+    timeout: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A job's arguments, checked, with its datasets and trainers resolved (:func:`place_job`)."""
+
+    args: JobArgs
+    train: Dataset
+    valid: Dataset | None
+    workers: list[WorkerInfo]
+    frequency: int  # metrics every this many iterations (and after the last)
+    seed: int
+    timeout: float
+    custom_sources: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """One model to train: its architecture, parsed parameters and starting weights."""
+
+    arch_id: int
+    arch: dict[str, Any]
+    compile_params: dict[str, Any]
+    fit_params: dict[str, Any]
+    weights: Any  # None: the architecture's own seeded initialisation
+
+    def config(self) -> dict[str, Any]:
+        """What a trainer needs to build and compile the model."""
+        return {
+            "model_json": self.arch["model_json"],
+            "compile_params": self.compile_params,
+            "fit_params": self.fit_params,
+        }
+
+
+def model_spec(
+    reg: Registry,
+    arch_id: int,
+    compile_params: str | dict[str, Any],
+    fit_params: str | dict[str, Any] | None,
+    train: Dataset,
+    custom_names: list[str],
+    warm_start_from: str | None = None,
+) -> ModelSpec:
+    """Parse and check one model's parameters against the registry and the training set;
+    ``warm_start_from`` names the registered model whose weights it starts from."""
+    # With the custom names, a loss or metric the trainers could not resolve is refused here.
+    compile_parsed = parse_compile_params(compile_params, custom_names=custom_names)
+    fit_parsed = parse_fit_params(fit_params)
+    fit_parsed.setdefault("epochs", 1)
+    fit_parsed.setdefault("batch_size", 32)
+    arch = reg.get_architecture(arch_id)
+    check_shapes(arch, train.summary, train.name)
+    weights = arch["weights"]
+    if warm_start_from is not None:
+        weights = warm_start_weights(reg, warm_start_from, arch_id)
+    return ModelSpec(arch_id, arch, compile_parsed, fit_parsed, weights)
+
+
+def place_job(reg: Registry, client: Client, args: JobArgs) -> Job:
+    """Check a job's common arguments and resolve its datasets, trainers, seed and timeout."""
+    check_fit_args(args.output, args.num_iterations, args.metrics_compute_frequency)
+    train = resolve_dataset(args.training_set, client)
+    valid = None
+    if args.validation_set is not None:
+        valid = resolve_dataset(args.validation_set, client)
+    return Job(
+        args=args,
+        train=train,
+        valid=valid,
+        workers=training_workers(client, train, valid, args.use_gpus),
+        frequency=args.metrics_compute_frequency or args.num_iterations,
+        seed=int(config.get("preprocess.seed", args.seed)),
+        timeout=float(config.get("train.trainer-timeout", args.timeout)),
+        custom_sources=reg.custom_function_sources(args.custom_objects or []),
+    )
 
 
 def trainer_workers(client: Client, dataset: Dataset) -> list[WorkerInfo]:

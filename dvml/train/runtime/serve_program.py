@@ -31,7 +31,7 @@ from dvml.exceptions import TrainingError
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import training_dataset
 from dvml.train.runtime.local_model import compile_model, fit_kwargs, local_metrics
-from dvml.train.runtime.plan import shuffle_seed
+from dvml.train.runtime.model_state import read_state, weights_digest, write_state
 from dvml.train.runtime.protocol import (
     Evaluate,
     Evaluated,
@@ -42,7 +42,7 @@ from dvml.train.runtime.protocol import (
     emit,
     parse,
 )
-from dvml.train.runtime.model_state import read_state, weights_digest, write_state
+from dvml.train.runtime.seeds import shuffle_seed
 
 __all__ = ["Models", "load_state", "optimizer_variables", "save_state", "serve"]
 

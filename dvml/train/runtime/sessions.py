@@ -30,8 +30,8 @@ from typing import Any
 
 from dvml.exceptions import TrainerFailedError
 from dvml.train.runtime.checkpoints import CheckpointStore
-from dvml.train.runtime.protocol import Evaluate, Evaluated, Failed, Line, Ready, Train, Trained
 from dvml.train.runtime.model_state import read_state
+from dvml.train.runtime.protocol import Evaluate, Evaluated, Failed, Line, Ready, Train, Trained
 from dvml.train.runtime.supervisor import ClientLease, TrainerProcess, private_workdir
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "state_digest",
+    "stop_orphaned_sessions",
     "stop_session",
     "train_hop",
     "weights_of",
@@ -284,6 +285,22 @@ def stop_session(job_id: str, dask_worker: Any = None) -> bool:
         return False
     session.close()
     return True
+
+
+def stop_orphaned_sessions(dask_worker: Any = None) -> list[str]:
+    """Stop this worker's serving trainers whose client is gone now (``client.run``); returns
+    their job ids. Their leases would stop them within seconds anyway; this does it at once."""
+    with _LOCK:
+        sessions = list(_SESSIONS.items())
+    stopped = []
+    for job_id, session in sessions:
+        session.lease.next_check = 0.0  # ask the scheduler now
+        reason = session.lease.lost()
+        if reason is not None:
+            session.trainer.stopped = reason
+            stop_session(job_id)
+            stopped.append(job_id)
+    return stopped
 
 
 def weights_of(result: dict[str, Any]) -> bytes:

@@ -28,8 +28,8 @@ from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import training_dataset
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.local_model import build_model, compile_model, fit_kwargs, local_metrics
-from dvml.train.runtime.plan import shuffle_seed
 from dvml.train.runtime.protocol import Finished, Iteration, Resolved, emit
+from dvml.train.runtime.seeds import shuffle_seed
 from dvml.train.runtime.startup import Startup
 
 __all__ = ["run"]

@@ -19,10 +19,10 @@ process. Needs root (``ip netns``); :func:`unavailable_reason` says why not othe
 
 Run it by hand::
 
-    sudo python -m dvml.cluster.netns up            # prints the namespaces and the scheduler
+    sudo python -m dvml.testing.netns up            # prints the namespaces and the scheduler
     sudo ip netns exec dvml-<id>-head python my_script.py   # dvml.connect("tcp://10.77.0.10:8786")
-    sudo python -m dvml.cluster.netns status
-    sudo python -m dvml.cluster.netns down
+    sudo python -m dvml.testing.netns status
+    sudo python -m dvml.testing.netns down
 """
 
 from __future__ import annotations
@@ -650,9 +650,9 @@ def _default_state() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dvml.cluster.netns up|down|status``."""
+    """``python -m dvml.testing.netns up|down|status``."""
     parser = argparse.ArgumentParser(
-        prog="python -m dvml.cluster.netns",
+        prog="python -m dvml.testing.netns",
         description="A multi-host dvml cluster of network namespaces on this machine (root).",
     )
     parser.add_argument("command", choices=["up", "down", "status"])
@@ -668,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.path.exists(state):
             print(
                 f"error: a namespace cluster is already recorded in {state}. Run "
-                f"`python -m dvml.cluster.netns down --state {state}` first.",
+                f"`python -m dvml.testing.netns down --state {state}` first.",
                 file=sys.stderr,
             )
             return 1
@@ -690,7 +690,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"\nscheduler: {cluster.scheduler_address}\nrun a client: ip netns exec {head} "
             f'python -c \'import dvml; print(dvml.connect("{cluster.scheduler_address}")'
-            f".worker_table())'\nstop: python -m dvml.cluster.netns down --state {state}"
+            f".worker_table())'\nstop: python -m dvml.testing.netns down --state {state}"
         )
         return 0
     if not os.path.exists(state):
