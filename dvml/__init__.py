@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "predict": "dvml.train.predict",
     "predict_byom": "dvml.train.predict",
     "Model": "dvml.train.model",
+    "hyperband_schedule": "dvml.search.hyperband",
     "plot_history": "dvml.train.model",
     "model_configs": "dvml.train.model_selection",
     "model_selection_table": "dvml.train.model_selection",
@@ -76,6 +77,7 @@ __all__ = [
     "fit",
     "fit_multiple",
     "gpu_configuration",
+    "hyperband_schedule",
     "list_architectures",
     "list_model_configs",
     "list_models",
@@ -110,6 +112,7 @@ if TYPE_CHECKING:
         show_architecture,
         show_model,
     )
+    from dvml.search.hyperband import hyperband_schedule
     from dvml.store import datasets
     from dvml.store.datasets import Dataset
     from dvml.train.fit import fit

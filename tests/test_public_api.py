@@ -29,6 +29,7 @@ PUBLIC = [
     "fit",
     "fit_multiple",
     "gpu_configuration",
+    "hyperband_schedule",
     "list_architectures",
     "list_model_configs",
     "list_models",
