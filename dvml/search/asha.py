@@ -157,6 +157,10 @@ class Asha:
     def finished(self) -> list[int]:
         return [t.trial_id for t in self.trials.values() if t.status == "finished"]
 
+    def rung_sizes(self) -> list[int]:
+        """How many results (failed ones included) each rung holds."""
+        return [len(ranked) for ranked in self._ranked]
+
     def best(self) -> int | None:
         """The trial with the lowest loss at the highest rung reached (None before a result)."""
         for k in range(len(self.levels) - 1, -1, -1):
