@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "predict_byom": "dvml.train.predict",
     "Model": "dvml.train.model",
     "hyperband_schedule": "dvml.search.hyperband",
+    "automl": "dvml.search.driver",
     "plot_history": "dvml.train.model",
     "model_configs": "dvml.train.model_selection",
     "model_selection_table": "dvml.train.model_selection",
@@ -67,6 +68,7 @@ __all__ = [
     "Registry",
     "WorkerInfo",
     "__version__",
+    "automl",
     "connect",
     "datasets",
     "delete_architecture",
@@ -112,6 +114,7 @@ if TYPE_CHECKING:
         show_architecture,
         show_model,
     )
+    from dvml.search.driver import automl
     from dvml.search.hyperband import hyperband_schedule
     from dvml.store import datasets
     from dvml.store.datasets import Dataset

@@ -19,6 +19,7 @@ PUBLIC = [
     "Registry",
     "WorkerInfo",
     "__version__",
+    "automl",
     "connect",
     "datasets",
     "delete_architecture",
