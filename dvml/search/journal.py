@@ -1,9 +1,9 @@
 """The journal of a search: every event and decision, as plain dataclasses and JSON.
 
-A scheduler (:class:`~dvml.search.asha.Asha`, :class:`~dvml.search.hyperband.HyperbandRun`
-through :class:`~dvml.search.hyperband_journal`) takes one event at a time and returns one
-decision; the journal keeps both, in order, after a header that says how to build the
-scheduler again (method, parameters, seed, the grids). That is everything a search decided:
+A scheduler (:class:`~dvml.search.asha.Asha`, :class:`~dvml.search.hyperband.HyperbandRun`)
+takes one event at a time (its ``apply``) and returns one decision; the journal keeps both, in
+order, after a header that says how to build the scheduler again (method, parameters, seed, the
+grids). That is everything a search decided:
 its trials and their configurations (the sampler's points), the rungs and losses, the
 checkpoint each result left, the random state (the seed; draws are replayed, not stored).
 
@@ -37,6 +37,7 @@ __all__ = [
     "Journal",
     "Park",
     "Promote",
+    "Queued",
     "Result",
     "Resume",
     "Start",
