@@ -11,6 +11,7 @@ finish, fail, stop), so that a driver on top of any trainer runtime carries them
 - :mod:`dvml.search.asha`: asynchronous successive halving (Li et al., MLSys 2020): promotion as
   soon as a model is in the top ``1/eta`` of its rung, parked models promoted later, new
   configurations on idle workers;
+- :mod:`dvml.search.hyperopt_run`: MADlib's hyperopt (batches of proposals, losses told back);
 - :mod:`dvml.search.automl_params`: MADlib's ``automl_params`` strings, checked before anything
   runs;
 - :mod:`dvml.search.search_space` and :mod:`dvml.search.samplers`: configurations drawn from

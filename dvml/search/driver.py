@@ -10,9 +10,9 @@ configurations that go on; so does this driver, on dvml's public :func:`dvml.fit
   iterations) and one for the bracket that starts there (from scratch), as ``fit_multiple``'s
   warm start applies to a whole call. Survivors are ranked by validation loss, else training
   loss.
-- ``method="hyperopt"``: configurations proposed in MADlib's batches of as many as there are
-  workers (seeded random or Optuna's TPE), each batch one ``fit_multiple`` call of
-  ``num_iterations``, each loss told back to the sampler.
+- ``method="hyperopt"``: :class:`~dvml.search.hyperopt_run.HyperoptRun` proposes MADlib's
+  batches of as many configurations as there are workers (seeded random or Optuna's TPE); each
+  batch is one ``fit_multiple`` call of ``num_iterations``, each loss told back to the sampler.
 
 Every call registers its models as ``f"{model_output}_{mst_key}"`` (so ``dvml.evaluate``,
 ``predict`` and warm start work on any of them); at the end the driver writes MADlib's outputs
@@ -47,7 +47,7 @@ from dvml.names import check_name
 from dvml.registry.database import Registry, open_registry
 from dvml.search import hyperband as hb
 from dvml.search.automl_params import HyperbandParams, HyperoptParams, parse_automl_params
-from dvml.search.samplers import make_sampler
+from dvml.search.hyperopt_run import HyperoptRun
 from dvml.search.search_space import SearchSpace
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import config_search as cs
@@ -329,36 +329,16 @@ def _hyperopt(
     client: Client,
     training_set: str | Dataset,
 ) -> dict[str, Any]:
-    sampler = make_sampler(parsed.algorithm, space, seed)
-    batches = hb.hyperopt_batches(parsed.num_configs, _worker_count(client, training_set))
-    numbers: dict[int, int] = {}
-    seen: set[tuple[int, str, str]] = set()
-    for batch in batches:
-        rows = []
-        for key in batch:
-            for _ in range(50):  # a repeat of a configuration is drawn again
-                number, values = sampler.ask()
-                config = space.config(values)
-                if config not in seen:
-                    break
-                sampler.tell(number, None)
-            else:
-                raise ArgumentError(
-                    f"The grids hold fewer than num_configs={parsed.num_configs} distinct "
-                    f"configurations ({len(seen)} found). Received: automl_params="
-                    f"{parsed.text()!r}. Ask for fewer, or widen the grids."
-                )
-            seen.add(config)
-            numbers[key] = number
-            rows.append(cs.ModelConfig(key, *config))
+    search = HyperoptRun(space, parsed, _worker_count(client, training_set), seed)
+    while (batch := search.next_batch()) is not None:
         if progress:
             logger.warning("automl hyperopt: evaluating %d newly suggested configurations",
-                           len(rows))  # fmt: skip
-        train(rows, parsed.num_iterations, False, 0)
-        for key in batch:
-            sampler.tell(numbers[key], _loss(info[key], loss_column))
+                           len(batch.rows))  # fmt: skip
+        rows = [cs.ModelConfig(*(r[c] for c in cs.COLUMNS)) for r in batch.rows]
+        train(rows, batch.num_iterations, False, 0)
+        search.report({k: _loss(info[k], loss_column) for k in batch.keys})
         _progress(progress, info, loss_column)
-    return {"text": None}
+    return {"text": search.journal.dumps()}
 
 
 def _progress(progress: bool, info: Mapping[int, Mapping[str, Any]], column: str) -> None:

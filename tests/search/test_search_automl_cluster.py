@@ -17,6 +17,9 @@ import dvml
 from dvml.exceptions import ArgumentError
 from dvml.search import hyperband as hb
 from dvml.search import journal as j
+from dvml.search.automl_params import HyperoptParams
+from dvml.search.hyperopt_run import Batch, HyperoptRun
+from dvml.search.search_space import SearchSpace
 from tests.helpers import keras
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -143,3 +146,9 @@ def test_hyperopt_gives_num_configs_rows_and_one_best(env: dict[str, Any]) -> No
     assert len(best) == 1
     losses = info.set_index("mst_key")["training_loss_final"]
     assert int(best["mst_key"].iloc[0]) == int(losses.idxmin())
+    # 2 workers: MADlib's batches [1, 2], [3, 4], [5]; the journal replays
+    fresh = HyperoptRun(SearchSpace(env["arch"], COMPILE, FIT), HyperoptParams(5, 1, "tpe"), 2, 3)
+    replayed = j.replay(j.Journal.loads(result.summary["journal"]), fresh)
+    assert [b.keys for _, b in replayed.journal.pairs() if isinstance(b, Batch)] == [
+        [1, 2], [3, 4], [5],
+    ]  # fmt: skip
