@@ -39,7 +39,7 @@ from typing import Any
 
 from dvml.exceptions import ArgumentError
 from dvml.search import journal as j
-from dvml.search.automl_params import AshaParams
+from dvml.search.automl_params import AshaParams, parse_automl_params
 from dvml.search.hyperband import rank_key
 from dvml.search.samplers import make_sampler
 from dvml.search.search_space import SearchSpace
@@ -120,6 +120,27 @@ class Asha:
                 "space": space.grids(),
             }
         )
+
+    @classmethod
+    def from_journal(cls, journal: j.Journal | str) -> Asha:
+        """The search a journal (or its text) wrote, rebuilt by replaying it: resume here.
+
+        Raises
+        ------
+        ArgumentError
+            When the journal is not an ASHA search's, or does not replay.
+        """
+        journal = j.Journal.loads(journal) if isinstance(journal, str) else journal
+        header = journal.header
+        if header.get("method") != "asha":
+            raise ArgumentError(
+                f"The journal is a {header.get('method')!r} search's, not ASHA's. Received: "
+                f"method={header.get('method')!r}. Resume it with its own scheduler."
+            )
+        space = SearchSpace(**header["space"])
+        params = parse_automl_params("asha", header["automl_params"])
+        fresh = cls(space, params, seed=header["seed"])  # type: ignore[arg-type]
+        return j.replay(journal, fresh)  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ events
 

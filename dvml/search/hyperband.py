@@ -274,6 +274,9 @@ class HyperbandRun:
             header={
                 "method": "hyperband",
                 "automl_params": f"R={R}, eta={eta}, skip_last={skip_last}",
+                "R": R,
+                "eta": eta,
+                "skip_last": skip_last,
             }
         )
         self.s_max = s_max(R, eta)
@@ -294,6 +297,19 @@ class HyperbandRun:
         self._active: dict[int, tuple[int, ...]] = {}  # bracket → keys of its latest round
         self._i = 0
         self._pending: Diagonal | None = None
+
+    @classmethod
+    def from_journal(cls, journal: j.Journal | str) -> HyperbandRun:
+        """The search a journal (or its text) wrote, rebuilt by replaying it: resume here."""
+        journal = j.Journal.loads(journal) if isinstance(journal, str) else journal
+        header = journal.header
+        if header.get("method") != "hyperband":
+            raise ArgumentError(
+                f"The journal is a {header.get('method')!r} search's, not Hyperband's. "
+                f"Received: method={header.get('method')!r}. Resume it with its own scheduler."
+            )
+        fresh = cls(header["R"], header["eta"], header["skip_last"])
+        return j.replay(journal, fresh)  # type: ignore[return-value]
 
     def apply(self, event: Any) -> Any:
         """Take a NextDiagonal or Losses event; return the Diagonal, Done or Reported decision."""

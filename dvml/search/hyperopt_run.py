@@ -18,7 +18,7 @@ from typing import Any
 
 from dvml.exceptions import ArgumentError
 from dvml.search import journal as j
-from dvml.search.automl_params import HyperoptParams
+from dvml.search.automl_params import HyperoptParams, parse_automl_params
 from dvml.search.hyperband import Done, Losses, Reported, hyperopt_batches, rank_key
 from dvml.search.samplers import make_sampler
 from dvml.search.search_space import SearchSpace
@@ -84,6 +84,20 @@ class HyperoptRun:
                 "space": space.grids(),
             }
         )
+
+    @classmethod
+    def from_journal(cls, journal: j.Journal | str) -> HyperoptRun:
+        """The search a journal (or its text) wrote, rebuilt by replaying it: resume here."""
+        journal = j.Journal.loads(journal) if isinstance(journal, str) else journal
+        header = journal.header
+        if header.get("method") != "hyperopt":
+            raise ArgumentError(
+                f"The journal is a {header.get('method')!r} search's, not hyperopt's. Received: "
+                f"method={header.get('method')!r}. Resume it with its own scheduler."
+            )
+        params = parse_automl_params("hyperopt", header["automl_params"])
+        fresh = cls(SearchSpace(**header["space"]), params, header["num_workers"], header["seed"])  # type: ignore[arg-type]
+        return j.replay(journal, fresh)  # type: ignore[return-value]
 
     def apply(self, event: Any) -> Any:
         """Take NextBatch or Losses; return Batch, Done or Reported (journaled)."""

@@ -220,3 +220,15 @@ def test_resume_gives_the_jobs_in_flight_out_again_from_their_checkpoints() -> N
     # and the resumed journal replays too, resume and all
     c = j.replay(j.Journal.loads(b.journal.dumps()), asha())
     assert c.journal.dumps() == b.journal.dumps()
+
+
+def test_from_journal_rebuilds_the_search_from_its_text_alone() -> None:
+    a = Asha(SearchSpace([1, 2], COMPILE, FIT), AshaParams(max_t=9, max_configs=15, sampler="tpe"),
+             seed=11)  # fmt: skip
+    _drive(a, 25)
+    b = Asha.from_journal(a.journal.dumps())
+    assert b.journal.dumps() == a.journal.dumps()
+    assert b.params == a.params and b.seed == 11 and b.space.ids == [1, 2]
+    assert b.ask("w7", now=30.0) == a.ask("w7", now=30.0)
+    with pytest.raises(ArgumentError, match="not ASHA's"):
+        Asha.from_journal(j.Journal(header={"method": "hyperband"}))

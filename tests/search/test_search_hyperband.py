@@ -171,3 +171,15 @@ def test_hyperband_journal_replays() -> None:
 )
 def test_hyperopt_batches_as_madlib(num_configs: int, workers: int, batches: list) -> None:
     assert [list(b) for b in hb.hyperopt_batches(num_configs, workers)] == batches
+
+
+def test_from_journal_rebuilds_the_run() -> None:
+    run = hb.HyperbandRun(27, 3, 1)
+    d0 = run.next_diagonal()
+    assert d0 is not None
+    run.report({k: 1.0 / k for k in d0.keys})
+    again = hb.HyperbandRun.from_journal(run.journal.dumps())
+    assert (again.R, again.eta, again.skip_last) == (27, 3, 1)
+    assert again.next_diagonal() == run.next_diagonal()
+    with pytest.raises(ArgumentError, match="not Hyperband's"):
+        hb.HyperbandRun.from_journal(j.Journal(header={"method": "asha"}))

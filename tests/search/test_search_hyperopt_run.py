@@ -67,3 +67,14 @@ def test_out_of_order_reports_and_a_small_space_are_refused() -> None:
                        HyperoptParams(3, 1, "rand"), 4, seed=0)  # fmt: skip
     with pytest.raises(ArgumentError, match="fewer than num_configs=3 distinct configurations"):
         tiny.next_batch()
+
+
+def test_from_journal_rebuilds_the_run() -> None:
+    search = run("tpe", num_configs=7, workers=2)
+    batch = search.next_batch()
+    assert batch is not None
+    search.report({k: 0.5 for k in batch.keys})
+    again = HyperoptRun.from_journal(search.journal.dumps())
+    assert again.next_batch() == search.next_batch()  # same proposals: the sampler came back
+    with pytest.raises(ArgumentError, match="not hyperopt's"):
+        HyperoptRun.from_journal(j.Journal(header={"method": "asha"}))
