@@ -32,6 +32,8 @@ _EXPORTS: dict[str, str] = {
     "predict": "dvml.train.predict",
     "predict_byom": "dvml.train.predict",
     "Model": "dvml.train.model",
+    "hyperband_schedule": "dvml.search.hyperband",
+    "automl": "dvml.search.driver",
     "plot_history": "dvml.train.model",
     "model_configs": "dvml.train.model_selection",
     "model_selection_table": "dvml.train.model_selection",
@@ -66,6 +68,7 @@ __all__ = [
     "Registry",
     "WorkerInfo",
     "__version__",
+    "automl",
     "connect",
     "datasets",
     "delete_architecture",
@@ -76,6 +79,7 @@ __all__ = [
     "fit",
     "fit_multiple",
     "gpu_configuration",
+    "hyperband_schedule",
     "list_architectures",
     "list_model_configs",
     "list_models",
@@ -110,6 +114,8 @@ if TYPE_CHECKING:
         show_architecture,
         show_model,
     )
+    from dvml.search.driver import automl
+    from dvml.search.hyperband import hyperband_schedule
     from dvml.store import datasets
     from dvml.store.datasets import Dataset
     from dvml.train.fit import fit

@@ -31,6 +31,7 @@ LAYERS: list[set[str]] = [
     {"dvml.resolve"},
     {"dvml.preprocess"},
     {"dvml.train", "dvml.features"},
+    {"dvml.search"},
     {"dvml.jobs"},
     {"dvml"},  # the public API (dvml/__init__.py)
     {"dvml.demo"},

@@ -1,0 +1,28 @@
+"""Model search that stops bad configurations early: MADlib's AutoML and ASHA, as pure schedulers.
+
+The package decides; it never trains. Each scheduler is a state machine that takes events (a
+worker asks for work, a model finished ``k`` iterations with loss ``L``, a model failed) and
+returns decisions (start a new configuration, promote a parked model to the next rung, park,
+finish, fail, stop), so that a driver on top of any trainer runtime carries them out:
+
+- :mod:`dvml.search.hyperband`: MADlib's ``hyperband_schedule`` table and its diagonal
+  Hyperband (every diagonal is one ``fit_multiple`` call with warm start), and the batches of
+  MADlib's ``hyperopt``;
+- :mod:`dvml.search.asha`: asynchronous successive halving (Li et al., MLSys 2020): promotion as
+  soon as a model is in the top ``1/eta`` of its rung, parked models promoted later, new
+  configurations on idle workers;
+- :mod:`dvml.search.hyperopt_run`: MADlib's hyperopt (batches of proposals, losses told back);
+- :mod:`dvml.search.automl_params`: MADlib's ``automl_params`` strings, checked before anything
+  runs;
+- :mod:`dvml.search.search_space` and :mod:`dvml.search.samplers`: configurations drawn from
+  MADlib's grids (ranges ``[lo, hi, 'linear' | 'log' | 'log_near_one']`` included), at random
+  (seeded) or by Optuna's TPE (the optional extra ``dvml[automl]``);
+- :mod:`dvml.search.journal`: every event and decision as JSON, so a search resumes by
+  replaying its journal into a fresh state machine;
+- :mod:`dvml.search.simulation`: workers of given speeds driving a scheduler, no cluster (B16).
+
+Pure: plain values in and out, no I/O, no cluster; it imports only the exceptions and the pure
+grid and parameter parsers of :mod:`dvml.train` (:mod:`dvml.train.config_search`,
+:mod:`dvml.train.params`). The driver that carries the decisions out on a cluster is
+:mod:`dvml.search.driver`.
+"""

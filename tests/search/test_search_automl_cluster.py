@@ -1,0 +1,154 @@
+"""dvml.automl (MADlib's madlib_keras_automl) on a real 2-worker LocalCluster with real hop
+trainers: Hyperband's diagonals as fit_multiple calls with warm start, MADlib's .info (s, i,
+metrics_iters over the whole search), .summary and .best; hyperopt's batches; the refusals
+before anything trains. Iris, a small dense model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+
+import dvml
+from dvml.exceptions import ArgumentError
+from dvml.search import hyperband as hb
+from dvml.search import journal as j
+from dvml.search.automl_params import HyperoptParams
+from dvml.search.hyperopt_run import Batch, HyperoptRun
+from dvml.search.search_space import SearchSpace
+from tests.helpers import keras
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+COMPILE = {
+    "loss": ["categorical_crossentropy"],
+    "optimizer_params_list": [{"optimizer": ["Adam"], "lr": [0.001, 0.1, "log"]}],
+    "metrics": ["accuracy"],
+}
+FIT = {"batch_size": [8, 16], "epochs": [1]}
+
+
+@pytest.fixture(scope="module")
+def env(cluster2: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    frame = pd.DataFrame(
+        {
+            "id": np.arange(len(iris.target)),
+            "x": list(iris.data.astype("float32")),
+            "label": iris.target,
+        }
+    ).sample(frac=1.0, random_state=0)
+    tmp = tmp_path_factory.mktemp("automl")
+    client = cluster2.client
+    k = keras()
+    model = k.Sequential(
+        [
+            k.layers.InputLayer(input_shape=(4,)),
+            k.layers.Dense(10, activation="relu"),
+            k.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp / "state")}):
+        dvml.training_preprocessor(
+            frame.iloc[:120], y="label", x="x", name="automl_iris", overwrite=True, client=client
+        )
+        dvml.validation_preprocessor(
+            frame.iloc[120:], y="label", x="x", training="automl_iris", name="automl_iris_val",
+            overwrite=True, client=client,
+        )  # fmt: skip
+        registry = dvml.Registry(f"sqlite:///{tmp / 'registry.db'}")
+        arch = dvml.load_keras_model(model.to_json(), name="iris_mlp", registry=registry)
+        yield {"client": client, "registry": registry, "arch": arch}
+        registry.close()
+        for name in ("automl_iris", "automl_iris_val"):
+            dvml.datasets.drop(name, client=client)
+
+
+def test_refused_before_anything_trains(env: dict[str, Any]) -> None:
+    bad = [
+        ({"method": "grid"}, "Unknown automl method"),
+        ({"method": "hyperopt", "params": "num_configs=0"}, "must be > 0"),
+        ({"method": "hyperopt", "params": "num_iterations=0"}, "must be > 0"),
+        ({"method": "hyperopt", "params": "algorithm=atpe"}, "valid algorithms"),
+        ({"method": "hyperband", "params": "R=2"}, "R should not be less than eta"),
+        ({"method": "asha"}, "park/resume interface"),
+    ]
+    for kwargs, message in bad:
+        with pytest.raises(ArgumentError, match=message):
+            dvml.automl("automl_iris", "refused", env["arch"], COMPILE, FIT,
+                        registry=env["registry"], client=env["client"], **kwargs)  # fmt: skip
+    assert "refused" not in set(env["registry"].list_models()["name"])
+
+
+def test_hyperband_runs_madlibs_diagonals_with_warm_start(env: dict[str, Any]) -> None:
+    result = dvml.automl(
+        "automl_iris", "hb_iris", env["arch"], COMPILE, FIT, method="hyperband",
+        params="R=3, eta=3, skip_last=0", seed=5, validation_set="automl_iris_val",
+        progress=False, registry=env["registry"], client=env["client"],
+    )  # fmt: skip
+    # R=3: bracket 1 has 3 configurations for 1 iteration, then its best for 3 more; bracket 0
+    # has 2 configurations for 3 iterations (diagonal 1)
+    assert [tuple(r) for r in dvml.hyperband_schedule(3)] == [(1, 0, 3, 1), (1, 1, 1, 3),
+                                                                (0, 0, 2, 3)]  # fmt: skip
+    info = result.info.set_index("mst_key")
+    assert list(info.index) == [1, 2, 3, 4, 5]
+    assert list(info["s"]) == [1, 1, 1, 0, 0]
+    survivor = int(info.loc[[1, 2, 3], "validation_loss_final"].idxmin())
+    assert info.loc[survivor, "i"] == 1
+    assert all(info.loc[k, "i"] == 0 for k in (1, 2, 3, 4, 5) if k != survivor)
+    # metrics_iters over the whole search (MADlib's global iteration counter)
+    assert info.loc[survivor, "metrics_iters"] == [1, 4]
+    assert len(info.loc[survivor, "validation_loss"]) == 2
+    for k in (1, 2, 3):
+        if k != survivor:
+            assert info.loc[k, "metrics_iters"] == [1]
+    assert info.loc[4, "metrics_iters"] == [4] and info.loc[5, "metrics_iters"] == [4]
+    # the survivor was warm-started: its model was registered again
+    assert env["registry"].get_model(f"hb_iris_{survivor}")["version"] == 2
+    summary = result.summary
+    assert summary["automl_method"] == "hyperband"
+    assert summary["automl_params"] == "R=3, eta=3, skip_last=0"
+    assert summary["random_state"] == 5
+    assert summary["automl_loss"] == "validation_loss_final"
+    best_key = int(info["validation_loss_final"].idxmin())
+    assert summary["best_mst_key"] == best_key
+    best = result.best_config
+    assert len(best) == 1 and int(best["mst_key"].iloc[0]) == best_key
+    assert best["compile_params"].iloc[0] == info.loc[best_key, "compile_params"]
+    # the journal replays into a fresh scheduler
+    replayed = j.replay(j.Journal.loads(summary["journal"]), hb.HyperbandRun(3, 3, 0))
+    assert replayed.next_diagonal() is None
+    # any configuration's model evaluates like a fit_multiple result
+    scores = dvml.evaluate(result.best().name, "automl_iris_val", registry=env["registry"],
+                           client=env["client"])  # fmt: skip
+    assert scores["loss"] == pytest.approx(info.loc[best_key, "validation_loss_final"], rel=1e-3)
+
+
+def test_hyperopt_gives_num_configs_rows_and_one_best(env: dict[str, Any]) -> None:
+    result = dvml.automl(
+        "automl_iris", "hyperopt_iris", env["arch"], COMPILE, FIT, method="hyperopt",
+        params="num_configs=5, num_iterations=1, algorithm=tpe", seed=3, progress=False,
+        registry=env["registry"], client=env["client"],
+    )  # fmt: skip
+    info = result.info
+    assert list(info["mst_key"]) == [1, 2, 3, 4, 5]
+    assert len({(r.compile_params, r.fit_params) for r in info.itertuples()}) == 5
+    assert all(m == [1] for m in info["metrics_iters"])
+    assert result.summary["automl_loss"] == "training_loss_final"  # no validation set
+    assert result.summary["automl_params"] == "num_configs=5, num_iterations=1, algorithm=tpe"
+    best = result.best_config
+    assert len(best) == 1
+    losses = info.set_index("mst_key")["training_loss_final"]
+    assert int(best["mst_key"].iloc[0]) == int(losses.idxmin())
+    # 2 workers: MADlib's batches [1, 2], [3, 4], [5]; the journal replays
+    fresh = HyperoptRun(SearchSpace(env["arch"], COMPILE, FIT), HyperoptParams(5, 1, "tpe"), 2, 3)
+    replayed = j.replay(j.Journal.loads(result.summary["journal"]), fresh)
+    assert [b.keys for _, b in replayed.journal.pairs() if isinstance(b, Batch)] == [
+        [1, 2], [3, 4], [5],
+    ]  # fmt: skip
