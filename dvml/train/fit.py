@@ -4,41 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
 from dvml._version import __version__
-from dvml.cluster.workers import WorkerInfo, current_client
-from dvml.exceptions import TrainerFailedError, TrainingError
+from dvml.cluster.workers import current_client
+from dvml.exceptions import TrainingError
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
-from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
 from dvml.store.datasets import Dataset
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.params import format_params
-from dvml.train.runtime import launch
-from dvml.train.runtime.checkpoints import resume_iteration
-from dvml.train.runtime.exits import KILLED_BY
-from dvml.train.runtime.plan import (
-    Job,
-    JobArgs,
-    job_key,
-    machine,
-    model_spec,
-    now,
-    place_job,
-    rows_per_worker,
-)
-from dvml.train.runtime.watcher import (
-    departed_workers,
-    describe_departure,
-    looks_like_peer_failure,
-    watch,
-)
+from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
+from dvml.train.runtime.plan import Job, JobArgs, batch_split, job_key, model_spec, now, place_job
 from dvml.train.summary import build_summary, iteration_record, weights_size_kb
 from dvml.train.sync import check_sync, choose_sync
 
@@ -150,24 +130,19 @@ def fit(
     # checkpoints. Held until the model is saved; refused with the running job's name.
     with holding_model(config.state_dir(), model, plan.key):
         start_iteration, weights_blob, history = _resume(client, plan, resume)
-        endpoints = _reserve_ports(client, plan.job.workers)
         collector = _Progress(len(plan.job.workers), model, num_iterations, on_iteration, progress)
         start = now()
-        results = _run_trainers(
-            client,
-            plan,
-            _job(client, plan, start_iteration, history),
-            endpoints,
-            weights_blob,
-            collector,
-        )
+        results = run_lockstep(
+            client, plan.job.workers, _job(plan, start_iteration, history),
+            plan.per_worker_batch, weights_blob, collector, plan.job.timeout,
+        )  # fmt: skip
         end = now()
         iterations = _aggregate(history, results)
         summary = _summary(
             plan, results, iterations, start, end, start_iteration, name, description
         )
         _save(reg, plan, results, summary, iterations)
-        _clear_checkpoints(client, plan)
+        clear_checkpoints(client, plan.job.workers, plan.checkpoint_dir)
     return Model(model, reg)
 
 
@@ -210,7 +185,7 @@ def _plan(
     workers = job.workers
     sync_mode, sync_reason = choose_sync(sync, args.use_gpus, [w.gpus for w in workers])
     logger.info("training %s with sync=%r: %s", args.output, sync_mode, sync_reason)
-    per_worker, steps = _batches(job.train, workers, int(spec.fit_params["batch_size"]))
+    per_worker, steps = batch_split(job.train, workers, int(spec.fit_params["batch_size"]))
     _check_tensorboard(tensorboard_dir)
     key = job_key(
         job.train.summary["dataset_id"],
@@ -242,28 +217,13 @@ def _plan(
     )
 
 
-def _batches(train: Dataset, workers: list[WorkerInfo], global_batch: int) -> tuple[list[int], int]:
-    """Each trainer's share of the global batch, and the steps per epoch all of them run."""
-    rows = rows_per_worker(train, workers)
-    per_worker = per_worker_batch_sizes(global_batch, [rows[w.name] for w in workers])
-    steps = steps_per_epoch([rows[w.name] for w in workers], per_worker)
-    if len(set(per_worker)) > 1:
-        logger.warning(
-            "batch_size=%d does not divide evenly over %d trainers: per-trainer batches %s",
-            global_batch,
-            len(workers),
-            dict(zip([w.name for w in workers], per_worker, strict=True)),
-        )
-    return per_worker, steps
-
-
 def _resume(
     client: Client, plan: _Plan, resume: bool
 ) -> tuple[int, bytes | None, list[dict[str, Any]]]:
     """The first iteration to run, the weights to start from and the history so far."""
     start_iteration, weights_blob, history = 1, None, list[dict[str, Any]]()
     if resume:
-        resumed = _find_checkpoint(client, plan.job.workers, plan.checkpoint_dir, plan.key)
+        resumed = find_checkpoint(client, plan.job.workers, plan.checkpoint_dir, plan.key)
         if resumed is not None:
             start_iteration, weights_blob, history = resumed
             logger.warning("resuming %s from iteration %d", plan.model, start_iteration - 1)
@@ -272,20 +232,7 @@ def _resume(
     return start_iteration, weights_blob, history
 
 
-def _reserve_ports(client: Client, workers: list[WorkerInfo]) -> list[str]:
-    """One free ``host:port`` per trainer, reserved on its own worker (the TF_CONFIG peers)."""
-    addresses = [
-        client.submit(
-            launch.reserve_port, workers=[w.address], allow_other_workers=False, pure=False
-        )
-        for w in workers
-    ]
-    return [f"{h}:{p}" for h, p in client.gather(addresses)]
-
-
-def _job(
-    client: Client, plan: _Plan, start_iteration: int, history: list[dict[str, Any]]
-) -> dict[str, Any]:
+def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> dict[str, Any]:
     """What every trainer is told (each adds its own ``tf_config``)."""
     return {
         "program": "fit",
@@ -310,58 +257,10 @@ def _job(
         "peer_timeout": config.get("train.peer-timeout"),
         # Trainers stop when this client is gone this long (the runtime's ClientLease).
         "client_timeout": config.get("train.client-timeout"),
-        "client_id": client.id,
         # Thread budget (dvml.tf_runtime.thread_budget): None = share of the host's cores.
         "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
         "standby": bool(config.get("train.standby-trainer")),
     }
-
-
-def _run_trainers(
-    client: Client,
-    plan: _Plan,
-    base_job: dict[str, Any],
-    endpoints: list[str],
-    weights_blob: bytes | None,
-    collector: _Progress,
-) -> list[dict[str, Any]]:
-    """Launch one trainer per worker and wait for all; progress events go to ``collector``."""
-    from distributed import Event
-
-    job_id = uuid.uuid4().hex[:12]
-    topic, abort_name = f"dvml-fit-{job_id}", f"dvml-fit-abort-{job_id}"
-    client.subscribe_topic(topic, collector)
-    abort = Event(abort_name, client=client)
-    futures = []
-    for i, w in enumerate(plan.job.workers):
-        job = {
-            **base_job,
-            # Each trainer's own share of the global batch (they differ by at most one row).
-            "per_worker_batch": plan.per_worker_batch[i],
-            "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
-            # Trainers that share this machine's cores: its network address, not DVML_HOST
-            # (a LocalCluster's simulated hosts are one machine).
-            "trainers_on_host": sum(1 for o in plan.job.workers if machine(o) == machine(w)),
-        }
-        futures.append(
-            client.submit(
-                launch.run_trainer,
-                job,
-                weights_blob,
-                topic,
-                abort_name,
-                plan.job.timeout,
-                workers=[w.address],
-                allow_other_workers=False,
-                pure=False,
-                retries=0,
-                key=f"dvml-trainer-{job_id}-{w.name}",
-            )
-        )
-    try:
-        return _wait_trainers(client, futures, plan.job.workers, abort)
-    finally:
-        client.unsubscribe_topic(topic)
 
 
 def _aggregate(
@@ -441,18 +340,6 @@ def _save(
     )
 
 
-def _clear_checkpoints(client: Client, plan: _Plan) -> None:
-    """The model is saved: its checkpoints on every trainer's worker are no longer needed."""
-    client.gather(
-        [
-            client.submit(
-                launch.clear_checkpoint, plan.checkpoint_dir, workers=[w.address], pure=False
-            )
-            for w in plan.job.workers
-        ]
-    )
-
-
 def _check_tensorboard(tensorboard_dir: str | None) -> None:
     import importlib.util
 
@@ -461,130 +348,6 @@ def _check_tensorboard(tensorboard_dir: str | None) -> None:
             "tensorboard_dir was given but TensorBoard is not installed. Install it with "
             "`pip install tensorboard` (a dvml dependency), or leave tensorboard_dir out."
         )
-
-
-def _find_checkpoint(
-    client: Client, workers: list[WorkerInfo], directory: str, key: str
-) -> tuple[int, bytes, list[dict[str, Any]]] | None:
-    """The last iteration every trainer checkpointed for this job, with its weights."""
-    states = client.gather(
-        [
-            client.submit(
-                launch.checkpoint_state,
-                directory,
-                w.name,
-                workers=[w.address],
-                allow_other_workers=False,
-                pure=False,
-            )
-            for w in workers
-        ]
-    )
-    if any(s is None or s.get("job_key") != key for s in states):
-        return None
-    # Every trainer's weights are the same after an iteration: any state of it will do.
-    held = {s["iteration"]: s for s in states}
-    done = resume_iteration(
-        {i: [r["iteration"] for r in s["history"]] for i, s in enumerate(states)},
-        lambda iteration: iteration in held,
-    )
-    if done == 0:
-        return None
-    history = [r for r in held[done]["history"] if r["iteration"] <= done]
-    return done + 1, held[done]["weights"], history
-
-
-def _wait_trainers(
-    client: Client, futures: list[Any], workers: list[WorkerInfo], abort: Any
-) -> list[dict[str, Any]]:
-    """Wait for every trainer; on the first failure, a departed worker (the runtime's
-    watcher) or an interrupt here, stop them all."""
-    try:
-        outcome = watch(client, futures, workers)
-        if outcome.gone:
-            # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
-            # up on the workers: stop waiting for them now.
-            client.cancel([f for f, w in zip(futures, workers, strict=True) if w in outcome.gone])
-            raise TrainerFailedError(
-                f"{describe_departure(outcome.gone)}. Bring the host back (or preprocess onto "
-                "the remaining workers) and run fit again: it resumes from the last completed "
-                "iteration when the data is still in place."
-            )
-        if outcome.failed is not None:
-            # The first error to arrive is often a survivor's "peer went away": blame the
-            # trainer that died first when it reports within a few seconds.
-            future = _first_cause(futures, outcome.failed)
-            worker = workers[futures.index(future)].name
-            exc = future.exception()
-            _raise_if_a_peer_left(client, futures, workers, exc)
-            if isinstance(exc, TrainerFailedError):
-                raise exc
-            raise TrainerFailedError(
-                f"The trainer on worker {worker} failed: {type(exc).__name__}: {exc}. If "
-                "the worker died, run fit again: it resumes from the last completed "
-                "iteration."
-            ) from exc
-        return [f.result() for f in futures]
-    except BaseException:
-        # The others would block in collectives until the peer timeout: stop them now. Each
-        # launcher polls the abort event and kills its trainer process within a second.
-        abort.set()
-        _settle(futures, timeout=120)
-        raise
-
-
-def _first_cause(futures: list[Any], failed: Any, wait: float = 5.0) -> Any:
-    """The failed trainer to blame: ``failed``, unless its error is what a lost peer causes
-    and another trainer fails within ``wait`` seconds for a reason of its own (killed by a
-    signal, an error in the model): then that one."""
-
-    def own_failure(future: Any) -> bool:
-        text = f"{type(exc := future.exception()).__name__}: {exc}"
-        # A killed trainer's last lines may mention connections: its signal decides.
-        return KILLED_BY in text or not looks_like_peer_failure(text)
-
-    if own_failure(failed):
-        return failed
-    deadline = time.monotonic() + wait
-    while True:
-        for future in futures:
-            if future is not failed and future.status == "error" and own_failure(future):
-                return future
-        pending = [f for f in futures if f.status == "pending"]
-        if not pending or time.monotonic() >= deadline:
-            return failed
-        time.sleep(0.25)
-
-
-def _raise_if_a_peer_left(
-    client: Client, futures: list[Any], workers: list[WorkerInfo], exc: Any
-) -> None:
-    """A surviving trainer's collective error hides the host that went away: name that host.
-
-    Asked whatever the error says: what a survivor reports when its peer's host dies depends
-    on where in a step it was (and on the load), and a departed worker is the cause in any
-    case. Only an error that looks like a lost peer waits for the scheduler to notice.
-    """
-    text = f"{type(exc).__name__}: {exc}"
-    gone = departed_workers(client, workers, wait=5.0 if looks_like_peer_failure(text) else 0.0)
-    if gone:
-        # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
-        # up on the workers: stop waiting for them now.
-        client.cancel([f for f, w in zip(futures, workers, strict=True) if w in gone])
-        raise TrainerFailedError(
-            f"{describe_departure(gone)}. The other trainers then failed ({text[:300]}). Bring "
-            "the host back (or preprocess onto the remaining workers) and run fit again: it "
-            "resumes from the last completed iteration when the data is still in place."
-        ) from exc
-
-
-def _settle(futures: list[Any], timeout: float) -> None:
-    """Wait (bounded) until every future is done, ignoring its outcome."""
-    for future in futures:
-        try:
-            future.result(timeout=timeout)
-        except BaseException:
-            pass
 
 
 class _Progress:

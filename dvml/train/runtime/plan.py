@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
@@ -26,6 +27,7 @@ from dvml.exceptions import (
     TrainingError,
 )
 from dvml.names import check_name
+from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train.params import parse_compile_params, parse_fit_params
 from dvml.train.summary import check_shapes
@@ -35,10 +37,13 @@ if TYPE_CHECKING:
 
     from dvml.registry.database import Registry
 
+logger = logging.getLogger("dvml.train")
+
 __all__ = [
     "Job",
     "JobArgs",
     "ModelSpec",
+    "batch_split",
     "check_fit_args",
     "job_key",
     "machine",
@@ -219,6 +224,23 @@ def _check_validation(train: Dataset, valid: Dataset, workers: list[WorkerInfo])
             f"(trainers: {[w.name for w in workers]}). Preprocess it with the training set's "
             "distribution rules (the default of dvml.validation_preprocessor)."
         )
+
+
+def batch_split(
+    train: Dataset, workers: list[WorkerInfo], global_batch: int
+) -> tuple[list[int], int]:
+    """Each trainer's share of the global batch, and the steps per epoch all of them run."""
+    rows = rows_per_worker(train, workers)
+    per_worker = per_worker_batch_sizes(global_batch, [rows[w.name] for w in workers])
+    steps = steps_per_epoch([rows[w.name] for w in workers], per_worker)
+    if len(set(per_worker)) > 1:
+        logger.warning(
+            "batch_size=%d does not divide evenly over %d trainers: per-trainer batches %s",
+            global_batch,
+            len(workers),
+            dict(zip([w.name for w in workers], per_worker, strict=True)),
+        )
+    return per_worker, steps
 
 
 def job_key(*parts: Any) -> str:

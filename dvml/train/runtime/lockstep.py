@@ -1,0 +1,235 @@
+"""Client side of a lock-step job: one trainer per worker, all running the whole job together.
+
+Used by every scheduler whose trainers run in lock-step through ``TF_CONFIG`` and a
+MultiWorkerMirroredStrategy (``fit``; ``dvml.run``'s training loops): reserve each trainer's
+collective port on its own worker, launch one pinned task per trainer
+(:func:`dvml.train.runtime.launch.run_trainer`), forward their messages, and wait with the
+runtime's watcher. On the first failure, a departed worker or an interrupt, every trainer is
+stopped (the job's abort event) and the error names the trainer that died first or the host
+that went away, not a survivor whose collective op was aborted. :func:`find_checkpoint` is
+where a rerun of the same job resumes.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.workers import WorkerInfo
+from dvml.exceptions import TrainerFailedError
+from dvml.train.runtime import launch
+from dvml.train.runtime.checkpoints import resume_iteration
+from dvml.train.runtime.exits import KILLED_BY
+from dvml.train.runtime.plan import machine
+from dvml.train.runtime.watcher import (
+    departed_workers,
+    describe_departure,
+    looks_like_peer_failure,
+    watch,
+)
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = ["clear_checkpoints", "find_checkpoint", "reserve_ports", "run_lockstep"]
+
+
+def reserve_ports(client: Client, workers: list[WorkerInfo]) -> list[str]:
+    """One free ``host:port`` per trainer, reserved on its own worker (the TF_CONFIG peers)."""
+    addresses = [
+        client.submit(
+            launch.reserve_port, workers=[w.address], allow_other_workers=False, pure=False
+        )
+        for w in workers
+    ]
+    return [f"{h}:{p}" for h, p in client.gather(addresses)]
+
+
+def run_lockstep(
+    client: Client,
+    workers: list[WorkerInfo],
+    base_job: dict[str, Any],
+    per_worker_batch: list[int],
+    weights_blob: bytes | None,
+    on_event: Callable[[Any], None],
+    timeout: float,
+    what: str = "fit",
+) -> list[dict[str, Any]]:
+    """Launch one trainer per worker and wait for all; their messages go to ``on_event``.
+
+    ``what`` names the call in errors (``"run fit again"``).
+    """
+    from distributed import Event
+
+    endpoints = reserve_ports(client, workers)
+    job_id = uuid.uuid4().hex[:12]
+    topic, abort_name = f"dvml-fit-{job_id}", f"dvml-fit-abort-{job_id}"
+    client.subscribe_topic(topic, on_event)
+    abort = Event(abort_name, client=client)
+    futures = []
+    for i, w in enumerate(workers):
+        job = {
+            **base_job,
+            "client_id": client.id,
+            # Each trainer's own share of the global batch (they differ by at most one row).
+            "per_worker_batch": per_worker_batch[i],
+            "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
+            # Trainers that share this machine's cores: its network address, not DVML_HOST
+            # (a LocalCluster's simulated hosts are one machine).
+            "trainers_on_host": sum(1 for o in workers if machine(o) == machine(w)),
+        }
+        futures.append(
+            client.submit(
+                launch.run_trainer,
+                job,
+                weights_blob,
+                topic,
+                abort_name,
+                timeout,
+                workers=[w.address],
+                allow_other_workers=False,
+                pure=False,
+                retries=0,
+                key=f"dvml-trainer-{job_id}-{w.name}",
+            )
+        )
+    try:
+        return _wait_trainers(client, futures, workers, abort, what)
+    finally:
+        client.unsubscribe_topic(topic)
+
+
+def find_checkpoint(
+    client: Client, workers: list[WorkerInfo], directory: str, key: str
+) -> tuple[int, bytes, list[dict[str, Any]]] | None:
+    """The last iteration every trainer checkpointed for job ``key``: the iteration to start
+    from, its weights and the history up to it; None when there is none."""
+    states = client.gather(
+        [
+            client.submit(
+                launch.checkpoint_state,
+                directory,
+                w.name,
+                workers=[w.address],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for w in workers
+        ]
+    )
+    if any(s is None or s.get("job_key") != key for s in states):
+        return None
+    # Every trainer's weights are the same after an iteration: any state of it will do.
+    held = {s["iteration"]: s for s in states}
+    done = resume_iteration(
+        {i: [r["iteration"] for r in s["history"]] for i, s in enumerate(states)},
+        lambda iteration: iteration in held,
+    )
+    if done == 0:
+        return None
+    history = [r for r in held[done]["history"] if r["iteration"] <= done]
+    return done + 1, held[done]["weights"], history
+
+
+def clear_checkpoints(client: Client, workers: list[WorkerInfo], directory: str) -> None:
+    """The job's result is saved: its checkpoints on every trainer's worker are not needed."""
+    client.gather(
+        [
+            client.submit(launch.clear_checkpoint, directory, workers=[w.address], pure=False)
+            for w in workers
+        ]
+    )
+
+
+def _wait_trainers(
+    client: Client, futures: list[Any], workers: list[WorkerInfo], abort: Any, what: str
+) -> list[dict[str, Any]]:
+    """Wait for every trainer; on the first failure, a departed worker (the runtime's
+    watcher) or an interrupt here, stop them all."""
+    rerun = f"run {what} again: it resumes from the last completed iteration"
+    try:
+        outcome = watch(client, futures, workers)
+        if outcome.gone:
+            # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
+            # up on the workers: stop waiting for them now.
+            client.cancel([f for f, w in zip(futures, workers, strict=True) if w in outcome.gone])
+            raise TrainerFailedError(
+                f"{describe_departure(outcome.gone)}. Bring the host back (or preprocess onto "
+                f"the remaining workers) and {rerun} when the data is still in place."
+            )
+        if outcome.failed is not None:
+            # The first error to arrive is often a survivor's "peer went away": blame the
+            # trainer that died first when it reports within a few seconds.
+            future = _first_cause(futures, outcome.failed)
+            worker = workers[futures.index(future)].name
+            exc = future.exception()
+            _raise_if_a_peer_left(client, futures, workers, exc, rerun)
+            if isinstance(exc, TrainerFailedError):
+                raise exc
+            raise TrainerFailedError(
+                f"The trainer on worker {worker} failed: {type(exc).__name__}: {exc}. If "
+                f"the worker died, {rerun}."
+            ) from exc
+        return [f.result() for f in futures]
+    except BaseException:
+        # The others would block in collectives until the peer timeout: stop them now. Each
+        # launcher polls the abort event and kills its trainer process within a second.
+        abort.set()
+        _settle(futures, timeout=120)
+        raise
+
+
+def _first_cause(futures: list[Any], failed: Any, wait: float = 5.0) -> Any:
+    """The failed trainer to blame: ``failed``, unless its error is what a lost peer causes
+    and another trainer fails within ``wait`` seconds for a reason of its own (killed by a
+    signal, an error in the model): then that one."""
+
+    def own_failure(future: Any) -> bool:
+        text = f"{type(exc := future.exception()).__name__}: {exc}"
+        # A killed trainer's last lines may mention connections: its signal decides.
+        return KILLED_BY in text or not looks_like_peer_failure(text)
+
+    if own_failure(failed):
+        return failed
+    deadline = time.monotonic() + wait
+    while True:
+        for future in futures:
+            if future is not failed and future.status == "error" and own_failure(future):
+                return future
+        pending = [f for f in futures if f.status == "pending"]
+        if not pending or time.monotonic() >= deadline:
+            return failed
+        time.sleep(0.25)
+
+
+def _raise_if_a_peer_left(
+    client: Client, futures: list[Any], workers: list[WorkerInfo], exc: Any, rerun: str
+) -> None:
+    """A surviving trainer's collective error hides the host that went away: name that host.
+
+    Asked whatever the error says: what a survivor reports when its peer's host dies depends
+    on where in a step it was (and on the load), and a departed worker is the cause in any
+    case. Only an error that looks like a lost peer waits for the scheduler to notice.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    gone = departed_workers(client, workers, wait=5.0 if looks_like_peer_failure(text) else 0.0)
+    if gone:
+        # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
+        # up on the workers: stop waiting for them now.
+        client.cancel([f for f, w in zip(futures, workers, strict=True) if w in gone])
+        raise TrainerFailedError(
+            f"{describe_departure(gone)}. The other trainers then failed ({text[:300]}). Bring "
+            f"the host back (or preprocess onto the remaining workers) and {rerun} when the "
+            "data is still in place."
+        ) from exc
+
+
+def _settle(futures: list[Any], timeout: float) -> None:
+    """Wait (bounded) until every future is done, ignoring its outcome."""
+    for future in futures:
+        try:
+            future.result(timeout=timeout)
+        except BaseException:
+            pass
