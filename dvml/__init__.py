@@ -27,6 +27,9 @@ _EXPORTS: dict[str, str] = {
     "validation_preprocessor": "dvml.preprocess.api",
     "fit": "dvml.train.fit",
     "fit_multiple": "dvml.train.fit_multiple",
+    "run": "dvml.train.run",
+    "RunResult": "dvml.train.run",
+    "tf_dataset": "dvml.resolve.local_dataset",
     "ModelSelection": "dvml.train.fit_multiple",
     "evaluate": "dvml.train.predict",
     "predict": "dvml.train.predict",
@@ -66,6 +69,7 @@ __all__ = [
     "Model",
     "ModelSelection",
     "Registry",
+    "RunResult",
     "WorkerInfo",
     "__version__",
     "automl",
@@ -91,8 +95,10 @@ __all__ = [
     "predict",
     "predict_byom",
     "register_custom_function",
+    "run",
     "show_architecture",
     "show_model",
+    "tf_dataset",
     "training_preprocessor",
     "validation_preprocessor",
 ]
@@ -114,6 +120,7 @@ if TYPE_CHECKING:
         show_architecture,
         show_model,
     )
+    from dvml.resolve.local_dataset import tf_dataset
     from dvml.search.driver import automl
     from dvml.search.hyperband import hyperband_schedule
     from dvml.store import datasets
@@ -129,6 +136,7 @@ if TYPE_CHECKING:
         model_selection_table,
     )
     from dvml.train.predict import evaluate, predict, predict_byom
+    from dvml.train.run import RunResult, run
 
 
 def __getattr__(name: str) -> Any:

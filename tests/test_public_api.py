@@ -17,6 +17,7 @@ PUBLIC = [
     "Model",
     "ModelSelection",
     "Registry",
+    "RunResult",
     "WorkerInfo",
     "__version__",
     "automl",
@@ -42,8 +43,10 @@ PUBLIC = [
     "predict",
     "predict_byom",
     "register_custom_function",
+    "run",
     "show_architecture",
     "show_model",
+    "tf_dataset",
     "training_preprocessor",
     "validation_preprocessor",
 ]

@@ -40,7 +40,15 @@ import time
 from typing import Any
 
 from dvml.train.runtime.checkpoints import CheckpointStore
-from dvml.train.runtime.protocol import Finished, Iteration, Resolved, Startup
+from dvml.train.runtime.protocol import (
+    Finished,
+    Iteration,
+    Report,
+    Resolved,
+    Returned,
+    SavedModel,
+    Startup,
+)
 from dvml.train.runtime.supervisor import ClientLease, TrainerProcess, private_workdir
 
 __all__ = ["checkpoint_state", "clear_checkpoint", "reserve_port", "run_trainer"]
@@ -76,8 +84,12 @@ def run_trainer(
     topic: str,
     abort_event: str,
     timeout: float,
+    payload: bytes | None = None,
 ) -> dict[str, Any]:
     """Run one trainer process to completion and return its result.
+
+    ``weights`` (registry bytes) start the model; ``payload`` (a user program's cloudpickled
+    ``train_fn``) is written beside the job file for the trainer (``job["fn_path"]``).
 
     Returns
     -------
@@ -106,10 +118,12 @@ def run_trainer(
         "worker_name": str(worker.name),
         "output_weights_path": os.path.join(workdir, "weights.npz"),
     }
-    if weights is not None:
-        job["weights_path"] = os.path.join(workdir, "initial.npz")
-        with open(job["weights_path"], "wb") as initial:
-            initial.write(weights)
+    for key, name, data in (("weights_path", "initial.npz", weights),
+                            ("fn_path", "train_fn.pkl", payload)):  # fmt: skip
+        if data is not None:
+            job[key] = os.path.join(workdir, name)
+            with open(job[key], "wb", opener=lambda p, f: os.open(p, f, 0o600)) as out:
+                out.write(data)
     standby = bool(job.get("standby", True)) and not job["use_gpus"]
     trainer = TrainerProcess.start(
         job,
@@ -147,18 +161,21 @@ def _follow(
     records: list[dict[str, Any]] = []
     resolved: dict[str, Any] = {}
     startup: dict[str, Any] = {"threads": trainer.threads}
+    saved: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while True:
         line = trainer.next(max(0.0, deadline - time.monotonic()), stop)
         message = {**line.to_dict(), "worker": name}
         worker.log_event(topic, {"kind": line.kind, **message})
-        if isinstance(line, Iteration):
+        if isinstance(line, Iteration | Report):
             records.append(message)
         elif isinstance(line, Resolved):
             resolved.update(message)
         elif isinstance(line, Startup):
             startup.update(message)
-        elif isinstance(line, Finished):
+        elif isinstance(line, SavedModel):
+            saved.append(_saved_model(line))
+        elif isinstance(line, Finished | Returned):
             break
     done_at = time.monotonic()
     try:  # how long the trainer takes to exit after its "done" (it skips the teardown)
@@ -166,16 +183,33 @@ def _follow(
         startup["exit_seconds"] = round(time.monotonic() - done_at, 4)
     except Exception:
         pass
-    result = {
+    result: dict[str, Any] = {
         "worker": name,
-        "weights_sha256": line.weights_sha256,
         "local_rows": line.local_rows,
         "iterations": records,
         "resolved": resolved,
         "startup": startup,
         "weights": None,
+        "models": saved,
+        "value": None,
     }
-    if job["tf_config"]["task"]["index"] == 0:
-        with open(line.weights_path, "rb") as final:
-            result["weights"] = final.read()
+    if isinstance(line, Finished):
+        result["weights_sha256"] = line.weights_sha256
+        if job["tf_config"]["task"]["index"] == 0:
+            with open(line.weights_path, "rb") as final:
+                result["weights"] = final.read()
+    elif line.result_path is not None:
+        with open(line.result_path, "rb") as value:
+            result["value"] = value.read()  # cloudpickle bytes, loaded by the client
     return result
+
+
+def _saved_model(line: SavedModel) -> dict[str, Any]:
+    with open(line.json_path) as f, open(line.weights_path, "rb") as w:
+        return {
+            "name": line.name,
+            "model_json": f.read(),
+            "weights": w.read(),
+            "compile_params": line.compile_params,
+            "description": line.description,
+        }

@@ -56,10 +56,12 @@ def run_lockstep(
     on_event: Callable[[Any], None],
     timeout: float,
     what: str = "fit",
+    payload: bytes | None = None,
 ) -> list[dict[str, Any]]:
     """Launch one trainer per worker and wait for all; their messages go to ``on_event``.
 
-    ``what`` names the call in errors (``"run fit again"``).
+    ``what`` names the call in errors (``"run fit again"``); ``payload`` goes to every
+    trainer (:func:`~dvml.train.runtime.launch.run_trainer`).
     """
     from distributed import Event
 
@@ -73,6 +75,8 @@ def run_lockstep(
         job = {
             **base_job,
             "client_id": client.id,
+            "host": w.host,
+            "gpus": list(w.gpus),
             # Each trainer's own share of the global batch (they differ by at most one row).
             "per_worker_batch": per_worker_batch[i],
             "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
@@ -88,6 +92,7 @@ def run_lockstep(
                 topic,
                 abort_name,
                 timeout,
+                payload,
                 workers=[w.address],
                 allow_other_workers=False,
                 pure=False,

@@ -44,6 +44,7 @@ __all__ = [
     "JobArgs",
     "ModelSpec",
     "batch_split",
+    "check_colocated",
     "check_fit_args",
     "job_key",
     "machine",
@@ -210,17 +211,22 @@ def _check_validation(train: Dataset, valid: Dataset, workers: list[WorkerInfo])
             "values, normalizing_const or x shapes. Build it with dvml.validation_preprocessor("
             f"..., training={train.name!r})."
         )
+    check_colocated(valid, workers, "Validation set")
+
+
+def check_colocated(dataset: Dataset, workers: list[WorkerInfo], what: str = "Dataset") -> None:
+    """Refuse ``dataset`` when some of its buffers are on workers where no trainer runs."""
     trainer_instances = {w.vineyard_instance_id for w in workers}
     elsewhere = sorted(
         {
             b["worker_name"]
-            for b in valid.layout["buffers"]
+            for b in dataset.layout["buffers"]
             if b["instance_id"] not in trainer_instances
         }
     )
     if elsewhere:
         raise PlacementError(
-            f"Validation set {valid.name!r} has buffers on {elsewhere}, where no trainer runs "
+            f"{what} {dataset.name!r} has buffers on {elsewhere}, where no trainer runs "
             f"(trainers: {[w.name for w in workers]}). Preprocess it with the training set's "
             "distribution rules (the default of dvml.validation_preprocessor)."
         )

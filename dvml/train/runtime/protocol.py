@@ -27,7 +27,10 @@ __all__ = [
     "Iteration",
     "Line",
     "Ready",
+    "Report",
     "Resolved",
+    "Returned",
+    "SavedModel",
     "Startup",
     "Train",
     "Trained",
@@ -138,6 +141,38 @@ class Evaluated(Line):
 
 
 @dataclasses.dataclass(frozen=True)
+class Report(Line):
+    """A user's training loop reported metrics (``context.report``), maybe with a checkpoint."""
+
+    kind: ClassVar[str] = "report"
+    step: int
+    metrics: dict[str, Any]
+    elapsed: float
+    checkpointed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedModel(Line):
+    """A user's training loop saved a Keras model (``context.save_model``) into files."""
+
+    kind: ClassVar[str] = "saved_model"
+    name: str
+    json_path: str
+    weights_path: str
+    compile_params: str
+    description: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Returned(Line):
+    """A user's training loop returned; on the chief ``result_path`` holds its value."""
+
+    kind: ClassVar[str] = "returned"
+    local_rows: int
+    result_path: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Failed(Line):
     """A trainer's error: a command failed (it keeps serving) or, ``fatal``, the trainer."""
 
@@ -194,6 +229,9 @@ _KINDS: dict[str, type[Line]] = {
         Finished,
         Trained,
         Evaluated,
+        Report,
+        SavedModel,
+        Returned,
         Failed,
         Handover,
         Train,

@@ -2,8 +2,9 @@
 
 One process per trainer, for every kind of job: it reads a job file and runs the job's
 *program*: ``"fit"`` (:mod:`dvml.train.runtime.sync_program`: one model, every trainer in
-lock-step) or ``"serve"`` (:mod:`dvml.train.runtime.serve_program`: train or evaluate any
-model it is sent, one command at a time, until stdin closes). The process exits when its
+lock-step), ``"serve"`` (:mod:`dvml.train.runtime.serve_program`: train or evaluate any
+model it is sent, one command at a time, until stdin closes) or ``"user"``
+(:mod:`dvml.train.runtime.user_program`: the user's own ``train_fn``). The process exits when its
 program ends, so GPU memory is released after every job, and when its worker dies
 (:func:`~dvml.train.runtime.orphan.exit_with_parent`).
 
@@ -42,11 +43,16 @@ __all__ = ["main", "run_program"]
 
 
 def run_program(job: dict[str, Any], startup: Startup) -> None:
-    """Run the job's program (``"fit"`` or ``"serve"``)."""
-    if job.get("program", "fit") == "serve":
+    """Run the job's program (``"fit"``, ``"serve"`` or ``"user"``)."""
+    program = job.get("program", "fit")
+    if program == "serve":
         from dvml.train.runtime.serve_program import serve
 
         serve(job)
+    elif program == "user":
+        from dvml.train.runtime.user_program import run
+
+        run(job, startup)
     else:
         from dvml.train.runtime.sync_program import run
 

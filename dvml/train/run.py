@@ -1,0 +1,328 @@
+"""``dvml.run``: your own training loop on pinned, zero-copy data.
+
+A scheduler on the trainer runtime, like ``fit``: one trainer per worker that holds the
+primary dataset, in lock-step (``TF_CONFIG``, a MultiWorkerMirroredStrategy), each running
+the user's ``train_fn(context)`` (:class:`~dvml.train.runtime.user_program.TrainContext`) on
+its LOCAL rows. The runtime does the rest as for ``fit``: the standby start, the client lease,
+the failure watcher (a trainer that raises stops every trainer, its traceback in the error),
+owner-only checkpoints and the resume point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from dvml import config as settings
+from dvml._version import __version__
+from dvml.cluster.workers import current_client
+from dvml.exceptions import ArgumentError, ArgumentTypeError
+from dvml.names import check_name
+from dvml.registry.database import Registry, open_registry
+from dvml.registry.weights import weights_from_bytes
+from dvml.store.datasets import Dataset, resolve_dataset
+from dvml.train.model_lock import holding_model
+from dvml.train.params import parse_compile_params
+from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
+from dvml.train.runtime.plan import (
+    batch_split,
+    check_colocated,
+    job_key,
+    now,
+    training_workers,
+)
+from dvml.train.summary import build_summary, weights_size_kb
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = ["RunResult", "run"]
+
+logger = logging.getLogger("dvml.train")
+
+SYNC_MODES = ("step", "none")
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What :func:`run` returns.
+
+    Attributes
+    ----------
+    name : str
+        The run's name (its checkpoints and lock are keyed by it).
+    value : Any
+        What ``train_fn`` returned on the chief (rank 0).
+    history : pandas.DataFrame
+        One row per ``context.report`` step: ``step``, ``elapsed_s`` and each metric averaged
+        over the trainers.
+    reports : list of dict
+        Every trainer's reports (``worker``, ``step``, ``metrics``, ``elapsed``).
+    models : list of str
+        The models ``context.save_model`` stored in the registry.
+    workers : list of str
+        The workers a trainer ran on.
+    resumed_from_step : int or None
+        The checkpointed step a rerun started after.
+    """
+
+    name: str
+    value: Any
+    history: pd.DataFrame
+    reports: list[dict[str, Any]]
+    models: list[str]
+    workers: list[str]
+    resumed_from_step: int | None
+
+    def __repr__(self) -> str:
+        return (
+            f"<dvml.RunResult {self.name!r} steps={len(self.history)} "
+            f"workers={self.workers} models={self.models}>"
+        )
+
+
+def run(
+    train_fn: Callable[[Any], Any],
+    datasets: str | Dataset | Mapping[str, str | Dataset],
+    config: Mapping[str, Any] | None = None,
+    *,
+    sync: str = "step",
+    use_gpus: bool = False,
+    name: str | None = None,
+    batch_size: int = 32,
+    seed: int | None = None,
+    timeout: float | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    on_report: Callable[[dict[str, Any]], None] | None = None,
+    registry: Registry | str | None = None,
+    client: Client | None = None,
+) -> RunResult:
+    """Run ``train_fn(context)`` in one trainer per worker that holds the data.
+
+    Parameters
+    ----------
+    train_fn : callable
+        Your training loop, shipped as code (cloudpickle, as Dask ships tasks). It receives a
+        :class:`~dvml.train.runtime.user_program.TrainContext`: ``context.strategy`` (a
+        MultiWorkerMirroredStrategy, ``TF_CONFIG`` set), ``context.dataset(name)`` (this
+        worker's LOCAL rows, zero-copy, the same steps per epoch on every trainer),
+        ``context.distributed_dataset(name)`` (for ``strategy.run``),
+        ``context.dataset_creator(name)`` (for ``model.fit``), ``rank``, ``world_size``,
+        ``host``, ``gpus``, ``config``, ``report(metrics, checkpoint=...)``,
+        ``checkpoint()`` and ``save_model(model, name)``. Build models and optimizers inside
+        ``with context.strategy.scope():``.
+    datasets : str, Dataset or dict
+        A dataset (then named ``"train"``), or ``{name: dataset}``; the first is the primary:
+        its workers run the trainers and its rows are split into the balanced steps. The
+        others (a validation set) must be on the same workers.
+    config : dict, optional
+        Anything ``train_fn`` reads from ``context.config`` (learning rate, epochs...).
+    sync : {"step", "none"}
+        ``"step"``: a MultiWorkerMirroredStrategy over every trainer. ``"none"``: no strategy;
+        each trainer runs on its own (a local-only loop).
+    use_gpus : bool
+        Give the trainers their worker's GPUs (refused when one has none).
+    name : str, optional
+        Names the run's checkpoints and lock (default: ``train_fn.__name__``); a rerun of the
+        same name resumes (``context.checkpoint()``).
+    batch_size : int
+        The GLOBAL batch of one step, split over the trainers as ``fit`` splits it.
+    seed, timeout : optional
+        The shuffles' seed (config ``dvml.preprocess.seed``); seconds before the trainers are
+        stopped (config ``dvml.train.trainer-timeout``).
+    resume : bool
+        Hand the last checkpoint of an interrupted run of the same name to ``train_fn``.
+    progress : bool
+        Print one line per report step.
+    on_report : callable, optional
+        Called on the client with each step's record once every trainer reported it.
+
+    Returns
+    -------
+    RunResult
+        ``value`` (what ``train_fn`` returned on the chief), ``history``, ``models``...
+
+    Raises
+    ------
+    TrainerFailedError
+        A trainer raised (its traceback is in the message), died, or its host left: every
+        trainer is stopped.
+    """
+    if not callable(train_fn):
+        raise ArgumentTypeError(
+            f"train_fn must be a function taking the training context. Received: "
+            f"{type(train_fn).__name__}. Write def train_fn(context): ... and pass it."
+        )
+    if sync not in SYNC_MODES:
+        raise ArgumentError(
+            f"sync must be one of {list(SYNC_MODES)}. Received: sync={sync!r}. 'step' gives "
+            "train_fn a MultiWorkerMirroredStrategy; 'none' runs each trainer on its own."
+        )
+    name = name or re.sub(r"[^A-Za-z0-9_.-]", "_", getattr(train_fn, "__name__", "run"))
+    check_name(name, "name")
+    client = current_client(client)
+    named = {k: resolve_dataset(v, client) for k, v in _named(datasets).items()}
+    primary = next(iter(named.values()))
+    workers = training_workers(client, primary, None, use_gpus)
+    for key, ds in list(named.items())[1:]:
+        check_colocated(ds, workers, f"Dataset {key!r}")
+    per_worker, steps = batch_split(primary, workers, batch_size)
+    seed = int(settings.get("preprocess.seed", seed))
+    timeout = float(settings.get("train.trainer-timeout", timeout))
+    ids = {k: d.summary["dataset_id"] for k, d in named.items()}
+    key = job_key("run", name, ids, [w.name for w in workers], batch_size, seed, sync)
+    directory = str(settings.state_dir() / "checkpoints" / f"run-{name}-{key}")
+    payload = _pickled(train_fn)
+    with holding_model(settings.state_dir(), f"run-{name}", key):
+        resumed = find_checkpoint(client, workers, directory, key) if resume else None
+        job = {
+            "program": "user", "job_key": key, "name": name, "sync": sync, "seed": seed,
+            "datasets": {k: d.name for k, d in named.items()}, "config": dict(config or {}),
+            "global_batch_size": batch_size, "steps_per_epoch": steps,
+            "checkpoint_dir": directory, "use_gpus": use_gpus,
+            "resume": {"step": resumed[0] - 1, "history": resumed[2]} if resumed else None,
+            "peer_timeout": settings.get("train.peer-timeout", None),
+            "client_timeout": settings.get("train.client-timeout", None),
+            "threads": [settings.get("train.intra-op-threads", None),
+                        settings.get("train.inter-op-threads", None)],
+            "standby": bool(settings.get("train.standby-trainer", None)),
+        }  # fmt: skip
+        collector = _Reports(len(workers), name, on_report, progress)
+        results = run_lockstep(
+            client, workers, job, per_worker, resumed[1] if resumed else None, collector,
+            timeout, what="dvml.run", payload=payload,
+        )  # fmt: skip
+        models = _register(registry, results, primary, name)
+        clear_checkpoints(client, workers, directory)
+    value = None
+    if results[0]["value"] is not None:
+        import cloudpickle
+
+        value = cloudpickle.loads(results[0]["value"])
+    reports = [r for result in results for r in result["iterations"]]
+    return RunResult(
+        name=name,
+        value=value,
+        history=_history(collector.records),
+        reports=reports,
+        models=models,
+        workers=[w.name for w in workers],
+        resumed_from_step=resumed[0] - 1 if resumed else None,
+    )
+
+
+def _pickled(train_fn: Callable[[Any], Any]) -> bytes:
+    """``train_fn`` as cloudpickle bytes, BY VALUE with the rest of its module: the trainers
+    cannot import a test module, a script or a package that is only on the client."""
+    import sys
+
+    import cloudpickle
+
+    module = sys.modules.get(getattr(train_fn, "__module__", "") or "")
+    top = module.__name__.split(".")[0] if module is not None else "builtins"
+    by_value = top not in ("__main__", "builtins", "dvml", "tensorflow", "tf_keras")
+    if module is not None and by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return bytes(cloudpickle.dumps(train_fn))
+    finally:
+        if module is not None and by_value:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _named(datasets: Any) -> dict[str, str | Dataset]:
+    if isinstance(datasets, str | Dataset):
+        return {"train": datasets}
+    if isinstance(datasets, Mapping) and datasets:
+        for k in datasets:
+            check_name(k, "dataset key")
+        return dict(datasets)
+    raise ArgumentTypeError(
+        "datasets must be a dataset name, a Dataset, or a non-empty dict {name: dataset}. "
+        f"Received: {datasets!r:.120}. Pass datasets={{'train': 'digits', 'val': 'digits_val'}}."
+    )
+
+
+def _register(
+    registry: Registry | str | None, results: list[dict[str, Any]], train: Dataset, run: str
+) -> list[str]:
+    """Store the models the chief saved (``context.save_model``), as fit stores its model."""
+    saved = results[0]["models"]
+    if not saved:
+        return []
+    reg = open_registry(registry)
+    at = now()
+    for m in saved:
+        weights = weights_from_bytes(m["weights"])
+        arch_id = reg.add_architecture(m["model_json"], None, m["name"], m["description"])
+        compile_params = parse_compile_params(m["compile_params"])
+        summary = build_summary(
+            training=train, validation=None, model=m["name"], arch_id=arch_id,
+            compile_params=compile_params, fit_params={}, compile_text=m["compile_params"],
+            fit_text="", num_iterations=len(results[0]["iterations"]),
+            metrics_compute_frequency=1, name=run, description=m["description"], start=at,
+            end=at, iterations=[], model_size_kb=weights_size_kb(weights),
+            trainers=[r["worker"] for r in results], weights_identical=True,
+            warm_start=False, version=__version__,
+        )  # fmt: skip
+        summary["trained_by"] = f"dvml.run {run}"
+        reg.save_model(m["name"], arch_id, weights, summary, [], replace=True)
+    return [m["name"] for m in saved]
+
+
+def _history(records: list[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame(records, columns=["step", "elapsed_s", *_metric_names(records)])
+
+
+def _metric_names(records: list[dict[str, Any]]) -> list[str]:
+    names: list[str] = []
+    for r in records:
+        names += [k for k in r if k not in ("step", "elapsed_s") and k not in names]
+    return names
+
+
+class _Reports:
+    """Collects the trainers' reports; one record per step once every trainer sent it."""
+
+    def __init__(
+        self,
+        n_trainers: int,
+        name: str,
+        callback: Callable[[dict[str, Any]], None] | None,
+        echo: bool,
+    ) -> None:
+        self.n, self.name, self.callback, self.echo = n_trainers, name, callback, echo
+        self.pending: dict[int, list[dict[str, Any]]] = {}
+        self.records: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+
+    def __call__(self, event: tuple[float, dict[str, Any]]) -> None:
+        _, message = event
+        if message.get("kind") != "report":
+            return
+        bucket = self.pending.setdefault(int(message["step"]), [])
+        bucket.append(message)
+        if len(bucket) < self.n:
+            return
+        record: dict[str, Any] = {"step": int(message["step"]),
+                                  "elapsed_s": max(m["elapsed"] for m in bucket)}  # fmt: skip
+        for metric in bucket[0]["metrics"]:
+            values = [m["metrics"][metric] for m in bucket if metric in m["metrics"]]
+            record[metric] = sum(values) / len(values)
+        self.records.append(record)
+        if self.echo:
+            shown = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k not in
+                             ("step", "elapsed_s"))  # fmt: skip
+            took = record["elapsed_s"]
+            line = f"[dvml.run {self.name}] step {record['step']} {shown} ({took:.1f}s)"
+            logger.info(line)
+            print(line, flush=True)
+        if self.callback is not None:
+            self.callback(record)

@@ -1,0 +1,234 @@
+"""``dvml.run``: the user's own training loop on pinned, zero-copy data (real trainers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+
+import dvml
+from dvml.exceptions import TrainerFailedError
+from tests.helpers import Background, cnn, pid_gone, poll_for, worker_trainers
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+
+@pytest.fixture(scope="module")
+def env(cluster2: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    frame = pd.DataFrame(
+        {"pixels": list(d.images.reshape(-1, 8, 8, 1).astype("float32")), "label": d.target}
+    ).sample(frac=1.0, random_state=0)
+    tmp = tmp_path_factory.mktemp("run")
+    client = cluster2.client
+    settings = {"dvml.cluster.state-dir": str(tmp / "state")}
+    with dask.config.set(settings):
+        dvml.training_preprocessor(
+            frame.iloc[:1400], y="label", x="pixels", normalizing_const=16.0, name="run_digits",
+            overwrite=True, client=client,
+        )  # fmt: skip
+        dvml.validation_preprocessor(
+            frame.iloc[1400:], y="label", x="pixels", training="run_digits",
+            name="run_digits_val", overwrite=True, client=client,
+        )  # fmt: skip
+        registry = dvml.Registry(f"sqlite:///{tmp / 'registry.db'}")
+        yield {"client": client, "registry": registry, "settings": settings,
+               "model_json": cnn().to_json()}  # fmt: skip
+        registry.close()
+        for name in ("run_digits", "run_digits_val"):
+            dvml.datasets.drop(name, client=client)
+
+
+def run(env: dict[str, Any], fn: Any, **kwargs: Any) -> dvml.RunResult:
+    kwargs.setdefault("progress", False)
+    with dask.config.set(env["settings"]):
+        return dvml.run(fn, {"train": "run_digits", "val": "run_digits_val"},
+                        registry=env["registry"], client=env["client"], **kwargs)  # fmt: skip
+
+
+# -- train_fns (module level: shipped by value with this module) ------------------------------
+
+
+def gradient_tape_loop(context: Any) -> dict[str, Any]:
+    """The "Dask on Vineyard" guide's training, as a custom loop under the strategy."""
+    import tf_keras as keras
+
+    import tensorflow as tf
+
+    with context.strategy.scope():
+        model = keras.models.model_from_json(context.config["model_json"])
+        optimizer = keras.optimizers.Adam(0.003)
+        loss_fn = keras.losses.CategoricalCrossentropy(reduction=keras.losses.Reduction.NONE)
+
+    @tf.function
+    def step(batch: Any) -> Any:
+        x, y = batch
+        with tf.GradientTape() as tape:
+            per_row = loss_fn(y, model(x, training=True))
+            loss = tf.nn.compute_average_loss(per_row, global_batch_size=context.global_batch_size)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    batches = iter(context.distributed_dataset("train"))
+    for _ in range(context.config["epochs"]):
+        total = 0.0
+        for _ in range(context.steps_per_epoch):
+            per_replica = context.strategy.run(step, args=(next(batches),))
+            total += float(context.strategy.reduce("SUM", per_replica, axis=None))
+        weights_sum = float(sum(float(np.sum(w)) for w in model.get_weights()))
+        context.report({"loss": total / context.steps_per_epoch, "weights_sum": weights_sum})
+    return {"rank": context.rank, "world": context.world_size, "rows": context.local_rows()}
+
+
+class Subclassed:  # built lazily: tf_keras is imported in the trainer only
+    @staticmethod
+    def build() -> Any:
+        import tf_keras as keras
+
+        class SmallNet(keras.Model):
+            def __init__(self) -> None:
+                super().__init__()
+                self.flat = keras.layers.Flatten()
+                self.hidden = keras.layers.Dense(32, activation="relu")
+                self.out = keras.layers.Dense(10, activation="softmax")
+
+            def call(self, x: Any) -> Any:
+                return self.out(self.hidden(self.flat(x)))
+
+        return SmallNet()
+
+
+def subclassed_fit(context: Any) -> float:
+    """A subclassed model trained with model.fit on the strategy's dataset creator."""
+    with context.strategy.scope():
+        model = Subclassed.build()
+        model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
+    history = model.fit(context.dataset_creator("train"), epochs=3,
+                        steps_per_epoch=context.steps_per_epoch, verbose=0)  # fmt: skip
+    for epoch, loss in enumerate(history.history["loss"]):
+        context.report({"epoch": epoch, "loss": loss})
+    evaluated = model.evaluate(context.dataset("val"), verbose=0, return_dict=True)
+    return float(evaluated["accuracy"])
+
+
+def raising(context: Any) -> None:
+    import tensorflow as tf
+
+    if context.rank == 1:
+        1 / 0  # noqa: B018
+    # The chief waits in an all-reduce for its dead peer: the runtime must stop it.
+    ones = context.strategy.run(lambda: tf.constant(1.0))
+    context.strategy.reduce("SUM", ones, axis=None)
+
+
+def checkpointed(context: Any) -> int:
+    """Trains with a checkpoint every epoch; resumes from context.checkpoint()."""
+    import tf_keras as keras
+
+    with context.strategy.scope():
+        model = keras.models.model_from_json(context.config["model_json"])
+        model.compile(optimizer="adam", loss="categorical_crossentropy")
+    start = 0
+    found = context.checkpoint()
+    if found is not None:
+        model.set_weights(found.weights)
+        start = found.step
+    for epoch in range(start, context.config["epochs"]):
+        model.fit(context.dataset_creator("train"), epochs=1,
+                  steps_per_epoch=context.steps_per_epoch, verbose=0)  # fmt: skip
+        context.report({"epoch": epoch}, checkpoint=model)
+    return start
+
+
+def saves_a_model(context: Any) -> None:
+    import tf_keras as keras
+
+    with context.strategy.scope():
+        model = keras.models.model_from_json(context.config["model_json"])
+        model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
+    model.fit(context.dataset_creator("train"), epochs=4, steps_per_epoch=context.steps_per_epoch,
+              verbose=0)  # fmt: skip
+    context.save_model(model, "run_saved_cnn")
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def test_a_custom_gradient_tape_loop_trains_in_lockstep(env: dict[str, Any]) -> None:
+    result = run(env, gradient_tape_loop, batch_size=64,
+                 config={"model_json": env["model_json"], "epochs": 3})  # fmt: skip
+    assert result.value["rank"] == 0 and result.value["world"] == 2  # the chief's return
+    assert result.value["rows"] > 0
+    history = result.history
+    assert history["step"].tolist() == [1, 2, 3]
+    assert history["loss"].iloc[-1] < history["loss"].iloc[0]  # it learned
+    # the strategy kept the trainers' weights identical: both reported the same sums
+    by_step: dict[int, set[float]] = {}
+    for r in result.reports:
+        by_step.setdefault(r["step"], set()).add(round(r["metrics"]["weights_sum"], 4))
+    assert all(len(v) == 1 for v in by_step.values()), by_step
+    assert sorted({r["worker"] for r in result.reports}) == sorted(result.workers)
+
+
+def test_a_subclassed_model_with_model_fit(env: dict[str, Any]) -> None:
+    result = run(env, subclassed_fit, batch_size=64)
+    assert 0.5 < result.value <= 1.0, result.value  # accuracy on the chief's local val rows
+    assert result.history["loss"].iloc[-1] < result.history["loss"].iloc[0]
+
+
+def test_a_raising_train_fn_stops_every_trainer_with_its_traceback(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    with pytest.raises(TrainerFailedError) as e:
+        run(env, raising, name="run_raising", timeout=300)
+    text = str(e.value)
+    assert "ZeroDivisionError" in text and "Traceback" in text and "1 / 0" in text, text
+    assert poll_for(lambda: not worker_trainers(cluster2, name="run_raising"), 30)
+
+
+def test_a_killed_trainer_then_a_rerun_resumes_from_its_checkpoint(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    config = {"model_json": env["model_json"], "epochs": 30}
+    job = Background(lambda seen: run(env, checkpointed, config=config, name="run_ckpt",
+                                      on_report=seen))  # fmt: skip
+    assert poll_for(lambda: len(job.times) >= 2, 300), "no second checkpoint"
+    victims = worker_trainers(cluster2, "worker-1", name="run_ckpt")
+    assert len(victims) == 1, victims
+    os.kill(victims[0], signal.SIGKILL)
+    error = job.error(300)
+    assert isinstance(error, TrainerFailedError), error
+    assert "worker-1" in str(error) and "killed by SIGKILL" in str(error), str(error)
+    assert poll_for(lambda: all(pid_gone(p) for p in victims), 30)
+    resumed = run(env, checkpointed, config={**config, "epochs": 4}, name="run_ckpt")
+    assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 2
+    assert resumed.value == resumed.resumed_from_step  # train_fn started from the checkpoint
+    assert resumed.history["step"].tolist()[0] == resumed.resumed_from_step + 1
+
+
+def test_a_saved_model_is_evaluated_like_a_fit_model(env: dict[str, Any]) -> None:
+    result = run(env, saves_a_model, batch_size=64, config={"model_json": env["model_json"]})
+    assert result.models == ["run_saved_cnn"]
+    with dask.config.set(env["settings"]):
+        scores = dvml.evaluate("run_saved_cnn", "run_digits_val", registry=env["registry"],
+                               client=env["client"])  # fmt: skip
+    assert scores["metric"] > 0.5, scores
+    assert scores["rows"] == 397
+
+
+def test_refuses_bad_arguments_before_any_trainer(env: dict[str, Any]) -> None:
+    from dvml.exceptions import ArgumentError, ArgumentTypeError
+
+    with pytest.raises(ArgumentTypeError, match="train_fn must be a function"):
+        run(env, "not a function")  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="sync must be one of"):
+        run(env, raising, sync="iteration")
