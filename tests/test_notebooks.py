@@ -14,7 +14,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 @pytest.mark.parametrize(
-    "name", ["01_distribution_rules.ipynb", "02_digits_training.ipynb", "04_fit_multiple.ipynb"]
+    "name",
+    [
+        "01_distribution_rules.ipynb",
+        "02_digits_training.ipynb",
+        "04_fit_multiple.ipynb",
+        "05_your_own_training_loop.ipynb",
+    ],
 )
 def test_notebook_runs(name: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     outputs = execute_notebook(NOTEBOOKS / name, tmp_path, monkeypatch)
