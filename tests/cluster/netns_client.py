@@ -145,6 +145,45 @@ def pipeline(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _run_loop_fn(context: Any) -> dict[str, Any]:
+    """A custom loop (model.fit on the strategy's local rows) that saves its model."""
+    import tf_keras as keras
+
+    with context.strategy.scope():
+        model = keras.models.model_from_json(context.config["model_json"])
+        model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
+    for _ in range(3):
+        history = model.fit(context.dataset_creator("train"), epochs=1,
+                            steps_per_epoch=context.steps_per_epoch, verbose=0)  # fmt: skip
+        context.report({"loss": history.history["loss"][-1], "rank": context.rank},
+                       checkpoint=model)  # fmt: skip
+    context.save_model(model, "nr_cnn")
+    return {"host": context.host, "world": context.world_size}
+
+
+def run_loop(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """dvml.run across the hosts: one trainer per host, its own rows; the saved model evaluated."""
+    train, test = _digits()
+    dvml.training_preprocessor(
+        train, y="label", x="pixels", normalizing_const=16.0, name="nr_digits", overwrite=True
+    )
+    dvml.validation_preprocessor(
+        test, y="label", x="pixels", training="nr_digits", name="nr_digits_val", overwrite=True
+    )
+    result = dvml.run(_run_loop_fn, {"train": "nr_digits"}, batch_size=64, progress=False,
+                      config={"model_json": args["model_json"]})  # fmt: skip
+    out = {
+        "value": result.value,
+        "loss": result.history["loss"].tolist(),
+        "workers": result.workers,
+        "reports": [{"worker": r["worker"], "step": r["step"]} for r in result.reports],
+        "evaluate": dvml.evaluate("nr_cnn", "nr_digits_val"),
+    }
+    dvml.datasets.drop("nr_digits")
+    dvml.datasets.drop("nr_digits_val")
+    return out
+
+
 def feature_cache(cluster: Any) -> dict[str, Any]:
     """A backbone runs where the digits live; asking again is a hit (no batch runs)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -265,6 +304,7 @@ COMMANDS = {
     "prepare": prepare,
     "long_fit": long_fit,
     "long_fit_multiple": long_fit_multiple,
+    "run_loop": run_loop,
 }
 
 

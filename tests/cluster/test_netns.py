@@ -151,3 +151,30 @@ def test_pipeline_across_two_hosts(cluster: netns.NetnsCluster) -> None:
     assert set(loaded) == instances
     assert all(loaded[i] > before[i] for i in instances), (before, loaded)
     assert all(after[i] <= before[i] for i in instances), (before, after)
+
+
+def test_your_own_training_loop_across_two_hosts(cluster: netns.NetnsCluster) -> None:
+    """dvml.run across namespace hosts: one trainer per host in lock-step, each on its own
+    rows; the model it saved is evaluated where the data is."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as k
+
+    model = k.Sequential(
+        [
+            k.layers.InputLayer(input_shape=(8, 8, 1)),
+            k.layers.Flatten(),
+            k.layers.Dense(32, activation="relu", name="hidden"),
+            k.layers.Dense(10, activation="softmax", name="out"),
+        ]
+    )
+    state = pathlib.Path(cluster.workdir) / "client-state-run"
+    result = netns_client(
+        cluster, "run_loop", timeout=900, model_json=model.to_json(), state_dir=str(state)
+    )
+    assert len(result["workers"]) == 2
+    assert result["value"]["world"] == 2
+    assert result["value"]["host"], result["value"]  # the chief's host, as worker tables name it
+    assert {r["worker"] for r in result["reports"]} == set(result["workers"])
+    assert result["loss"][-1] < result["loss"][0], result["loss"]
+    assert result["evaluate"]["rows"] == 297
+    assert result["evaluate"]["metric"] > 0.5, result["evaluate"]
