@@ -165,7 +165,9 @@ def run(
             f"sync must be one of {list(SYNC_MODES)}. Received: sync={sync!r}. 'step' gives "
             "train_fn a MultiWorkerMirroredStrategy; 'none' runs each trainer on its own."
         )
-    name = name or re.sub(r"[^A-Za-z0-9_.-]", "_", getattr(train_fn, "__name__", "run"))
+    if name is None:  # the function's name, as a valid dvml name ("_loop" -> "loop")
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", getattr(train_fn, "__name__", "")).lstrip("_.-")
+        name = name[:128] or "run"
     check_name(name, "name")
     client = current_client(client)
     named = {k: resolve_dataset(v, client) for k, v in _named(datasets).items()}
