@@ -20,7 +20,7 @@ import dvml  # noqa: E402
 
 project = "dvml"
 author = "the dvml developers"
-copyright = "the dvml developers"  # noqa: A001
+copyright = "the dvml developers"
 release = dvml.__version__
 version = ".".join(release.split(".")[:2])
 
@@ -79,8 +79,3 @@ html_static_path: list[str] = []
 html_show_sourcelink = False
 
 nitpicky = True
-nitpick_ignore_regex = [
-    # Third-party types named in docstrings: no intersphinx (the build needs no network).
-    ("py:class", r"(pandas|pd|numpy|np|dask|distributed|tf|tensorflow|tf_keras|keras|pyarrow|"
-     r"sqlalchemy|matplotlib|vineyard|argparse|pathlib|collections|typing)\..*"),
-]

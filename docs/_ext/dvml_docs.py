@@ -129,6 +129,21 @@ def api_pages() -> dict[str, str]:
     return pages
 
 
+def stub_names() -> list[str]:
+    """The file name of every autosummary stub: one per documented public name."""
+    import dvml
+
+    names = [
+        f"dvml.{n}.rst" for n in dvml.__all__ if n not in NAMESPACES and n not in dvml._MODULES
+    ]
+    for name in sorted(set(NAMESPACES) | set(dvml._MODULES)):
+        module = importlib.import_module(NAMESPACES.get(name, dvml._MODULES.get(name, "")))
+        names += [
+            f"dvml.{name}.{m}.rst" for m in getattr(module, "__all__", []) if m not in dvml.__all__
+        ]
+    return names
+
+
 def _code_sources(notebook: dict[str, Any]) -> list[str]:
     return [
         "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
@@ -149,12 +164,18 @@ def _with_cell_ids(notebook: dict[str, Any]) -> dict[str, Any]:
     return notebook
 
 
-def notebook_pages() -> dict[str, tuple[dict[str, Any], bool]]:
-    """Each notebook to render, by file name, and whether it carries executed outputs."""
+def notebook_pages(
+    notebooks: Path = ROOT / "notebooks", executed_dir: Path = EXECUTED_DIR
+) -> dict[str, tuple[dict[str, Any], bool]]:
+    """Each notebook to render, by file name, and whether it carries executed outputs.
+
+    An executed copy whose code cells differ from the notebook's (the notebook changed since
+    the tests ran) is not used: its outputs would not be those of the code shown.
+    """
     pages: dict[str, tuple[dict[str, Any], bool]] = {}
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    for path in sorted(notebooks.glob("*.ipynb")):
         stripped = json.loads(path.read_text())
-        executed_path = EXECUTED_DIR / path.name
+        executed_path = executed_dir / path.name
         if executed_path.is_file():
             executed = json.loads(executed_path.read_text())
             if _code_sources(executed) == _code_sources(stripped):
@@ -170,18 +191,29 @@ def notebook_pages() -> dict[str, tuple[dict[str, Any], bool]]:
     return pages
 
 
-def _rewrite(folder: Path, files: dict[str, str]) -> None:
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+def _rewrite(
+    folder: Path, files: dict[str, str], keep: frozenset[str] | set[str] = frozenset()
+) -> None:
+    """Make ``folder`` hold ``files`` (and the names in ``keep``), touching only files whose
+    text changed, so that a second build re-reads only what changed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in folder.iterdir():
+        if path.name not in files and path.name not in keep:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     for name, text in files.items():
-        (folder / name).write_text(text)
+        path = folder / name
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
 
 
 def write_sources(app: Any, config: Any) -> None:
     """``config-inited``: write ``api/`` and ``notebooks/`` before Sphinx looks for sources."""
     alias_namespaces()
-    _rewrite(API_DIR, api_pages())
+    pages = api_pages()
+    _rewrite(API_DIR, pages, keep={"generated"})
+    # autosummary writes generated/ next (only stubs whose text changed); a stub of a name that
+    # is no longer public would be a page outside every toctree, so it goes.
+    _rewrite(API_DIR / "generated", {}, keep=set(stub_names()))
     notebooks = notebook_pages()
     _rewrite(NOTEBOOK_DIR, {n: json.dumps(nb, indent=1) for n, (nb, _) in notebooks.items()})
     executed = sorted(n for n, (_, done) in notebooks.items() if done)
@@ -246,9 +278,11 @@ def resolve_internal(app: Any, env: Any, node: Any, contnode: Any) -> Any:
             break
     else:
         return None
-    public = _public_names(env).get(id(obj)) if callable(obj) or isinstance(
-        obj, types.ModuleType
-    ) else None
+    public = (
+        _public_names(env).get(id(obj))
+        if callable(obj) or isinstance(obj, types.ModuleType)
+        else None
+    )
     if public:
         domain = env.get_domain("py")
         kind = node.get("reftype", "obj")
