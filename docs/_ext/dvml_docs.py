@@ -90,8 +90,8 @@ def api_pages() -> dict[str, str]:
     order = list(dict.fromkeys([*SECTIONS.values(), "Other", "Version"]))
     top = [
         *_heading("API reference", "="),
-        "Every public name of :mod:`dvml` (``dvml.__all__``), generated from the docstrings.",
-        "``import dvml`` is light: each name is imported on first use.",
+        "Every public name of :mod:`dvml` (``dvml.__all__``) and of its public sub-namespaces,",
+        "generated from the docstrings.",
         "",
         ".. automodule:: dvml",
         "   :no-members:",
