@@ -14,6 +14,7 @@ import http.server
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return Path(given).resolve()
     out = tmp_path_factory.mktemp("docs")
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-n", "-q",
-           "-d", str(out / "doctrees"), str(DOCS), str(out / "html")]  # fmt: skip
+           "-j", "auto", "-d", str(out / "doctrees"), str(DOCS), str(out / "html")]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"the docs build failed:\n{done.stdout}\n{done.stderr}"
     return out / "html"
@@ -273,3 +274,16 @@ def test_page_renders_in_headless_chromium(
     assert expected in visible, f"{page}: {expected!r} is not on the page: {visible[:500]}"
     found = [e for e in ERROR_TEXT if e in visible]
     assert not found, f"{page} shows error text {found}: {visible[:1000]}"
+
+
+def test_readme_is_the_front_page() -> None:
+    """Under 200 lines, and every relative link in it leads to a file (the site's pages)."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200, "README.md is the front page: keep it under 200 lines"
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    local = [urllib.parse.urlsplit(link).path for link in links if "://" not in link]
+    missing = [path for path in local if path and not (ROOT / path).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
+    pages = {path for path in local if path.startswith("docs/") and path.endswith(".md")}
+    guides = {p.relative_to(ROOT).as_posix() for p in (DOCS / "guides").glob("*.md")}
+    assert guides <= pages, f"guides the README does not link to: {sorted(guides - pages)}"
