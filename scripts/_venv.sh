@@ -1,4 +1,4 @@
-# Sourced by scripts/demo and scripts/check: create .venv (Python 3.11 or 3.12, which
+# Sourced by scripts/demo, scripts/check and scripts/docs: create .venv (Python 3.11 or 3.12, which
 # vineyard 0.24.2 has wheels for) and install dvml with the given extras into it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
-__all__ = ["execute_notebook"]
+__all__ = ["EXECUTED_DIR", "execute_notebook"]
+
+# Executed copies for the documentation site (docs/conf.py renders them; git-ignored).
+EXECUTED_DIR = Path(__file__).resolve().parents[2] / "docs" / "_build" / "executed"
 
 
 def execute_notebook(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -15,6 +18,7 @@ def execute_notebook(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     Asserts that the notebook is stored without outputs and that no cell raised. The kernel
     inherits this environment: a private registry and state directory, a non-GUI plot backend.
+    The executed notebook is written to ``docs/_build/executed/`` for the documentation site.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -32,4 +36,8 @@ def execute_notebook(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ).execute()  # fmt: skip
     outputs = [o for c in notebook.cells for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
+    EXECUTED_DIR.mkdir(parents=True, exist_ok=True)
+    partial = EXECUTED_DIR / f".{path.name}.partial"
+    nbformat.write(notebook, partial)
+    partial.replace(EXECUTED_DIR / path.name)  # a docs build never reads half a file
     return outputs
