@@ -250,7 +250,8 @@ def long_fit_multiple(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
 
     rows = [
         {"mst_key": k, "model_id": args["arch"], "fit_params": "batch_size=32, epochs=1",
-         "compile_params": "loss='categorical_crossentropy', optimizer='adam'"}
+         "compile_params": "loss='categorical_crossentropy', "
+                           f"optimizer='Adam(learning_rate={0.001 * k})'"}
         for k in (1, 2)
     ]  # fmt: skip
     try:
