@@ -18,7 +18,7 @@ from dvml._version import __version__
 from dvml.cluster.spec import parse_memory
 from dvml.cluster.standby import warm_trainers
 from dvml.cluster.workers import current_client, discover_workers
-from dvml.exceptions import ArgumentError, DataError, DatasetExistsError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, DatasetExistsError
 from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
@@ -49,16 +49,24 @@ def training_preprocessor(
     channels: int = 3,
     seed: int | None = None,
     progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess ``source`` into a placed, balanced, named dataset in vineyard.
 
     Parameters
     ----------
-    source : Dask/pandas DataFrame, str, or dict of arrays
-        A DataFrame; a Parquet or CSV path (globs allowed); a dict of Dask or numpy arrays
-        (``{"image": x, "label": y}``); a folder of images with one sub-folder per label; or
-        WebDataset tar shards (``"shards/train-{0000..0147}.tar"``).
+    source : Dask/pandas DataFrame, dict of arrays, str, or list of str
+        A DataFrame; a dict of Dask or numpy arrays (``{"image": x, "label": y}``); or data in
+        files, at a local path or any fsspec URL (``s3://``, ``gs://``, ``az://``,
+        ``https://``, ``file://``): Parquet or CSV files (globs allowed), a Parquet data set
+        directory (hive partition columns kept), a folder of CSV files, a folder of images
+        with one sub-folder per label, or WebDataset tar shards (``.tar``, ``.tar.gz``,
+        ``.tgz``) as a brace pattern (``"shards/train-{0000..0147}.tar"``), a glob, a list,
+        or webdataset's ``ShardWriter`` pattern (``"shard-%06d.tar"``). A directory is read
+        by what it holds. Each worker reads its own files straight from the store.
     y : str
         The label column (for images: ignored, labels come from folders or ``.cls`` files).
     x : str or list
@@ -89,6 +97,17 @@ def training_preprocessor(
         Shuffle seed (config ``dvml.preprocess.seed``).
     progress : bool
         Show Dask's progress bar while the source is read, decoded and validated.
+    storage_options : dict, optional
+        For fsspec, where ``source`` is a URL: credentials, endpoint
+        (``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}`` for an
+        S3-compatible store). Default: config ``dvml.storage-options``. Sent to the workers
+        with the tasks; never recorded in the summary.
+    image_ext : str or list of str, optional
+        Tar shards: the extension of each sample's image (``"jpg"``, ``"seg.png"``). Default:
+        the sample's one image member; a sample with several is refused.
+    label_ext : str or list of str, optional
+        Tar shards: the extension of the label (default ``"cls"``, decoded as an int as
+        webdataset does). A ``txt`` member is a caption and is used only when asked for.
     client : distributed.Client, optional
         Default: the current default client.
 
@@ -121,6 +140,7 @@ def training_preprocessor(
         progress=progress,
         client=client,
         training=None,
+        files=_files_options(storage_options, image_ext, label_ext),
     )
 
 
@@ -137,13 +157,18 @@ def validation_preprocessor(
     on_invalid: str = "raise",
     seed: int | None = None,
     progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess a validation set with the class values and normalization of ``training``.
 
-    The training set's class values, ``num_classes``, ``normalizing_const``, image size and
-    (unless ``distribution_rules`` is given) distribution rules are reused; labels that the
-    training set never saw are refused.
+    The training set's class values, ``num_classes``, ``normalizing_const``, image size,
+    shard extensions (unless ``image_ext``/``label_ext`` are given) and (unless
+    ``distribution_rules`` is given) distribution rules are reused; labels that the training
+    set never saw are refused. ``source`` and ``storage_options`` are as for
+    :func:`training_preprocessor`.
     """
     if training is None:
         raise ArgumentError(
@@ -171,7 +196,30 @@ def validation_preprocessor(
         progress=progress,
         client=client,
         training=train,
+        files=_files_options(
+            storage_options,
+            image_ext if image_ext is not None else s.get("image_ext"),
+            label_ext if label_ext is not None else s.get("label_ext"),
+        ),
     )
+
+
+def _files_options(
+    storage_options: dict[str, Any] | None, image_ext: Any, label_ext: Any
+) -> dict[str, Any]:
+    """How files are read: fsspec options (config ``dvml.storage-options`` by default) and
+    the members of shard samples."""
+    options = config.get("storage-options", storage_options)
+    if options is not None and not isinstance(options, dict):
+        raise ArgumentTypeError(
+            "storage_options must be a dict of fsspec options, such as {'key': ..., 'secret': "
+            f"...}}. Received: {type(options).__name__}."
+        )
+    return {
+        "storage_options": dict(options or {}),
+        "image_ext": image_ext,
+        "label_ext": label_ext if label_ext is not None else "cls",
+    }
 
 
 def _preprocess(
@@ -193,6 +241,7 @@ def _preprocess(
     progress: bool,
     client: Client | None,
     training: Dataset | None,
+    files: dict[str, Any],
 ) -> Dataset:
     name = _check_arguments(name, buffer_size, normalizing_const, num_classes, channels)
     client = current_client(client)
@@ -212,7 +261,7 @@ def _preprocess(
     threads = sum(client.nthreads().values())
     src = source_parts(
         source, y, x, len(targets), on_invalid, image_size, channels, float(normalizing_const),
-        threads,
+        threads, **files,
     )  # fmt: skip
     if not src.parts:
         raise DataError("The source has no partitions: there is nothing to preprocess.")
@@ -236,6 +285,7 @@ def _preprocess(
             seed=seed,
             client=client,
             training=training,
+            shard_exts=(files["image_ext"], files["label_ext"]) if src.shards else None,
         )
     finally:
         # Parts not yet handed to the pack graph (which empties the list) are freed here.
@@ -261,6 +311,7 @@ def _plan_and_pack(
     seed: int,
     client: Client,
     training: Dataset | None,
+    shard_exts: tuple[Any, Any] | None = None,
 ) -> Dataset:
     if on_invalid == "raise":
         _raise_if_not_finite(stats)
@@ -318,6 +369,7 @@ def _plan_and_pack(
         "image_size": list(src.image_size) if src.image_size else None,
         "channels": channels if src.image_size else None,
         "seed": seed,
+        **({"image_ext": shard_exts[0], "label_ext": shard_exts[1]} if shard_exts else {}),
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "dvml_version": __version__,
     }

@@ -25,6 +25,7 @@ from dvml.placement.routes import FETCH_ROUND_BYTES
 from dvml.preprocess.encode import check_finite, normalize, one_hot, overflow_limit, x_to_array
 from dvml.preprocess.exchange import fetch_slices, serve_slices_here
 from dvml.preprocess.images import decode_image
+from dvml.preprocess.locations import open_binary, read_bytes
 from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
 from dvml.store.tensors import write_buffers
 
@@ -160,21 +161,39 @@ def prepare_batch(fn: Any, arity: int, *values: Any) -> list[dict[str, Any]]:
 
 
 def prepare_image_files(
-    paths: Sequence[str], labels: Sequence[str], size: tuple[int, int], channels: int
+    paths: Sequence[str],
+    labels: Sequence[str],
+    size: tuple[int, int],
+    channels: int,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Decode and resize a chunk of image files (runs on a worker)."""
-    images = []
-    for path in paths:
-        with open(path, "rb") as f:
-            images.append(decode_image(f.read(), size, channels, source=path))
+    """Decode and resize a chunk of image files (runs on a worker, which reads them from
+    where they are: a local path or a store URL)."""
+    contents = read_bytes(paths, storage_options)
+    images = [
+        decode_image(data, size, channels, source=path)
+        for path, data in zip(paths, contents, strict=True)
+    ]
     shape = (0, size[0], size[1], channels)
     x = np.stack(images) if images else np.zeros(shape, np.uint8)
     return {"x": [x], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
 
 
-def prepare_tar_shard(path: str, size: tuple[int, int], channels: int) -> dict[str, Any]:
-    """Decode the samples of one WebDataset-style tar shard (runs on a worker)."""
-    images, labels = samples_to_images_labels(read_tar_samples(path), size, channels=channels)
+def prepare_tar_shard(
+    path: str,
+    size: tuple[int, int],
+    channels: int,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] = "cls",
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Decode the samples of one WebDataset tar shard (runs on a worker, which streams the
+    shard from where it is: a local path or a store URL)."""
+    with open_binary(path, storage_options) as f:
+        samples = read_tar_samples(path, f)
+    images, labels = samples_to_images_labels(
+        samples, size, image_ext, label_ext, channels=channels, source=path
+    )
     return {"x": [images], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
 
 
