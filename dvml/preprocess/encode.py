@@ -200,6 +200,22 @@ def _is_array_cell(value: Any) -> bool:
     return isinstance(value, list | tuple | np.ndarray)
 
 
+def _numeric_categories(frame: Any, cols: list[Any]) -> Any:
+    """Categorical columns whose categories are numbers, as those numbers: hive partition
+    columns (``part=3/``) come back from Parquet as categoricals of their values."""
+    import pandas as pd
+
+    numeric = [
+        c
+        for c in cols
+        if isinstance(frame[c].dtype, pd.CategoricalDtype)
+        and pd.api.types.is_numeric_dtype(frame[c].cat.categories.dtype)
+    ]
+    if not numeric:
+        return frame
+    return frame.assign(**{str(c): frame[c].astype(frame[c].cat.categories.dtype) for c in numeric})
+
+
 def x_to_array(frame: pd.DataFrame, x_cols: Sequence[str]) -> np.ndarray:
     """Turn the columns of ONE x input into an array.
 
@@ -245,6 +261,7 @@ def x_to_array(frame: pd.DataFrame, x_cols: Sequence[str]) -> np.ndarray:
         )
     if array_cols:
         return _stack_cells(frame[cols[0]], cols[0])
+    frame = _numeric_categories(frame, cols)
     for c in cols:
         dtype = frame[c].dtype
         if not pd.api.types.is_numeric_dtype(dtype):
