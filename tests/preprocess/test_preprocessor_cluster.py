@@ -424,8 +424,9 @@ def _webdataset_shards(root: pathlib.Path, n: int, seed: int) -> tuple[list[np.n
         for i in range(n):
             pixels = rng.integers(0, 256, size=(5, 4, 3), dtype=np.uint8)
             label = int(rng.integers(0, 12))  # 10 and 11 must sort after 2
-            sink.write({"__key__": f"sample{i:05d}", "png": _png(pixels),
-                        "seg.png": _png(255 - pixels), "cls": label, "txt": f"caption {i}"})  # fmt: skip
+            sample = {"__key__": f"sample{i:05d}", "png": _png(pixels), "cls": label,
+                      "seg.png": _png(255 - pixels), "txt": f"caption {i}"}  # fmt: skip
+            sink.write(sample)
             images.append(pixels)
             labels.append(label)
     return images, labels
@@ -483,7 +484,7 @@ def test_tables_and_images_from_s3(
 
     rng = np.random.default_rng(22)
     frame = pd.DataFrame({"a": rng.normal(size=40), "b": rng.normal(size=40),
-                          "label": rng.integers(0, 3, 40), "day": np.repeat([1, 2], 20)})  # fmt: skip
+                          "label": rng.integers(0, 3, 40)})  # fmt: skip
     bucket = s3_server.bucket("tables")
     # A hive-partitioned data set written by pyarrow; the label lives in the directory names.
     pq.write_to_dataset(pa.Table.from_pandas(frame), tmp_path / "hive", partition_cols=["label"])
