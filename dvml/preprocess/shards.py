@@ -317,6 +317,7 @@ def samples_to_images_labels(
     label_ext: str | Sequence[str] = "cls",
     channels: int = 3,
     source: str | None = None,
+    require_labels: bool = True,
 ) -> tuple[np.ndarray, list[Any]]:
     """Decode the images of shard samples and read their labels.
 
@@ -337,12 +338,14 @@ def samples_to_images_labels(
     channels : {1, 3, 4}
     source : str, optional
         The shard path, named in errors.
+    require_labels : bool
+        False for prediction: a sample without a label gets None.
 
     Returns
     -------
     images : numpy.ndarray
         uint8 of shape ``(n, height, width, channels)``.
-    labels : list of int or str
+    labels : list of int or str (or None)
 
     Raises
     ------
@@ -362,7 +365,10 @@ def samples_to_images_labels(
     where = f" in {source!r}" if source else ""
     for i, (key, sample) in enumerate(samples):
         img_ext = _image_ext(sample, images_wanted, key, where)
-        labels.append(_label(sample, labels_wanted, key, where))
+        if require_labels or any(e in sample for e in labels_wanted):
+            labels.append(_label(sample, labels_wanted, key, where))
+        else:
+            labels.append(None)
         member = f"{key}.{img_ext}"
         images[i] = decode_image(
             sample[img_ext],

@@ -31,6 +31,7 @@ from dvml.store.tensors import write_buffers
 
 __all__ = [
     "buffer_positions",
+    "decode_tar_shard",
     "fetch_rounds",
     "group_stats",
     "lay_out_group",
@@ -189,12 +190,29 @@ def prepare_tar_shard(
 ) -> dict[str, Any]:
     """Decode the samples of one WebDataset tar shard (runs on a worker, which streams the
     shard from where it is: a local path or a store URL)."""
+    _, images, labels = decode_tar_shard(
+        path, size, channels, image_ext, label_ext, storage_options
+    )
+    return {"x": [images], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
+
+
+def decode_tar_shard(
+    path: str,
+    size: tuple[int, int],
+    channels: int,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] = "cls",
+    storage_options: dict[str, Any] | None = None,
+    require_labels: bool = True,
+) -> tuple[list[str], np.ndarray, list[Any]]:
+    """The keys, images (uint8) and labels of one shard's samples (runs on a worker)."""
     with open_binary(path, storage_options) as f:
         samples = read_tar_samples(path, f)
     images, labels = samples_to_images_labels(
-        samples, size, image_ext, label_ext, channels=channels, source=path
-    )
-    return {"x": [images], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
+        samples, size, image_ext, label_ext, channels=channels, source=path,
+        require_labels=require_labels,
+    )  # fmt: skip
+    return [key for key, _ in samples], images, labels
 
 
 def part_stats(part: dict[str, Any]) -> dict[str, Any]:
