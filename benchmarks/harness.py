@@ -48,6 +48,8 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b12_pack_scaling",
     "benchmarks.b13_netns_fit",
     "benchmarks.b14_tls",
+    "benchmarks.b17_row_bytes",
+    "benchmarks.b18_object_store",
 )
 
 SIDES = ("dvml", "baseline")
