@@ -10,7 +10,8 @@ what they hold:
   included; their columns are kept);
 - ``csv``: CSV files, or a folder of them;
 - ``shards``: WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``);
-- ``images``: a folder of class folders of images (``root/<class>/<image>.jpg``).
+- ``images``: a folder of class folders of images (``root/<class>/<image>.jpg``; other files
+  beside the images are ignored, as Keras does).
 
 The data itself is read by the Dask tasks on the workers, each opening its own files with the
 same ``storage_options`` (:func:`read_bytes`, :func:`open_binary`): no bulk data passes
@@ -413,8 +414,15 @@ def _directory(
         return location("csv")
     if kinds == {"shards"}:
         return location("shards")
-    if kinds == {"images"} and all("/" in rel for rel, _ in files):
-        return location("images", labels=[rel.split("/", 1)[0] for rel, _ in files])
+    nested = [(rel, info) for rel, info in files if "/" in rel and _suffix_kind(rel) == "images"]
+    if nested and not kinds & {"parquet", "csv", "shards"}:
+        # As Keras' image_dataset_from_directory: other files (notes, labels.txt) are ignored.
+        return Location(
+            "images", spec, [_full(fs, info["name"], remote) for _, info in nested],
+            root=full_root, labels=[rel.split("/", 1)[0] for rel, _ in nested],
+            storage_options=options, sizes=[int(info.get("size") or 0) for _, info in nested],
+            stamps=[_stamp(info) for _, info in nested],
+        )  # fmt: skip
     loose = [rel for rel, _ in files if "/" not in rel and _suffix_kind(rel) == "images"]
     hint = (
         f" {len(loose)} image(s) lie directly in the folder (e.g. {loose[0]!r}): images go in "

@@ -89,8 +89,10 @@ def test_directories_by_content(tmp_path: pathlib.Path) -> None:
     images = tmp_path / "images"
     _png(images / "cat" / "1.png")
     _png(images / "dog" / "deep" / "2.png")
+    (images / "cat" / "notes.txt").write_text("ignored, as Keras ignores it")
     found = locate(images)
     assert found.kind == "images" and found.labels == ["cat", "dog"]
+    assert [p.rsplit("/", 1)[1] for p in found.paths] == ["1.png", "2.png"]
 
     shards = tmp_path / "shards"
     shards.mkdir()
