@@ -25,6 +25,7 @@ from dvml.placement.rules import DistributionRules, describe_resolution, resolve
 from dvml.preprocess.encode import check_normalizing_const, class_values_of
 from dvml.preprocess.graph import compute_stats, pack_and_publish
 from dvml.preprocess.sources import source_parts
+from dvml.preprocess.tasks import storage_dtypes
 from dvml.store.datasets import Dataset, describe, exists
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ def training_preprocessor(
     storage_options: dict[str, Any] | None = None,
     image_ext: str | Sequence[str] | None = None,
     label_ext: str | Sequence[str] | None = None,
+    compact: bool | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess ``source`` into a placed, balanced, named dataset in vineyard.
@@ -108,6 +110,11 @@ def training_preprocessor(
     label_ext : str or list of str, optional
         Tar shards: the extension of the label (default ``"cls"``, decoded as an int as
         webdataset does). A ``txt`` member is a caption and is used only when asked for.
+    compact : bool, optional
+        Store uint8 x as uint8 (not normalized) and y as class indices (the smallest unsigned
+        type), about a quarter of the float32 format; readers normalize and one-hot encode on
+        the fly (:mod:`dvml.resolve`). Default: config ``dvml.preprocess.compact`` (false).
+        The summary's ``storage`` records the format.
     client : distributed.Client, optional
         Default: the current default client.
 
@@ -141,6 +148,7 @@ def training_preprocessor(
         client=client,
         training=None,
         files=_files_options(storage_options, image_ext, label_ext),
+        compact=bool(config.get("preprocess.compact", compact)),
     )
 
 
@@ -201,6 +209,8 @@ def validation_preprocessor(
             image_ext if image_ext is not None else s.get("image_ext"),
             label_ext if label_ext is not None else s.get("label_ext"),
         ),
+        # a validation set is stored as its training set is
+        compact=bool((s.get("storage") or {}).get("compact", False)),
     )
 
 
@@ -242,6 +252,7 @@ def _preprocess(
     client: Client | None,
     training: Dataset | None,
     files: dict[str, Any],
+    compact: bool = False,
 ) -> Dataset:
     name = _check_arguments(name, buffer_size, normalizing_const, num_classes, channels)
     client = current_client(client)
@@ -286,6 +297,7 @@ def _preprocess(
             client=client,
             training=training,
             shard_exts=(files["image_ext"], files["label_ext"]) if src.shards else None,
+            compact=compact,
         )
     finally:
         # Parts not yet handed to the pack graph (which empties the list) are freed here.
@@ -312,6 +324,7 @@ def _plan_and_pack(
     client: Client,
     training: Dataset | None,
     shard_exts: tuple[Any, Any] | None = None,
+    compact: bool = False,
 ) -> Dataset:
     if on_invalid == "raise":
         _raise_if_not_finite(stats)
@@ -334,7 +347,8 @@ def _plan_and_pack(
             f"num_classes={n_classes} is smaller than the {len(class_values)} distinct labels "
             f"found ({class_values[:10]}). Raise num_classes or leave it as None."
         )
-    row_bytes = 4 * (sum(math.prod(s) for s in x_shapes) + n_classes)
+    dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact)
+    row_bytes = _row_bytes(x_shapes, n_classes, dtypes)
     max_bytes = _max_buffer_bytes()
     layout = plan_layout(
         rows, [t.address for t in targets], buffer_size, row_bytes, max_bytes, seed
@@ -369,6 +383,7 @@ def _plan_and_pack(
         "image_size": list(src.image_size) if src.image_size else None,
         "channels": channels if src.image_size else None,
         "seed": seed,
+        "storage": _storage(dtypes),
         **({"image_ext": shard_exts[0], "label_ext": shard_exts[1]} if shard_exts else {}),
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "dvml_version": __version__,
@@ -383,6 +398,7 @@ def _plan_and_pack(
         "num_classes": n_classes,
         "normalizing_const": float(normalizing_const),
         "x_shapes": x_shapes,
+        "field_dtypes": dtypes,
     }
     return pack_and_publish(
         client,
@@ -397,6 +413,36 @@ def _plan_and_pack(
         summary,
         overwrite,
     )
+
+
+def _common_dtypes(stats: list[dict[str, Any]]) -> list[str]:
+    """Each x input's source dtype where every non-empty part agrees; else ``"mixed"``."""
+    found: list[set[str]] = []
+    for s in stats:
+        if not s["rows"]:
+            continue
+        for k, dtype in enumerate(s.get("x_dtypes") or []):
+            if len(found) <= k:
+                found.append(set())
+            found[k].add(dtype)
+    return [next(iter(d)) if len(d) == 1 else "mixed" for d in found]
+
+
+def _row_bytes(x_shapes: list[list[int]], n_classes: int, dtypes: dict[str, str] | None) -> int:
+    import numpy as np
+
+    if dtypes is None:
+        return 4 * (sum(math.prod(s) for s in x_shapes) + n_classes)
+    x = sum(math.prod(s) * np.dtype(dtypes[f"x_{k}"]).itemsize for k, s in enumerate(x_shapes))
+    return int(x + np.dtype(dtypes["y"]).itemsize)
+
+
+def _storage(dtypes: dict[str, str] | None) -> dict[str, Any]:
+    """The summary's record of the packed format, read by :mod:`dvml.resolve`."""
+    if dtypes is None:
+        return {"compact": False, "y": "one_hot"}
+    x = [dtypes[f] for f in sorted((f for f in dtypes if f != "y"), key=lambda f: int(f[2:]))]
+    return {"compact": True, "x_dtypes": x, "y": "index", "y_dtype": dtypes["y"]}
 
 
 def _check_arguments(
