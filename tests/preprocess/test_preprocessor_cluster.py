@@ -569,6 +569,89 @@ def test_local_directories_by_content(
                   expected_one_hot(frame["label"].tolist(), ["x", "y", "z"], 3))  # fmt: skip
 
 
+def test_compact_storage_uint8_and_class_indices(
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path
+) -> None:
+    """compact=True: a plain vineyard client reads uint8 pixels and class indices; a model
+    evaluates the same on the compact and the float32 packing of the same shards."""
+    import json as json_
+
+    rng = np.random.default_rng(31)
+    images, labels = [], []
+    with tarfile.open(tmp_path / "c-0.tar", "w") as tar:
+        for i in range(24):
+            pixels = rng.integers(0, 256, size=(4, 3, 3), dtype=np.uint8)
+            label = int(rng.integers(0, 4))
+            for ext, data in (("png", _png(pixels)), ("cls", str(label).encode())):
+                info = tarfile.TarInfo(f"k{i:03d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            images.append(pixels)
+            labels.append(label)
+    clean_vineyard4.extend(["pp_compact", "pp_float", "pp_compact_val"])
+    kwargs = {"image_size": (4, 3), "normalizing_const": 255.0, "num_classes": 6,
+              "distribution_rules": ["worker-0", "worker-2"],
+              "client": cluster4.client}  # fmt: skip
+    compact = dvml.training_preprocessor(str(tmp_path / "c-0.tar"), name="pp_compact",
+                                         compact=True, **kwargs)  # fmt: skip
+    plain = dvml.training_preprocessor(str(tmp_path / "c-0.tar"), name="pp_float", **kwargs)
+    assert compact.summary["storage"] == {"compact": True, "x_dtypes": ["uint8"], "y": "index",
+                                          "y_dtype": "uint8"}  # fmt: skip
+    assert plain.summary["storage"] == {"compact": False, "y": "one_hot"}
+    assert compact.summary["y_shape"] == [6] == plain.summary["y_shape"]
+
+    owners = worker_by_instance(cluster4)
+    got_x, got_y, nbytes = [], [], 0
+    for b in compact.layout["buffers"]:
+        ids = [b["fields"]["x_0"]["id"], b["fields"]["y"]["id"]]
+        answer = on_worker(cluster4, owners[b["instance_id"]], read_objects, ids)
+        x_obj, y_obj = answer["objects"]
+        assert x_obj["typename"] == "vineyard::Tensor<uint8>" and x_obj["value"].dtype == np.uint8
+        assert y_obj["typename"] == "vineyard::Tensor<uint8>" and y_obj["value"].ndim == 1
+        got_x.append(x_obj["value"])
+        got_y.append(y_obj["value"])
+        nbytes += sum(f["nbytes"] for f in b["fields"].values())
+    classes = compact.summary["class_values"]
+    want = as_rows([np.stack(images)], np.array([[classes.index(v)] for v in labels]))
+    got = as_rows([np.concatenate(got_x)], np.concatenate(got_y)[:, None])
+    np.testing.assert_array_equal(sorted_rows(got), sorted_rows(want))
+    assert nbytes == 24 * (4 * 3 * 3 + 1)  # the pixels and one byte of label a row
+
+    # A validation set is stored as its training set is.
+    val = dvml.validation_preprocessor(str(tmp_path / "c-0.tar"), training=compact,
+                                       name="pp_compact_val", client=cluster4.client)  # fmt: skip
+    assert val.summary["storage"]["compact"] is True
+
+    # The readers (dvml.resolve) turn both into the same tensors: the same loss and accuracy.
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    try:
+        import os
+
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        import tf_keras as keras
+
+        layers = keras.layers
+        model = keras.Sequential([layers.InputLayer(input_shape=(4, 3, 3)), layers.Flatten(),
+                                  layers.Dense(6, activation="softmax")])  # fmt: skip
+        weights = [np.random.default_rng(1).normal(size=(36, 6)).astype(np.float32),
+                   np.zeros(6, np.float32)]  # fmt: skip
+        arch = dvml.load_keras_model(model.to_json(), weights=weights, registry=registry)
+        summary = {"compile_params": "loss='categorical_crossentropy', optimizer='adam', "
+                   "metrics=['accuracy']", "class_values": classes, "num_classes": 6,
+                   "normalizing_const": 255.0, "dependent_varname": "label",
+                   "metrics_type": ["accuracy"]}  # fmt: skip
+        registry.save_model("compact_probe", arch, weights, json_.loads(json_.dumps(summary)))
+        on_compact = dvml.evaluate("compact_probe", "pp_compact", registry=registry,
+                                   client=cluster4.client)  # fmt: skip
+        on_plain = dvml.evaluate("compact_probe", "pp_float", registry=registry,
+                                 client=cluster4.client)  # fmt: skip
+        assert on_compact["rows"] == on_plain["rows"] == 24
+        assert on_compact["loss"] == pytest.approx(on_plain["loss"], rel=1e-5)
+        assert on_compact["metric"] == pytest.approx(on_plain["metric"])
+    finally:
+        registry.close()
+
+
 # -- validation sets ----------------------------------------------------------------------------
 
 
