@@ -137,6 +137,13 @@ def _dataset(name: str, client: Client, kwargs: dict[str, Any]) -> SourcePlan:
             "out as root/<class>/<image> or a tar-shard pattern."
         ) from None
     s = ds.summary
+    if (s.get("storage") or {}).get("compact"):
+        # featurize reads the packed fields as they are: float32 x, normalized
+        raise DataError(
+            f"Dataset {name!r} is packed in the compact format (uint8 x, class indices), which "
+            "the feature cache does not read yet. Received: storage="
+            f"{s['storage']}. Pack it with compact=False, or pass the raw images."
+        )
     if len(s["x_shapes"]) != 1:
         raise DataError(
             f"Dataset {name!r} has {len(s['x_shapes'])} x inputs; a feature cache takes one "
@@ -233,7 +240,7 @@ def pack_source(
     if training_cache is None:
         return training_preprocessor(
             plan.raw, distribution_rules=distribution_rules or "all_workers", name=name,
-            overwrite=True, client=client, **plan.preprocess_kwargs,
+            overwrite=True, client=client, compact=False, **plan.preprocess_kwargs,
         )  # fmt: skip
     s = training_cache.summary
     # The images' side of the training cache, as validation_preprocessor reads a training set.
