@@ -44,6 +44,14 @@ def output_activation(compile_params: Any) -> str | None:
     return "sigmoid" if loss.get("class_name") in _BINARY_LOSSES else "softmax"
 
 
+def _digest(weights: bytes, model_json: Any) -> str:
+    """What a worker's model cache keys on besides the name: the weights AND the
+    architecture (two registries can hold the same id and weights for different models)."""
+    h = hashlib.sha256(weights)
+    h.update(str(model_json).encode())
+    return h.hexdigest()[:16]
+
+
 def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a worker needs to rebuild a registered model, and the model's summary."""
     entry = registry.get_model(model)
@@ -52,7 +60,7 @@ def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str
 
     blob = weights_to_bytes(entry["weights"])
     spec = {
-        "key": f"{model}:{entry['version']}:{hashlib.sha256(blob).hexdigest()[:16]}",
+        "key": f"{model}:{entry['version']}:{_digest(blob, arch['model_json'])}",
         "model_json": arch["model_json"],
         "weights": blob,
         "compile_params": parse_compile_params(summary["compile_params"]),
@@ -420,7 +428,7 @@ def predict_byom(
     values = byom_class_values(class_values, n_out, arch_id)
     blob = weights_to_bytes(arch["weights"])
     spec = {
-        "key": f"byom:{arch_id}:{hashlib.sha256(blob).hexdigest()[:16]}",
+        "key": f"byom:{arch_id}:{_digest(blob, arch['model_json'])}",
         "model_json": arch["model_json"],
         "weights": blob,
         "output_activation": ("sigmoid" if n_out == 1 else "softmax") if from_logits else None,
