@@ -2,8 +2,9 @@
 
 What is measured, per repeat and side: the wall time of one call, as MiB/s of Parquet data.
 The data set is 256 float32 columns ``f0`` ... ``f255`` and an int64 label ``y`` in 32 Parquet
-files (1 GiB in all; ``--quick``: 64 MiB) in a bucket of moto's S3 server on 127.0.0.1,
-written once before timing. One LocalCluster of 2 workers, 1 thread each.
+files (1 GiB of x in all; ``--quick``: 64 MiB; the environment variable ``DVML_B18_MIB``
+sets another size) in a bucket of moto's S3 server on 127.0.0.1, written once before timing.
+One LocalCluster of 2 workers, 1 thread each.
 
 - dvml side: ``dvml.training_preprocessor("s3://bench/data", y="y", x=[[f0..f255]],
   storage_options=...)``: each worker reads its own files straight from the store and packs
@@ -19,6 +20,7 @@ both sides, so its throughput bounds both.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -86,6 +88,9 @@ def prepare(quick: bool) -> dict[str, Any]:
     from benchmarks._s3 import start_s3
 
     nbytes, memory = SIZES[quick]
+    if os.environ.get("DVML_B18_MIB"):
+        nbytes = int(os.environ["DVML_B18_MIB"]) * MiB
+        memory = max(96 * MiB, int(nbytes * 0.75))  # each of 2 workers holds half, packed
     server = start_s3()
     context: dict[str, Any] = {"server": server, "options": server.storage_options}
     try:
