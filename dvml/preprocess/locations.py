@@ -240,10 +240,16 @@ def _expand(fs: Any, path: str, spec: str) -> list[str] | None:
     printf = _printf_regex(path)
     if printf is not None:
         glob, regex = printf
-        return sorted(p for p in fs.glob(glob) if regex.match(p) or regex.search(p))
+        return sorted(p for p in _glob_files(fs, glob) if regex.match(p))
     if any(c in path for c in _GLOB_CHARS):
-        return sorted(p for p in fs.glob(path) if not fs.isdir(p))
+        return sorted(_glob_files(fs, path))
     return None
+
+
+def _glob_files(fs: Any, pattern: str) -> list[str]:
+    # One listing with details, not one request per match to tell files from directories.
+    found = fs.glob(pattern, detail=True)
+    return [name for name, info in found.items() if info.get("type") != "directory"]
 
 
 def locate(
