@@ -147,3 +147,29 @@ def test_store_listing_and_errors(s3_server: S3Server, tmp_path: pathlib.Path) -
         locate("s3://no-such-bucket/data.parquet", options)
     with pytest.raises(DataError, match=r"No file or object matches.*missing.parquet"):
         locate(f"{bucket}/missing.parquet", options)
+
+
+def test_parts_carry_names_not_bytes(s3_server: S3Server, tmp_path: pathlib.Path) -> None:
+    """The tasks built on the client name the files; the workers fetch the bytes."""
+    import cloudpickle
+    import numpy as np
+
+    from dvml.preprocess.sources import source_parts
+
+    rng = np.random.default_rng(0)
+    with tarfile.open(tmp_path / "big-000000.tar", "w") as tar:
+        for i in range(20):
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buf, "PNG")
+            for ext, data in (("png", buf.getvalue()), ("cls", b"1")):
+                info = tarfile.TarInfo(f"k{i:02d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    bucket = s3_server.bucket("graphs")
+    s3_server.upload(tmp_path / "big-000000.tar", f"{bucket}/big-000000.tar")
+    shard_bytes = (tmp_path / "big-000000.tar").stat().st_size
+    assert shard_bytes > 200_000
+    src = source_parts(f"{bucket}/big-%06d.tar", None, None, 2, "raise", (8, 8), 3,
+                       storage_options=s3_server.storage_options)  # fmt: skip
+    graph_bytes = sum(len(cloudpickle.dumps(dict(p.__dask_graph__()))) for p in src.parts)
+    assert len(src.parts) == 1 and graph_bytes < 10_000
