@@ -49,6 +49,8 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b13_netns_fit",
     "benchmarks.b14_tls",
     "benchmarks.b16_idle_workers",
+    "benchmarks.b17_row_bytes",
+    "benchmarks.b18_object_store",
 )
 
 SIDES = ("dvml", "baseline")

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.helpers.clusters import running_cluster
-from tests.helpers.processes import SESSION_CLUSTERS, assert_no_new_processes, child_processes
+from tests.helpers.processes import (
+    SESSION_CLUSTERS,
+    SESSION_PIDS,
+    assert_no_new_processes,
+    child_processes,
+)
+from tests.helpers.s3 import S3Server, running_s3_server
 from tests.helpers.vineyard_probes import snapshot
 
 if TYPE_CHECKING:
@@ -60,6 +66,16 @@ def cluster2() -> Iterator[dvml.LocalCluster]:
     yield cluster
     cluster.close()
     SESSION_CLUSTERS.remove(cluster)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3-compatible server on 127.0.0.1 (a free port), authentication enforced:
+    ``s3_server.storage_options`` hold a valid key. Stopped by its pid when the session ends."""
+    with running_s3_server() as server:
+        SESSION_PIDS.add(server.pid)
+        yield server
+        SESSION_PIDS.discard(server.pid)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder run as `pytho
 
 from benchmarks import _training, harness  # noqa: E402
 
-ROWS = ("B1a", "B1b", "B3a", "B3b", "B3c", "B4a", "B4b", "B7")
+ROWS = ("B1a", "B1b", "B3a", "B3b", "B3c", "B3d", "B4a", "B4b", "B7")
 
 
 def test_training_benchmarks_are_registered_and_grouped() -> None:
@@ -29,10 +29,10 @@ def test_training_benchmarks_are_registered_and_grouped() -> None:
     assert [b.key for b in chosen] == list(ROWS)
     # The rows of one benchmark share their prepared context (one cluster, one runner).
     assert chosen[0].prepare is chosen[1].prepare
-    assert chosen[2].prepare is chosen[3].prepare is chosen[4].prepare
+    assert chosen[2].prepare is chosen[3].prepare is chosen[4].prepare is chosen[5].prepare
     assert [b.key for b in harness.select(registry, ["b3b"])] == ["B3b"]
     # B4: one row per sync mode on one cluster; B10: iteration rows first, then step rows
-    assert chosen[5].prepare is chosen[6].prepare
+    assert chosen[6].prepare is chosen[7].prepare
     b10 = harness.select(registry, ["B10"])
     assert len(b10) in (4, 6) and len({b.prepare for b in b10}) == 1
     assert [b.target for b in b10[: len(b10) // 2]] == [1.0] * (len(b10) // 2)

@@ -188,7 +188,14 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     import os
 
-    from dvml.jobs.data import columns, config_dir, default_id, read_rows, resolve_source
+    from dvml.jobs.data import (
+        columns,
+        config_dir,
+        default_id,
+        read_rows,
+        resolve_source,
+        storage_options,
+    )
     from dvml.train.predict import predict
 
     job = _job(args)
@@ -208,9 +215,11 @@ def _predict(args: argparse.Namespace) -> int:
             "Choose one of these formats."
         )
     with attached(args, job["cluster"]) as cluster, _registry(args, job) as registry:
-        rows = read_rows(source)
+        # Images (a folder, shards) are read by the workers, each its own files.
+        rows = source.location if source.kind in ("images", "shards") else read_rows(source)
         frame = predict(name, rows, id_col, x, spec["pred_type"], registry=registry,
-                        client=cluster.client).compute()  # fmt: skip
+                        client=cluster.client,
+                        storage_options=storage_options()).compute()  # fmt: skip
     if output is None:
         print(f"{len(frame)} predictions of model {name!r} for {source.describe()}:")
         shown = frame.head(args.limit).to_dict(orient="records")

@@ -4,7 +4,9 @@
 check the backbone before anything runs), the preprocessing parameters and the identity of the
 data, which both go into the cache key. A packed dataset is identified by its ``dataset_id``
 (new whenever it is preprocessed again); raw arrays by Dask's token of their content; image
-folders and tar shards by the names, sizes and modification times of their files.
+folders and tar shards (at a path or any fsspec URL, as :func:`dvml.training_preprocessor`
+reads them) by the names, sizes and modification times (or ETags) of their files. Storage
+options reach the workers that read the files but never the cache key or summary.
 
 Raw sources are packed by :func:`dvml.training_preprocessor` into a dataset under
 :data:`~dvml.preprocess.api.INTERNAL_PREFIX` (:func:`pack_source`), which the cache drops
@@ -20,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, DatasetNotFoundError
 from dvml.preprocess.api import training_preprocessor, validation_preprocessor
-from dvml.preprocess.images import check_size, list_image_folder
-from dvml.preprocess.shards import expand_braces
+from dvml.preprocess.images import check_size
+from dvml.preprocess.locations import Location, is_url, locate
+from dvml.preprocess.sources import is_file_source
 from dvml.store.datasets import Dataset, describe
 
 if TYPE_CHECKING:
@@ -31,8 +34,10 @@ __all__ = ["PREPROCESS_KEYS", "SourcePlan", "pack_source", "plan_source"]
 
 PREPROCESS_KEYS = (
     "y", "x", "buffer_size", "normalizing_const", "num_classes", "on_invalid", "image_size",
-    "channels", "seed",
+    "channels", "seed", "image_ext", "label_ext", "storage_options",
 )  # fmt: skip
+# How files are reached, not what they hold: never part of the cache key (it may hold secrets).
+_ACCESS_KEYS = ("storage_options",)
 
 
 @dataclasses.dataclass
@@ -84,11 +89,17 @@ def plan_source(source: Any, client: Client, preprocess_kwargs: dict[str, Any]) 
         )
     if isinstance(source, Dataset):
         return _dataset(source.name, client, preprocess_kwargs)
+    if _names_files(source):
+        where = locate(source, preprocess_kwargs.get("storage_options"))
+        if where.kind not in ("images", "shards"):
+            raise DataError(
+                f"A feature cache is computed from images: a folder of class folders of images "
+                f"or tar shards. Received: {where.spec!r}, which holds {where.kind} data. "
+                "Preprocess tables with dvml.training_preprocessor instead."
+            )
+        return _images(where, source, preprocess_kwargs)
     if isinstance(source, str | os.PathLike):
-        path = os.fspath(source)
-        if os.path.isdir(path) or ".tar" in path:
-            return _images(path, preprocess_kwargs)
-        return _dataset(path, client, preprocess_kwargs)
+        return _dataset(os.fspath(source), client, preprocess_kwargs)
     if isinstance(source, dict):
         return _arrays(source, preprocess_kwargs)
     raise ArgumentTypeError(
@@ -96,6 +107,17 @@ def plan_source(source: Any, client: Client, preprocess_kwargs: dict[str, Any]) 
         "arrays, an image folder or a tar-shard pattern. Received: "
         f"{type(source).__name__}."
     )
+
+
+def _names_files(source: Any) -> bool:
+    """Whether ``source`` names files (a URL, a path, a pattern, a list) rather than a
+    dataset (a name, which holds no ``/``)."""
+    if not is_file_source(source):
+        return False
+    if not isinstance(source, str | os.PathLike):
+        return True  # a list
+    path = os.fspath(source)
+    return is_url(path) or os.sep in path or "/" in path or os.path.exists(path)
 
 
 def _dataset(name: str, client: Client, kwargs: dict[str, Any]) -> SourcePlan:
@@ -115,6 +137,13 @@ def _dataset(name: str, client: Client, kwargs: dict[str, Any]) -> SourcePlan:
             "out as root/<class>/<image> or a tar-shard pattern."
         ) from None
     s = ds.summary
+    if (s.get("storage") or {}).get("compact"):
+        # featurize reads the packed fields as they are: float32 x, normalized
+        raise DataError(
+            f"Dataset {name!r} is packed in the compact format (uint8 x, class indices), which "
+            "the feature cache does not read yet. Received: storage="
+            f"{s['storage']}. Pack it with compact=False, or pass the raw images."
+        )
     if len(s["x_shapes"]) != 1:
         raise DataError(
             f"Dataset {name!r} has {len(s['x_shapes'])} x inputs; a feature cache takes one "
@@ -164,42 +193,32 @@ def _arrays(source: dict[str, Any], kwargs: dict[str, Any]) -> SourcePlan:
     )  # fmt: skip
 
 
-def _files_token(paths: list[str]) -> str:
+def _files_token(where: Location) -> str:
     h = hashlib.sha256()
-    for path in sorted(paths):
-        st = os.stat(path)
-        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    for path, size, stamp in sorted(zip(where.paths, where.sizes, where.stamps, strict=True)):
+        h.update(f"{path}\0{size}\0{stamp}\n".encode())
     return h.hexdigest()
 
 
-def _images(path: str, kwargs: dict[str, Any]) -> SourcePlan:
+def _images(where: Location, source: Any, kwargs: dict[str, Any]) -> SourcePlan:
     size = kwargs.get("image_size")
     if size is None:
         raise ArgumentError(
             f"image_size=(height, width) is required for an image source. Received: "
-            f"image_size=None for {path!r}."
+            f"image_size=None for {where.spec!r}."
         )
     height, width = check_size(size)
     channels = kwargs.get("channels", 3)
-    if os.path.isdir(path):
-        files, _ = list_image_folder(path)
-    else:
-        files = expand_braces(path)
-        absent = [f for f in files if not os.path.exists(f)]
-        if absent:
-            raise DataError(
-                f"{len(absent)} of {len(files)} tar shards do not exist, e.g. {absent[0]!r}. "
-                f"Received: {path!r}."
-            )
-    preprocessing = {k: kwargs.get(k) for k in PREPROCESS_KEYS}
+    preprocessing = {k: kwargs.get(k) for k in PREPROCESS_KEYS if k not in _ACCESS_KEYS}
     preprocessing.update(image_size=[height, width], channels=channels)
     if preprocessing["normalizing_const"] is None:
         preprocessing["normalizing_const"] = 1.0
+    spec = where.spec if where.remote else os.path.abspath(where.spec)
     return SourcePlan(
-        kind="images", description=path, input_shape=[height, width, int(channels)],
-        identity={"files": _files_token(files), "path": os.path.abspath(path),
-                  "count": len(files)},
-        preprocessing=preprocessing, raw=path,
+        kind="images", description=where.spec, input_shape=[height, width, int(channels)],
+        identity={"files": _files_token(where), "path": spec, "count": len(where.paths)},
+        preprocessing=preprocessing,
+        raw=os.fspath(source) if isinstance(source, os.PathLike) else source,
         preprocess_kwargs={**kwargs, "image_size": (height, width)},
     )  # fmt: skip
 
@@ -221,7 +240,7 @@ def pack_source(
     if training_cache is None:
         return training_preprocessor(
             plan.raw, distribution_rules=distribution_rules or "all_workers", name=name,
-            overwrite=True, client=client, **plan.preprocess_kwargs,
+            overwrite=True, client=client, compact=False, **plan.preprocess_kwargs,
         )  # fmt: skip
     s = training_cache.summary
     # The images' side of the training cache, as validation_preprocessor reads a training set.
@@ -231,7 +250,8 @@ def pack_source(
         "x_shapes": [plan.input_shape],
     })  # fmt: skip
     kwargs = {k: v for k, v in plan.preprocess_kwargs.items()
-              if k in ("y", "x", "buffer_size", "on_invalid", "seed")}  # fmt: skip
+              if k in ("y", "x", "buffer_size", "on_invalid", "seed", "storage_options",
+                       "image_ext", "label_ext")}  # fmt: skip
     return validation_preprocessor(
         plan.raw, training=images, distribution_rules=distribution_rules, name=name,
         overwrite=True, client=client, **kwargs,

@@ -1,11 +1,13 @@
 """A job's data: resolve ``data.source`` to the newest matching input and preprocess it.
 
-``source`` is ``sklearn:digits`` (embedded, no download), a path, or a glob whose NEWEST match
-(by modification time) is used: a Parquet/CSV file, a directory of Parquet files, an image
-folder (one sub-folder per label), a directory of ``.tar`` shards, one ``.tar`` shard, or a
-brace pattern of shards (``shards/train-{0000..0003}.tar``, used as a whole). Relative paths
-are relative to the job file's directory, so a job works whatever the working directory of
-cron or systemd is.
+``source`` is ``sklearn:digits`` (embedded, no download), a path or any fsspec URL
+(``s3://bucket/day-*.parquet``, read with the configuration's ``dvml.storage-options``), or a
+glob whose NEWEST match (by modification time) is used: a Parquet/CSV file, a directory read
+by what it holds (a Parquet data set with hive partitions, CSV files, tar shards, class folders
+of images), one shard, or a set of shards as a brace pattern
+(``shards/train-{0000..0003}.tar``) or webdataset's ``shards/train-%06d.tar``, used as a
+whole. Relative paths are relative to the job file's directory, so a job works whatever the
+working directory of cron or systemd is.
 
 Only file names and their sizes and times are read here; the data is read by Dask tasks.
 """
@@ -13,18 +15,26 @@ Only file names and their sizes and times are read here; the data is read by Das
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import os
 import pathlib
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from dvml import config
 from dvml.examples import digits_frame
 from dvml.exceptions import DataError
 from dvml.jobs.schemas import SKLEARN_SOURCES
 from dvml.preprocess.api import training_preprocessor, validation_preprocessor
-from dvml.preprocess.shards import expand_braces
+from dvml.preprocess.locations import (
+    TABLE_KINDS,
+    Location,
+    is_url,
+    locate,
+    read_table,
+    store_error,
+)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -37,6 +47,7 @@ __all__ = [
     "prepare_datasets",
     "read_rows",
     "resolve_source",
+    "storage_options",
     "validation_split",
 ]
 
@@ -46,8 +57,9 @@ _KIND_NAMES = {
     "images": "image folder",
     "shards": "tar shards",
 }
-_TABLE_SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz")
+_FORMAT_NAMES = {"parquet": "Parquet", "csv": "CSV"}
 _GLOB_CHARS = "*?["
+_PRINTF = re.compile(r"%0?\d*d")
 # The columns of sklearn:digits (dvml.examples.digits_frame), used when x/y/id are not given.
 _SKLEARN_COLUMNS = {"sklearn:digits": {"x": "pixels", "y": "label", "id": "id"}}
 
@@ -65,17 +77,22 @@ class Source:
         What the preprocessor receives: the newest matching path, a shard pattern, or the
         ``sklearn:`` name.
     fingerprint : str
-        sha256 over the names, sizes and modification times of the files: it changes when
-        new data arrives.
+        sha256 over the names, sizes and modification times (or ETags) of the files: it
+        changes when new data arrives.
+    format : {"parquet", "csv", "shards", "images"} or None
+        What the files hold (None for ``sklearn:``).
     """
 
     spec: str
     kind: str
     location: str
     fingerprint: str
+    format: str | None = None
 
     def describe(self) -> str:
         what = _KIND_NAMES[self.kind]
+        if self.format in _FORMAT_NAMES:
+            what = f"{_FORMAT_NAMES[self.format]} {what}"
         if self.location == self.spec:
             return f"{what} {self.location}"
         return f"{what} {self.location} (newest match of {self.spec})"
@@ -86,23 +103,53 @@ def dataset_names(name: str) -> tuple[str, str]:
     return f"{name}-train", f"{name}-val"
 
 
-def _stat_digest(paths: list[str]) -> str:
-    h = hashlib.sha256()
-    for path in sorted(paths):
-        st = os.stat(path)
-        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
-
-
-def _files_under(directory: str) -> list[str]:
-    return [os.path.join(root, f) for root, _, files in os.walk(directory) for f in files]
-
-
 def _absolute(spec: str, base_dir: str | os.PathLike[str] | None) -> str:
+    if is_url(spec):
+        return spec  # a store URL: nothing to expand, nothing relative
     path = os.path.expandvars(os.path.expanduser(spec))
+    if path.lower().startswith("file://"):
+        path = path[len("file://") :]
     if not os.path.isabs(path) and base_dir is not None:
         path = os.path.join(os.fspath(base_dir), path)
     return path
+
+
+def storage_options() -> dict[str, Any]:
+    """The fsspec options of job files' URLs: configuration ``dvml.storage-options``."""
+    return dict(config.get("storage-options") or {})
+
+
+def _digest(found: Location) -> str:
+    h = hashlib.sha256()
+    for path, size, stamp in sorted(zip(found.paths, found.sizes, found.stamps, strict=True)):
+        h.update(f"{path}\0{size}\0{stamp}\n".encode())
+    return h.hexdigest()
+
+
+def _when(info: Mapping[str, Any]) -> float:
+    for name in ("mtime", "LastModified", "updated", "last_modified", "created"):
+        stamp = info.get(name)
+        if stamp is not None:
+            return float(stamp.timestamp() if hasattr(stamp, "timestamp") else stamp)
+    return 0.0
+
+
+def _newest(path: str, spec: str, key: str, options: dict[str, Any]) -> str:
+    """The newest match of a glob (by modification time), local or in a store."""
+    from fsspec.core import url_to_fs
+
+    fs, inner = url_to_fs(path, **(options if is_url(path) else {}))
+    try:
+        matches = fs.glob(inner, detail=True)
+    except OSError as e:
+        raise store_error(e, spec, options) from e
+    if not matches:
+        raise DataError(
+            f"Nothing matches the data source. Received: {key}={spec!r} (looked for "
+            f"{path}). Check the path; the newest match is used."
+        )
+    newest = max(matches, key=lambda name: (_when(matches[name]), name))
+    return fs.unstrip_protocol(newest) if is_url(path) else newest
 
 
 def resolve_source(
@@ -110,10 +157,16 @@ def resolve_source(
 ) -> Source:
     """Resolve ``spec`` to the input a preprocessor reads now (the newest match of a glob).
 
+    ``spec`` is a path (relative to ``base_dir``) or any fsspec URL (``s3://...``), read with
+    the configuration's ``dvml.storage-options``. A brace pattern or webdataset's
+    ``shard-%06d.tar`` names a set of shards, used as a whole; a directory is read by what it
+    holds.
+
     Raises
     ------
     DataError
-        Nothing matches, or the match is of a kind dvml cannot read; the message names ``key``.
+        Nothing matches, the store refuses access or has no such bucket, or the match is of a
+        kind dvml cannot read (the message names ``key`` and what was found).
     """
     if spec.startswith("sklearn:"):
         if spec not in SKLEARN_SOURCES:
@@ -123,52 +176,13 @@ def resolve_source(
             )
         return Source(spec, "sklearn", spec, hashlib.sha256(spec.encode()).hexdigest())
     path = _absolute(spec, base_dir)
-    if "{" in path:
-        shards = expand_braces(path)
-        missing = [s for s in shards if not os.path.isfile(s)]
-        if missing:
-            raise DataError(
-                f"{len(missing)} of {len(shards)} tar shards do not exist, e.g. {missing[0]}. "
-                f"Received: {key}={spec!r}. Check the pattern."
-            )
-        return Source(spec, "shards", path, _stat_digest(shards))
-    if any(c in path for c in _GLOB_CHARS):
-        matches = glob.glob(path)
-        if not matches:
-            raise DataError(
-                f"Nothing matches the data source. Received: {key}={spec!r} (looked for "
-                f"{path}). Check the path; the newest match is used."
-            )
-        path = max(matches, key=lambda p: (os.stat(p).st_mtime_ns, p))
-    elif not os.path.exists(path):
-        raise DataError(
-            f"The data source does not exist. Received: {key}={spec!r} (looked for {path}). "
-            "Check the path."
-        )
-    return _classify(spec, path, key)
-
-
-def _classify(spec: str, path: str, key: str) -> Source:
-    lower = path.lower()
-    if os.path.isfile(path):
-        if lower.endswith(_TABLE_SUFFIXES):
-            return Source(spec, "table", path, _stat_digest([path]))
-        if lower.endswith(".tar"):
-            return Source(spec, "shards", path, _stat_digest([path]))
-        raise DataError(
-            f"Cannot tell the format of {path}. Received: {key}={spec!r}. Use .parquet or .csv "
-            "files, an image folder, or .tar shards."
-        )
-    entries = sorted(os.listdir(path))
-    files = _files_under(path)
-    if entries and all(e.lower().endswith(".tar") for e in entries):
-        pattern = entries[0] if len(entries) == 1 else "{" + ",".join(entries) + "}"
-        return Source(spec, "shards", os.path.join(path, pattern), _stat_digest(files))
-    if entries and all(e.lower().endswith((".parquet", ".pq")) for e in entries):
-        return Source(spec, "table", path, _stat_digest(files))
-    if not files:
-        raise DataError(f"The source directory {path} is empty. Received: {key}={spec!r}.")
-    return Source(spec, "images", path, _stat_digest(files))
+    options = storage_options()
+    pattern = "{" in path or bool(_PRINTF.search(path))
+    if not pattern and any(c in path for c in _GLOB_CHARS):
+        path = _newest(path, spec, key, options)
+    found = locate(path, options, key)
+    kind = "table" if found.kind in TABLE_KINDS else found.kind
+    return Source(spec, kind, path, _digest(found), found.kind)
 
 
 def read_rows(source: Source) -> Any:
@@ -180,12 +194,7 @@ def read_rows(source: Source) -> Any:
             f"Rows can only be read from a table source (Parquet/CSV or sklearn:). Received: "
             f"{source.describe()}."
         )
-    import dask.dataframe as dd
-
-    location = source.location
-    if location.lower().endswith((".csv", ".csv.gz")):
-        return dd.read_csv(location)
-    return dd.read_parquet(location)
+    return read_table(locate(source.location, storage_options()))
 
 
 def validation_split(rows: Any, fraction: float, seed: int) -> tuple[Any, Any]:
@@ -212,8 +221,8 @@ def default_id(source: Source) -> str | None:
 def _input(source: Source) -> Any:
     if source.kind == "sklearn":
         return read_rows(source)
-    if source.kind == "table" and os.path.isdir(source.location):
-        return read_rows(source)  # dvml tells formats by suffix; a directory has none
+    # A path, a URL or a pattern: the preprocessor lists it and the workers read it, with
+    # the configuration's dvml.storage-options.
     return source.location
 
 

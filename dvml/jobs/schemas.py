@@ -231,8 +231,10 @@ JOB_SCHEMA: Schema = {
             "source": Field(
                 str,
                 required=True,
-                help="the training data: sklearn:digits, a Parquet/CSV path or glob (the newest "
-                "match is used), an image folder or a tar-shard pattern",
+                help="the training data: sklearn:digits, or a path or fsspec URL (s3://..., read "
+                "with dvml.storage-options) of Parquet/CSV data (a glob: the newest match), a "
+                "directory (read by what it holds), an image folder, or tar shards "
+                "(shard-{0000..0147}.tar, shard-%06d.tar)",
             ),
             "x": Field((str, list), check=_x_columns, help="the feature column(s)"),
             "y": Field(str, help="the label column"),

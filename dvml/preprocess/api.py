@@ -18,13 +18,14 @@ from dvml._version import __version__
 from dvml.cluster.spec import parse_memory
 from dvml.cluster.standby import warm_trainers
 from dvml.cluster.workers import current_client, discover_workers
-from dvml.exceptions import ArgumentError, DataError, DatasetExistsError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, DatasetExistsError
 from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
 from dvml.preprocess.encode import check_normalizing_const, class_values_of
 from dvml.preprocess.graph import compute_stats, pack_and_publish
 from dvml.preprocess.sources import source_parts
+from dvml.preprocess.tasks import storage_dtypes
 from dvml.store.datasets import Dataset, describe, exists
 
 if TYPE_CHECKING:
@@ -49,16 +50,25 @@ def training_preprocessor(
     channels: int = 3,
     seed: int | None = None,
     progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] | None = None,
+    compact: bool | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess ``source`` into a placed, balanced, named dataset in vineyard.
 
     Parameters
     ----------
-    source : Dask/pandas DataFrame, str, or dict of arrays
-        A DataFrame; a Parquet or CSV path (globs allowed); a dict of Dask or numpy arrays
-        (``{"image": x, "label": y}``); a folder of images with one sub-folder per label; or
-        WebDataset tar shards (``"shards/train-{0000..0147}.tar"``).
+    source : Dask/pandas DataFrame, dict of arrays, str, or list of str
+        A DataFrame; a dict of Dask or numpy arrays (``{"image": x, "label": y}``); or data in
+        files, at a local path or any fsspec URL (``s3://``, ``gs://``, ``az://``,
+        ``https://``, ``file://``): Parquet or CSV files (globs allowed), a Parquet data set
+        directory (hive partition columns kept), a folder of CSV files, a folder of images
+        with one sub-folder per label, or WebDataset tar shards (``.tar``, ``.tar.gz``,
+        ``.tgz``) as a brace pattern (``"shards/train-{0000..0147}.tar"``), a glob, a list,
+        or webdataset's ``ShardWriter`` pattern (``"shard-%06d.tar"``). A directory is read
+        by what it holds. Each worker reads its own files straight from the store.
     y : str
         The label column (for images: ignored, labels come from folders or ``.cls`` files).
     x : str or list
@@ -89,6 +99,22 @@ def training_preprocessor(
         Shuffle seed (config ``dvml.preprocess.seed``).
     progress : bool
         Show Dask's progress bar while the source is read, decoded and validated.
+    storage_options : dict, optional
+        For fsspec, where ``source`` is a URL: credentials, endpoint
+        (``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}`` for an
+        S3-compatible store). Default: config ``dvml.storage-options``. Sent to the workers
+        with the tasks; never recorded in the summary.
+    image_ext : str or list of str, optional
+        Tar shards: the extension of each sample's image (``"jpg"``, ``"seg.png"``). Default:
+        the sample's one image member; a sample with several is refused.
+    label_ext : str or list of str, optional
+        Tar shards: the extension of the label (default ``"cls"``, decoded as an int as
+        webdataset does). A ``txt`` member is a caption and is used only when asked for.
+    compact : bool, optional
+        Store uint8 x as uint8 (not normalized) and y as class indices (the smallest unsigned
+        type), about a quarter of the float32 format; readers normalize and one-hot encode on
+        the fly (:mod:`dvml.resolve`). Default: config ``dvml.preprocess.compact`` (false).
+        The summary's ``storage`` records the format.
     client : distributed.Client, optional
         Default: the current default client.
 
@@ -121,6 +147,8 @@ def training_preprocessor(
         progress=progress,
         client=client,
         training=None,
+        files=_files_options(storage_options, image_ext, label_ext),
+        compact=bool(config.get("preprocess.compact", compact)),
     )
 
 
@@ -137,13 +165,18 @@ def validation_preprocessor(
     on_invalid: str = "raise",
     seed: int | None = None,
     progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess a validation set with the class values and normalization of ``training``.
 
-    The training set's class values, ``num_classes``, ``normalizing_const``, image size and
-    (unless ``distribution_rules`` is given) distribution rules are reused; labels that the
-    training set never saw are refused.
+    The training set's class values, ``num_classes``, ``normalizing_const``, image size,
+    shard extensions (unless ``image_ext``/``label_ext`` are given) and (unless
+    ``distribution_rules`` is given) distribution rules are reused; labels that the training
+    set never saw are refused. ``source`` and ``storage_options`` are as for
+    :func:`training_preprocessor`.
     """
     if training is None:
         raise ArgumentError(
@@ -171,7 +204,32 @@ def validation_preprocessor(
         progress=progress,
         client=client,
         training=train,
+        files=_files_options(
+            storage_options,
+            image_ext if image_ext is not None else s.get("image_ext"),
+            label_ext if label_ext is not None else s.get("label_ext"),
+        ),
+        # a validation set is stored as its training set is
+        compact=bool((s.get("storage") or {}).get("compact", False)),
     )
+
+
+def _files_options(
+    storage_options: dict[str, Any] | None, image_ext: Any, label_ext: Any
+) -> dict[str, Any]:
+    """How files are read: fsspec options (config ``dvml.storage-options`` by default) and
+    the members of shard samples."""
+    options = config.get("storage-options", storage_options)
+    if options is not None and not isinstance(options, dict):
+        raise ArgumentTypeError(
+            "storage_options must be a dict of fsspec options, such as {'key': ..., 'secret': "
+            f"...}}. Received: {type(options).__name__}."
+        )
+    return {
+        "storage_options": dict(options or {}),
+        "image_ext": image_ext,
+        "label_ext": label_ext if label_ext is not None else "cls",
+    }
 
 
 def _preprocess(
@@ -193,6 +251,8 @@ def _preprocess(
     progress: bool,
     client: Client | None,
     training: Dataset | None,
+    files: dict[str, Any],
+    compact: bool = False,
 ) -> Dataset:
     name = _check_arguments(name, buffer_size, normalizing_const, num_classes, channels)
     client = current_client(client)
@@ -212,7 +272,7 @@ def _preprocess(
     threads = sum(client.nthreads().values())
     src = source_parts(
         source, y, x, len(targets), on_invalid, image_size, channels, float(normalizing_const),
-        threads,
+        threads, **files,
     )  # fmt: skip
     if not src.parts:
         raise DataError("The source has no partitions: there is nothing to preprocess.")
@@ -236,6 +296,8 @@ def _preprocess(
             seed=seed,
             client=client,
             training=training,
+            shard_exts=(files["image_ext"], files["label_ext"]) if src.shards else None,
+            compact=compact,
         )
     finally:
         # Parts not yet handed to the pack graph (which empties the list) are freed here.
@@ -261,6 +323,8 @@ def _plan_and_pack(
     seed: int,
     client: Client,
     training: Dataset | None,
+    shard_exts: tuple[Any, Any] | None = None,
+    compact: bool = False,
 ) -> Dataset:
     if on_invalid == "raise":
         _raise_if_not_finite(stats)
@@ -283,7 +347,8 @@ def _plan_and_pack(
             f"num_classes={n_classes} is smaller than the {len(class_values)} distinct labels "
             f"found ({class_values[:10]}). Raise num_classes or leave it as None."
         )
-    row_bytes = 4 * (sum(math.prod(s) for s in x_shapes) + n_classes)
+    dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact)
+    row_bytes = _row_bytes(x_shapes, n_classes, dtypes)
     max_bytes = _max_buffer_bytes()
     layout = plan_layout(
         rows, [t.address for t in targets], buffer_size, row_bytes, max_bytes, seed
@@ -318,6 +383,8 @@ def _plan_and_pack(
         "image_size": list(src.image_size) if src.image_size else None,
         "channels": channels if src.image_size else None,
         "seed": seed,
+        "storage": _storage(dtypes),
+        **({"image_ext": shard_exts[0], "label_ext": shard_exts[1]} if shard_exts else {}),
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "dvml_version": __version__,
     }
@@ -331,6 +398,7 @@ def _plan_and_pack(
         "num_classes": n_classes,
         "normalizing_const": float(normalizing_const),
         "x_shapes": x_shapes,
+        "field_dtypes": dtypes,
     }
     return pack_and_publish(
         client,
@@ -345,6 +413,36 @@ def _plan_and_pack(
         summary,
         overwrite,
     )
+
+
+def _common_dtypes(stats: list[dict[str, Any]]) -> list[str]:
+    """Each x input's source dtype where every non-empty part agrees; else ``"mixed"``."""
+    found: list[set[str]] = []
+    for s in stats:
+        if not s["rows"]:
+            continue
+        for k, dtype in enumerate(s.get("x_dtypes") or []):
+            if len(found) <= k:
+                found.append(set())
+            found[k].add(dtype)
+    return [next(iter(d)) if len(d) == 1 else "mixed" for d in found]
+
+
+def _row_bytes(x_shapes: list[list[int]], n_classes: int, dtypes: dict[str, str] | None) -> int:
+    import numpy as np
+
+    if dtypes is None:
+        return 4 * (sum(math.prod(s) for s in x_shapes) + n_classes)
+    x = sum(math.prod(s) * np.dtype(dtypes[f"x_{k}"]).itemsize for k, s in enumerate(x_shapes))
+    return int(x + np.dtype(dtypes["y"]).itemsize)
+
+
+def _storage(dtypes: dict[str, str] | None) -> dict[str, Any]:
+    """The summary's record of the packed format, read by :mod:`dvml.resolve`."""
+    if dtypes is None:
+        return {"compact": False, "y": "one_hot"}
+    x = [dtypes[f] for f in sorted((f for f in dtypes if f != "y"), key=lambda f: int(f[2:]))]
+    return {"compact": True, "x_dtypes": x, "y": "index", "y_dtype": dtypes["y"]}
 
 
 def _check_arguments(

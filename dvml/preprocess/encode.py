@@ -19,7 +19,9 @@ from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 __all__ = [
     "check_finite",
     "check_normalizing_const",
+    "class_indices",
     "class_values_of",
+    "index_dtype",
     "normalize",
     "one_hot",
     "overflow_limit",
@@ -141,6 +143,35 @@ def one_hot(labels: Any, class_values: Sequence[Any], num_classes: int | None = 
         When ``num_classes`` is smaller than the number of class values, or a label is not
         one of ``class_values`` (the message lists up to 5 of them and their count).
     """
+    index, width = _indices(labels, class_values, num_classes)
+    out = np.zeros((len(index), width), dtype=np.float32)
+    out[np.arange(len(index)), index] = 1.0
+    return out
+
+
+def index_dtype(num_classes: int) -> np.dtype[Any]:
+    """The smallest unsigned integer type that holds class indices ``0 .. num_classes - 1``."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if num_classes <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)
+
+
+def class_indices(
+    labels: Any, class_values: Sequence[Any], num_classes: int | None = None
+) -> np.ndarray:
+    """The index of each label in ``class_values``, as :func:`index_dtype` of the width.
+
+    The compact form of :func:`one_hot` (same checks, same errors): ``one_hot(labels, ...)``
+    equals ``np.eye(width)[class_indices(labels, ...)]``.
+    """
+    index, width = _indices(labels, class_values, num_classes)
+    return index.astype(index_dtype(width))
+
+
+def _indices(
+    labels: Any, class_values: Sequence[Any], num_classes: int | None
+) -> tuple[np.ndarray, int]:
     classes = list(class_values)
     if not classes:
         raise ArgumentError(
@@ -165,9 +196,8 @@ def one_hot(labels: Any, class_values: Sequence[Any], num_classes: int | None = 
         raise ArgumentError(f"class_values must be distinct. Received: class_values={classes}.")
     series = _as_series(labels)
     n = len(series)
-    out = np.zeros((n, width), dtype=np.float32)
     if n == 0:
-        return out
+        return np.zeros(0, dtype=np.int64), width
     _, label_kind = _python_values(series, "labels")
     if label_kind != class_kind:
         raise DataError(
@@ -189,8 +219,7 @@ def one_hot(labels: Any, class_values: Sequence[Any], num_classes: int | None = 
             f"class_values={classes[:10]}{' ...' if len(classes) > 10 else ''}. Drop those "
             f"rows, or build the dataset with the class_values of the training data."
         )
-    out[np.arange(n), table[codes]] = 1.0
-    return out
+    return table[codes], width
 
 
 _SHAPE = operator.attrgetter("shape")
@@ -198,6 +227,22 @@ _SHAPE = operator.attrgetter("shape")
 
 def _is_array_cell(value: Any) -> bool:
     return isinstance(value, list | tuple | np.ndarray)
+
+
+def _numeric_categories(frame: Any, cols: list[Any]) -> Any:
+    """Categorical columns whose categories are numbers, as those numbers: hive partition
+    columns (``part=3/``) come back from Parquet as categoricals of their values."""
+    import pandas as pd
+
+    numeric = [
+        c
+        for c in cols
+        if isinstance(frame[c].dtype, pd.CategoricalDtype)
+        and pd.api.types.is_numeric_dtype(frame[c].cat.categories.dtype)
+    ]
+    if not numeric:
+        return frame
+    return frame.assign(**{str(c): frame[c].astype(frame[c].cat.categories.dtype) for c in numeric})
 
 
 def x_to_array(frame: pd.DataFrame, x_cols: Sequence[str]) -> np.ndarray:
@@ -245,6 +290,7 @@ def x_to_array(frame: pd.DataFrame, x_cols: Sequence[str]) -> np.ndarray:
         )
     if array_cols:
         return _stack_cells(frame[cols[0]], cols[0])
+    frame = _numeric_categories(frame, cols)
     for c in cols:
         dtype = frame[c].dtype
         if not pd.api.types.is_numeric_dtype(dtype):

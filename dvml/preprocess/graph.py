@@ -175,7 +175,10 @@ def _pack(
             wait(splits)
         _raise_first_error(splits)
         fields = {f"x_{i}": list(s) for i, s in enumerate(split_args["x_shapes"])}
-        fields["y"] = [int(split_args["num_classes"])]
+        dtypes = split_args.get("field_dtypes")
+        # class indices (the compact format) are one value a row; one-hot rows num_classes
+        indices = dtypes is not None and np.dtype(dtypes["y"]).kind in "iu"
+        fields["y"] = [] if indices else [int(split_args["num_classes"])]
         keys = [f.key for f in splits]
         sources = [
             [(keys[g], start, stop, routes.groups[g]) for g, start, stop in routes.fetches[b]]
@@ -191,7 +194,7 @@ def _pack(
                 tasks.pack_buffers, chosen, seed,
                 staging_name(run_id, chosen[0], attempt), fields,
                 [counts[:, b] for b in chosen], [sources[b] for b in chosen], abort_name,
-                workers=[address], allow_other_workers=False, pure=False, retries=0,
+                dtypes, workers=[address], allow_other_workers=False, pure=False, retries=0,
             )  # fmt: skip
 
         abort = Event(abort_name, client=client)

@@ -3,7 +3,12 @@
 A shard is a tar file whose members are grouped into samples by key: ``0001.jpg`` and
 ``0001.cls`` are the image and the label of sample ``0001`` (the key is the member path up to
 the first dot of its base name, the extension everything after it, lower-cased). Shard lists
-are written as brace patterns, ``shard-{0000..0147}.tar``.
+are written as brace patterns, ``shard-{0000..0147}.tar`` (globs, lists and webdataset's
+``shard-%06d.tar`` are expanded by :mod:`dvml.preprocess.locations`).
+
+The conventions are webdataset's: a sample's image is its one member with an image extension
+(``image_ext=`` picks one when there are several), its label the ``cls`` member decoded as an
+int (``label_ext=`` names another; ``txt`` is a caption, read as a label only when asked).
 """
 
 from __future__ import annotations
@@ -13,13 +18,29 @@ import posixpath
 import re
 import tarfile
 from collections.abc import Sequence
+from typing import IO, Any
 
 import numpy as np
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 from dvml.preprocess.images import check_size, decode_image
 
-__all__ = ["expand_braces", "read_tar_samples", "samples_to_images_labels"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "INT_LABEL_EXTENSIONS",
+    "SHARD_SUFFIXES",
+    "expand_braces",
+    "read_tar_samples",
+    "samples_to_images_labels",
+]
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+# What Pillow decodes; a member whose LAST extension is one of these is an image (webdataset
+# decodes "seg.png" as an image too).
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "bmp", "gif", "ppm", "pgm", "pbm", "pnm", "tif",
+                  "tiff", "webp")  # fmt: skip
+# webdataset's basichandlers decode these as int; "txt" is a caption (a str), never a label.
+INT_LABEL_EXTENSIONS = ("cls", "cls2", "class", "count", "index", "inx", "id")
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
@@ -141,19 +162,25 @@ def _key_and_ext(member_name: str) -> tuple[str, str] | None:
     return posixpath.join(directory, stem), ext.lower()
 
 
-def read_tar_samples(path: str) -> list[tuple[str, dict[str, bytes]]]:
+def read_tar_samples(
+    path: str, fileobj: IO[bytes] | None = None
+) -> list[tuple[str, dict[str, bytes]]]:
     """Read a tar shard and group its members into samples by key.
 
     Parameters
     ----------
     path : str
-        A ``.tar`` file (compressed tars are read too).
+        A ``.tar``, ``.tar.gz`` or ``.tgz`` file; named in errors when ``fileobj`` is given.
+    fileobj : binary file, optional
+        The shard's content, read as a stream (a remote object need not be seekable).
 
     Returns
     -------
     list of (str, dict of str to bytes)
-        ``(key, {ext: content})`` in order of first appearance. Members without an extension,
-        hidden members (base name starting with ``.``) and non-files are skipped.
+        ``(key, {ext: content})`` in order of first appearance. The key is the member's path
+        up to the FIRST dot of its base name (webdataset's grouping), the extension the rest.
+        Members without an extension, hidden members (base name starting with ``.``) and
+        non-files are skipped.
 
     Raises
     ------
@@ -164,7 +191,13 @@ def read_tar_samples(path: str) -> list[tuple[str, dict[str, bytes]]]:
     """
     samples: dict[str, dict[str, bytes]] = {}
     try:
-        with tarfile.open(path, "r:*") as tar:
+        # A stream ("r|*") reads a remote object front to back, without seeking.
+        args: dict[str, Any] = (
+            {"fileobj": fileobj, "mode": "r|*"}
+            if fileobj is not None
+            else {"name": path, "mode": "r:*"}
+        )
+        with tarfile.open(**args) as tar:
             for member in tar:
                 if not member.isfile():
                     continue
@@ -189,24 +222,103 @@ def read_tar_samples(path: str) -> list[tuple[str, dict[str, bytes]]]:
     return list(samples.items())
 
 
-def _require(sample: dict[str, bytes], exts: Sequence[str], key: str, role: str, where: str) -> str:
-    for ext in exts:
-        if ext.lower() in sample:
-            return ext.lower()
+def _as_exts(value: str | Sequence[str] | None, name: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = (value,) if isinstance(value, str) else tuple(value)
+    if not items or not all(isinstance(e, str) and e.strip(".") for e in items):
+        raise ArgumentTypeError(
+            f"{name} must be an extension or a list of them, such as 'jpg' or ['png', "
+            f"'seg.png']. Received: {name}={value!r}."
+        )
+    return tuple(e.lower().lstrip(".") for e in items)
+
+
+def _short(exts: Sequence[str], limit: int = 8) -> str:
+    shown = sorted(exts)[:limit]
+    more = f" and {len(exts) - limit} more" if len(exts) > limit else ""
+    return f"{shown}{more}"
+
+
+def _dotted_hint(key: str, exts: Sequence[str]) -> str:
+    # "img.0001.jpg", "img.0002.jpg" ... all fall into the sample "img": the keys hold dots.
+    if len(exts) > 2 and sum("." in e for e in exts) > len(exts) // 2:
+        return (
+            f" The shard's keys seem to hold dots: webdataset groups a sample's files by the "
+            f"base name up to the FIRST dot, so {len(exts)} files fell into the sample "
+            f"{key!r}. Rename the members without dots in the key (img_0001.jpg)."
+        )
+    return ""
+
+
+def _image_ext(
+    sample: dict[str, bytes], wanted: tuple[str, ...] | None, key: str, where: str
+) -> str:
+    if wanted is not None:
+        found = [e for e in wanted if e in sample]
+        if len(found) == 1:
+            return found[0]
+        what = "several of" if found else "none of"
+        raise DataError(
+            f"Sample {key!r}{where} holds {what} the image extensions asked for. Received: "
+            f"extensions {_short(list(sample))}; image_ext={list(wanted)}. Pass image_ext= "
+            f"with the one extension of the image to use.{_dotted_hint(key, list(sample))}"
+        )
+    found = [e for e in sample if e.rsplit(".", 1)[-1] in IMAGE_SUFFIXES]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise DataError(
+            f"Sample {key!r}{where} has no image. Received: extensions {_short(list(sample))}; "
+            f"images are members ending in {', '.join(IMAGE_SUFFIXES[:5])}, ... Add the image, "
+            f"or pass image_ext= with the extension the shards use."
+            f"{_dotted_hint(key, list(sample))}"
+        )
     raise DataError(
-        f"Sample {key!r}{where} has no {role}. Received: extensions {sorted(sample)}; looked "
-        f"for {list(exts)}. Add the file, or pass {role}_ext= with the extension the shards use."
+        f"Sample {key!r}{where} holds several images: {_short(found)}. Pass image_ext= naming "
+        f"the one to use, e.g. image_ext={sorted(found)[0]!r}.{_dotted_hint(key, list(sample))}"
     )
+
+
+def _label(sample: dict[str, bytes], wanted: tuple[str, ...], key: str, where: str) -> int | str:
+    ext = next((e for e in wanted if e in sample), None)
+    if ext is None:
+        caption = (
+            " (a .txt member is a caption in webdataset, not a class)" if "txt" in sample else ""
+        )
+        raise DataError(
+            f"Sample {key!r}{where} has no label. Received: extensions {_short(list(sample))}"
+            f"{caption}; looked for {list(wanted)}. Add a .cls file with the class, or pass "
+            f"label_ext= with the extension the shards use.{_dotted_hint(key, list(sample))}"
+        )
+    raw = sample[ext]
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"The label of sample {key!r}{where} is not UTF-8 text. Received: "
+            f"{raw[:20]!r}. Write labels as text, for example b'3'."
+        ) from e
+    if not text:
+        raise DataError(
+            f"The label of sample {key!r}{where} is empty. Received: {raw!r}. Write the class "
+            f"into the .{ext} file."
+        )
+    # webdataset decodes cls (and its kin) with int(); a class name there is kept as text.
+    if ext.rsplit(".", 1)[-1] in INT_LABEL_EXTENSIONS and re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    return text
 
 
 def samples_to_images_labels(
     samples: Sequence[tuple[str, dict[str, bytes]]],
     size: tuple[int, int],
-    image_ext: Sequence[str] = ("jpg", "jpeg", "png"),
-    label_ext: Sequence[str] = ("cls", "label", "txt"),
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] = "cls",
     channels: int = 3,
     source: str | None = None,
-) -> tuple[np.ndarray, list[str]]:
+    require_labels: bool = True,
+) -> tuple[np.ndarray, list[Any]]:
     """Decode the images of shard samples and read their labels.
 
     Parameters
@@ -215,33 +327,48 @@ def samples_to_images_labels(
         As :func:`read_tar_samples` returns them.
     size : tuple of int
         ``(height, width)`` of every image.
-    image_ext, label_ext : sequence of str
-        Extensions tried in order for the image and for the label (UTF-8 text, stripped).
+    image_ext : str or sequence of str, optional
+        The extension of the image to use (or candidates, of which a sample must hold
+        exactly one). Default: the sample's one member whose last extension is an image's
+        (:data:`IMAGE_SUFFIXES`); a sample with several is refused.
+    label_ext : str or sequence of str
+        Extensions tried in order for the label. Default ``"cls"``. Labels of ``cls``,
+        ``cls2``, ``class``, ``index``, ``id`` ... are ints when they are integers (as
+        webdataset decodes them), text otherwise.
     channels : {1, 3, 4}
     source : str, optional
         The shard path, named in errors.
+    require_labels : bool
+        False for prediction: a sample without a label gets None.
 
     Returns
     -------
     images : numpy.ndarray
         uint8 of shape ``(n, height, width, channels)``.
-    labels : list of str
+    labels : list of int or str (or None)
 
     Raises
     ------
     DataError
-        For a sample without an image or a label, an empty or non-UTF-8 label, or an image
-        that does not decode.
+        For a sample without an image or a label, with several candidate images, an empty or
+        non-UTF-8 label, or an image that does not decode.
     """
     height, width = check_size(size)
     if channels not in (1, 3, 4) or isinstance(channels, bool):
         raise ArgumentError(f"channels must be 1, 3 or 4. Received: channels={channels!r}.")
+    images_wanted = _as_exts(image_ext, "image_ext")
+    labels_wanted = _as_exts(label_ext, "label_ext")
+    if labels_wanted is None:
+        raise ArgumentTypeError("label_ext must be an extension such as 'cls'. Received: None.")
     images = np.empty((len(samples), height, width, channels), dtype=np.uint8)
-    labels: list[str] = []
+    labels: list[Any] = []
     where = f" in {source!r}" if source else ""
     for i, (key, sample) in enumerate(samples):
-        img_ext = _require(sample, image_ext, key, "image", where)
-        lab_ext = _require(sample, label_ext, key, "label", where)
+        img_ext = _image_ext(sample, images_wanted, key, where)
+        if require_labels or any(e in sample for e in labels_wanted):
+            labels.append(_label(sample, labels_wanted, key, where))
+        else:
+            labels.append(None)
         member = f"{key}.{img_ext}"
         images[i] = decode_image(
             sample[img_ext],
@@ -249,17 +376,4 @@ def samples_to_images_labels(
             channels,
             source=f"{source}:{member}" if source else member,
         )
-        try:
-            label = sample[lab_ext].decode("utf-8").strip()
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"The label of sample {key!r}{where} is not UTF-8 text. Received: "
-                f"{sample[lab_ext][:20]!r}. Write labels as text, for example b'3'."
-            ) from e
-        if not label:
-            raise DataError(
-                f"The label of sample {key!r}{where} is empty. Received: "
-                f"{sample[lab_ext]!r}. Write the class into the .{lab_ext} file."
-            )
-        labels.append(label)
     return images, labels

@@ -1,16 +1,17 @@
 """Turn what the user gives into a list of Dask delayed *prepared parts*.
 
-Accepted sources: a Dask or pandas DataFrame, Parquet/CSV paths, a dict of Dask/numpy arrays,
-a folder of images (labels from sub-folder names), and WebDataset tar shards
-(``shards-{0000..0147}.tar``). Only file names and small metadata are read on the client;
-decoding happens in the Dask tasks.
+Accepted sources: a Dask or pandas DataFrame, a dict of Dask/numpy arrays, and data in files
+at any path or fsspec URL (:mod:`dvml.preprocess.locations`): Parquet (a data set directory
+too, hive partitions kept), CSV, a folder of images (labels from sub-folder names), and
+WebDataset tar shards (``shards-{0000..0147}.tar``, globs, lists, ``shard-%06d.tar``). Only
+file names and small metadata are read on the client; every worker reads its own files from
+the store, and decoding happens in the Dask tasks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
 import itertools
 import math
 import os
@@ -22,7 +23,7 @@ from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 from dvml.placement.routes import batch_sizes
 from dvml.preprocess.fusion import one_task_per_block
 from dvml.preprocess.images import list_image_folder
-from dvml.preprocess.shards import expand_braces
+from dvml.preprocess.locations import Location, locate, read_table
 from dvml.preprocess.string_cells import restore_array_cells
 from dvml.preprocess.tasks import (
     prepare_arrays,
@@ -35,7 +36,7 @@ from dvml.preprocess.tasks import (
 # More x inputs than this, each a single column, is most likely one input meant as a list.
 MANY_INPUTS = 16
 
-__all__ = ["SourceParts", "describe_source", "normalize_x", "source_parts"]
+__all__ = ["SourceParts", "describe_source", "is_file_source", "normalize_x", "source_parts"]
 
 IMAGE_CHUNK = 256  # images decoded per task
 
@@ -53,6 +54,7 @@ class SourceParts:
     y: str
     description: str
     image_size: tuple[int, int] | None = None
+    shards: bool = False
 
 
 def normalize_x(x: str | Sequence[str | Sequence[str]]) -> list[list[str]]:
@@ -78,8 +80,10 @@ def describe_source(source: Any) -> str:
     """A short text for the summary's ``source_table``."""
     import pandas as pd
 
-    if isinstance(source, str):
-        return source
+    if isinstance(source, str | os.PathLike):
+        return os.fspath(source)
+    if is_file_source(source):
+        return ", ".join(os.fspath(s) for s in source)
     if isinstance(source, pd.DataFrame):
         return f"pandas.DataFrame({len(source)} rows)"
     if isinstance(source, dict):
@@ -87,6 +91,17 @@ def describe_source(source: Any) -> str:
     name = type(source).__module__.split(".")[0] + "." + type(source).__name__
     n = getattr(source, "npartitions", None)
     return f"{name}({n} partitions)" if n else name
+
+
+def is_file_source(source: Any) -> bool:
+    """Whether ``source`` names data in files: a path, a URL, a pattern or a list of them."""
+    if isinstance(source, str | os.PathLike):
+        return True
+    return (
+        isinstance(source, list | tuple)
+        and bool(source)
+        and all(isinstance(s, str | os.PathLike) for s in source)
+    )
 
 
 def source_parts(
@@ -99,11 +114,17 @@ def source_parts(
     channels: int,
     normalizing_const: float = 1.0,
     threads: int = 1,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] = "cls",
 ) -> SourceParts:
     """Build the delayed prepared parts of ``source`` (nothing is computed here).
 
     ``normalizing_const`` lets the parts count values that overflow float32 once normalized.
     ``threads`` (of the cluster) bounds how many small partitions one task prepares.
+    ``storage_options`` go to fsspec where files are listed and read; ``image_ext`` and
+    ``label_ext`` pick the members of tar shard samples.
     """
     import dask.dataframe as dd
     import pandas as pd
@@ -111,13 +132,13 @@ def source_parts(
     if on_invalid not in ("raise", "drop"):
         raise ArgumentError(f"on_invalid must be 'raise' or 'drop'. Received: {on_invalid!r}.")
     desc = describe_source(source)
-    if isinstance(source, str | os.PathLike):
-        path = os.fspath(source)
-        if os.path.isdir(path):
-            return _image_folder(path, image_size, channels, desc)
-        if ".tar" in path:
-            return _tar_shards(path, image_size, channels, desc)
-        source = _read_table(path)
+    if is_file_source(source):
+        where = locate(source, storage_options)
+        if where.kind == "images":
+            return _image_folder(where, image_size, channels, desc)
+        if where.kind == "shards":
+            return _tar_shards(where, image_size, channels, desc, (image_ext, label_ext))
+        source = read_table(where)
     if isinstance(source, pd.DataFrame):
         if len(source) == 0:
             raise DataError("The source DataFrame is empty: there is nothing to preprocess.")
@@ -135,8 +156,9 @@ def source_parts(
     if isinstance(source, dict):
         return _arrays(source, y, x, (on_invalid, normalizing_const), desc, threads)
     raise ArgumentTypeError(
-        "source must be a Dask or pandas DataFrame, a Parquet/CSV path, a dict of arrays, an "
-        f"image folder or a tar-shard pattern. Received: {type(source).__name__}."
+        "source must be a Dask or pandas DataFrame, a dict of arrays, or a path or URL (or a "
+        "list of them) of Parquet/CSV data, an image folder or tar shards. Received: "
+        f"{type(source).__name__}."
     )
 
 
@@ -217,23 +239,6 @@ def _pandas_array_cells(
     return SourceParts(parts, groups, y, desc)
 
 
-def _read_table(path: str) -> Any:
-    import dask.dataframe as dd
-
-    lower = path.lower()
-    matches = glob.glob(path) if any(ch in path for ch in "*?[") else [path]
-    if not matches or not all(os.path.exists(m) for m in matches):
-        raise DataError(f"No file matches the source path {path!r}. Check the path.")
-    if ".parquet" in lower or ".pq" in lower:
-        return dd.read_parquet(path)
-    if ".csv" in lower:
-        return dd.read_csv(path)
-    raise DataError(
-        f"Cannot tell the format of {path!r}: use a .parquet or .csv path, an image folder, "
-        "or a tar-shard pattern."
-    )
-
-
 def _arrays(
     source: dict[str, Any],
     y: str | None,
@@ -283,10 +288,15 @@ def _prepare_block_arrays(*blocks: Any, **kwargs: Any) -> Any:
 
 
 def _image_folder(
-    path: str, image_size: tuple[int, int] | None, channels: int, desc: str
+    where: Location, image_size: tuple[int, int] | None, channels: int, desc: str
 ) -> SourceParts:
     size = _need(image_size, "image_size=(height, width)")
-    paths, labels = list_image_folder(path)
+    if where.remote:
+        paths, labels = where.paths, where.labels
+    else:
+        # The local listing's own checks and order (Keras' image_dataset_from_directory).
+        paths, labels = list_image_folder(where.root or where.paths[0])
+    options = where.storage_options or None
     parts = [
         _batch_of_one(
             prepare_image_files,
@@ -294,6 +304,7 @@ def _image_folder(
             labels[i : i + IMAGE_CHUNK],
             tuple(size),
             channels,
+            options,
         )
         for i in range(0, len(paths), IMAGE_CHUNK)
     ]
@@ -301,14 +312,16 @@ def _image_folder(
 
 
 def _tar_shards(
-    pattern: str, image_size: tuple[int, int] | None, channels: int, desc: str
+    where: Location,
+    image_size: tuple[int, int] | None,
+    channels: int,
+    desc: str,
+    exts: tuple[Any, Any],
 ) -> SourceParts:
     size = _need(image_size, "image_size=(height, width)")
-    shards = expand_braces(pattern)
-    missing = [s for s in shards if not os.path.exists(s)]
-    if missing:
-        raise DataError(
-            f"{len(missing)} of {len(shards)} tar shards do not exist, e.g. {missing[0]!r}."
-        )
-    parts = [_batch_of_one(prepare_tar_shard, s, tuple(size), channels) for s in shards]
-    return SourceParts(parts, [["image"]], "label", desc, tuple(size))
+    options = where.storage_options or None
+    parts = [
+        _batch_of_one(prepare_tar_shard, s, tuple(size), channels, exts[0], exts[1], options)
+        for s in where.paths
+    ]
+    return SourceParts(parts, [["image"]], "label", desc, tuple(size), shards=True)

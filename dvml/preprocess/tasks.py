@@ -22,14 +22,23 @@ from dvml.cluster.workers import worker_host
 from dvml.exceptions import DataError, VineyardMemoryError
 from dvml.placement.planner import split_partition
 from dvml.placement.routes import FETCH_ROUND_BYTES
-from dvml.preprocess.encode import check_finite, normalize, one_hot, overflow_limit, x_to_array
+from dvml.preprocess.encode import (
+    check_finite,
+    class_indices,
+    normalize,
+    one_hot,
+    overflow_limit,
+    x_to_array,
+)
 from dvml.preprocess.exchange import fetch_slices, serve_slices_here
 from dvml.preprocess.images import decode_image
+from dvml.preprocess.locations import open_binary, read_bytes
 from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
 from dvml.store.tensors import write_buffers
 
 __all__ = [
     "buffer_positions",
+    "decode_tar_shard",
     "fetch_rounds",
     "group_stats",
     "lay_out_group",
@@ -43,6 +52,7 @@ __all__ = [
     "slice_positions",
     "split_group",
     "split_part",
+    "storage_dtypes",
     "take_piece",
 ]
 
@@ -160,22 +170,57 @@ def prepare_batch(fn: Any, arity: int, *values: Any) -> list[dict[str, Any]]:
 
 
 def prepare_image_files(
-    paths: Sequence[str], labels: Sequence[str], size: tuple[int, int], channels: int
+    paths: Sequence[str],
+    labels: Sequence[str],
+    size: tuple[int, int],
+    channels: int,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Decode and resize a chunk of image files (runs on a worker)."""
-    images = []
-    for path in paths:
-        with open(path, "rb") as f:
-            images.append(decode_image(f.read(), size, channels, source=path))
+    """Decode and resize a chunk of image files (runs on a worker, which reads them from
+    where they are: a local path or a store URL)."""
+    contents = read_bytes(paths, storage_options)
+    images = [
+        decode_image(data, size, channels, source=path)
+        for path, data in zip(paths, contents, strict=True)
+    ]
     shape = (0, size[0], size[1], channels)
     x = np.stack(images) if images else np.zeros(shape, np.uint8)
     return {"x": [x], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
 
 
-def prepare_tar_shard(path: str, size: tuple[int, int], channels: int) -> dict[str, Any]:
-    """Decode the samples of one WebDataset-style tar shard (runs on a worker)."""
-    images, labels = samples_to_images_labels(read_tar_samples(path), size, channels=channels)
+def prepare_tar_shard(
+    path: str,
+    size: tuple[int, int],
+    channels: int,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] = "cls",
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Decode the samples of one WebDataset tar shard (runs on a worker, which streams the
+    shard from where it is: a local path or a store URL)."""
+    _, images, labels = decode_tar_shard(
+        path, size, channels, image_ext, label_ext, storage_options
+    )
     return {"x": [images], "labels": np.asarray(labels), "dropped": 0, "invalid": {}}
+
+
+def decode_tar_shard(
+    path: str,
+    size: tuple[int, int],
+    channels: int,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] = "cls",
+    storage_options: dict[str, Any] | None = None,
+    require_labels: bool = True,
+) -> tuple[list[str], np.ndarray, list[Any]]:
+    """The keys, images (uint8) and labels of one shard's samples (runs on a worker)."""
+    with open_binary(path, storage_options) as f:
+        samples = read_tar_samples(path, f)
+    images, labels = samples_to_images_labels(
+        samples, size, image_ext, label_ext, channels=channels, source=path,
+        require_labels=require_labels,
+    )  # fmt: skip
+    return [key for key, _ in samples], images, labels
 
 
 def part_stats(part: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +251,7 @@ def split_part(
     class_values: list[Any],
     num_classes: int,
     normalizing_const: float,
+    field_dtypes: dict[str, str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Normalize, one-hot encode and permute a part, laid out buffer after buffer.
 
@@ -216,7 +262,7 @@ def split_part(
     counts = np.asarray(ordered_counts, dtype=np.int64).reshape(1, -1)
     starts = (np.cumsum(counts[0]) - counts[0]).reshape(-1, 1)
     return lay_out_group([part], counts, starts, [seed], class_values, num_classes,
-                         normalizing_const)  # fmt: skip
+                         normalizing_const, field_dtypes)  # fmt: skip
 
 
 def group_stats(batches: Sequence[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
@@ -239,6 +285,7 @@ def split_group(
     class_values: list[Any],
     num_classes: int,
     normalizing_const: float,
+    field_dtypes: dict[str, str] | None = None,
 ) -> dict[str, np.ndarray]:
     """The task of a group: :func:`lay_out_group` of its batches' parts, kept here for the
     pack tasks to fetch.
@@ -250,8 +297,9 @@ def split_group(
     serve_slices_here()
     parts = [part for batch in batches for part in batch]
     return lay_out_group(
-        parts, group_counts, starts, seeds, class_values, num_classes, normalizing_const
-    )
+        parts, group_counts, starts, seeds, class_values, num_classes, normalizing_const,
+        field_dtypes,
+    )  # fmt: skip
 
 
 def lay_out_group(
@@ -262,6 +310,7 @@ def lay_out_group(
     class_values: list[Any],
     num_classes: int,
     normalizing_const: float,
+    field_dtypes: dict[str, str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Normalize, one-hot encode and lay out the rows of a group of parts for their buffers.
 
@@ -276,11 +325,17 @@ def lay_out_group(
         ``RoutePlan.starts[g]``: where part ``i``'s rows for buffer position ``j`` begin.
     seeds : sequence of int
         The :func:`~dvml.placement.planner.partition_seed` of each part.
+    field_dtypes : dict of str to str, optional
+        The compact format (:func:`storage_dtypes`): an ``x_k`` stored as ``uint8`` keeps its
+        pixels as they are (normalized on the fly by the reader), a ``y`` stored as an integer
+        type holds class indices (one-hot encoded on the fly). None: every field float32, x
+        normalized, y one-hot.
 
     Returns
     -------
     dict of str to numpy.ndarray
-        ``x_0``, ... and ``y``, float32: the group's rows buffer after buffer, part after part
+        ``x_0``, ... and ``y`` (float32 unless ``field_dtypes`` says otherwise): the group's
+        rows buffer after buffer, part after part
         within a buffer, each part's rows in the order of its seeded permutation (the same rows
         in the same order as :func:`split_part` gives each part). x is copied once: gathered
         in the permuted order straight into the output, then divided in place.
@@ -289,16 +344,27 @@ def lay_out_group(
     starts = np.asarray(starts, dtype=np.int64)
     total = int(group_counts.sum())
     first = next((p for p in parts if len(p["labels"])), parts[0])
+    dtypes = field_dtypes or {}
     laid_out = {
-        f"x_{k}": np.empty((total, *np.shape(x)[1:]), dtype=np.float32)
+        f"x_{k}": np.empty((total, *np.shape(x)[1:]), dtype=dtypes.get(f"x_{k}", np.float32))
         for k, x in enumerate(first["x"])
     }
-    laid_out["y"] = np.empty((total, num_classes), dtype=np.float32)
+    indices = np.dtype(dtypes.get("y", np.float32)).kind in "iu"
+    laid_out["y"] = (
+        np.empty(total, dtype=dtypes["y"])
+        if indices
+        else np.empty((total, num_classes), dtype=np.float32)
+    )
     for i, part in enumerate(parts):
         counts = group_counts[i]
         normalize(part["x"][0][:0], normalizing_const)  # validates the constant and the dtype
         sources = [np.asarray(x) for x in part["x"]]
-        sources.append(one_hot(part["labels"], class_values, num_classes))
+        labels = part["labels"]
+        sources.append(
+            class_indices(labels, class_values, num_classes)
+            if indices
+            else one_hot(labels, class_values, num_classes)
+        )
         pieces = split_partition(len(sources[-1]), counts, int(seeds[i]))
         blocks = [j for j in range(len(counts)) if counts[j]]
         n = int(counts.sum())
@@ -318,9 +384,24 @@ def lay_out_group(
                 out[dest] = source[perm]
     if normalizing_const != 1:
         for field, values in laid_out.items():
-            if field != "y":
+            if field != "y" and values.dtype == np.float32:  # compact x is normalized on read
                 values /= np.float32(normalizing_const)
     return laid_out
+
+
+def storage_dtypes(
+    x_dtypes: Sequence[str], num_classes: int, compact: bool
+) -> dict[str, str] | None:
+    """The dtype of each packed field: None (float32 x, normalized; one-hot float32 y) unless
+    ``compact``; then an x whose source is uint8 stays uint8 and y holds class indices of the
+    smallest unsigned type (:func:`~dvml.preprocess.encode.index_dtype`)."""
+    from dvml.preprocess.encode import index_dtype
+
+    if not compact:
+        return None
+    dtypes = {f"x_{k}": ("uint8" if d == "uint8" else "float32") for k, d in enumerate(x_dtypes)}
+    dtypes["y"] = str(index_dtype(num_classes))
+    return dtypes
 
 
 def take_piece(laid_out: dict[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
@@ -379,6 +460,7 @@ def pack_buffers(
     columns: Sequence[np.ndarray],
     sources: Sequence[Sequence[tuple[str, int, int, Sequence[int]]]],
     abort_event: str | None = None,
+    dtypes: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Shuffle buffers' rows straight into THIS worker's vineyardd, a round after another.
 
@@ -400,7 +482,7 @@ def pack_buffers(
         This attempt's, carried by every buffer it stages (see
         :func:`~dvml.store.publish.staging_name`).
     fields : dict of str to list of int
-        Each field's shape after the row axis (all float32).
+        Each field's shape after the row axis.
     columns : sequence of numpy.ndarray
         Per buffer ``b``, ``Layout.counts[:, b]``: its rows from each partition.
     sources : sequence of sequence of (str, int, int, sequence of int)
@@ -411,6 +493,8 @@ def pack_buffers(
     abort_event : str, optional
         A Dask event set when the run failed elsewhere: a pack waiting for rows a dead worker
         took along stops waiting.
+    dtypes : dict of str to str, optional
+        Each field's dtype (:func:`storage_dtypes`); None: all float32.
 
     Returns
     -------
@@ -422,7 +506,8 @@ def pack_buffers(
     worker = get_worker()
     where = {"worker": worker.address, "worker_name": str(worker.name),
              "host": worker_host(worker.address)}  # fmt: skip
-    row_bytes = 4 * sum(math.prod(shape) for shape in fields.values())
+    types = {f: np.dtype((dtypes or {}).get(f, np.float32)) for f in fields}
+    row_bytes = sum(math.prod(shape) * types[f].itemsize for f, shape in fields.items())
     columns = [np.asarray(c, dtype=np.int64) for c in columns]
     out = []
     for chosen in fetch_rounds([int(c.sum()) * row_bytes for c in columns]):
@@ -434,7 +519,7 @@ def pack_buffers(
             pieces.setdefault(i, []).append((sources[i][j][3], piece))
         records = _write_buffers(
             [indices[i] for i in chosen], seed, staging_name, fields,
-            [columns[i] for i in chosen], [pieces.pop(i, []) for i in chosen],
+            [columns[i] for i in chosen], [pieces.pop(i, []) for i in chosen], types,
         )  # fmt: skip
         for i, record in zip(chosen, records, strict=True):
             out.append({"index": indices[i], "rows": int(columns[i].sum()), **record, **where})
@@ -448,6 +533,7 @@ def _write_buffers(
     fields: dict[str, list[int]],
     columns: Sequence[np.ndarray],
     pieces: Sequence[Sequence[tuple[Sequence[int], dict[str, np.ndarray]]]],
+    types: dict[str, np.dtype[Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Write buffers' fetched rows, each shuffled, into the local vineyardd in one round."""
     rows = [int(column.sum()) for column in columns]
@@ -460,7 +546,14 @@ def _write_buffers(
             for field, buffer in out.items():
                 buffer[dest] = piece[field]
 
-    specs = [{field: ((n, *shape), np.float32) for field, shape in fields.items()} for n in rows]
+    kinds = types or {}
+    specs = [
+        {
+            field: ((n, *shape), kinds.get(field, np.dtype(np.float32)))
+            for field, shape in fields.items()
+        }
+        for n in rows
+    ]
     try:
         return write_buffers(specs, scatter, staging_name=staging_name)
     except VineyardMemoryError:

@@ -3,6 +3,12 @@
 No ``from_tensor_slices`` of whole arrays (a full copy, and a 2 GB graph-constant limit): a
 generator gathers the rows of a group of batches from the views (one copy, at most
 ``GROUP_BYTES``), and ``unbatch`` slices each batch out of the group inside TensorFlow.
+
+Both packed formats are read. The float32 format (x normalized, y one-hot) goes to Keras as
+it is. The compact format (summary ``storage.compact``: uint8 x, y as class indices) is turned
+into the same float32 x and one-hot y by one ``map`` per batch inside TensorFlow (a cast, a
+division by ``normalizing_const``, ``tf.one_hot``: vectorised, parallel, no Python per row),
+so a trainer sees the same tensors whichever format the dataset has.
 """
 
 from __future__ import annotations
@@ -27,17 +33,53 @@ GROUP_BYTES = 8 * 2**20
 MAX_GROUP = 64
 
 
+def _stored(parts: LocalPartitions) -> dict[str, Any]:
+    """The packed format of ``parts``: each field's dtype and whether y holds indices."""
+    storage = parts.summary.get("storage") or {}
+    if not storage.get("compact"):
+        return {"x": ["float32"] * len(parts.x_fields), "y": "float32", "indices": False}
+    return {"x": list(storage["x_dtypes"]), "y": storage["y_dtype"], "indices": True}
+
+
 def _signature(parts: LocalPartitions, lead: tuple[Any, ...] = (None,)) -> tuple[Any, Any]:
+    """What the generator yields: the fields as they are stored."""
     tf = tf_runtime.tensorflow()
+    stored = _stored(parts)
 
     def spec(field: str) -> Any:
-        shape = tuple(
-            parts.summary["y_shape"] if field == "y" else parts.summary["x_shapes"][int(field[2:])]
-        )
-        return tf.TensorSpec(shape=(*lead, *shape), dtype=tf.float32)
+        if field == "y":
+            shape = () if stored["indices"] else tuple(parts.summary["y_shape"])
+            return tf.TensorSpec(shape=(*lead, *shape), dtype=tf.as_dtype(stored["y"]))
+        k = int(field[2:])
+        shape = tuple(parts.summary["x_shapes"][k])
+        return tf.TensorSpec(shape=(*lead, *shape), dtype=tf.as_dtype(stored["x"][k]))
 
     xs = tuple(spec(f) for f in parts.x_fields)
     return (xs[0] if len(xs) == 1 else xs), spec("y")
+
+
+def _decoded(dataset: Any, parts: LocalPartitions) -> Any:
+    """``dataset`` (of batches as stored) as float32 x, normalized, and one-hot y: unchanged
+    for the float32 format; one fused, parallel ``map`` per batch for the compact one."""
+    stored = _stored(parts)
+    if not stored["indices"]:
+        return dataset
+    tf = tf_runtime.tensorflow()
+    const = float(parts.summary["normalizing_const"])
+    depth = int(parts.summary["y_shape"][0])
+    raw = [d != "float32" for d in stored["x"]]
+
+    def x_of(x: Any, k: int) -> Any:
+        if not raw[k]:
+            return x
+        x = tf.cast(x, tf.float32)
+        return x / const if const != 1.0 else x
+
+    def decode(x: Any, y: Any) -> tuple[Any, Any]:
+        xs = tuple(x_of(v, k) for k, v in enumerate(x)) if isinstance(x, tuple) else x_of(x, 0)
+        return xs, tf.one_hot(tf.cast(y, tf.int32), depth, dtype=tf.float32)
+
+    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def _as_inputs(batch: dict[str, np.ndarray], x_fields: list[str]) -> tuple[Any, np.ndarray]:
@@ -84,6 +126,7 @@ def training_dataset(
 
     signature = _signature(parts, lead=(None, batch_size))
     dataset = tf.data.Dataset.from_generator(groups, output_signature=signature).unbatch()
+    dataset = _decoded(dataset, parts)
     # Endless, and saying so: for a dataset of unknown length MultiWorkerMirroredStrategy's
     # iterator all-reduces at every step whether each trainer still has a batch (one gRPC
     # round trip per step on CPU, see dvml.train.runtime.step_collectives).
@@ -118,4 +161,4 @@ def evaluation_dataset(parts: LocalPartitions, batch_size: int) -> Any:
                 yield _as_inputs(parts.take([(b, idx)]), x_fields)
 
     dataset = tf.data.Dataset.from_generator(batches, output_signature=_signature(parts))
-    return _no_autoshard(dataset.prefetch(2))
+    return _no_autoshard(_decoded(dataset, parts).prefetch(2))

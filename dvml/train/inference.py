@@ -13,13 +13,21 @@ import numpy as np
 from dvml import tf_runtime
 from dvml.exceptions import DataError
 from dvml.preprocess.encode import normalize, x_to_array
+from dvml.preprocess.tasks import decode_tar_shard, prepare_image_files
 from dvml.registry.custom import custom_objects_from_sources
 from dvml.registry.weights import weights_from_bytes
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import evaluation_dataset
 from dvml.train.params import compile_kwargs
 
-__all__ = ["evaluate_local", "format_predictions", "model_for", "predict_partition"]
+__all__ = [
+    "evaluate_local",
+    "format_predictions",
+    "model_for",
+    "output_probabilities",
+    "predict_files",
+    "predict_partition",
+]
 
 _CACHE = tf_runtime.ModelCache(4)
 CALLS = {"builds": 0}  # how many models this process built (tests count cache hits)
@@ -103,6 +111,67 @@ def format_predictions(
     )
 
 
+def output_probabilities(outputs: np.ndarray, activation: str | None) -> np.ndarray:
+    """The model's outputs as probabilities: ``softmax`` or ``sigmoid`` of logits (a model
+    compiled with ``from_logits=True``), unchanged when ``activation`` is None."""
+    out = np.asarray(outputs, dtype=np.float64)
+    if activation == "softmax":
+        shifted = out - out.max(axis=-1, keepdims=True)  # no overflow for large logits
+        exp = np.exp(shifted)
+        return np.asarray(exp / exp.sum(axis=-1, keepdims=True))
+    if activation == "sigmoid":
+        return np.asarray(1.0 / (1.0 + np.exp(-out)))
+    return out
+
+
+def _predict_arrays(
+    ids: Any, xs: list[np.ndarray], spec: dict[str, Any], class_values: list[Any],
+    class_name: str, pred_type: Any, batch_size: int,
+) -> Any:  # fmt: skip
+    model, device = model_for(spec)
+    with tf_runtime.tensorflow().device(device):
+        outputs = model.predict(xs[0] if len(xs) == 1 else xs, batch_size=batch_size, verbose=0)
+    probs = output_probabilities(outputs, spec.get("output_activation"))
+    return format_predictions(np.asarray(ids), probs, class_values, class_name, pred_type)
+
+
+def predict_files(
+    kind: str,
+    paths: list[str],
+    spec: dict[str, Any],
+    image: dict[str, Any],
+    normalizing_const: float,
+    class_values: list[Any],
+    class_name: str,
+    pred_type: Any,
+    batch_size: int = 256,
+) -> Any:
+    """Predict the images of image files or of one tar shard, read by this worker from where
+    they are (``image``: ``size``, ``channels``, ``image_ext``, ``label_ext``,
+    ``storage_options``).
+
+    The id of an image file is its path; the id of a shard's sample is its key (webdataset's
+    ``__key__``). Labels are not needed.
+    """
+    size, channels = tuple(image["size"]), int(image["channels"])
+    options = image.get("storage_options")
+    if kind == "shards":
+        ids, images, _ = decode_tar_shard(
+            paths[0], size, channels, image.get("image_ext"), image.get("label_ext") or "cls",
+            options, require_labels=False,
+        )  # fmt: skip
+    else:
+        ids = list(paths)
+        images = prepare_image_files(paths, [""] * len(paths), size, channels, options)["x"][0]
+    if len(ids) == 0:
+        return format_predictions(
+            np.array([]), np.zeros((0, max(1, len(class_values)))), class_values, class_name,
+            pred_type,
+        )  # fmt: skip
+    xs = [normalize(images, normalizing_const)]
+    return _predict_arrays(ids, xs, spec, class_values, class_name, pred_type, batch_size)
+
+
 def predict_partition(
     frame: Any,
     spec: dict[str, Any],
@@ -126,9 +195,6 @@ def predict_partition(
             pred_type,
         )
     xs = [normalize(x_to_array(frame, group), normalizing_const) for group in x_groups]
-    model, device = model_for(spec)
-    with tf_runtime.tensorflow().device(device):
-        probs = model.predict(xs[0] if len(xs) == 1 else xs, batch_size=batch_size, verbose=0)
-    return format_predictions(
-        frame[id_col].to_numpy(), np.asarray(probs), class_values, class_name, pred_type
+    return _predict_arrays(
+        frame[id_col].to_numpy(), xs, spec, class_values, class_name, pred_type, batch_size
     )

@@ -1,4 +1,10 @@
-"""``dvml.evaluate``, ``dvml.predict`` and ``dvml.predict_byom``: run on the workers."""
+"""``dvml.evaluate``, ``dvml.predict`` and ``dvml.predict_byom``: run on the workers.
+
+Prediction reads every source the preprocessors read: DataFrames, and data in files at a
+path or fsspec URL (Parquet/CSV tables, class folders of images, WebDataset shards), each
+worker reading its own files. Probabilities are probabilities: a model compiled with a loss
+``from_logits=True`` gets the softmax (sigmoid for a binary loss) of its outputs.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import current_client
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, TrainingError
-from dvml.preprocess.sources import normalize_x
+from dvml.preprocess.locations import locate, read_table
+from dvml.preprocess.sources import is_file_source, normalize_x
 from dvml.preprocess.string_cells import restore_array_cells
 from dvml.registry.database import Registry, opened_registry
 from dvml.registry.weights import weights_to_bytes
@@ -20,7 +27,29 @@ from dvml.train.summary import aggregate
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["evaluate", "model_spec", "predict", "predict_byom"]
+__all__ = ["evaluate", "model_spec", "output_activation", "predict", "predict_byom"]
+
+_BINARY_LOSSES = ("BinaryCrossentropy", "BinaryFocalCrossentropy")
+
+
+def output_activation(compile_params: Any) -> str | None:
+    """``"softmax"`` (``"sigmoid"`` for a binary loss) when the compiled loss says the model
+    ends in logits (``from_logits=True``); None when its outputs are probabilities already.
+
+    ``compile_params`` is :func:`~dvml.train.params.parse_compile_params`' result.
+    """
+    loss = (compile_params or {}).get("loss") if isinstance(compile_params, dict) else None
+    if not isinstance(loss, dict) or not (loss.get("config") or {}).get("from_logits"):
+        return None
+    return "sigmoid" if loss.get("class_name") in _BINARY_LOSSES else "softmax"
+
+
+def _digest(weights: bytes, model_json: Any) -> str:
+    """What a worker's model cache keys on besides the name: the weights AND the
+    architecture (two registries can hold the same id and weights for different models)."""
+    h = hashlib.sha256(weights)
+    h.update(str(model_json).encode())
+    return h.hexdigest()[:16]
 
 
 def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -31,12 +60,13 @@ def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str
 
     blob = weights_to_bytes(entry["weights"])
     spec = {
-        "key": f"{model}:{entry['version']}:{hashlib.sha256(blob).hexdigest()[:16]}",
+        "key": f"{model}:{entry['version']}:{_digest(blob, arch['model_json'])}",
         "model_json": arch["model_json"],
         "weights": blob,
         "compile_params": parse_compile_params(summary["compile_params"]),
         "custom_objects": registry.custom_function_sources(summary.get("custom_objects", [])),
     }
+    spec["output_activation"] = output_activation(spec["compile_params"])
     return spec, summary
 
 
@@ -107,18 +137,32 @@ def evaluate(
 def _predict(
     spec: dict[str, Any],
     data: Any,
-    id_col: str,
+    id_col: str | None,
     x: Any,
     pred_type: Any,
     class_values: list[Any],
     normalizing_const: float,
     class_name: str,
     client: Client,
+    files: dict[str, Any],
 ) -> Any:
     import dask.dataframe as dd
     import pandas as pd
 
     _check_pred_type(pred_type)
+    if is_file_source(data):
+        where = locate(data, files["storage_options"], "data")
+        if where.kind in ("images", "shards"):
+            return _predict_files(
+                spec, where, pred_type, class_values, normalizing_const, class_name, client,
+                files,
+            )  # fmt: skip
+        data = read_table(where)
+    if id_col is None or x is None:
+        raise ArgumentError(
+            "id_col= and x= name the id and feature columns of a table. Received: "
+            f"id_col={id_col!r}, x={x!r}."
+        )
     groups = normalize_x(x)
     if isinstance(data, pd.DataFrame):
         import dask
@@ -127,7 +171,8 @@ def _predict(
             data = dd.from_pandas(data, npartitions=max(1, min(len(data) // 500 + 1, 16)))
     if not isinstance(data, dd.DataFrame):
         raise ArgumentTypeError(
-            f"data must be a pandas or Dask DataFrame. Received: {type(data).__name__}."
+            "data must be a pandas or Dask DataFrame, or a path or URL (or a list of them) of "
+            f"Parquet/CSV data, an image folder or tar shards. Received: {type(data).__name__}."
         )
     missing = [c for c in [id_col, *(c for g in groups for c in g)] if c not in data.columns]
     if missing:
@@ -136,13 +181,7 @@ def _predict(
         )
     data = restore_array_cells(data, [c for g in groups for c in g])
     spec_future = _share(client, spec)
-    meta = inference.format_predictions(
-        data._meta[id_col].to_numpy(),
-        __import__("numpy").zeros((0, 1)),
-        class_values,
-        class_name,
-        pred_type,
-    )
+    meta = _meta(data._meta[id_col].to_numpy(), class_values, class_name, pred_type)
     parts = [
         client.submit(
             inference.predict_partition,
@@ -161,6 +200,81 @@ def _predict(
     return dd.from_delayed(parts, meta=meta, verify_meta=False)
 
 
+def _meta(ids: Any, class_values: list[Any], class_name: str, pred_type: Any) -> Any:
+    import numpy as np
+
+    return inference.format_predictions(ids, np.zeros((0, 1)), class_values, class_name,
+                                        pred_type)  # fmt: skip
+
+
+_IMAGES_PER_TASK = 256
+
+
+def _predict_files(
+    spec: dict[str, Any],
+    where: Any,
+    pred_type: Any,
+    class_values: list[Any],
+    normalizing_const: float,
+    class_name: str,
+    client: Client,
+    files: dict[str, Any],
+) -> Any:
+    """Predictions of image files or tar shards: one task per shard or per 256 images, each
+    reading its files from where they are (ids: paths, or the samples' keys)."""
+    import dask.dataframe as dd
+    import numpy as np
+
+    size = files.get("image_size")
+    if size is None:
+        raise ArgumentError(
+            "image_size=(height, width) is needed to predict images, and the model records "
+            f"none. Received: data={where.spec!r}. Pass image_size= (and channels=)."
+        )
+    image = {
+        "size": [int(v) for v in size], "channels": int(files.get("channels") or 3),
+        "image_ext": files.get("image_ext"), "label_ext": files.get("label_ext"),
+        "storage_options": files["storage_options"] or None,
+    }  # fmt: skip
+    if where.kind == "shards":
+        chunks = [[p] for p in where.paths]
+    else:
+        chunks = [where.paths[i : i + _IMAGES_PER_TASK]
+                  for i in range(0, len(where.paths), _IMAGES_PER_TASK)]  # fmt: skip
+    spec_future = _share(client, spec)
+    parts = [
+        client.submit(
+            inference.predict_files,
+            where.kind,
+            chunk,
+            spec_future,
+            image,
+            float(normalizing_const),
+            list(class_values),
+            class_name,
+            pred_type,
+            pure=False,
+        )
+        for chunk in chunks
+    ]
+    meta = _meta(np.array([], dtype=object), class_values, class_name, pred_type)
+    return dd.from_delayed(parts, meta=meta, verify_meta=False)
+
+
+def _files_options(
+    storage_options: Any, image_ext: Any, label_ext: Any, image_size: Any, channels: Any
+) -> dict[str, Any]:
+    from dvml import config
+
+    options = config.get("storage-options", storage_options)
+    if options is not None and not isinstance(options, dict):
+        raise ArgumentTypeError(
+            f"storage_options must be a dict of fsspec options. Received: {type(options).__name__}."
+        )
+    return {"storage_options": dict(options or {}), "image_ext": image_ext,
+            "label_ext": label_ext, "image_size": image_size, "channels": channels}  # fmt: skip
+
+
 def _check_pred_type(pred_type: Any) -> None:
     ok = (
         pred_type in ("response", "prob")
@@ -177,20 +291,55 @@ def _check_pred_type(pred_type: Any) -> None:
 def predict(
     model: str,
     data: Any,
-    id_col: str,
-    x: str | Sequence[Any],
+    id_col: str | None = None,
+    x: str | Sequence[Any] | None = None,
     pred_type: Any = "response",
     registry: Registry | str | None = None,
     client: Client | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] | None = None,
 ) -> Any:
     """Predict raw (not packed) rows with a registered model, on the workers.
 
-    The training set's normalization and class values are applied. Returns a Dask DataFrame
-    with MADlib's columns ``id, class_name, class_value, prob, rank``.
+    Parameters
+    ----------
+    model : str
+        The registered model.
+    data : DataFrame, str or list of str
+        A pandas or Dask DataFrame, or any source :func:`dvml.training_preprocessor` reads
+        from files (a path or fsspec URL of Parquet/CSV data, a folder of class folders of
+        images, WebDataset tar shards), read by the workers.
+    id_col, x : str
+        The id column and the feature columns of a table. Images need neither: the id of
+        an image file is its path, the id of a shard's sample its key.
+    pred_type : {"response", "prob"}, int or float
+        ``"response"`` (the top class), ``"prob"`` (every class with its probability), an
+        int k (the top k) or a float p (classes with probability >= p). Probabilities are
+        probabilities: for a model compiled with a loss ``from_logits=True`` (recorded in its
+        summary's compile_params) the softmax of its outputs (the sigmoid for
+        ``BinaryCrossentropy``).
+    storage_options, image_ext, label_ext
+        As for :func:`dvml.training_preprocessor` (shards: the training set's extensions by
+        default).
+
+    Returns
+    -------
+    dask.dataframe.DataFrame
+        MADlib's columns ``id, class_name, class_value, prob, rank``. The training set's
+        normalization, image size and class values are applied.
     """
     client = current_client(client)
     with opened_registry(registry) as reg:
         spec, summary = model_spec(reg, model)
+    files = _files_options(
+        storage_options,
+        image_ext if image_ext is not None else summary.get("image_ext"),
+        label_ext if label_ext is not None else summary.get("label_ext"),
+        summary.get("image_size"),
+        summary.get("channels"),
+    )
     return _predict(
         spec,
         data,
@@ -201,6 +350,7 @@ def predict(
         summary["normalizing_const"],
         summary["dependent_varname"],
         client,
+        files,
     )
 
 
@@ -240,19 +390,30 @@ def byom_class_values(class_values: Any, n_out: int | None, arch_id: int) -> lis
 def predict_byom(
     arch_id: int,
     data: Any,
-    id_col: str,
-    x: str | Sequence[Any],
+    id_col: str | None = None,
+    x: str | Sequence[Any] | None = None,
     pred_type: Any = "response",
     class_values: Sequence[Any] | None = None,
     normalizing_const: float = 1.0,
     class_name: str = "class",
     registry: Registry | str | None = None,
     client: Client | None = None,
+    *,
+    from_logits: bool = False,
+    image_size: tuple[int, int] | None = None,
+    channels: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    image_ext: str | Sequence[str] | None = None,
+    label_ext: str | Sequence[str] | None = None,
 ) -> Any:
     """Predict with a model trained elsewhere: an architecture with its weights (BYOM).
 
     ``class_values`` name the model's outputs (default: 0..n-1), as a flat list or in
     MADlib's 2-D form (one list per output); the count must match the model's output size.
+    ``data`` is a DataFrame or any file source :func:`predict` reads; images are resized to
+    ``image_size`` (default: the architecture's input height and width) with ``channels``
+    (default: its input's). ``from_logits=True`` says the model ends in logits: its outputs
+    are turned into probabilities (softmax; sigmoid for a single output).
     """
     client = current_client(client)
     with opened_registry(registry) as reg:
@@ -267,10 +428,21 @@ def predict_byom(
     values = byom_class_values(class_values, n_out, arch_id)
     blob = weights_to_bytes(arch["weights"])
     spec = {
-        "key": f"byom:{arch_id}:{hashlib.sha256(blob).hexdigest()[:16]}",
+        "key": f"byom:{arch_id}:{_digest(blob, arch['model_json'])}",
         "model_json": arch["model_json"],
         "weights": blob,
+        "output_activation": ("sigmoid" if n_out == 1 else "softmax") if from_logits else None,
     }
     if normalizing_const <= 0:
         raise ArgumentError(f"normalizing_const must be positive. Received: {normalizing_const!r}.")
-    return _predict(spec, data, id_col, x, pred_type, values, normalizing_const, class_name, client)
+    shapes = arch.get("input_shapes") or []
+    first = list(shapes[0]) if shapes and isinstance(shapes[0], list | tuple) else []
+    image_shape = first[-3:] if len(first) >= 3 else []
+    files = _files_options(
+        storage_options, image_ext, label_ext,
+        image_size if image_size is not None else (image_shape[:2] or None),
+        channels if channels is not None else (image_shape[2] if image_shape else None),
+    )  # fmt: skip
+    return _predict(
+        spec, data, id_col, x, pred_type, values, normalizing_const, class_name, client, files
+    )

@@ -116,3 +116,38 @@ def test_models_without_a_cluster(tmp_path: pathlib.Path) -> None:
     line = one_error_line(dvml_cli("models", "show", "nope", "--registry", url,
                                    tmp_path=tmp_path))  # fmt: skip
     assert "No model named 'nope'" in line
+
+
+def test_fit_dry_run_reads_directories_and_urls_by_content(
+    tmp_path: pathlib.Path, s3_server: Any
+) -> None:
+    """A hive-partitioned Parquet data set (locally and in an S3-compatible store, with the
+    store's options from dvml.storage-options) is planned as a table, not as an image folder;
+    a wrong key and a folder of other files are one clear line each."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frame = pd.DataFrame({"a": [1.0, 2.0, 3.0, 4.0], "label": [0, 1, 0, 1], "day": [1, 1, 2, 2]})
+    pq.write_to_dataset(pa.Table.from_pandas(frame), tmp_path / "hive", partition_cols=["day"])
+    bucket = s3_server.bucket("jobs")
+    s3_server.upload(tmp_path / "hive", f"{bucket}/hive")
+    env = {**with_state_dir(tmp_path / "state"),
+           "DASK_DVML__STORAGE_OPTIONS": json.dumps(s3_server.storage_options)}  # fmt: skip
+    for source in ("hive", f"{bucket}/hive"):
+        text = JOB.replace("source: sklearn:digits", f"source: {source}")
+        path = job_file(tmp_path, text.replace("clidigits", "hivejob"))
+        result = dvml_command("fit", "--config", str(path), "--dry-run", env=env)
+        assert result.returncode == 0, result.stderr
+        assert "data: Parquet table" in result.stdout and "hivejob-train" in result.stdout
+
+    wrong = {**s3_server.storage_options, "key": "AKIAWRONGWRONG"}
+    result = dvml_command("fit", "--config", str(path), "--dry-run",
+                          env={**env, "DASK_DVML__STORAGE_OPTIONS": json.dumps(wrong)})  # fmt: skip
+    assert "refused access" in one_error_line(result)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.json").write_text("{}")
+    text = JOB.replace("source: sklearn:digits", "source: notes")
+    result = dvml_command("fit", "--config", str(job_file(tmp_path, text)), "--dry-run", env=env)
+    line = one_error_line(result)
+    assert "Cannot tell what the source folder holds" in line and "1 .json file" in line

@@ -149,6 +149,28 @@ def test_cache_from_tar_shards(env: dict[str, Any], cleanup: None) -> None:
     assert again.id == cache.id and batches(client) == before
 
 
+def test_cache_from_shards_in_a_store(env: dict[str, Any], cleanup: None, s3_server: Any) -> None:
+    """Shards in an S3-compatible store, named by a glob: each worker reads its own."""
+    client = env["client"]
+    write_tar_shards(env["tmp"] / "s3shards", shards=3, n_per_class=10)
+    bucket = s3_server.bucket("features")
+    s3_server.upload(env["tmp"] / "s3shards", f"{bucket}/shards")
+    kwargs = {"image_size": (32, 32), "normalizing_const": 255.0, "client": client,
+              "storage_options": s3_server.storage_options}  # fmt: skip
+    source = f"{bucket}/shards/shard-*.tar"
+    cache = dvml.features.cache(source, tiny_backbone(), pooling="max", name="fc_s3", **kwargs)
+    assert cache.rows == 30 and cache.summary["class_values"] == list(CLASSES)
+    assert s3_server.secret not in json.dumps(cache.summary, default=str)
+    got = dvml.features.to_numpy("fc_s3", client=client)
+    x, _ = color_images(10)
+    np.testing.assert_allclose(
+        sort_rows(got["x_0"]), sort_rows(local_features(tiny_backbone(), x, "max")), atol=1e-5
+    )
+    before = batches(client)
+    again = dvml.features.cache(source, tiny_backbone(), pooling="max", name="fc_s3", **kwargs)
+    assert again.id == cache.id and batches(client) == before  # a hit
+
+
 def test_features_stay_beside_their_images(env: dict[str, Any], cleanup: None) -> None:
     client = env["client"]
     bb = tiny_backbone()

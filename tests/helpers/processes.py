@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SESSION_CLUSTERS",
+    "SESSION_PIDS",
     "assert_no_new_processes",
     "child_processes",
     "pid_gone",
@@ -23,6 +24,8 @@ __all__ = [
 # Clusters that live for the whole session (conftest's cluster4 and cluster2): their
 # processes are not counted by the leak check.
 SESSION_CLUSTERS: list[dvml.LocalCluster] = []
+# Other processes that live for the whole session (conftest's S3 server).
+SESSION_PIDS: set[int] = set()
 
 
 def pid_gone(pid: int) -> bool:
@@ -34,7 +37,7 @@ def pid_gone(pid: int) -> bool:
 
 
 def _excluded_pids() -> set[int]:
-    pids: set[int] = set()
+    pids: set[int] = set(SESSION_PIDS)
     for cluster in SESSION_CLUSTERS:
         pids.update(cluster.processes().values())
     # A session cluster's workers keep a standby trainer between fits (dvml.cluster.standby); it

@@ -388,8 +388,8 @@ def test_webdataset_tar_shards(
         with tarfile.open(tmp_path / f"train-{shard:04d}.tar", "w") as tar:
             for i in range(5):
                 pixels = rng.integers(0, 256, size=(4, 3), dtype=np.uint8)  # grey
-                label = str(rng.integers(0, 3))
-                for ext, data in (("png", _png(pixels)), ("cls", label.encode())):
+                label = int(rng.integers(0, 3))  # .cls decodes as an int, as in webdataset
+                for ext, data in (("png", _png(pixels)), ("cls", str(label).encode())):
                     info = tarfile.TarInfo(f"{shard:04d}_{i:02d}.{ext}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
@@ -407,6 +407,249 @@ def test_webdataset_tar_shards(
         cluster4, ds, ["worker-0", "worker-1", "worker-2", "worker-3"],
         [normalized(np.stack(images), 255.0)], y,
     )  # fmt: skip
+
+
+# -- data where users keep it: an S3-compatible store, files written by the real libraries ---
+
+
+def _webdataset_shards(root: pathlib.Path, n: int, seed: int) -> tuple[list[np.ndarray], list[int]]:
+    """Shards written by webdataset's own ShardWriter (``shard-%06d.tar``, 7 samples each):
+    a PNG, a segmentation PNG (a second image), an int class and a caption per sample."""
+    import webdataset as wds
+
+    rng = np.random.default_rng(seed)
+    images, labels = [], []
+    root.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(root / "shard-%06d.tar"), maxcount=7, verbose=0) as sink:
+        for i in range(n):
+            pixels = rng.integers(0, 256, size=(5, 4, 3), dtype=np.uint8)
+            label = int(rng.integers(0, 12))  # 10 and 11 must sort after 2
+            sample = {"__key__": f"sample{i:05d}", "png": _png(pixels), "cls": label,
+                      "seg.png": _png(255 - pixels), "txt": f"caption {i}"}  # fmt: skip
+            sink.write(sample)
+            images.append(pixels)
+            labels.append(label)
+    return images, labels
+
+
+def test_webdataset_shards_from_s3(
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path, s3_server: Any
+) -> None:
+    images, labels = _webdataset_shards(tmp_path / "wds", 30, seed=21)
+    assert len(list((tmp_path / "wds").glob("shard-*.tar"))) == 5
+    bucket = s3_server.bucket("wds")
+    s3_server.upload(tmp_path / "wds", f"{bucket}/train")
+    pattern = f"{bucket}/train/shard-%06d.tar"
+    options = s3_server.storage_options
+    with pytest.raises(DataError, match=r"several images: \['png', 'seg.png'\]. Pass image_ext="):
+        dvml.training_preprocessor(pattern, image_size=(5, 4), name="pp_wds",
+                                   storage_options=options, client=cluster4.client)  # fmt: skip
+    clean_vineyard4.append("pp_wds")
+    ds = dvml.training_preprocessor(
+        pattern, image_size=(5, 4), image_ext="png", normalizing_const=255.0, name="pp_wds",
+        storage_options=options, client=cluster4.client,
+    )  # fmt: skip
+    classes = sorted(set(labels))
+    assert ds.summary["class_values"] == classes and all(type(c) is int for c in classes)
+    assert ds.summary["source_table"] == pattern and "secret" not in str(ds.summary)
+    assert ds.summary["image_ext"] == "png" and ds.summary["label_ext"] == "cls"
+    # Every (label, pixels) pair, as webdataset wrote it.
+    y = expected_one_hot(labels, classes, len(classes))
+    check_dataset(
+        cluster4, ds, ["worker-0", "worker-1", "worker-2", "worker-3"],
+        [normalized(np.stack(images), 255.0)], y,
+    )  # fmt: skip
+
+    # A list of shards (one gzipped, named as webdataset's own seed shards are) and the
+    # training set's image_ext, reused by the validation set.
+    import gzip
+
+    local = sorted((tmp_path / "wds").glob("shard-*.tar"))
+    (tmp_path / "seed-0.tgz").write_bytes(gzip.compress(local[0].read_bytes()))
+    s3_server.upload(tmp_path / "seed-0.tgz", f"{bucket}/val/seed-0.tgz")
+    clean_vineyard4.append("pp_wds_val")
+    val = dvml.validation_preprocessor(
+        [f"{bucket}/val/seed-0.tgz", f"{bucket}/train/shard-000001.tar"], training=ds,
+        name="pp_wds_val", storage_options=options, client=cluster4.client,
+    )  # fmt: skip
+    assert val.rows == 14
+
+
+def test_tables_and_images_from_s3(
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path, s3_server: Any
+) -> None:
+    import dask
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(22)
+    frame = pd.DataFrame({"a": rng.normal(size=40), "b": rng.normal(size=40),
+                          "label": rng.integers(0, 3, 40)})  # fmt: skip
+    bucket = s3_server.bucket("tables")
+    # A hive-partitioned data set written by pyarrow; the label lives in the directory names.
+    pq.write_to_dataset(pa.Table.from_pandas(frame), tmp_path / "hive", partition_cols=["label"])
+    s3_server.upload(tmp_path / "hive", f"{bucket}/hive")
+    (tmp_path / "csvs").mkdir()
+    for i, part in enumerate(np.array_split(frame, 3)):
+        part.to_csv(tmp_path / "csvs" / f"part-{i}.csv", index=False)
+    s3_server.upload(tmp_path / "csvs", f"{bucket}/csvs")
+    want_x = frame[["a", "b"]].to_numpy()
+    want_y = expected_one_hot(frame["label"].tolist(), [0, 1, 2], 3)
+    clean_vineyard4.extend(["pp_s3_hive", "pp_s3_csv"])
+    # storage options from the configuration, as a job file gets them
+    with dask.config.set({"dvml.storage-options": s3_server.storage_options}):
+        hive = dvml.training_preprocessor(
+            f"{bucket}/hive", y="label", x=[["a", "b"]], name="pp_s3_hive",
+            distribution_rules=["host-0"], client=cluster4.client,
+        )  # fmt: skip
+    assert hive.summary["class_values"] == [0, 1, 2]
+    check_dataset(cluster4, hive, ["worker-0", "worker-1"], [want_x], want_y)
+    csv = dvml.training_preprocessor(
+        f"{bucket}/csvs", y="label", x=[["a", "b"]], name="pp_s3_csv",
+        storage_options=s3_server.storage_options, client=cluster4.client,
+    )  # fmt: skip
+    check_dataset(cluster4, csv, ["worker-0", "worker-1", "worker-2", "worker-3"],
+                  [want_x], want_y)  # fmt: skip
+
+    # Class folders of images in the store.
+    pixels = rng.integers(0, 256, size=(6, 6, 2, 3), dtype=np.uint8)
+    for i, label in enumerate(["cat", "cat", "dog", "dog", "eel", "eel"]):
+        path = tmp_path / "imgs" / label / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(_png(pixels[i]))
+    s3_server.upload(tmp_path / "imgs", f"{bucket}/imgs")
+    clean_vineyard4.append("pp_s3_imgs")
+    imgs = dvml.training_preprocessor(
+        f"{bucket}/imgs", image_size=(6, 2), name="pp_s3_imgs", distribution_rules=["worker-3"],
+        storage_options=s3_server.storage_options, client=cluster4.client,
+    )  # fmt: skip
+    assert imgs.summary["class_values"] == ["cat", "dog", "eel"]
+    labels = ["cat", "cat", "dog", "dog", "eel", "eel"]
+    check_dataset(cluster4, imgs, ["worker-3"], [pixels.astype(np.float32)],
+                  expected_one_hot(labels, ["cat", "dog", "eel"], 3))  # fmt: skip
+
+
+def test_store_errors_name_the_cause(cluster4: dvml.LocalCluster, s3_server: Any) -> None:
+    bucket = s3_server.bucket("errors")
+    fs = s3_server.filesystem()
+    with fs.open(f"{bucket}/t.csv".removeprefix("s3://"), "wb") as f:
+        f.write(b"x,y\n1,2\n")
+    wrong = {**s3_server.storage_options, "secret": "not-the-secret"}
+    with pytest.raises(DataError, match=r"refused access.*credentials are wrong") as e:
+        dvml.training_preprocessor(f"{bucket}/t.csv", y="y", x="x", name="pp_err",
+                                   storage_options=wrong, client=cluster4.client)  # fmt: skip
+    assert "not-the-secret" not in str(e.value) and "Check the path" not in str(e.value)
+    with pytest.raises(DataError, match=r"The bucket 'no-bucket' does not exist"):
+        dvml.training_preprocessor("s3://no-bucket/t.parquet", y="y", x="x", name="pp_err",
+                                   storage_options=s3_server.storage_options,
+                                   client=cluster4.client)  # fmt: skip
+    with pytest.raises(DataError, match=r"Cannot tell what the source folder holds.*\.txt"):
+        fs.pipe(f"{bucket}/notes/a.txt".removeprefix("s3://"), b"hello")
+        dvml.training_preprocessor(f"{bucket}/notes", y="y", x="x", name="pp_err",
+                                   storage_options=s3_server.storage_options,
+                                   client=cluster4.client)  # fmt: skip
+
+
+def test_local_directories_by_content(
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frame = pd.DataFrame({"a": np.arange(12.0), "label": ["x", "y", "z"] * 4,
+                          "part": np.repeat([0, 1, 2], 4)})  # fmt: skip
+    pq.write_to_dataset(pa.Table.from_pandas(frame), tmp_path / "hive", partition_cols=["part"])
+    clean_vineyard4.append("pp_hive")
+    # the partition column is kept, and usable as x
+    ds = dvml.training_preprocessor(
+        str(tmp_path / "hive"), y="label", x=[["a", "part"]], name="pp_hive",
+        distribution_rules=["worker-1"], client=cluster4.client,
+    )  # fmt: skip
+    check_dataset(cluster4, ds, ["worker-1"], [frame[["a", "part"]].to_numpy()],
+                  expected_one_hot(frame["label"].tolist(), ["x", "y", "z"], 3))  # fmt: skip
+
+
+def test_compact_storage_uint8_and_class_indices(
+    cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path
+) -> None:
+    """compact=True: a plain vineyard client reads uint8 pixels and class indices; a model
+    evaluates the same on the compact and the float32 packing of the same shards."""
+    import json as json_
+
+    rng = np.random.default_rng(31)
+    images, labels = [], []
+    with tarfile.open(tmp_path / "c-0.tar", "w") as tar:
+        for i in range(24):
+            pixels = rng.integers(0, 256, size=(4, 3, 3), dtype=np.uint8)
+            label = int(rng.integers(0, 4))
+            for ext, data in (("png", _png(pixels)), ("cls", str(label).encode())):
+                info = tarfile.TarInfo(f"k{i:03d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            images.append(pixels)
+            labels.append(label)
+    clean_vineyard4.extend(["pp_compact", "pp_float", "pp_compact_val"])
+    kwargs = {"image_size": (4, 3), "normalizing_const": 255.0, "num_classes": 6,
+              "distribution_rules": ["worker-0", "worker-2"],
+              "client": cluster4.client}  # fmt: skip
+    compact = dvml.training_preprocessor(str(tmp_path / "c-0.tar"), name="pp_compact",
+                                         compact=True, **kwargs)  # fmt: skip
+    plain = dvml.training_preprocessor(str(tmp_path / "c-0.tar"), name="pp_float", **kwargs)
+    assert compact.summary["storage"] == {"compact": True, "x_dtypes": ["uint8"], "y": "index",
+                                          "y_dtype": "uint8"}  # fmt: skip
+    assert plain.summary["storage"] == {"compact": False, "y": "one_hot"}
+    assert compact.summary["y_shape"] == [6] == plain.summary["y_shape"]
+
+    owners = worker_by_instance(cluster4)
+    got_x, got_y, nbytes = [], [], 0
+    for b in compact.layout["buffers"]:
+        ids = [b["fields"]["x_0"]["id"], b["fields"]["y"]["id"]]
+        answer = on_worker(cluster4, owners[b["instance_id"]], read_objects, ids)
+        x_obj, y_obj = answer["objects"]
+        assert x_obj["typename"] == "vineyard::Tensor<uint8>" and x_obj["value"].dtype == np.uint8
+        assert y_obj["typename"] == "vineyard::Tensor<uint8>" and y_obj["value"].ndim == 1
+        got_x.append(x_obj["value"])
+        got_y.append(y_obj["value"])
+        nbytes += sum(f["nbytes"] for f in b["fields"].values())
+    classes = compact.summary["class_values"]
+    want = as_rows([np.stack(images)], np.array([[classes.index(v)] for v in labels]))
+    got = as_rows([np.concatenate(got_x)], np.concatenate(got_y)[:, None])
+    np.testing.assert_array_equal(sorted_rows(got), sorted_rows(want))
+    assert nbytes == 24 * (4 * 3 * 3 + 1)  # the pixels and one byte of label a row
+
+    # A validation set is stored as its training set is.
+    val = dvml.validation_preprocessor(str(tmp_path / "c-0.tar"), training=compact,
+                                       name="pp_compact_val", client=cluster4.client)  # fmt: skip
+    assert val.summary["storage"]["compact"] is True
+
+    # The readers (dvml.resolve) turn both into the same tensors: the same loss and accuracy.
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    try:
+        import os
+
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        import tf_keras as keras
+
+        layers = keras.layers
+        model = keras.Sequential([layers.InputLayer(input_shape=(4, 3, 3)), layers.Flatten(),
+                                  layers.Dense(6, activation="softmax")])  # fmt: skip
+        weights = [np.random.default_rng(1).normal(size=(36, 6)).astype(np.float32),
+                   np.zeros(6, np.float32)]  # fmt: skip
+        arch = dvml.load_keras_model(model.to_json(), weights=weights, registry=registry)
+        summary = {"compile_params": "loss='categorical_crossentropy', optimizer='adam', "
+                   "metrics=['accuracy']", "class_values": classes, "num_classes": 6,
+                   "normalizing_const": 255.0, "dependent_varname": "label",
+                   "metrics_type": ["accuracy"]}  # fmt: skip
+        registry.save_model("compact_probe", arch, weights, json_.loads(json_.dumps(summary)))
+        on_compact = dvml.evaluate("compact_probe", "pp_compact", registry=registry,
+                                   client=cluster4.client)  # fmt: skip
+        on_plain = dvml.evaluate("compact_probe", "pp_float", registry=registry,
+                                 client=cluster4.client)  # fmt: skip
+        assert on_compact["rows"] == on_plain["rows"] == 24
+        assert on_compact["loss"] == pytest.approx(on_plain["loss"], rel=1e-5)
+        assert on_compact["metric"] == pytest.approx(on_plain["metric"])
+    finally:
+        registry.close()
 
 
 # -- validation sets ----------------------------------------------------------------------------

@@ -142,22 +142,42 @@ def test_samples_to_images_labels(tmp_path: pathlib.Path) -> None:
             ("0001.jpg", _jpg((250, 0, 0))),
             ("0001.cls", b"3"),
             ("0002.png", _png((0, 0, 250))),
-            ("0002.label", b" cat \n"),
+            ("0002.cls", b" 12 \n"),
             ("0003.jpeg", _jpg((0, 250, 0))),
-            ("0003.txt", b"7"),
+            ("0003.cls", b"7"),
+            ("0003.txt", b"a green square"),  # a caption: never the label
         ],
     )
     images, labels = samples_to_images_labels(read_tar_samples(str(shard)), (4, 5))
     assert images.shape == (3, 4, 5, 3) and images.dtype == np.uint8
-    assert labels == ["3", "cat", "7"]
+    # webdataset decodes .cls with int(): 12 sorts after 3, not before as the text "12" would
+    assert labels == [3, 12, 7] and all(type(v) is int for v in labels)
     assert tuple(images[1, 0, 0]) == (0, 0, 250)
     assert images[0, ..., 0].min() > 200
+
+
+def test_samples_to_images_labels_class_names_stay_text() -> None:
+    samples = [("k", {"png": _png((9, 9, 9)), "cls": b"cat"})]
+    assert samples_to_images_labels(samples, (2, 2))[1] == ["cat"]
 
 
 def test_samples_to_images_labels_grayscale_and_custom_ext() -> None:
     samples = [("k", {"png": _png((9, 9, 9)), "y": b"1"})]
     images, labels = samples_to_images_labels(samples, (2, 2), label_ext=("y",), channels=1)
     assert images.shape == (1, 2, 2, 1) and labels == ["1"]
+
+
+def test_samples_to_images_labels_picks_image_ext() -> None:
+    samples = [
+        ("k", {"png": _png((9, 0, 0)), "jpg": _jpg((0, 0, 250)), "seg.png": _png((0, 250, 0)),
+               "label": b"dog", "cls": b"1"}),
+    ]  # fmt: skip
+    images, labels = samples_to_images_labels(samples, (2, 2), image_ext="seg.png")
+    assert labels == [1] and tuple(images[0, 0, 0]) == (0, 250, 0)
+    images, labels = samples_to_images_labels(samples, (2, 2), image_ext=".png", label_ext="label")
+    assert labels == ["dog"] and tuple(images[0, 0, 0]) == (9, 0, 0)
+    with pytest.raises(DataError, match=r"has no label.*\['cls', 'jpg', 'label', 'png'.*"):
+        samples_to_images_labels(samples, (2, 2), image_ext="jpg", label_ext="txt")
 
 
 def test_samples_to_images_labels_empty() -> None:
@@ -168,13 +188,33 @@ def test_samples_to_images_labels_empty() -> None:
 @pytest.mark.parametrize(
     ("sample", "match"),
     [
-        ({"cls": b"1"}, r"Sample '0007' in 'shard-3.tar' has no image.*\['cls'\].*\['jpg'"),
+        ({"cls": b"1"}, r"Sample '0007' in 'shard-3.tar' has no image.*\['cls'\].*image_ext="),
         ({"jpg": _jpg((1, 1, 1))}, r"has no label.*\['jpg'\].*label_ext="),
+        ({"jpg": _jpg((1, 1, 1)), "txt": b"a dog"}, r"has no label.*caption.*label_ext="),
         ({"jpg": _jpg((1, 1, 1)), "cls": b"  "}, r"label of sample '0007'.*is empty"),
         ({"jpg": _jpg((1, 1, 1)), "cls": b"\xff\xfe"}, r"not UTF-8"),
         ({"jpg": b"broken", "cls": b"1"}, r"'shard-3.tar:0007.jpg'"),
+        (
+            {"jpg": _jpg((1, 1, 1)), "png": _png((1, 1, 1)), "seg.png": b"", "cls": b"1"},
+            r"several images: \['jpg', 'png', 'seg.png'\]\. Pass image_ext=",
+        ),
     ],
 )
 def test_samples_to_images_labels_refuses(sample: dict[str, bytes], match: str) -> None:
     with pytest.raises(DataError, match=match):
         samples_to_images_labels([("0007", sample)], (4, 4), source="shard-3.tar")
+
+
+def test_dotted_keys_are_grouped_as_webdataset_does_with_a_short_message(
+    tmp_path: pathlib.Path,
+) -> None:
+    shard = tmp_path / "dots.tar"
+    members: list[tuple[str, bytes | None]] = []
+    for i in range(500):
+        members += [(f"img.{i:04d}.jpg", _jpg((1, 1, 1))), (f"img.{i:04d}.cls", b"1")]
+    _write_tar(shard, members)
+    samples = read_tar_samples(str(shard))
+    assert [key for key, _ in samples] == ["img"] and len(samples[0][1]) == 1000
+    with pytest.raises(DataError, match=r"keys seem to hold dots.*FIRST dot.*1000 files") as e:
+        samples_to_images_labels(samples, (4, 4), source=str(shard))
+    assert len(str(e.value)) < 700

@@ -72,3 +72,49 @@ def test_evaluation_steps_count_every_batch_of_every_buffer() -> None:
     parts: Any = SimpleNamespace(buffer_rows=(10, 16, 1))
     assert evaluation_steps(parts, 8) == 2 + 2 + 1  # each buffer ends on its own last batch
     assert evaluation_steps(parts, 100) == 3
+
+
+def _compact_parts(rows: tuple[int, ...]) -> LocalPartitions:
+    # The compact format: x_0 uint8 pixels (row r holds r), x_1 float32 as packed, y the class
+    # index r % 3 as uint8.
+    start, xs0, xs1, ys = 0, [], [], []
+    for n in rows:
+        ids = np.arange(start, start + n)
+        xs0.append(np.repeat(ids[:, None], 4, axis=1).astype(np.uint8))
+        xs1.append(ids[:, None, None] * np.ones((1, 2, 2), np.float32))
+        ys.append((ids % 3).astype(np.uint8))
+        start += n
+    storage = {"compact": True, "x_dtypes": ["uint8", "float32"], "y": "index", "y_dtype": "uint8"}
+    return LocalPartitions(
+        name="c",
+        summary={
+            "x_shapes": [[4], [2, 2]],
+            "y_shape": [5],
+            "normalizing_const": 255.0,
+            "storage": storage,
+        },
+        instance_id=0,
+        buffer_indices=list(range(len(rows))),
+        fields={"x_0": xs0, "x_1": xs1, "y": ys},
+    )
+
+
+def test_the_compact_format_is_decoded_on_the_fly() -> None:
+    """uint8 x comes out float32 / normalizing_const, class indices as one-hot float32 of
+    y_shape's width: what the float32 format holds."""
+    parts = _compact_parts((30, 21))
+    seen = []
+    for (x0, x1), y in tfdata.training_dataset(parts, 8, 6, seed=2).take(6):
+        x0, x1, y = x0.numpy(), x1.numpy(), y.numpy()
+        assert x0.dtype == np.float32 and y.dtype == np.float32 and y.shape == (8, 5)
+        ids = x1[:, 0, 0].astype(int)
+        np.testing.assert_allclose(x0, np.repeat(ids[:, None], 4, axis=1) / np.float32(255.0))
+        np.testing.assert_array_equal(y, np.eye(5, dtype=np.float32)[ids % 3])
+        seen.append(ids)
+    assert len(set(np.concatenate(seen))) == 48
+    rows = 0
+    for (x0, _), y in tfdata.evaluation_dataset(parts, 16):
+        assert x0.dtype.name == "float32" and tuple(y.shape[1:]) == (5,)
+        np.testing.assert_array_equal(y.numpy().sum(axis=1), 1.0)
+        rows += len(y)
+    assert rows == 51
