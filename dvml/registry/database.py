@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -100,22 +101,27 @@ def _owner_only(path: pathlib.Path) -> None:
 
     The registry holds weights and custom-function source, which whoever may write it runs.
     An existing file of ours that others could read is tightened too.
+
+    No descriptor of the file is opened here: closing ANY descriptor of a file drops every
+    POSIX lock this process holds on it (SQLite's "How To Corrupt An SQLite Database File",
+    2.2), so another process closing its last connection would believe it is the last user
+    and delete the live ``-wal`` and ``-shm`` files under this process's open connections.
+    A missing file is made with ``mknod`` (no descriptor); an existing one is changed by path.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    for suffix in ("-wal", "-shm", "-journal"):
-        side = path.with_name(path.name + suffix)
+        # umask only clears bits: the file is created 0600 or stricter, never wider.
+        os.mknod(path, 0o600 | stat.S_IFREG)
+    except FileExistsError:
+        pass
+    for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
         try:
-            st = side.stat()
+            st = candidate.stat()
         except FileNotFoundError:
             continue
+        if candidate == path and not stat.S_ISREG(st.st_mode):
+            raise IsADirectoryError(f"{path} is not a regular file")
         if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.chmod(side, 0o600)
+            os.chmod(candidate, 0o600)
 
 
 def _insert_iterations(conn: sa.Connection, model_id: int, rows: list[dict[str, Any]]) -> None:
@@ -165,11 +171,26 @@ class Registry:
         self._engine = _create_engine(self._url)
         self._writer = self._engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
         try:
-            with self._transaction(write=True) as conn:
-                metadata.create_all(conn)
+            self._create_missing_tables()
         except BaseException:
             self._engine.dispose()
             raise
+
+    def _create_missing_tables(self) -> None:
+        """Create the tables only when one is missing.
+
+        A read transaction looks first: in WAL mode it waits for no writer, so opening a
+        registry whose schema exists (every open but the first) never queues behind another
+        process's write lock. Only a missing table takes the write lock (``create_all``
+        checks again inside it, so two first openers do not collide).
+        """
+        wanted = set(metadata.tables)
+        with self._transaction() as conn:
+            present = set(sa.inspect(conn).get_table_names())
+        if wanted <= present:
+            return
+        with self._transaction(write=True) as conn:
+            metadata.create_all(conn)
 
     @property
     def url(self) -> str:
