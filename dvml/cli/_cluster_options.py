@@ -49,7 +49,9 @@ def attached(args: argparse.Namespace, section: dict[str, Any] | None = None) ->
 
     section = dict(section or {})
     if getattr(args, "timeout", None) is not None:
-        section["timeout"] = args.timeout
+        from dvml.limits import check_seconds
+
+        section["timeout"] = check_seconds(args.timeout, "--timeout")
     with open_cluster(section, args.scheduler, state_dir_of(args)) as cluster:
         yield cluster
 

@@ -105,8 +105,17 @@ def _validate_up(args: argparse.Namespace) -> None:
     from dvml.cluster.serve import cluster_kwargs
     from dvml.cluster.spec import check_shared_memory, parse_memory, plan_workers
     from dvml.exceptions import ClusterStartError
+    from dvml.limits import MAX_WAIT_S, check_port, check_seconds
 
     config.validate()
+    # Ranges first: a port over 65535 overflows a C int, a NaN timeout compares false with
+    # everything and 1e300 never ends (dvml.limits).
+    if args.scheduler_port is not None:
+        check_port(args.scheduler_port, "--scheduler-port")
+    if args.start_timeout is not None:
+        check_seconds(args.start_timeout, "--start-timeout")
+    if args.wait is not None:
+        check_seconds(args.wait, "--wait", MAX_WAIT_S)
     kwargs = cluster_kwargs(args)
     specs = plan_workers(
         config.get("cluster.n-workers", kwargs["n_workers"]), kwargs["gpus"], kwargs["hosts"]
@@ -376,7 +385,9 @@ def _status(args: argparse.Namespace) -> int:
     from dvml.cluster.attach import connect
     from dvml.cluster.lifeline import sweep_dead_clusters
     from dvml.cluster.state import recorded_processes, same_process
+    from dvml.limits import check_seconds
 
+    check_seconds(args.timeout, "--timeout")
     sweep_dead_clusters()  # directories of LocalClusters whose owner was killed
     state: dict[str, Any] | None = None
     address = args.scheduler
@@ -441,7 +452,9 @@ def _down(args: argparse.Namespace) -> int:
     from dvml.cluster.lifeline import sweep_dead_clusters
     from dvml.cluster.state import read_state, recorded_identities, remove_state, state_path
     from dvml.exceptions import ClusterError, NoClusterError
+    from dvml.limits import check_seconds
 
+    check_seconds(args.timeout, "--timeout")
     sweep_dead_clusters()  # directories of LocalClusters whose owner was killed
     state_dir = state_dir_of(args)
     state = read_state(state_dir)

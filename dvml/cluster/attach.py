@@ -11,6 +11,7 @@ from dvml.cluster.health import bounded_run, probe_daemons
 from dvml.cluster.security import resolve_security
 from dvml.cluster.workers import WorkerInfo, discover_workers
 from dvml.exceptions import ClusterError
+from dvml.limits import check_seconds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -172,6 +173,8 @@ def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
     """
     from distributed import Client
 
+    # A NaN, negative or 1e300 timeout would never end (or fail deep in Dask): dvml.limits.
+    timeout = check_seconds(timeout, "timeout")
     resolved = resolve_security(security, address)
     if address.startswith("tls://") and resolved is None and not _tls_configured():
         raise ClusterError(

@@ -119,7 +119,11 @@ def _owner_only(path: pathlib.Path) -> None:
         except FileNotFoundError:
             continue
         if candidate == path and not stat.S_ISREG(st.st_mode):
-            raise IsADirectoryError(f"{path} is not a regular file")
+            raise RegistryError(
+                f"Opening the registry file failed: {path} is not a regular file (a "
+                f"directory?). Received: {path}. Pass a URL naming a file you can write, or "
+                "set dvml.registry.url."
+            )
         if st.st_uid == os.geteuid() and st.st_mode & 0o077:
             os.chmod(candidate, 0o600)
 
