@@ -278,11 +278,13 @@ def _stop_child(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from dvml.cluster.state import state_lock
+    from dvml.cluster.state import private_dir, state_lock
 
     state_dir = state_dir_of(args)
     _validate_up(args)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Owner-only, and tightened if an older dvml made it 0755: cluster.log and cluster.json
+    # hold pids, command lines and the paths of the TLS key.
+    private_dir(state_dir, root=state_dir)
     # Held until the cluster is recorded (or failed): a second `up` started at the same moment
     # fails at once instead of starting a second, unrecorded cluster.
     with state_lock(state_dir):
@@ -291,7 +293,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _up_locked(args: argparse.Namespace, state_dir: pathlib.Path) -> int:
     from dvml import config
-    from dvml.cluster.state import LOG_FILE, read_state, state_path
+    from dvml.cluster.state import LOG_FILE, private_file, read_state, state_path
     from dvml.exceptions import ClusterStartError
 
     _refuse_running(state_dir)
@@ -301,7 +303,7 @@ def _up_locked(args: argparse.Namespace, state_dir: pathlib.Path) -> int:
         # etcd, the first vineyardd, the others and the workers each get the start timeout.
         wait = 4 * float(config.get("cluster.start-timeout", args.start_timeout)) + 30
 
-    with open(log, "wb") as log_file:
+    with private_file(log, "wb") as log_file:
         # A new session: closing the terminal or Ctrl-C there does not reach the cluster.
         proc = subprocess.Popen(
             _serve_argv(args, state_dir, log),

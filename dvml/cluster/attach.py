@@ -9,6 +9,7 @@ from dvml.cluster.connection import local_client
 from dvml.cluster.gpu import gpu_configuration
 from dvml.cluster.health import bounded_run, probe_daemons
 from dvml.cluster.security import resolve_security
+from dvml.cluster.state import recorded_scheduler
 from dvml.cluster.workers import WorkerInfo, discover_workers
 from dvml.exceptions import ClusterError
 from dvml.limits import check_seconds
@@ -152,13 +153,15 @@ def _tls_configured() -> bool:
     return bool(dask.config.get("distributed.comm.tls.client.cert", None))
 
 
-def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
+def connect(address: str | None = None, timeout: float = 30, security: Any = None) -> Cluster:
     """Attach to a running cluster and discover its worker ↔ vineyard mapping.
 
     Parameters
     ----------
-    address : str
-        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"`` or ``"tls://..."``.
+    address : str, optional
+        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"`` or ``"tls://..."``. None:
+        the cluster recorded by ``dvml cluster up`` in the state directory
+        (``dvml.cluster.state-dir``), with its TLS certificate, as the ``dvml`` commands do.
     timeout : float
         Seconds to wait for the scheduler.
     security : distributed.security.Security or dict, optional
@@ -175,6 +178,8 @@ def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
 
     # A NaN, negative or 1e300 timeout would never end (or fail deep in Dask): dvml.limits.
     timeout = check_seconds(timeout, "timeout")
+    if address is None:
+        address = recorded_scheduler()
     resolved = resolve_security(security, address)
     if address.startswith("tls://") and resolved is None and not _tls_configured():
         raise ClusterError(

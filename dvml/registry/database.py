@@ -36,10 +36,18 @@ from dvml.registry.schema import (
 )
 from dvml.registry.weights import WEIGHTS_FORMAT, weights_from_bytes, weights_to_bytes
 
+TRAINED_SUMMARY_KEYS = (
+    "compile_params",
+    "class_values",
+    "normalizing_const",
+    "dependent_varname",
+)
+"""The summary keys that evaluate and predict read (written by every dvml fit)."""
+
 SELECTION_COLUMNS = ("mst_key", "model_id", "compile_params", "fit_params")
 """The columns of a model selection table (MADlib's), in order."""
 
-__all__ = ["Registry", "open_registry", "opened_registry"]
+__all__ = ["TRAINED_SUMMARY_KEYS", "Registry", "open_registry", "opened_registry"]
 
 BUSY_TIMEOUT_S = 60.0
 """How long an SQLite connection waits for another process's write lock before failing."""
@@ -399,7 +407,9 @@ class Registry:
         iterations: Sequence[Mapping[str, Any]] | None,
     ) -> dict[str, Any]:
         """A model's checked row values and iteration rows (before any transaction)."""
-        name = v.check_model_name(name)
+        # The names the rest of dvml accepts (dvml.names): a model's name reaches checkpoint
+        # paths and lock files, so '../../x', NUL, newlines or 129 characters are refused.
+        name = check_name(v.check_model_name(name), "name")
         arch_id = v.check_id(arch_id, "arch_id")
         if summary is not None and not isinstance(summary, Mapping):
             raise ArgumentTypeError(
@@ -510,12 +520,31 @@ class Registry:
             raise self._not_found(f"model named {name!r}", f"name={name!r}", "list_models")
         return row
 
-    def get_model(self, name: str) -> dict[str, Any]:
-        """A model: id, name, arch_id, weights (list of arrays), summary, version and times."""
+    def get_model(self, name: str, require: Sequence[str] = ()) -> dict[str, Any]:
+        """A model: id, name, arch_id, weights (list of arrays), summary, version and times.
+
+        Parameters
+        ----------
+        name : str
+            The model's name.
+        require : sequence of str
+            Summary keys the caller needs (:data:`TRAINED_SUMMARY_KEYS` for evaluate and
+            predict): a model saved without them (by :meth:`save_model` with another summary)
+            is a :class:`RegistryError` naming what is missing, not a ``KeyError`` later.
+        """
         with self._transaction() as conn:
             result = dict(self._model_row(conn, name)._mapping)
-        result["weights"] = self._weights(result["weights"], result["weights_format"])
         result["summary"] = v.loads(result["summary"])
+        summary = result["summary"] if isinstance(result["summary"], dict) else {}
+        missing = [key for key in require if key not in summary]
+        if missing:
+            raise RegistryError(
+                f"Model {name!r} in the registry at {self.url} was not saved by a dvml fit: its "
+                f"summary lacks {', '.join(missing)}. Received: summary keys "
+                f"{sorted(summary)}. Train it with dvml.fit, or save it with a summary that "
+                "holds them."
+            )
+        result["weights"] = self._weights(result["weights"], result["weights_format"])
         result["created_at"] = v.utc(result["created_at"])
         result["updated_at"] = v.utc(result["updated_at"])
         return result

@@ -31,6 +31,7 @@ from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import WorkerInfo, current_client
 from dvml.exceptions import ArgumentError, ArgumentTypeError, TrainerFailedError
+from dvml.names import check_suffixed_name
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.store.datasets import Dataset, resolve_dataset
@@ -286,6 +287,7 @@ def _plan(
     table = resolve_model_configs(configs, reg, custom_objects)
     custom_objects = custom_objects or list(table.attrs.get("custom_objects") or [])
     checked = check_configs(_resolve_configs(table))
+    check_suffixed_name(model_output, [f"_{int(c['mst_key'])}" for c in checked], "model_output")
     train = resolve_dataset(training_set, client)
     valid = resolve_dataset(validation_set, client) if validation_set is not None else None
     parsed: dict[int, dict[str, Any]] = {}

@@ -31,6 +31,7 @@ from collections import deque
 from typing import Any
 
 from dvml import tf_runtime
+from dvml.cluster.state import private_dir
 from dvml.exceptions import TrainerFailedError
 from dvml.train.exits import describe_exit
 
@@ -272,7 +273,7 @@ def checkpoint(
     Dask write the checkpoints of one model in iteration order, so that the records of every
     iteration up to a checkpointed state exist when a rerun resumes from it.
     """
-    os.makedirs(directory, exist_ok=True)
+    private_dir(directory, root=os.path.dirname(os.path.dirname(directory)))
     path = os.path.join(directory, f"{mst_key}-{iteration}.npz")
     with open(path + ".tmp", "wb") as f:
         f.write(result["state"])

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from dvml import tf_runtime
+from dvml.cluster.state import private_dir
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import evaluation_dataset, evaluation_steps, training_dataset
 from dvml.train.orphan import exit_with_parent
@@ -137,8 +138,7 @@ def _checkpoint_path(job: dict[str, Any]) -> str | None:
         return None
     # Owner-only (0700 directories, 0600 files): weights are the model, and a rerun loads
     # them back, so nobody else may read or replace them.
-    os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    private_dir(directory, root=os.path.dirname(os.path.dirname(directory)))
     return os.path.join(directory, f"{job['worker_name']}.npz")
 
 
