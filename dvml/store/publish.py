@@ -176,7 +176,9 @@ def cleanup_run(
     """
     kept = _ids_by_instance(keep) if keep is not None else {}
     try:
-        workers = vineyard_workers(client) if workers is None else workers
+        # The live vineyardds only: a pack that failed because ANOTHER worker's daemon died
+        # must still delete what it staged on the live ones (etcd is still required).
+        workers = vineyard_workers(client, all_vineyardds=False) if workers is None else workers
         futures = [
             client.submit(staging.discard_staged, run_id, kept.get(iid, []),
                           workers=[w.address], allow_other_workers=False, pure=False)
@@ -198,9 +200,8 @@ def staged_objects(client: Client, run_id: str | None = None) -> list[tuple[str,
     worker serves are lost with their daemon and not listed.
     """
     found: list[tuple[str, int, int]] = []
-    for part in _on_instances(
-        client, vineyard_workers(client), staging.staged_objects, None, run_id
-    ):
+    live = vineyard_workers(client, all_vineyardds=False)  # a dead daemon's objects are lost
+    for part in _on_instances(client, live, staging.staged_objects, None, run_id):
         found.extend((str(n), int(o), int(i)) for n, o, i in part)
     return sorted(found)
 
