@@ -71,6 +71,11 @@ def add_drop_command(
     drop.add_argument(
         "--missing-ok", action="store_true", help=f"exit 0 when no {what} has this name."
     )
+    drop.add_argument(
+        "--force", action="store_true",
+        help="drop it even while a job (a fit) reads it; stop that job first, or its "
+        "trainers read freed memory.",
+    )  # fmt: skip
     add_cluster_options(drop)
     return drop
 
@@ -78,7 +83,7 @@ def add_drop_command(
 def drop_named(
     args: argparse.Namespace,
     describe: Callable[[str, Any], Any],
-    drop: Callable[[str, Any], Any],
+    drop: Callable[..., Any],
     what: str,
 ) -> Any | None:
     """Describe, then drop, ``args.name`` on the attached cluster; return what was dropped.
@@ -95,5 +100,5 @@ def drop_named(
                 print(f"No {what} named {args.name!r}: nothing to drop.")
                 return None
             raise
-        drop(args.name, cluster.client)
+        drop(args.name, cluster.client, force=getattr(args, "force", False))
     return found

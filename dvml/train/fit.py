@@ -28,6 +28,7 @@ from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
+from dvml.store.leases import holding
 from dvml.train import launch
 from dvml.train.exits import KILLED_BY
 from dvml.train.model import Model
@@ -207,30 +208,38 @@ def fit(
     requested_sync = check_sync(config.get("train.sync", check_sync(sync)))
     client = current_client(client)
     reg = open_registry(registry)
-    plan = _plan(
-        reg, client, training_set, model=model, arch_id=arch_id, compile_params=compile_params,
-        fit_params=fit_params, num_iterations=num_iterations, use_gpus=use_gpus,
-        validation_set=validation_set, metrics_compute_frequency=metrics_compute_frequency,
-        warm_start=warm_start, custom_objects=custom_objects, tensorboard_dir=tensorboard_dir,
-        seed=seed, timeout=timeout, sync=requested_sync,
-    )  # fmt: skip
-    # One fit per model at a time: a second one would share (and resume from) this one's
-    # checkpoints. Held until the model is saved; refused with the running job's name.
-    with holding_model(config.state_dir(), model, plan.key):
-        start_iteration, weights_blob, history = _resume(client, plan, resume)
-        endpoints = _reserve_ports(client, plan.workers)
-        collector = _Progress(len(plan.workers), model, num_iterations, on_iteration, progress)
-        start = _now()
-        results = _run_trainers(
-            client, plan, _job(plan, start_iteration, history), endpoints, weights_blob, collector
-        )
-        end = _now()
-        iterations = _aggregate(history, results)
-        summary = _summary(
-            plan, results, iterations, start, end, start_iteration, name, description
-        )
-        _save(reg, plan, results, summary, iterations)
-        _clear_checkpoints(client, plan)
+    # The datasets it reads are leased for the whole fit: a drop or overwrite is refused.
+    with holding([training_set, validation_set], job=f"dvml.fit of model {model!r}"):
+        plan = _plan(
+            reg, client, training_set, model=model, arch_id=arch_id,
+            compile_params=compile_params, fit_params=fit_params,
+            num_iterations=num_iterations, use_gpus=use_gpus, validation_set=validation_set,
+            metrics_compute_frequency=metrics_compute_frequency, warm_start=warm_start,
+            custom_objects=custom_objects, tensorboard_dir=tensorboard_dir, seed=seed,
+            timeout=timeout, sync=requested_sync,
+        )  # fmt: skip
+        # One fit per model at a time: a second one would share (and resume from) this one's
+        # checkpoints. Held until the model is saved; refused with the running job's name.
+        with holding_model(config.state_dir(), model, plan.key):
+            start_iteration, weights_blob, history = _resume(client, plan, resume)
+            endpoints = _reserve_ports(client, plan.workers)
+            collector = _Progress(len(plan.workers), model, num_iterations, on_iteration, progress)
+            start = _now()
+            results = _run_trainers(
+                client,
+                plan,
+                _job(plan, start_iteration, history),
+                endpoints,
+                weights_blob,
+                collector,
+            )
+            end = _now()
+            iterations = _aggregate(history, results)
+            summary = _summary(
+                plan, results, iterations, start, end, start_iteration, name, description
+            )
+            _save(reg, plan, results, summary, iterations)
+            _clear_checkpoints(client, plan)
     return Model(model, reg)
 
 

@@ -35,6 +35,7 @@ from dvml.names import check_suffixed_name
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.store.datasets import Dataset, resolve_dataset
+from dvml.store.leases import holding
 from dvml.train import hop_worker, launch
 from dvml.train.fit import (
     _check_fit_args,
@@ -238,31 +239,35 @@ def fit_multiple(
     """
     client = current_client(client)
     reg = open_registry(registry)
-    plan = _plan(
-        reg, client, training_set, model_output, configs, num_iterations, use_gpus,
-        validation_set, metrics_compute_frequency, warm_start, custom_objects, seed, timeout,
-    )  # fmt: skip
-    start_iteration, states, history = _resume(client, plan, resume)
-    start = _now()
-    started = time.time()
-    job_id = uuid.uuid4().hex[:12]
-    job = {**_job(plan, job_id), "started_at": started}
-    try:
-        finals, records, evals = _run(client, plan, job, start_iteration, states, progress, started)
-        weights = _final_weights(client, plan, finals)
-    finally:
-        client.run(hop_worker.stop_session, job_id, on_error="ignore")
-    end = _now()
-    _register(reg, plan, history, records, evals, weights, start, end, start_iteration, name,
-              description, started)  # fmt: skip
-    client.gather(
-        [
-            client.submit(
-                launch.clear_checkpoint, plan.checkpoint_dir, workers=[w.address], pure=False
+    # The datasets it reads are leased for the whole run: a drop or overwrite is refused.
+    with holding([training_set, validation_set], job=f"dvml.fit_multiple {model_output!r}"):
+        plan = _plan(
+            reg, client, training_set, model_output, configs, num_iterations, use_gpus,
+            validation_set, metrics_compute_frequency, warm_start, custom_objects, seed, timeout,
+        )  # fmt: skip
+        start_iteration, states, history = _resume(client, plan, resume)
+        start = _now()
+        started = time.time()
+        job_id = uuid.uuid4().hex[:12]
+        job = {**_job(plan, job_id), "started_at": started}
+        try:
+            finals, records, evals = _run(
+                client, plan, job, start_iteration, states, progress, started
             )
-            for w in plan.workers
-        ]
-    )
+            weights = _final_weights(client, plan, finals)
+        finally:
+            client.run(hop_worker.stop_session, job_id, on_error="ignore")
+        end = _now()
+        _register(reg, plan, history, records, evals, weights, start, end, start_iteration, name,
+                  description, started)  # fmt: skip
+        client.gather(
+            [
+                client.submit(
+                    launch.clear_checkpoint, plan.checkpoint_dir, workers=[w.address], pure=False
+                )
+                for w in plan.workers
+            ]
+        )
     return ModelSelection(model_output, reg)
 
 
