@@ -240,21 +240,32 @@ def discover_workers(client: Client | None = None, omit_silent: bool = False) ->
         Naming the workers that did not answer in time, unless ``omit_silent`` (then they are
         left out).
     """
+    import time
+
     client = current_client(client)
-    answers = bounded_run(client, describe_this_worker)  # the common case: one broadcast
+    timeout = daemon_timeout()
+    if not omit_silent:
+        # A dead etcd is named at once, before a broadcast waits for a worker it froze (a
+        # dead vineyardd freezes nothing: its worker answers, without an instance id).
+        require_daemons(client, vineyardd=False)
+    # One daemon-timeout for the whole discovery, its rounds included: a frozen worker costs
+    # a call that long, never a multiple of it (issue 28).
+    deadline = time.monotonic() + timeout
+    answers = bounded_run(client, describe_this_worker, timeout=timeout)
     for _ in range(_DISCOVER_ROUNDS - 1):
         silent = [a for a, d in answers.items() if not isinstance(d, dict)]
-        if not silent or omit_silent:
+        left = deadline - time.monotonic()
+        if not silent or omit_silent or left < 1.0:
             break
-        require_daemons(client)  # a dead daemon is named at once
-        answers.update(bounded_run(client, describe_this_worker, workers=silent))
+        require_daemons(client)  # a daemon that died meanwhile is named at once
+        answers.update(bounded_run(client, describe_this_worker, timeout=left, workers=silent))
     silent = [a for a, d in answers.items() if not isinstance(d, dict)]
     if silent and not omit_silent:
         raise DaemonDiedError(
-            f"Workers {silent} did not describe themselves within "
-            f"{_DISCOVER_ROUNDS} x {daemon_timeout():.0f}s (cluster.daemon-timeout). A worker "
-            "freezes when its vineyard call waits on a dead etcd: check `dvml cluster status`, "
-            "and restart the cluster if a daemon died."
+            f"Workers {silent} did not describe themselves within {timeout:.0f}s "
+            "(cluster.daemon-timeout). A worker freezes when its vineyard call waits on a dead "
+            "etcd, or when it was stopped (SIGSTOP): check `dvml cluster status`, and restart "
+            "the cluster if a daemon died."
         )
     infos = [WorkerInfo.from_dict(d) for d in answers.values() if isinstance(d, dict)]
     return sorted(infos, key=lambda w: _natural_key(w.name))

@@ -117,3 +117,34 @@ def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pa
         finally:
             dvml.datasets.drop(NAME, client=client)  # no fit holds it now: accepted
     assert not dvml.datasets.exists(NAME, client=client)
+
+
+def test_fit_multiple_refuses_a_model_output_too_long_for_its_names(
+    cluster2: Any, tmp_path: pathlib.Path
+) -> None:
+    """Item 7 of issue 28: a 128-character model_output registered 130-character models."""
+    from dvml.exceptions import ArgumentError
+    from dvml.names import MAX_NAME_LENGTH
+
+    client = cluster2.client
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
+        dvml.training_preprocessor(
+            _digits(), y="label", x="pixels", normalizing_const=16.0, name="long_digits",
+            overwrite=True, client=client,
+        )  # fmt: skip
+        registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+        try:
+            arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+            table = pd.DataFrame(
+                [{"mst_key": k, "model_id": arch, "compile_params": COMPILE,
+                  "fit_params": f"batch_size={16 * k}, epochs=1"} for k in (1, 2)]
+            )  # fmt: skip
+            with pytest.raises(ArgumentError, match=r"model_output is too long.*at most 126"):
+                dvml.fit_multiple(
+                    "long_digits", "m" * MAX_NAME_LENGTH, table, 1, registry=registry,
+                    client=client, progress=False,
+                )  # fmt: skip
+            assert registry.list_models().empty  # nothing trained, nothing registered
+        finally:
+            registry.close()
+            dvml.datasets.drop("long_digits", client=client)
