@@ -7,8 +7,10 @@ was left behind against the state before the first one:
 
 - processes: descendants of this process still running (zombies and multiprocessing's resource
   tracker excepted);
-- files: cluster directories ``/tmp/dvml-cluster-*`` and vineyardd logs ``/tmp/vineyard.*``;
-- /dev/shm: bytes used and entries;
+- files: every entry under the temporary directory (recursively; the soak's own scratch
+  directory, where the registry lives, excepted): cluster directories, vineyardd logs,
+  TensorFlow's autograph files, anything;
+- /dev/shm: bytes used and every entry (recursively);
 - memory: this process's resident set size (after the first cycle, which loads the libraries).
 
 It prints one line per cycle and a verdict, and exits 1 when processes, files or /dev/shm
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import os
 import shutil
 import signal
@@ -55,8 +56,27 @@ class Footprint:
     rss: int
 
 
-def footprint() -> Footprint:
-    """Measure the processes, files, /dev/shm and memory held now."""
+def entries(root: str, skip: Sequence[str] = ()) -> frozenset[str]:
+    """Every file, directory and link under ``root`` (recursively), but those under ``skip``.
+
+    Not a list of known patterns: whatever a cycle leaves (a TensorFlow autograph file, a
+    semaphore, a socket) is counted, including what nobody thought of when this was written.
+    """
+    skipped = {os.path.abspath(s) for s in skip}
+    found: set[str] = set()
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if os.path.join(directory, d) not in skipped]
+        found.update(os.path.join(directory, name) for name in [*dirs, *files])
+    return frozenset(found)
+
+
+def footprint(skip: Sequence[str] = ()) -> Footprint:
+    """Measure the processes, files, /dev/shm and memory held now.
+
+    ``files``: every entry under the temporary directory (``TMPDIR``: a fresh one when the
+    soak runs isolated), but under ``skip`` (the soak's own scratch directory); ``/dev/shm``:
+    its bytes used and every entry.
+    """
     processes = {}
     for proc in psutil.Process().children(recursive=True):
         try:
@@ -67,15 +87,11 @@ def footprint() -> Footprint:
             continue
         if "multiprocessing.resource_tracker" not in cmdline:
             processes[proc.pid] = cmdline
-    tmp = tempfile.gettempdir()
-    files = glob.glob(os.path.join(tmp, "dvml-cluster-*")) + glob.glob(
-        os.path.join(tmp, "vineyard.*")
-    )
     return Footprint(
         processes=processes,
-        files=frozenset(files),
+        files=entries(tempfile.gettempdir(), skip),
         shm_used=shutil.disk_usage("/dev/shm").used,
-        shm_entries=frozenset(os.listdir("/dev/shm")),
+        shm_entries=entries("/dev/shm"),
         rss=psutil.Process().memory_info().rss,
     )
 
@@ -90,11 +106,13 @@ def leaks(before: Footprint, after: Footprint) -> dict[str, Any]:
     }
 
 
-def _settled(before: Footprint, timeout: float = 20.0) -> tuple[Footprint, dict[str, Any]]:
+def _settled(
+    before: Footprint, skip: Sequence[str], timeout: float = 20.0
+) -> tuple[Footprint, dict[str, Any]]:
     """The footprint once processes had ``timeout`` seconds to exit, and its leaks."""
     deadline = time.monotonic() + timeout
     while True:
-        now = footprint()
+        now = footprint(skip)
         found = leaks(before, now)
         if not any(found.values()) or time.monotonic() > deadline:
             return now, found
@@ -203,16 +221,16 @@ def cycle(kind: str, registry: str) -> str:
 
 def run(cycles: int, max_rss_growth_mib: float, say: Callable[[str], None] = print) -> bool:
     """Run ``cycles`` cycles; print one line each and a verdict; return whether none leaked."""
-    before = footprint()
     first_rss = None
     clean = True
     with tempfile.TemporaryDirectory(prefix="dvml-soak-") as scratch:
+        before = footprint([scratch])  # the registry's files come and go in the scratch
         registry = "sqlite:///" + os.path.join(scratch, "registry.db")
         for i in range(cycles):
             kind = KINDS[i % len(KINDS)]
             started = time.monotonic()
             what = cycle(kind, registry)
-            after, found = _settled(before)
+            after, found = _settled(before, [scratch])
             first_rss = after.rss if first_rss is None else first_rss
             leaked = {k: v for k, v in found.items() if v}
             clean = clean and not leaked

@@ -18,7 +18,8 @@ received, and what to do next.
     │   ├── NoClusterError                  no Dask client is available
     │   └── SharedMemoryError (ValueError)  /dev/shm cannot hold the vineyardd memory asked for
     ├── LockHeldError                       another process holds a run lock
-    │   └── FitRunningError                 another fit of the same model is running
+    │   ├── FitRunningError                 another fit of the same model is running
+    │   └── DatasetInUseError               a job reads the dataset (drop/overwrite refused)
     ├── PlacementError (ValueError)         distribution rules resolve to nothing usable
     ├── DataError (ValueError)              the input data cannot be preprocessed
     ├── StoreError                          vineyard storage failed
@@ -51,6 +52,7 @@ __all__ = [
     "DaemonDiedError",
     "DataError",
     "DatasetExistsError",
+    "DatasetInUseError",
     "DatasetNotFoundError",
     "DvmlError",
     "FitRunningError",
@@ -118,6 +120,10 @@ class LockHeldError(DvmlError):
 
 class FitRunningError(LockHeldError):
     """Another fit of the same model is running; nothing was started."""
+
+
+class DatasetInUseError(LockHeldError):
+    """A running job (a fit) holds a lease on the dataset: dropping or overwriting it is refused."""
 
 
 class PlacementError(DvmlError, ValueError):

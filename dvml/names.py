@@ -13,7 +13,7 @@ from typing import Any
 
 from dvml.exceptions import ArgumentError
 
-__all__ = ["INTERNAL_PREFIX", "MAX_NAME_LENGTH", "check_name"]
+__all__ = ["INTERNAL_PREFIX", "MAX_NAME_LENGTH", "check_name", "check_suffixed_name"]
 
 # Names dvml gives its own hidden objects (e.g. the packed source of a feature cache).
 INTERNAL_PREFIX = "__dvml_internal__/"
@@ -53,3 +53,37 @@ def check_name(name: Any, what: str = "name", internal: bool = False) -> str:
             f" Received: {what}={name!r}. For example 'digits_cnn' or 'model@candidate'."
         )
     return str(name)
+
+
+def check_suffixed_name(name: Any, suffixes: Any, what: str = "name") -> str:
+    """Check ``name`` and that every ``name + suffix`` dvml derives from it is a name too.
+
+    ``fit_multiple`` registers ``f"{model_output}_{mst_key}"``: a 128-character
+    ``model_output`` made 130-character model names that the rest of dvml refuses. Called up
+    front, before anything trains.
+
+    Parameters
+    ----------
+    name : Any
+        The name given.
+    suffixes : iterable of str
+        What dvml appends to it (``"_1"``, ``"_12"``).
+    what : str
+        The argument's name, for the message.
+
+    Returns
+    -------
+    str
+        ``name``, unchanged.
+    """
+    name = check_name(name, what)
+    longest = max((str(s) for s in suffixes), key=len, default="")
+    if len(name) + len(longest) > MAX_NAME_LENGTH:
+        room = MAX_NAME_LENGTH - len(longest)
+        raise ArgumentError(
+            f"{what} is too long for the names made from it: {name!r} + {longest!r} has "
+            f"{len(name) + len(longest)} characters, and names have at most {MAX_NAME_LENGTH}. "
+            f"Received: {what} of {len(name)} characters. Use at most {room} characters."
+        )
+    check_name(name + longest, what)
+    return name

@@ -38,3 +38,17 @@ def test_demo_trains_with_the_automatic_sync_mode_and_says_why(
     named = [line for line in output.splitlines()
              if any(w in line for w in ("absl::", "oneDNN", "cuInit", "cuda drivers"))]  # fmt: skip
     assert chatter == [] and named == [], output
+
+
+def test_the_demo_plot_is_ignored_by_git() -> None:
+    """``./scripts/demo`` writes dvml-demo-history.png into the checkout (issue 28)."""
+    import subprocess
+
+    from tests.helpers import REPO
+
+    script = (REPO / "scripts" / "demo").read_text()
+    assert "dvml-demo-history.png" in script
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "dvml-demo-history.png"], cwd=REPO, check=False
+    )
+    assert ignored.returncode == 0, "dvml-demo-history.png is not ignored by git"

@@ -179,6 +179,7 @@ def test_exception_tree() -> None:
             "DaemonDiedError",
             "DataError",
             "DatasetExistsError",
+            "DatasetInUseError",
             "DatasetNotFoundError",
             "DvmlError",
             "FitRunningError",

@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "dvml"
 LAYERS: list[set[str]] = [
     {"dvml._version", "dvml.exceptions"},
     {"dvml.tf_runtime"},
-    {"dvml.config", "dvml.names", "dvml.examples"},
+    {"dvml.config", "dvml.names", "dvml.limits", "dvml.examples"},
     {"dvml.cluster", "dvml.registry"},
     {"dvml.placement", "dvml.store"},
     {"dvml.resolve"},

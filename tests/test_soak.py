@@ -36,3 +36,33 @@ def test_one_soak_cycle_leaks_nothing() -> None:
     assert run.returncode == 0, "\n".join(lines) + run.stderr[-3000:]
     assert lines[-1] == "soak: no leak"
     assert "killed and restarted, fit ok" in lines[0]
+
+
+def test_footprint_counts_every_new_entry_under_tmp_and_dev_shm(tmp_path, monkeypatch) -> None:
+    """Not only ``dvml-cluster-*`` and ``vineyard.*``: TensorFlow's autograph files, nested
+    files, a semaphore in /dev/shm (issue 28: the soak did not see 340 autograph files)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(soak.tempfile, "tempdir", None)  # re-read TMPDIR
+    scratch = tmp_path / "dvml-soak-scratch"
+    scratch.mkdir()
+    before = soak.footprint([str(scratch)])
+    (tmp_path / "__autograph_generated_fileab12.py").write_text("x = 1\n")
+    (tmp_path / "older").mkdir()
+    (tmp_path / "older" / "nested.txt").write_text("left behind")
+    (scratch / "registry.db-wal").write_text("the soak's own")
+    shm = f"/dev/shm/dvml-soak-test-{os.getpid()}"
+    with open(shm, "w") as f:
+        f.write("x")
+    try:
+        found = soak.leaks(before, soak.footprint([str(scratch)]))
+    finally:
+        os.remove(shm)
+    assert found["files"] == sorted(
+        str(p)
+        for p in (
+            tmp_path / "__autograph_generated_fileab12.py",
+            tmp_path / "older",
+            tmp_path / "older" / "nested.txt",
+        )
+    )
+    assert found["shm_entries"] == [shm]

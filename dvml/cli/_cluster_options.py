@@ -49,7 +49,9 @@ def attached(args: argparse.Namespace, section: dict[str, Any] | None = None) ->
 
     section = dict(section or {})
     if getattr(args, "timeout", None) is not None:
-        section["timeout"] = args.timeout
+        from dvml.limits import check_seconds
+
+        section["timeout"] = check_seconds(args.timeout, "--timeout")
     with open_cluster(section, args.scheduler, state_dir_of(args)) as cluster:
         yield cluster
 
@@ -69,6 +71,11 @@ def add_drop_command(
     drop.add_argument(
         "--missing-ok", action="store_true", help=f"exit 0 when no {what} has this name."
     )
+    drop.add_argument(
+        "--force", action="store_true",
+        help="drop it even while a job (a fit) reads it; stop that job first, or its "
+        "trainers read freed memory.",
+    )  # fmt: skip
     add_cluster_options(drop)
     return drop
 
@@ -76,7 +83,7 @@ def add_drop_command(
 def drop_named(
     args: argparse.Namespace,
     describe: Callable[[str, Any], Any],
-    drop: Callable[[str, Any], Any],
+    drop: Callable[..., Any],
     what: str,
 ) -> Any | None:
     """Describe, then drop, ``args.name`` on the attached cluster; return what was dropped.
@@ -93,5 +100,5 @@ def drop_named(
                 print(f"No {what} named {args.name!r}: nothing to drop.")
                 return None
             raise
-        drop(args.name, cluster.client)
+        drop(args.name, cluster.client, force=getattr(args, "force", False))
     return found

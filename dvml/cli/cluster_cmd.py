@@ -105,8 +105,17 @@ def _validate_up(args: argparse.Namespace) -> None:
     from dvml.cluster.serve import cluster_kwargs
     from dvml.cluster.spec import check_shared_memory, parse_memory, plan_workers
     from dvml.exceptions import ClusterStartError
+    from dvml.limits import MAX_WAIT_S, check_port, check_seconds
 
     config.validate()
+    # Ranges first: a port over 65535 overflows a C int, a NaN timeout compares false with
+    # everything and 1e300 never ends (dvml.limits).
+    if args.scheduler_port is not None:
+        check_port(args.scheduler_port, "--scheduler-port")
+    if args.start_timeout is not None:
+        check_seconds(args.start_timeout, "--start-timeout")
+    if args.wait is not None:
+        check_seconds(args.wait, "--wait", MAX_WAIT_S)
     kwargs = cluster_kwargs(args)
     specs = plan_workers(
         config.get("cluster.n-workers", kwargs["n_workers"]), kwargs["gpus"], kwargs["hosts"]
@@ -269,11 +278,13 @@ def _stop_child(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from dvml.cluster.state import state_lock
+    from dvml.cluster.state import private_dir, state_lock
 
     state_dir = state_dir_of(args)
     _validate_up(args)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Owner-only, and tightened if an older dvml made it 0755: cluster.log and cluster.json
+    # hold pids, command lines and the paths of the TLS key.
+    private_dir(state_dir, root=state_dir)
     # Held until the cluster is recorded (or failed): a second `up` started at the same moment
     # fails at once instead of starting a second, unrecorded cluster.
     with state_lock(state_dir):
@@ -282,7 +293,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _up_locked(args: argparse.Namespace, state_dir: pathlib.Path) -> int:
     from dvml import config
-    from dvml.cluster.state import LOG_FILE, read_state, state_path
+    from dvml.cluster.state import LOG_FILE, private_file, read_state, state_path
     from dvml.exceptions import ClusterStartError
 
     _refuse_running(state_dir)
@@ -292,7 +303,7 @@ def _up_locked(args: argparse.Namespace, state_dir: pathlib.Path) -> int:
         # etcd, the first vineyardd, the others and the workers each get the start timeout.
         wait = 4 * float(config.get("cluster.start-timeout", args.start_timeout)) + 30
 
-    with open(log, "wb") as log_file:
+    with private_file(log, "wb") as log_file:
         # A new session: closing the terminal or Ctrl-C there does not reach the cluster.
         proc = subprocess.Popen(
             _serve_argv(args, state_dir, log),
@@ -376,7 +387,9 @@ def _status(args: argparse.Namespace) -> int:
     from dvml.cluster.attach import connect
     from dvml.cluster.lifeline import sweep_dead_clusters
     from dvml.cluster.state import recorded_processes, same_process
+    from dvml.limits import check_seconds
 
+    check_seconds(args.timeout, "--timeout")
     sweep_dead_clusters()  # directories of LocalClusters whose owner was killed
     state: dict[str, Any] | None = None
     address = args.scheduler
@@ -441,7 +454,9 @@ def _down(args: argparse.Namespace) -> int:
     from dvml.cluster.lifeline import sweep_dead_clusters
     from dvml.cluster.state import read_state, recorded_identities, remove_state, state_path
     from dvml.exceptions import ClusterError, NoClusterError
+    from dvml.limits import check_seconds
 
+    check_seconds(args.timeout, "--timeout")
     sweep_dead_clusters()  # directories of LocalClusters whose owner was killed
     state_dir = state_dir_of(args)
     state = read_state(state_dir)

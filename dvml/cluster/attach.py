@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.connection import local_client
 from dvml.cluster.gpu import gpu_configuration
-from dvml.cluster.health import bounded_run, probe_daemons
+from dvml.cluster.health import bounded_run, daemon_timeout, known_dead, probe_daemons
 from dvml.cluster.security import resolve_security
+from dvml.cluster.state import recorded_scheduler
 from dvml.cluster.workers import WorkerInfo, discover_workers
 from dvml.exceptions import ClusterError
+from dvml.limits import check_seconds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,6 +59,45 @@ def _probe_vineyard() -> dict[str, Any]:
     }
 
 
+_PLUGIN_WAIT_S = 5.0
+"""How long attaching waits at most for every worker to install the plugin (then it goes on);
+a quarter of ``cluster.daemon-timeout`` when that is shorter."""
+
+
+def _register_quiet_failures(client: Client, wait: bool = True) -> None:
+    """Install :class:`QuietDvmlFailures` on every worker, waiting ``_PLUGIN_WAIT_S`` at most.
+
+    ``wait=False`` (a daemon is known dead: a worker may be frozen) does not wait at all.
+
+    Failures dvml reports itself are then not logged a second time by the workers. The
+    scheduler keeps the plugin and broadcasts it to every worker: one frozen worker (a vineyard
+    call waiting on a dead etcd, a SIGSTOP) would hold ``register_plugin`` forever, and with
+    it ``dvml.connect`` and every command (issue 28: 297 s). The registration goes on in the
+    background past the bound (the plugin is cosmetic; the scheduler installs it on workers
+    that answer later).
+    """
+    import asyncio
+
+    from dvml.cluster.worker_logging import QuietDvmlFailures
+
+    plugin = QuietDvmlFailures()
+
+    async def register() -> None:
+        task = asyncio.ensure_future(
+            client._register_worker_plugin(plugin, name=plugin.name, idempotent=False)
+        )
+        # Retrieved whatever happens, so that a late failure is not logged as never retrieved.
+        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+        try:
+            await asyncio.wait_for(asyncio.shield(task), bound)
+        except TimeoutError:
+            pass
+
+    bound = min(_PLUGIN_WAIT_S, daemon_timeout() / 4) if wait else 0.0
+
+    client.sync(register)
+
+
 class Cluster:
     """A handle on a running Dask + vineyard cluster.
 
@@ -66,13 +107,10 @@ class Cluster:
 
     client: Client
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, wait_for_workers: bool = True) -> None:
         self.client = client
         self._workers: list[WorkerInfo] | None = None
-        # Failures dvml reports itself are not logged a second time by the workers.
-        from dvml.cluster.worker_logging import QuietDvmlFailures
-
-        client.register_plugin(QuietDvmlFailures())
+        _register_quiet_failures(client, wait=wait_for_workers)
 
     @property
     def scheduler_address(self) -> str:
@@ -151,13 +189,15 @@ def _tls_configured() -> bool:
     return bool(dask.config.get("distributed.comm.tls.client.cert", None))
 
 
-def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
+def connect(address: str | None = None, timeout: float = 30, security: Any = None) -> Cluster:
     """Attach to a running cluster and discover its worker ↔ vineyard mapping.
 
     Parameters
     ----------
-    address : str
-        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"`` or ``"tls://..."``.
+    address : str, optional
+        The Dask scheduler address, e.g. ``"tcp://10.0.0.5:8786"`` or ``"tls://..."``. None:
+        the cluster recorded by ``dvml cluster up`` in the state directory
+        (``dvml.cluster.state-dir``), with its TLS certificate, as the ``dvml`` commands do.
     timeout : float
         Seconds to wait for the scheduler.
     security : distributed.security.Security or dict, optional
@@ -172,6 +212,10 @@ def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
     """
     from distributed import Client
 
+    # A NaN, negative or 1e300 timeout would never end (or fail deep in Dask): dvml.limits.
+    timeout = check_seconds(timeout, "timeout")
+    if address is None:
+        address = recorded_scheduler()
     resolved = resolve_security(security, address)
     if address.startswith("tls://") and resolved is None and not _tls_configured():
         raise ClusterError(
@@ -188,7 +232,12 @@ def connect(address: str, timeout: float = 30, security: Any = None) -> Cluster:
             f"Cannot reach the Dask scheduler at {address!r} within {timeout}s: {exc}. "
             "Check the address and that the scheduler is running (`dvml cluster status`)."
         ) from exc
-    cluster = Cluster(client)
+    # The daemons first: with one dead, the calls that need it name it at once, and asking
+    # every worker now would only wait for one that a vineyard call on a dead etcd froze.
+    dead = known_dead(client)
+    cluster = Cluster(client, wait_for_workers=dead is None)
+    if dead is not None:
+        return cluster
     missing = [w.name for w in cluster.workers if w.vineyard_instance_id is None]
     if missing:
         import warnings

@@ -39,6 +39,7 @@ __all__ = [
     "bounded_run",
     "daemon_timeout",
     "endpoint_answers",
+    "known_dead",
     "probe_daemons",
     "register_owner",
     "require_daemons",
@@ -123,6 +124,29 @@ async def _probe_async(dask_worker: Any = None) -> dict[str, Any]:
     return result
 
 
+# Workers that did not answer a bounded question lately, by address: until the time stored
+# (monotonic), the next question does not wait for them again (they get a short grace only),
+# so that one frozen worker costs a command one daemon-timeout, not one per step.
+_SILENT: dict[str, float] = {}
+_SILENT_LOCK = threading.Lock()
+_SILENT_GRACE_S = 1.0
+"""How long a worker that was silent lately is waited for (it may have thawed)."""
+
+
+def _recently_silent(addresses: Sequence[str], now: float) -> set[str]:
+    with _SILENT_LOCK:
+        return {a for a in addresses if _SILENT.get(a, 0.0) > now}
+
+
+def _remember(answers: dict[str, Any], timeout: float, now: float) -> None:
+    with _SILENT_LOCK:
+        for address, answer in answers.items():
+            if answer is _NO_ANSWER:
+                _SILENT[address] = now + 4 * timeout
+            else:
+                _SILENT.pop(address, None)
+
+
 def bounded_run(
     client: Client,
     fn: Callable[..., Any],
@@ -130,35 +154,49 @@ def bounded_run(
     timeout: float | None = None,
     workers: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """``client.run(fn)`` (on ``workers``, default all), bounded by ``timeout`` seconds.
+    """``client.run(fn)`` (on ``workers``, default all), answered within ``timeout`` seconds.
 
-    The common case costs what ``client.run`` costs: one broadcast. Only when it has not
-    answered within ``timeout`` is every worker asked on its own, so that one frozen worker
-    (see module doc) costs the caller about twice ``timeout``, never more, and the others'
-    answers still come back. The result maps the address of every worker to its answer (the
-    exception it raised, if it failed), or to None when it did not answer in time.
+    The common case costs what ``client.run`` costs: one broadcast, given a third of
+    ``timeout``. When it has not answered, every worker is asked on its own for the rest, so
+    that one frozen worker (see module doc) costs the caller ``timeout`` in all, never more,
+    and the others' answers still come back. A worker that did not answer lately (within four
+    timeouts) is given about a second only, and no broadcast waits for it: the steps of one
+    command do not each wait for the same frozen worker. The result maps the address of every
+    worker to its answer (the exception it raised, if it failed), or to None when it did not
+    answer in time.
     """
+    import time
+
     timeout = daemon_timeout() if timeout is None else timeout
     chosen = None if workers is None else list(workers)
 
     async def ask_all() -> dict[str, Any]:
-        try:
-            return dict(
-                await asyncio.wait_for(
-                    client._run(fn, *args, workers=chosen, on_error="return"), timeout
-                )
-            )
-        except (TimeoutError, OSError):
-            pass
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         asked = chosen
         if asked is None:
-            identity = await client.scheduler.identity(n_workers=-1)  # type: ignore[union-attr]
+            identity = await asyncio.wait_for(
+                client.scheduler.identity(n_workers=-1),  # type: ignore[union-attr]
+                timeout,
+            )
             asked = list(identity["workers"])
+        now = time.monotonic()
+        lately = _recently_silent(asked, now)
+        if not lately:
+            try:
+                answered = await asyncio.wait_for(
+                    client._run(fn, *args, workers=chosen, on_error="return"), timeout / 3
+                )
+                return dict(answered)
+            except (TimeoutError, OSError):
+                pass
 
         async def ask(address: str) -> tuple[str, Any]:
+            left = max(0.1, deadline - loop.time())
+            wait = min(left, _SILENT_GRACE_S) if address in lately else left
             try:
                 answer = await asyncio.wait_for(
-                    client._run(fn, *args, workers=[address], on_error="return"), timeout
+                    client._run(fn, *args, workers=[address], on_error="return"), wait
                 )
             except TimeoutError:
                 return address, _NO_ANSWER
@@ -166,10 +204,11 @@ def bounded_run(
                 return address, exc
             return address, answer.get(address, _NO_ANSWER)
 
-        pairs = await asyncio.gather(*(ask(a) for a in asked))
-        return {a: (None if r is _NO_ANSWER else r) for a, r in pairs}
+        pairs = dict(await asyncio.gather(*(ask(a) for a in asked)))
+        _remember(pairs, timeout, now)
+        return {a: (None if r is _NO_ANSWER else r) for a, r in pairs.items()}
 
-    return dict(client.sync(ask_all, callback_timeout=2 * timeout + 10))
+    return dict(client.sync(ask_all, callback_timeout=timeout + 10))
 
 
 def _scheduler_check(dask_scheduler: Any = None) -> str | tuple[str, str] | None:
@@ -186,6 +225,34 @@ def _scheduler_check(dask_scheduler: Any = None) -> str | tuple[str, str] | None
     except DaemonDiedError as exc:
         return (type(exc).__name__, str(exc))
     return None
+
+
+def known_dead(client: Client) -> DaemonDiedError | None:
+    """A dead daemon the owner of the cluster knows of, without asking any worker.
+
+    The owner is this process (a LocalCluster) or the scheduler's (``dvml cluster up``); it
+    checks its daemons by pid. None when all run, or when no owner can tell (a cluster started
+    by hand): then only the workers could, and a frozen one would not answer.
+    """
+    address = str(getattr(client.scheduler, "address", ""))
+    check = _owner_check(address)
+    if check is not None:
+        try:
+            check()
+        except DaemonDiedError as exc:
+            return exc
+        return None
+    try:
+        verdict = client.sync(
+            client._run_on_scheduler, _scheduler_check, callback_timeout=daemon_timeout() / 3
+        )
+    except Exception:  # an old scheduler, a timeout: nobody can tell
+        return None
+    if verdict is None or verdict == "unknown":
+        return None
+    kind, message = verdict
+    error = VineyarddDiedError if kind == VineyarddDiedError.__name__ else DaemonDiedError
+    return error(message)
 
 
 def require_daemons(client: Client, what: str | None = None, vineyardd: bool = True) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config, tf_runtime
+from dvml.cluster import worker_exit
 from dvml.cluster.attach import Cluster
 from dvml.cluster.daemons import start_etcd, start_vineyardd, vineyard_instance_id
 from dvml.cluster.health import ETCD_ENV, register_owner, unregister_owner
@@ -309,6 +310,9 @@ class LocalCluster(Cluster):
             "dashboard": False,
             "dashboard_address": "127.0.0.1:0",  # /health and /metrics: else on 0.0.0.0
             "silence_logs": logging.WARNING,
+            # A worker that ran TensorFlow (evaluate, predict) exits at once when it closes,
+            # instead of being SIGKILLed by its Nanny after 4 s (dvml.cluster.worker_exit).
+            "preload": [worker_exit.PRELOAD],
         }
         if spec.gpus:
             options["resources"] = {"GPU": len(spec.gpus)}

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.local_cluster import LocalCluster
 from dvml.cluster.state import (
+    private_dir,
     process_identity,
     process_start_time,
     remove_state,
@@ -157,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     state_dir = pathlib.Path(args.state_dir).expanduser()
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(state_dir, root=state_dir)
     stop = threading.Event()
     starting = [True]
 

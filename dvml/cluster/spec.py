@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dask.utils import parse_bytes
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError, SharedMemoryError
+from dvml.limits import MAX_GPUS_PER_WORKER, MAX_WORKERS
 
 __all__ = ["LocalWorkerSpec", "check_shared_memory", "parse_memory", "plan_workers"]
 
@@ -98,8 +99,11 @@ def plan_workers(
     """
     if isinstance(n_workers, bool) or not isinstance(n_workers, int):
         raise ArgumentTypeError(f"n_workers must be an int. Received: n_workers={n_workers!r}.")
-    if n_workers < 1:
-        raise ArgumentError(f"n_workers must be at least 1. Received: n_workers={n_workers}.")
+    if not 1 <= n_workers <= MAX_WORKERS:
+        raise ArgumentError(
+            f"n_workers must be at least 1 and at most {MAX_WORKERS}. Received: "
+            f"n_workers={n_workers}. Pass a number of workers in range."
+        )
 
     gpu_counts = _per_worker_gpus(gpus, n_workers)
     host_names = _per_worker_hosts(hosts, n_workers)
@@ -124,6 +128,11 @@ def plan_workers(
     return specs
 
 
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _per_worker_gpus(gpus: int | Sequence[int], n_workers: int) -> list[int]:
     if isinstance(gpus, bool):
         raise ArgumentTypeError(f"gpus must be an int or a list of ints. Received: gpus={gpus!r}.")
@@ -136,8 +145,12 @@ def _per_worker_gpus(gpus: int | Sequence[int], n_workers: int) -> list[int]:
     for count in counts:
         if isinstance(count, bool) or not isinstance(count, int):
             raise ArgumentTypeError(f"GPU counts must be ints. Received: gpus={gpus!r}.")
-        if count < 0:
-            raise ArgumentError(f"GPU counts cannot be negative. Received: gpus={gpus!r}.")
+        if not 0 <= count <= MAX_GPUS_PER_WORKER:
+            # Each declared GPU becomes a resource string: a billion would fill the memory.
+            raise ArgumentError(
+                f"GPU counts cannot be negative or above {MAX_GPUS_PER_WORKER} per worker. "
+                f"Received: gpus={_short(gpus)}. Declare the GPUs each worker really has."
+            )
     return counts
 
 

@@ -16,19 +16,24 @@ import os
 import pathlib
 import signal
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
+from dvml import config
 from dvml.cluster.lifeline import identity_of, is_same_process
-from dvml.exceptions import ClusterError, LockHeldError
+from dvml.exceptions import ClusterError, LockHeldError, NoClusterError
 
 __all__ = [
+    "API_HINT",
     "LOG_FILE",
     "STATE_FILE",
+    "private_dir",
+    "private_file",
     "process_identity",
     "process_start_time",
     "read_state",
     "recorded_identities",
     "recorded_processes",
+    "recorded_scheduler",
     "remove_state",
     "same_process",
     "signal_process",
@@ -43,6 +48,64 @@ LOCK_FILE = ".cluster.lock"
 STATE_VERSION = 1
 
 
+def private_dir(
+    path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None
+) -> pathlib.Path:
+    """Create ``path`` owner-only (0700), with every missing parent 0700 too.
+
+    ``os.makedirs(path, mode=0o700)`` gives the mode to the last directory only: a fit that
+    made ``STATE_DIR/locks`` created the state directory 0755, so every local user could read
+    ``cluster.log`` and ``cluster.json`` (pids, command lines, certificate paths) there.
+
+    Parameters
+    ----------
+    path : path
+        The directory.
+    root : path, optional
+        An ancestor of ``path`` (the state directory) from which every directory down to
+        ``path`` is tightened to 0700 when it is ours and others may enter it (one made by an
+        older dvml). Without it only ``path`` is tightened.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``, expanded.
+    """
+    target = pathlib.Path(path).expanduser()
+    missing = []
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made at the same moment by another process
+            directory.mkdir(mode=0o700)
+    tighten = [target]
+    if root is not None:
+        top = pathlib.Path(root).expanduser()
+        tighten += [p for p in target.parents if p == top or top in p.parents]
+    uid = os.geteuid()
+    for directory in tighten:
+        st = directory.stat()
+        if st.st_uid == uid and st.st_mode & 0o077:
+            os.chmod(directory, 0o700)
+    return target
+
+
+def private_file(path: str | os.PathLike[str], mode: str = "w") -> IO[Any]:
+    """Open ``path`` for writing, created 0600 (an existing file of ours is tightened)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def state_path(state_dir: str | os.PathLike[str]) -> pathlib.Path:
     """Path of the state file in ``state_dir``."""
     return pathlib.Path(state_dir) / STATE_FILE
@@ -55,7 +118,7 @@ def write_state(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> pat
     """
     path = state_path(state_dir)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    with private_file(tmp) as f:  # pids, command lines and certificate paths: owner-only
         json.dump({"version": STATE_VERSION, **state}, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
@@ -88,6 +151,49 @@ def read_state(state_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
             "Delete it if no cluster is running."
         )
     return state
+
+
+API_HINT = (
+    "Pass an address to dvml.connect('tls://host:8786'), start a cluster with `dvml cluster "
+    "up` (found by dvml.connect() and every dvml call), or use `with dvml.LocalCluster() as "
+    "cluster:`."
+)
+"""What to do when no cluster is recorded, for the Python API."""
+
+
+def recorded_scheduler(
+    state_dir: str | os.PathLike[str] | None = None, hint: str = API_HINT
+) -> str:
+    """The scheduler address of the running cluster recorded by ``dvml cluster up``.
+
+    Parameters
+    ----------
+    state_dir : path, optional
+        Where ``dvml cluster up`` wrote ``cluster.json``; None: ``dvml.cluster.state-dir``.
+    hint : str
+        The next step the error suggests when no cluster is recorded (the CLI names its flags).
+
+    Raises
+    ------
+    NoClusterError
+        No cluster is recorded in ``state_dir``.
+    ClusterError
+        The recorded cluster no longer runs.
+    """
+    directory = pathlib.Path(state_dir).expanduser() if state_dir else config.state_dir()
+    state = read_state(directory)
+    if state is None:
+        raise NoClusterError(
+            f"No cluster to use: none was given and none is recorded in "
+            f"{state_path(directory)}. {hint}"
+        )
+    if not same_process(int(state["pid"]), state.get("start_time")):
+        raise ClusterError(
+            f"The cluster recorded in {state_path(directory)} ({state['scheduler_address']}) "
+            f"is not running: its serve process (pid {state['pid']}) is gone. Run `dvml "
+            "cluster down` to clean up, then `dvml cluster up`, or pass a scheduler address."
+        )
+    return str(state["scheduler_address"])
 
 
 def remove_state(state_dir: str | os.PathLike[str], pid: int | None = None) -> bool:

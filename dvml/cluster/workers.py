@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.connection import local_client
 from dvml.cluster.health import bounded_run, daemon_timeout, require_daemons
-from dvml.exceptions import DaemonDiedError, NoClusterError
+from dvml.cluster.security import recorded_security
+from dvml.cluster.state import recorded_scheduler
+from dvml.exceptions import ClusterError, DaemonDiedError
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -166,8 +168,28 @@ def describe_this_worker(dask_worker: Any) -> dict[str, Any]:
     }
 
 
+# Clients this process opened to the cluster recorded by `dvml cluster up`: distributed keeps
+# only weak references to its default client, so one made here must be held to stay default.
+_RECORDED_CLIENTS: list[Client] = []
+
+# How long current_client() waits for the recorded cluster's scheduler (dvml.connect's default).
+_RECORDED_TIMEOUT_S = 30.0
+
+
 def current_client(client: Client | None = None) -> Client:
-    """Return ``client``, else the default Dask client, else raise :class:`NoClusterError`."""
+    """Return ``client``, else the default Dask client, else one to the recorded cluster.
+
+    With no default client, the cluster that ``dvml cluster up`` recorded in the state
+    directory (``dvml.cluster.state-dir``) is attached to, with its TLS certificate, as the
+    ``dvml`` commands do, and becomes the default client.
+
+    Raises
+    ------
+    NoClusterError
+        No client, and no cluster recorded.
+    ClusterError
+        The recorded cluster is not running, or its scheduler does not answer.
+    """
     if client is not None:
         return client
     from distributed import default_client
@@ -175,10 +197,28 @@ def current_client(client: Client | None = None) -> Client:
     try:
         return default_client()
     except ValueError:
-        raise NoClusterError(
-            "No Dask client is available. Start one with `with dvml.LocalCluster() as "
-            "cluster:`, attach with `dvml.connect('tcp://scheduler:8786')`, or pass client=."
-        ) from None
+        pass
+    return _recorded_client()
+
+
+def _recorded_client() -> Client:
+    from distributed import Client
+
+    address = recorded_scheduler()  # NoClusterError says what to do next
+    try:
+        client = Client(
+            address,
+            timeout=_RECORDED_TIMEOUT_S,
+            security=recorded_security(address),
+            set_as_default=True,
+        )
+    except OSError as exc:
+        raise ClusterError(
+            f"Cannot reach the Dask scheduler at {address!r}, recorded by `dvml cluster up`, "
+            f"within {_RECORDED_TIMEOUT_S:.0f}s: {exc}. Check it with `dvml cluster status`."
+        ) from exc
+    _RECORDED_CLIENTS.append(client)
+    return client
 
 
 def _natural_key(text: str) -> list[Any]:
@@ -200,21 +240,32 @@ def discover_workers(client: Client | None = None, omit_silent: bool = False) ->
         Naming the workers that did not answer in time, unless ``omit_silent`` (then they are
         left out).
     """
+    import time
+
     client = current_client(client)
-    answers = bounded_run(client, describe_this_worker)  # the common case: one broadcast
+    timeout = daemon_timeout()
+    if not omit_silent:
+        # A dead etcd is named at once, before a broadcast waits for a worker it froze (a
+        # dead vineyardd freezes nothing: its worker answers, without an instance id).
+        require_daemons(client, vineyardd=False)
+    # One daemon-timeout for the whole discovery, its rounds included: a frozen worker costs
+    # a call that long, never a multiple of it (issue 28).
+    deadline = time.monotonic() + timeout
+    answers = bounded_run(client, describe_this_worker, timeout=timeout)
     for _ in range(_DISCOVER_ROUNDS - 1):
         silent = [a for a, d in answers.items() if not isinstance(d, dict)]
-        if not silent or omit_silent:
+        left = deadline - time.monotonic()
+        if not silent or omit_silent or left < 1.0:
             break
-        require_daemons(client)  # a dead daemon is named at once
-        answers.update(bounded_run(client, describe_this_worker, workers=silent))
+        require_daemons(client)  # a daemon that died meanwhile is named at once
+        answers.update(bounded_run(client, describe_this_worker, timeout=left, workers=silent))
     silent = [a for a, d in answers.items() if not isinstance(d, dict)]
     if silent and not omit_silent:
         raise DaemonDiedError(
-            f"Workers {silent} did not describe themselves within "
-            f"{_DISCOVER_ROUNDS} x {daemon_timeout():.0f}s (cluster.daemon-timeout). A worker "
-            "freezes when its vineyard call waits on a dead etcd: check `dvml cluster status`, "
-            "and restart the cluster if a daemon died."
+            f"Workers {silent} did not describe themselves within {timeout:.0f}s "
+            "(cluster.daemon-timeout). A worker freezes when its vineyard call waits on a dead "
+            "etcd, or when it was stopped (SIGSTOP): check `dvml cluster status`, and restart "
+            "the cluster if a daemon died."
         )
     infos = [WorkerInfo.from_dict(d) for d in answers.values() if isinstance(d, dict)]
     return sorted(infos, key=lambda w: _natural_key(w.name))

@@ -83,11 +83,15 @@ def list(client: Client | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def drop(name: str, client: Client | None = None) -> None:
-    """Free the cache's vineyard memory on every worker and remove its name."""
+def drop(name: str, client: Client | None = None, force: bool = False) -> None:
+    """Free the cache's vineyard memory on every worker and remove its name.
+
+    Refused while a job (a fit on the features) reads it, unless ``force``
+    (:func:`dvml.datasets.drop`).
+    """
     client = current_client(client)
     describe(name, client)
-    datasets.drop(name, client=client)
+    datasets.drop(name, client=client, force=force)
 
 
 def calls(client: Client | None = None) -> dict[str, int]:

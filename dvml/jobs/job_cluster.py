@@ -30,8 +30,9 @@ from dvml import config
 from dvml.cluster.attach import connect
 from dvml.cluster.local_cluster import LocalCluster
 from dvml.cluster.security import recorded_security
-from dvml.cluster.state import read_state, same_process, state_path
-from dvml.exceptions import ClusterError, NoClusterError
+from dvml.cluster.state import recorded_scheduler as _recorded
+from dvml.cluster.state import state_path
+from dvml.exceptions import ClusterError
 from dvml.store.publish import cleanup_run, staged_objects
 from dvml.store.staging import run_of
 
@@ -65,8 +66,16 @@ def _state_dir(state_dir: str | os.PathLike[str] | None) -> pathlib.Path:
     return config.state_dir()
 
 
+_CLI_HINT = (
+    "Pass --scheduler ADDR, set cluster.scheduler or cluster.local in the config, or start one "
+    "with `dvml cluster up`."
+)
+
+
 def recorded_scheduler(state_dir: str | os.PathLike[str] | None = None) -> str:
     """The scheduler address of the running cluster recorded by ``dvml cluster up``.
+
+    :func:`dvml.cluster.state.recorded_scheduler`, with the job's options as the next step.
 
     Raises
     ------
@@ -75,21 +84,7 @@ def recorded_scheduler(state_dir: str | os.PathLike[str] | None = None) -> str:
     ClusterError
         The recorded cluster no longer runs.
     """
-    directory = _state_dir(state_dir)
-    state = read_state(directory)
-    if state is None:
-        raise NoClusterError(
-            f"No cluster to use: none was given and none is recorded in "
-            f"{state_path(directory)}. Pass --scheduler ADDR, set cluster.scheduler or "
-            "cluster.local in the config, or start one with `dvml cluster up`."
-        )
-    if not same_process(int(state["pid"]), state.get("start_time")):
-        raise ClusterError(
-            f"The cluster recorded in {state_path(directory)} ({state['scheduler_address']}) "
-            f"is not running: its serve process (pid {state['pid']}) is gone. Run `dvml "
-            "cluster down` to clean up, then `dvml cluster up`, or pass --scheduler ADDR."
-        )
-    return str(state["scheduler_address"])
+    return _recorded(_state_dir(state_dir), _CLI_HINT)
 
 
 def cluster_plan(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dvml.examples import digits_cnn_json
 from dvml.exceptions import ConfigError, RegistryNotFoundError
 from dvml.jobs.schemas import DEFAULT_FIT_PARAMS
+from dvml.limits import read_bounded
 
 if TYPE_CHECKING:
     from dvml.registry import Registry
@@ -62,8 +63,7 @@ def _architecture_json(spec: str, base_dir: str | os.PathLike[str] | None, key: 
     if not os.path.isabs(path) and base_dir is not None:
         path = os.path.join(os.fspath(base_dir), path)
     try:
-        with open(path) as f:
-            text = f.read()
+        text = read_bounded(path, "architecture file")
     except OSError as exc:
         raise ConfigError(
             f"Cannot read the architecture file {path}: {exc.strerror}. Received: {key}="

@@ -13,10 +13,20 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.jobs.yaml_schema import Field, Schema, Section, describe
+from dvml.limits import (
+    MAX_BUFFER_ROWS,
+    MAX_ITERATIONS,
+    MAX_SEED,
+    MAX_TIMEOUT_S,
+    MAX_WORKERS,
+    count_problem,
+    seconds_problem,
+)
 from dvml.train import config_search
 
 __all__ = [
@@ -42,18 +52,41 @@ def _name(value: Any) -> str | None:
     return None
 
 
+def _finite(value: Any) -> bool:
+    # An int of 400 digits is a valid YAML int that math.isfinite cannot convert.
+    return isinstance(value, int) or math.isfinite(value)
+
+
 def _positive(value: Any) -> str | None:
-    if not (math.isfinite(value) and value > 0):
-        return "must be a positive number"
+    if not (_finite(value) and 0 < value < 1e300):
+        return "must be a positive number below 1e300"
     return None
 
 
 def _at_least_one(value: Any) -> str | None:
-    return "must be at least 1" if value < 1 else None
+    # Every count of a job file (rows, batches, classes) fits an int32: far beyond real use,
+    # and a bigger one would allocate or loop until the memory or the time runs out.
+    return count_problem(value, 1, MAX_BUFFER_ROWS)
+
+
+def _workers(value: Any) -> str | None:
+    return count_problem(value, 1, MAX_WORKERS)
+
+
+def _iterations(value: Any) -> str | None:
+    return count_problem(value, 1, MAX_ITERATIONS)
+
+
+def _seed(value: Any) -> str | None:
+    return count_problem(value, 0, MAX_SEED)
+
+
+def _seconds(value: Any) -> str | None:
+    return seconds_problem(value, MAX_TIMEOUT_S)
 
 
 def _not_negative(value: Any) -> str | None:
-    return "must be 0 or more" if not (math.isfinite(value) and value >= 0) else None
+    return "must be 0 or more" if not (_finite(value) and 0 <= value < 1e300) else None
 
 
 def _fraction(value: Any) -> str | None:
@@ -107,12 +140,10 @@ def _common() -> dict[str, Field | Section]:
     """Keys every job file has: its name, the cluster, the registry, the state directory."""
     local = Section(
         {
-            "n_workers": Field(int, default=2, help="Dask workers", check=_at_least_one),
+            "n_workers": Field(int, default=2, help="Dask workers", check=_workers),
             "vineyard_memory": Field(str, help="shared memory of each vineyardd, e.g. 512MiB"),
-            "hosts": Field(
-                int, help="simulated hosts (default: one per worker)", check=_at_least_one
-            ),
-            "start_timeout": Field(float, help="seconds to wait for each daemon", check=_positive),
+            "hosts": Field(int, help="simulated hosts (default: one per worker)", check=_workers),
+            "start_timeout": Field(float, help="seconds to wait for each daemon", check=_seconds),
         },
         optional=True,
         help="start a LocalCluster for this run and stop it afterwards",
@@ -137,7 +168,7 @@ def _common() -> dict[str, Field | Section]:
                 "scheduler": Field(str, help="address of a running scheduler, tcp://host:8786"),
                 "local": local,
                 "timeout": Field(
-                    float, default=30.0, check=_positive, help="seconds to wait for the scheduler"
+                    float, default=30.0, check=_seconds, help="seconds to wait for the scheduler"
                 ),
             },
             check=_cluster_check,
@@ -171,7 +202,38 @@ def _from_selection_check(section: dict[str, Any]) -> str | None:
     return None
 
 
-def _model(architecture_help: str, selectable: bool = False) -> Section:
+def _params_problem(section: dict[str, Any], prefix: str) -> str | None:
+    """Parse the section's compile and fit parameters as a real run does (``dvml.fit``).
+
+    Checked when the file loads, so ``--dry-run`` refuses what a run would refuse only after
+    packing the data. The parsers are pure and never evaluate the strings.
+    """
+    from dvml.exceptions import ParameterError
+    from dvml.train.params import parse_compile_params, parse_fit_params
+
+    custom = [n for n in section.get("custom_objects") or [] if isinstance(n, str)]
+    try:
+        if section.get("compile_params") is not None:
+            parse_compile_params(section["compile_params"], custom_names=custom)
+    except ParameterError as exc:
+        return f"'{prefix}.compile_params' is not valid: {exc}"
+    try:
+        if section.get("fit_params") is not None:
+            parse_fit_params(section["fit_params"])
+    except ParameterError as exc:
+        return f"'{prefix}.fit_params' is not valid: {exc}"
+    return None
+
+
+def _model_check(prefix: str, selectable: bool) -> Callable[[dict[str, Any]], str | None]:
+    def check(section: dict[str, Any]) -> str | None:
+        problem = _from_selection_check(section) if selectable else None
+        return problem or _params_problem(section, prefix)
+
+    return check
+
+
+def _model(architecture_help: str, selectable: bool = False, prefix: str = "model") -> Section:
     """A model section; ``selectable``: it may name a fit_multiple run instead (retrain jobs)."""
     extra: dict[str, Field | Section] = {}
     if selectable:
@@ -202,9 +264,9 @@ def _model(architecture_help: str, selectable: bool = False) -> Section:
                 f"{DEFAULT_FIT_PARAMS!r})",
             ),
             **extra,
-            "num_iterations": Field(int, default=1, check=_at_least_one, help="fit iterations"),
+            "num_iterations": Field(int, default=1, check=_iterations, help="fit iterations"),
             "metrics_compute_frequency": Field(
-                int, check=_at_least_one, help="compute metrics every N iterations"
+                int, check=_iterations, help="compute metrics every N iterations"
             ),
             "use_gpus": Field(bool, default=False, help="train on the trainers' GPUs"),
             "warm_start": Field(
@@ -215,7 +277,7 @@ def _model(architecture_help: str, selectable: bool = False) -> Section:
             ),
         },
         required=True,
-        check=_from_selection_check if selectable else None,
+        check=_model_check(prefix, selectable),
         help="the architecture and how to train it",
     )
 
@@ -254,7 +316,7 @@ JOB_SCHEMA: Schema = {
                 choices=("raise", "drop"),
                 help="what to do with rows holding NaN or inf",
             ),
-            "seed": Field(int, default=0, help="shuffle and split seed"),
+            "seed": Field(int, default=0, check=_seed, help="shuffle and split seed"),
         },
         required=True,
         help="the training data and how to preprocess it",
@@ -339,7 +401,7 @@ FEATURE_REFRESH_SCHEMA: Schema = {
                 help="which workers hold the images",
             ),
             "buffer_size": Field(int, check=_at_least_one, help="rows per packed buffer"),
-            "seed": Field(int, default=0, help="shuffle seed"),
+            "seed": Field(int, default=0, check=_seed, help="shuffle seed"),
             "validation_source": Field(str, help="validation images for the head (optional)"),
         },
         required=True,
@@ -367,6 +429,7 @@ FEATURE_REFRESH_SCHEMA: Schema = {
                 "an architecture id or the path of a Keras JSON file taking the features"
             ).fields,
         },
+        check=_model_check("head", False),
         optional=True,
         help="optionally fine-tune a head on the features (model <name>-head)",
     ),
@@ -450,7 +513,7 @@ def _selection_fields() -> dict[str, Field | Section]:
             str, default="grid", choices=config_search.SEARCHES, help="every combination or samples"
         ),
         "num_configs": Field(int, check=_at_least_one, help="random search: how many"),
-        "seed": Field(int, help="random search: the same seed gives the same table"),
+        "seed": Field(int, check=_seed, help="random search: the same seed gives the same table"),
         "custom_objects": Field(
             list, default=[], check=_names, help="registered custom losses/metrics"
         ),
@@ -491,10 +554,10 @@ FIT_MULTIPLE_SCHEMA: Schema = {
             "model_output": Field(
                 str, check=_name, help="output name of the trained models (default: <name>)"
             ),
-            "num_iterations": Field(int, default=1, check=_at_least_one, help="iterations"),
+            "num_iterations": Field(int, default=1, check=_iterations, help="iterations"),
             "use_gpus": Field(bool, default=False, help="train on the workers' GPUs"),
             "metrics_compute_frequency": Field(
-                int, check=_at_least_one, help="compute metrics every N iterations"
+                int, check=_iterations, help="compute metrics every N iterations"
             ),
             "warm_start": Field(
                 bool, default=False, help="start from the models of a previous run"

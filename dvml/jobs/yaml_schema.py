@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dvml.exceptions import ConfigError
+from dvml.limits import read_bounded
 
 __all__ = ["Field", "Section", "describe", "load", "validate"]
 
@@ -219,8 +220,8 @@ def load(path: str | os.PathLike[str], schema: Schema) -> dict[str, Any]:
 
     name = os.fspath(path)
     try:
-        with open(name) as f:
-            text = f.read()
+        # Bounded: `--config /dev/zero` would otherwise read until the memory runs out.
+        text = read_bounded(name, "config file")
     except FileNotFoundError:
         raise ConfigError(
             f"The config file {name} does not exist. Received: --config {name}. Check the path."

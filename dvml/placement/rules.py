@@ -353,6 +353,17 @@ def _check_vineyard(
             f"Select at least one worker, or use 'all_workers'."
         )
     missing = [w for w in targets if w.vineyard_instance_id is None]
+    # A worker started with a socket whose daemon does not answer lost its vineyardd (it died
+    # or was killed): telling its owner to set VINEYARD_IPC_SOCKET would name the wrong cause.
+    dead = [w for w in missing if w.vineyard_socket]
+    if dead:
+        names = [f"{w.name} ({w.address}, host {w.host}, socket {w.vineyard_socket})" for w in dead]
+        raise PlacementError(
+            f"The vineyardd of selected workers is not running (it died or was stopped), so "
+            f"they cannot hold buffers. Received: {names}. Check `dvml cluster status`; "
+            f"restart the cluster (its datasets on that daemon are lost), or leave these "
+            f"workers out of distribution_rules."
+        )
     if missing:
         names = [f"{w.name} ({w.address}, host {w.host})" for w in missing]
         raise PlacementError(

@@ -27,6 +27,7 @@ from dvml.preprocess.graph import compute_stats, pack_and_publish
 from dvml.preprocess.sources import source_parts
 from dvml.preprocess.tasks import storage_dtypes
 from dvml.store.datasets import Dataset, describe, exists
+from dvml.store.leases import check_not_leased
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -45,6 +46,7 @@ def training_preprocessor(
     name: str | None = None,
     *,
     overwrite: bool = False,
+    force: bool = False,
     on_invalid: str = "raise",
     image_size: tuple[int, int] | None = None,
     channels: int = 3,
@@ -88,7 +90,11 @@ def training_preprocessor(
         Name of the dataset in vineyard.
     overwrite : bool
         Replace an existing dataset of the same name (atomically, after the new one is
-        complete).
+        complete). Refused with DatasetInUseError while a job (a fit) reads it
+        (:mod:`dvml.store.leases`).
+    force : bool
+        Overwrite even a dataset a running job reads: stop that job first, or its trainers
+        read freed memory.
     on_invalid : {"raise", "drop"}
         What to do with rows whose x holds NaN or inf.
     image_size : (int, int), optional
@@ -140,6 +146,7 @@ def training_preprocessor(
         distribution_rules=distribution_rules,
         name=name,
         overwrite=overwrite,
+        force=force,
         on_invalid=on_invalid,
         image_size=image_size,
         channels=channels,
@@ -162,6 +169,7 @@ def validation_preprocessor(
     name: str | None = None,
     *,
     overwrite: bool = False,
+    force: bool = False,
     on_invalid: str = "raise",
     seed: int | None = None,
     progress: bool = False,
@@ -197,6 +205,7 @@ def validation_preprocessor(
         distribution_rules=distribution_rules or s["distribution_rules"]["given"],
         name=name,
         overwrite=overwrite,
+        force=force,
         on_invalid=on_invalid,
         image_size=tuple(image) if image else None,
         channels=s.get("channels") or 3,
@@ -244,6 +253,7 @@ def _preprocess(
     distribution_rules: Any,
     name: str | None,
     overwrite: bool,
+    force: bool,
     on_invalid: str,
     image_size: tuple[int, int] | None,
     channels: int,
@@ -264,6 +274,10 @@ def _preprocess(
             f"A dataset named {name!r} already exists. Pass overwrite=True to replace it, or "
             "choose another name."
         )
+    if overwrite:
+        # A fit reading it holds a lease (dvml.store.leases): refuse before packing anything;
+        # the replacement itself checks again.
+        check_not_leased(name, "overwrite", force)
 
     if training is None:
         # A training set: its workers run the next fit's trainers. Their standby trainers
@@ -291,6 +305,7 @@ def _preprocess(
             targets=targets,
             name=name,
             overwrite=overwrite,
+            force=force,
             on_invalid=on_invalid,
             channels=channels,
             seed=seed,
@@ -318,6 +333,7 @@ def _plan_and_pack(
     targets: list[Any],
     name: str,
     overwrite: bool,
+    force: bool,
     on_invalid: str,
     channels: int,
     seed: int,
@@ -412,6 +428,7 @@ def _plan_and_pack(
         "dataset",
         summary,
         overwrite,
+        force,
     )
 
 

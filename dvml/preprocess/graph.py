@@ -128,6 +128,7 @@ def pack_and_publish(
     kind: str,
     summary: dict[str, Any],
     overwrite: bool,
+    force: bool = False,
 ) -> Dataset:
     """Split, pack and publish; on any failure delete every object this run put.
 
@@ -141,7 +142,7 @@ def pack_and_publish(
     def produce(run_id: str) -> list[dict[str, Any]]:
         return _pack(client, prepared, sizes, counts, buffer_targets, split_args, seed, run_id)
 
-    return publish_run(client, name, kind, summary, produce, overwrite=overwrite)
+    return publish_run(client, name, kind, summary, produce, overwrite=overwrite, force=force)
 
 
 def _pack(

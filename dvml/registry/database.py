@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,10 +36,18 @@ from dvml.registry.schema import (
 )
 from dvml.registry.weights import WEIGHTS_FORMAT, weights_from_bytes, weights_to_bytes
 
+TRAINED_SUMMARY_KEYS = (
+    "compile_params",
+    "class_values",
+    "normalizing_const",
+    "dependent_varname",
+)
+"""The summary keys that evaluate and predict read (written by every dvml fit)."""
+
 SELECTION_COLUMNS = ("mst_key", "model_id", "compile_params", "fit_params")
 """The columns of a model selection table (MADlib's), in order."""
 
-__all__ = ["Registry", "open_registry", "opened_registry"]
+__all__ = ["TRAINED_SUMMARY_KEYS", "Registry", "open_registry", "opened_registry"]
 
 BUSY_TIMEOUT_S = 60.0
 """How long an SQLite connection waits for another process's write lock before failing."""
@@ -100,22 +109,31 @@ def _owner_only(path: pathlib.Path) -> None:
 
     The registry holds weights and custom-function source, which whoever may write it runs.
     An existing file of ours that others could read is tightened too.
+
+    No descriptor of the file is opened here: closing ANY descriptor of a file drops every
+    POSIX lock this process holds on it (SQLite's "How To Corrupt An SQLite Database File",
+    2.2), so another process closing its last connection would believe it is the last user
+    and delete the live ``-wal`` and ``-shm`` files under this process's open connections.
+    A missing file is made with ``mknod`` (no descriptor); an existing one is changed by path.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    for suffix in ("-wal", "-shm", "-journal"):
-        side = path.with_name(path.name + suffix)
+        # umask only clears bits: the file is created 0600 or stricter, never wider.
+        os.mknod(path, 0o600 | stat.S_IFREG)
+    except FileExistsError:
+        pass
+    for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
         try:
-            st = side.stat()
+            st = candidate.stat()
         except FileNotFoundError:
             continue
+        if candidate == path and not stat.S_ISREG(st.st_mode):
+            raise RegistryError(
+                f"Opening the registry file failed: {path} is not a regular file (a "
+                f"directory?). Received: {path}. Pass a URL naming a file you can write, or "
+                "set dvml.registry.url."
+            )
         if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.chmod(side, 0o600)
+            os.chmod(candidate, 0o600)
 
 
 def _insert_iterations(conn: sa.Connection, model_id: int, rows: list[dict[str, Any]]) -> None:
@@ -165,11 +183,26 @@ class Registry:
         self._engine = _create_engine(self._url)
         self._writer = self._engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
         try:
-            with self._transaction(write=True) as conn:
-                metadata.create_all(conn)
+            self._create_missing_tables()
         except BaseException:
             self._engine.dispose()
             raise
+
+    def _create_missing_tables(self) -> None:
+        """Create the tables only when one is missing.
+
+        A read transaction looks first: in WAL mode it waits for no writer, so opening a
+        registry whose schema exists (every open but the first) never queues behind another
+        process's write lock. Only a missing table takes the write lock (``create_all``
+        checks again inside it, so two first openers do not collide).
+        """
+        wanted = set(metadata.tables)
+        with self._transaction() as conn:
+            present = set(sa.inspect(conn).get_table_names())
+        if wanted <= present:
+            return
+        with self._transaction(write=True) as conn:
+            metadata.create_all(conn)
 
     @property
     def url(self) -> str:
@@ -374,7 +407,9 @@ class Registry:
         iterations: Sequence[Mapping[str, Any]] | None,
     ) -> dict[str, Any]:
         """A model's checked row values and iteration rows (before any transaction)."""
-        name = v.check_model_name(name)
+        # The names the rest of dvml accepts (dvml.names): a model's name reaches checkpoint
+        # paths and lock files, so '../../x', NUL, newlines or 129 characters are refused.
+        name = check_name(v.check_model_name(name), "name")
         arch_id = v.check_id(arch_id, "arch_id")
         if summary is not None and not isinstance(summary, Mapping):
             raise ArgumentTypeError(
@@ -485,12 +520,31 @@ class Registry:
             raise self._not_found(f"model named {name!r}", f"name={name!r}", "list_models")
         return row
 
-    def get_model(self, name: str) -> dict[str, Any]:
-        """A model: id, name, arch_id, weights (list of arrays), summary, version and times."""
+    def get_model(self, name: str, require: Sequence[str] = ()) -> dict[str, Any]:
+        """A model: id, name, arch_id, weights (list of arrays), summary, version and times.
+
+        Parameters
+        ----------
+        name : str
+            The model's name.
+        require : sequence of str
+            Summary keys the caller needs (:data:`TRAINED_SUMMARY_KEYS` for evaluate and
+            predict): a model saved without them (by :meth:`save_model` with another summary)
+            is a :class:`RegistryError` naming what is missing, not a ``KeyError`` later.
+        """
         with self._transaction() as conn:
             result = dict(self._model_row(conn, name)._mapping)
-        result["weights"] = self._weights(result["weights"], result["weights_format"])
         result["summary"] = v.loads(result["summary"])
+        summary = result["summary"] if isinstance(result["summary"], dict) else {}
+        missing = [key for key in require if key not in summary]
+        if missing:
+            raise RegistryError(
+                f"Model {name!r} in the registry at {self.url} was not saved by a dvml fit: its "
+                f"summary lacks {', '.join(missing)}. Received: summary keys "
+                f"{sorted(summary)}. Train it with dvml.fit, or save it with a summary that "
+                "holds them."
+            )
+        result["weights"] = self._weights(result["weights"], result["weights_format"])
         result["created_at"] = v.utc(result["created_at"])
         result["updated_at"] = v.utc(result["updated_at"])
         return result

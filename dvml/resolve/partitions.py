@@ -113,6 +113,15 @@ def open_local(name: str, require: bool = True, socket: str | None = None) -> Lo
         No dataset of that name.
     TrainingError
         ``require`` and no local buffer: names the worker and where the buffers are.
+
+    Notes
+    -----
+    The fields are zero-copy views of vineyardd's shared memory: a drop or overwrite of the
+    dataset frees it under them. What protects a reader is a *lease* on the dataset
+    (:func:`dvml.store.leases.holding`): :func:`dvml.fit` and :func:`dvml.fit_multiple` hold
+    one for their trainers, and a process of your own that reads through this function should
+    hold one too (``with holding([name], job="my reader"): ...``) for as long as it uses the
+    views; a drop or overwrite is then refused unless forced.
     """
     import vineyard
 

@@ -14,6 +14,7 @@ from dvml.cluster.health import require_daemons, wait_watched
 from dvml.cluster.workers import WorkerInfo, current_client, discover_workers
 from dvml.exceptions import ClusterError, DvmlError, StoreError
 from dvml.store import catalog
+from dvml.store.leases import unleased
 from dvml.store.tensors import delete_objects
 
 if TYPE_CHECKING:
@@ -213,9 +214,12 @@ class Dataset:
         ax.legend(title="host")
         return ax
 
-    def drop(self, client: Client | None = None) -> None:
-        """Free this dataset's vineyard memory on every worker and remove its name."""
-        drop(self.name, client=client)
+    def drop(self, client: Client | None = None, force: bool = False) -> None:
+        """Free this dataset's vineyard memory on every worker and remove its name.
+
+        Refused while a job reads it, unless ``force`` (see :func:`drop`).
+        """
+        drop(self.name, client=client, force=force)
 
     def __repr__(self) -> str:
         workers = len({b["worker_name"] for b in self.layout["buffers"]})
@@ -287,12 +291,26 @@ def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=LIST_COLUMNS)
 
 
-def drop(name: str, client: Client | None = None) -> None:
-    """Remove the name and free the dataset's vineyard memory on every worker."""
+def drop(name: str, client: Client | None = None, force: bool = False) -> None:
+    """Remove the name and free the dataset's vineyard memory on every worker.
+
+    Parameters
+    ----------
+    name : str
+        The dataset (or feature cache).
+    client : distributed.Client, optional
+        Default: the current one (else the cluster recorded by ``dvml cluster up``).
+    force : bool
+        Drop it even while a job (a fit) reads it. Without it a leased dataset is refused
+        with :class:`~dvml.exceptions.DatasetInUseError` naming the job
+        (:mod:`dvml.store.leases`); with it, stop that job first, or its trainers read freed
+        memory.
+    """
     client = current_client(client)
-    record = read_record(client, name)
-    delete_layout(client, record["layout"])
-    run_on(client, None, catalog.drop_metadata, record, True)
+    with unleased(name, "drop", force):
+        record = read_record(client, name)
+        delete_layout(client, record["layout"])
+        run_on(client, None, catalog.drop_metadata, record, True)
 
 
 def delete_layout(

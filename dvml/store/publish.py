@@ -33,6 +33,7 @@ Risks kept in view:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from dvml.cluster.health import wait_watched
 from dvml.exceptions import DaemonDiedError, StoreError
 from dvml.store import catalog, staging
 from dvml.store.datasets import Dataset, delete_layout, run_on, vineyard_workers
+from dvml.store.leases import unleased
 from dvml.store.tensors import STAGING_PREFIX
 
 if TYPE_CHECKING:
@@ -112,6 +114,7 @@ def publish_run(
     produce: Callable[[str], list[dict[str, Any]]],
     finish: Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]] | None = None,
     overwrite: bool = True,
+    force: bool = False,
 ) -> Dataset:
     """Produce the buffers of a run, publish them under ``name`` (replacing it), clean up.
 
@@ -124,6 +127,9 @@ def publish_run(
     """
     run_id = uuid.uuid4().hex[:16]
     publishing = None
+    # Held from the replacement of the name to the deletion of the replaced tensors: a job
+    # reading the old dataset holds a lease (dvml.store.leases), and none starts meanwhile.
+    guard = contextlib.ExitStack()
     try:
         buffers = produce(run_id)
         layout = layout_of(buffers)
@@ -140,6 +146,8 @@ def publish_run(
                 "published; check `dvml cluster status` and run again."
             )
         _on_instances(client, workers, staging.persist_staged, by_instance, run_id)
+        if overwrite:
+            guard.enter_context(unleased(name, "overwrite", force))
         publishing = client.submit(
             catalog.publish, name, kind, summary, layout, overwrite, run_id,
             workers=[workers[min(workers)].address], allow_other_workers=False, pure=False,
@@ -150,12 +158,14 @@ def publish_run(
         if publishing is not None and not publishing.done():
             _wait_quietly(publishing)
         cleanup_run(client, run_id, keep=None)
+        guard.close()
         raise
-    cleanup_run(client, run_id, keep=layout, workers=workers)
-    replaced = published["replaced"]
-    if replaced is not None:
-        delete_layout(client, replaced["layout"])
-        run_on(client, None, catalog.drop_metadata, replaced, False)
+    with guard:
+        cleanup_run(client, run_id, keep=layout, workers=workers)
+        replaced = published["replaced"]
+        if replaced is not None:
+            delete_layout(client, replaced["layout"])
+            run_on(client, None, catalog.drop_metadata, replaced, False)
     return Dataset(name=name, id=published["id"], kind=kind, summary=summary, layout=layout,
                    global_tensors=published["global_tensors"])  # fmt: skip
 
@@ -176,7 +186,9 @@ def cleanup_run(
     """
     kept = _ids_by_instance(keep) if keep is not None else {}
     try:
-        workers = vineyard_workers(client) if workers is None else workers
+        # The live vineyardds only: a pack that failed because ANOTHER worker's daemon died
+        # must still delete what it staged on the live ones (etcd is still required).
+        workers = vineyard_workers(client, all_vineyardds=False) if workers is None else workers
         futures = [
             client.submit(staging.discard_staged, run_id, kept.get(iid, []),
                           workers=[w.address], allow_other_workers=False, pure=False)
@@ -198,9 +210,8 @@ def staged_objects(client: Client, run_id: str | None = None) -> list[tuple[str,
     worker serves are lost with their daemon and not listed.
     """
     found: list[tuple[str, int, int]] = []
-    for part in _on_instances(
-        client, vineyard_workers(client), staging.staged_objects, None, run_id
-    ):
+    live = vineyard_workers(client, all_vineyardds=False)  # a dead daemon's objects are lost
+    for part in _on_instances(client, live, staging.staged_objects, None, run_id):
         found.extend((str(n), int(o), int(i)) for n, o, i in part)
     return sorted(found)
 

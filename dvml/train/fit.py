@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import current_client
-from dvml.exceptions import TrainingError
+from dvml.exceptions import RegistryError, TrainingError
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.store.datasets import Dataset
+from dvml.store.leases import holding
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.params import format_params
@@ -118,31 +119,35 @@ def fit(
     requested_sync = check_sync(config.get("train.sync", check_sync(sync)))
     client = current_client(client)
     reg = open_registry(registry)
-    args = JobArgs(
-        model, training_set, validation_set, num_iterations, metrics_compute_frequency,
-        use_gpus, warm_start, custom_objects, seed, timeout,
-    )  # fmt: skip
-    plan = _plan(
-        reg, client, args, arch_id=arch_id, compile_params=compile_params, fit_params=fit_params,
-        tensorboard_dir=tensorboard_dir, sync=requested_sync,
-    )  # fmt: skip
-    # One fit per model at a time: a second one would share (and resume from) this one's
-    # checkpoints. Held until the model is saved; refused with the running job's name.
-    with holding_model(config.state_dir(), model, plan.key):
-        start_iteration, weights_blob, history = _resume(client, plan, resume)
-        collector = _Progress(len(plan.job.workers), model, num_iterations, on_iteration, progress)
-        start = now()
-        results = run_lockstep(
-            client, plan.job.workers, _job(plan, start_iteration, history),
-            plan.per_worker_batch, weights_blob, collector, plan.job.timeout,
+    # The datasets it reads are leased for the whole fit: a drop or overwrite is refused.
+    with holding([training_set, validation_set], job=f"dvml.fit of model {model!r}"):
+        args = JobArgs(
+            model, training_set, validation_set, num_iterations, metrics_compute_frequency,
+            use_gpus, warm_start, custom_objects, seed, timeout,
         )  # fmt: skip
-        end = now()
-        iterations = _aggregate(history, results)
-        summary = _summary(
-            plan, results, iterations, start, end, start_iteration, name, description
-        )
-        _save(reg, plan, results, summary, iterations)
-        clear_checkpoints(client, plan.job.workers, plan.checkpoint_dir)
+        plan = _plan(
+            reg, client, args, arch_id=arch_id, compile_params=compile_params,
+            fit_params=fit_params, tensorboard_dir=tensorboard_dir, sync=requested_sync,
+        )  # fmt: skip
+        # One fit per model at a time: a second one would share (and resume from) this one's
+        # checkpoints. Held until the model is saved; refused with the running job's name.
+        with holding_model(config.state_dir(), model, plan.key):
+            start_iteration, weights_blob, history = _resume(client, plan, resume)
+            collector = _Progress(
+                len(plan.job.workers), model, num_iterations, on_iteration, progress
+            )
+            start = now()
+            results = run_lockstep(
+                client, plan.job.workers, _job(plan, start_iteration, history),
+                plan.per_worker_batch, weights_blob, collector, plan.job.timeout,
+            )  # fmt: skip
+            end = now()
+            iterations = _aggregate(history, results)
+            summary = _summary(
+                plan, results, iterations, start, end, start_iteration, name, description
+            )
+            _save(reg, plan, results, summary, iterations)
+            clear_checkpoints(client, plan.job.workers, plan.checkpoint_dir)
     return Model(model, reg)
 
 
@@ -335,9 +340,14 @@ def _save(
 ) -> None:
     """Register the trained model (replacing one of the same name) with its history."""
     final_blob = next(r["weights"] for r in results if r["weights"] is not None)
-    reg.save_model(
-        plan.model, plan.arch_id, weights_from_bytes(final_blob), summary, iterations, replace=True
-    )
+    weights = weights_from_bytes(final_blob)
+    try:
+        reg.save_model(plan.model, plan.arch_id, weights, summary, iterations, replace=True)
+    except RegistryError as exc:  # a full disk, a lock: the training itself is not lost
+        raise RegistryError(
+            f"{exc} The trained weights' checkpoints are kept on the workers: once the registry "
+            "can be written, run the same fit again and it resumes from its last iteration."
+        ) from exc
 
 
 def _check_tensorboard(tensorboard_dir: str | None) -> None:

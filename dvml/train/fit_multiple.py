@@ -28,10 +28,12 @@ import pandas as pd
 from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import WorkerInfo, current_client
-from dvml.exceptions import ArgumentError, ArgumentTypeError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError
+from dvml.names import check_suffixed_name
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes
 from dvml.store.datasets import Dataset
+from dvml.store.leases import holding
 from dvml.train.hop_schedule import Config, build_info, check_configs, hop_schedule
 from dvml.train.model import Model
 from dvml.train.model_selection import resolve_model_configs
@@ -224,21 +226,23 @@ def fit_multiple(
     """
     client = current_client(client)
     reg = open_registry(registry)
-    args = JobArgs(
-        model_output, training_set, validation_set, num_iterations, metrics_compute_frequency,
-        use_gpus, warm_start, custom_objects, seed, timeout,
-    )  # fmt: skip
-    plan = _plan(reg, client, args, configs)
-    start_iteration, states, history = _resume(client, plan, resume)
-    start = now()
-    started = time.time()
-    with _hopper(client, plan, started) as hopper:
-        records, evals = _run(hopper, plan, start_iteration, states, progress, started)
-        weights = hopper.weights([c["mst_key"] for c in plan.configs])
-    end = now()
-    _register(reg, plan, history, records, evals, weights, start, end, start_iteration, name,
-              description, started)  # fmt: skip
-    hopper.clear_checkpoints()
+    # The datasets it reads are leased for the whole run: a drop or overwrite is refused.
+    with holding([training_set, validation_set], job=f"dvml.fit_multiple {model_output!r}"):
+        args = JobArgs(
+            model_output, training_set, validation_set, num_iterations, metrics_compute_frequency,
+            use_gpus, warm_start, custom_objects, seed, timeout,
+        )  # fmt: skip
+        plan = _plan(reg, client, args, configs)
+        start_iteration, states, history = _resume(client, plan, resume)
+        start = now()
+        started = time.time()
+        with _hopper(client, plan, started) as hopper:
+            records, evals = _run(hopper, plan, start_iteration, states, progress, started)
+            weights = hopper.weights([c["mst_key"] for c in plan.configs])
+        end = now()
+        _register(reg, plan, history, records, evals, weights, start, end, start_iteration, name,
+                  description, started)  # fmt: skip
+        hopper.clear_checkpoints()
     return ModelSelection(model_output, reg)
 
 
@@ -249,6 +253,7 @@ def _plan(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
     custom = args.custom_objects or list(table.attrs.get("custom_objects") or [])
     args = dataclasses.replace(args, custom_objects=custom)
     checked = check_configs(_resolve_configs(table))
+    check_suffixed_name(args.output, [f"_{int(c['mst_key'])}" for c in checked], "model_output")
     job = place_job(reg, client, args)
     parsed: dict[int, dict[str, Any]] = {}
     initial: dict[int, bytes] = {}
@@ -451,7 +456,13 @@ def _register(
     info = build_info(plan.configs, names, summaries, seconds)
     metrics_iters = summaries[plan.configs[0]["mst_key"]]["metrics_iters"]
     run_summary = _run_summary(plan, records, names, metrics_iters, times, resumed, started)
-    reg.save_model_selection_run(plan.model_output, models, info, run_summary)
+    try:
+        reg.save_model_selection_run(plan.model_output, models, info, run_summary)
+    except RegistryError as exc:  # a full disk, a lock: the training itself is not lost
+        raise RegistryError(
+            f"{exc} Every model's checkpoint is kept on the workers: once the registry can be "
+            "written, run the same fit_multiple again and it resumes from its last iteration."
+        ) from exc
 
 
 def _per_model(

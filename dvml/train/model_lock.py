@@ -21,6 +21,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+from dvml.cluster.state import private_dir
 from dvml.exceptions import FitRunningError
 
 __all__ = ["holding_model", "lock_path"]
@@ -43,7 +44,7 @@ def holding_model(state_dir: Path, model: str, job: str) -> Iterator[None]:
         Another fit of ``model`` (in this or another process) holds it; names that fit.
     """
     path = lock_path(state_dir, model)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(path.parent, root=state_dir)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:

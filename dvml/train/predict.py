@@ -17,7 +17,7 @@ from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, Trainin
 from dvml.preprocess.locations import locate, read_table
 from dvml.preprocess.sources import is_file_source, normalize_x
 from dvml.preprocess.string_cells import restore_array_cells
-from dvml.registry.database import Registry, opened_registry
+from dvml.registry.database import TRAINED_SUMMARY_KEYS, Registry, opened_registry
 from dvml.registry.weights import weights_to_bytes
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import inference
@@ -54,7 +54,7 @@ def _digest(weights: bytes, model_json: Any) -> str:
 
 def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a worker needs to rebuild a registered model, and the model's summary."""
-    entry = registry.get_model(model)
+    entry = registry.get_model(model, require=TRAINED_SUMMARY_KEYS)
     arch = registry.get_architecture(entry["arch_id"])
     summary = entry["summary"]
 

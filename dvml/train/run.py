@@ -27,6 +27,7 @@ from dvml.names import check_name
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes
 from dvml.store.datasets import Dataset, resolve_dataset
+from dvml.store.leases import holding
 from dvml.train.model_lock import holding_model
 from dvml.train.params import parse_compile_params
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
@@ -182,20 +183,14 @@ def run(
     key = job_key("run", name, ids, [w.name for w in workers], batch_size, seed, sync)
     directory = str(settings.state_dir() / "checkpoints" / f"run-{name}-{key}")
     payload = _pickled(train_fn)
-    with holding_model(settings.state_dir(), f"run-{name}", key):
+    datasets_held = [d.name for d in named.values()]
+    with (
+        holding(datasets_held, job=f"dvml.run {name!r}"),
+        holding_model(settings.state_dir(), f"run-{name}", key),
+    ):
         resumed = find_checkpoint(client, workers, directory, key) if resume else None
-        job = {
-            "program": "user", "job_key": key, "name": name, "sync": sync, "seed": seed,
-            "datasets": {k: d.name for k, d in named.items()}, "config": dict(config or {}),
-            "global_batch_size": batch_size, "steps_per_epoch": steps,
-            "checkpoint_dir": directory, "use_gpus": use_gpus,
-            "resume": {"step": resumed[0] - 1, "history": resumed[2]} if resumed else None,
-            "peer_timeout": settings.get("train.peer-timeout", None),
-            "client_timeout": settings.get("train.client-timeout", None),
-            "threads": [settings.get("train.intra-op-threads", None),
-                        settings.get("train.inter-op-threads", None)],
-            "standby": bool(settings.get("train.standby-trainer", None)),
-        }  # fmt: skip
+        job = _job(name, key, sync, seed, named, batch_size, steps, directory, use_gpus,
+                   config, resumed)  # fmt: skip
         collector = _Reports(len(workers), name, on_report, progress)
         results = run_lockstep(
             client, workers, job, per_worker, resumed[1] if resumed else None, collector,
@@ -218,6 +213,35 @@ def run(
         workers=[w.name for w in workers],
         resumed_from_step=resumed[0] - 1 if resumed else None,
     )
+
+
+def _job(
+    name: str,
+    key: str,
+    sync: str,
+    seed: int,
+    named: dict[str, Dataset],
+    batch_size: int,
+    steps: int,
+    directory: str,
+    use_gpus: bool,
+    config: Mapping[str, Any] | None,
+    resumed: tuple[int, bytes, list[dict[str, Any]]] | None,
+) -> dict[str, Any]:
+    """What every trainer of the run is told (the runtime adds each one's own part)."""
+
+    return {
+        "program": "user", "job_key": key, "name": name, "sync": sync, "seed": seed,
+        "datasets": {k: d.name for k, d in named.items()}, "config": dict(config or {}),
+        "global_batch_size": batch_size, "steps_per_epoch": steps,
+        "checkpoint_dir": directory, "use_gpus": use_gpus,
+        "resume": {"step": resumed[0] - 1, "history": resumed[2]} if resumed else None,
+        "peer_timeout": settings.get("train.peer-timeout", None),
+        "client_timeout": settings.get("train.client-timeout", None),
+        "threads": [settings.get("train.intra-op-threads", None),
+                    settings.get("train.inter-op-threads", None)],
+        "standby": bool(settings.get("train.standby-trainer", None)),
+    }  # fmt: skip
 
 
 def _pickled(train_fn: Callable[[Any], Any]) -> bytes:

@@ -31,7 +31,9 @@ W1 = _worker(1, "host-a")
 W2 = _worker(2, "host-b", ("GPU 0: NVIDIA H100",))
 W3 = _worker(3, "host-b")
 WORKERS = [W0, W1, W2, W3]
-W3_NO_VINEYARD = dataclasses.replace(W3, vineyard_instance_id=None)
+W3_NO_VINEYARD = dataclasses.replace(W3, vineyard_socket=None, vineyard_instance_id=None)
+# Started with a socket whose daemon does not answer: it died (issue 28: not "set the socket").
+W3_DEAD_VINEYARD = dataclasses.replace(W3, vineyard_instance_id=None)
 
 
 def _names(targets: list[WorkerInfo]) -> list[str]:
@@ -150,6 +152,12 @@ def test_worker_name_wins_over_host_name() -> None:
         ("gpu_workers", [W1, W3], r"no worker reports a GPU.*Declare GPUs.*all_workers"),
         ("all_workers", [], r"no workers"),
         ("all_workers", [W0, W3_NO_VINEYARD], r"no vineyardd.*worker-3 \(tcp://127.0.0.1:4003"),
+        (
+            "all_workers",
+            [W0, W3_DEAD_VINEYARD],
+            r"vineyardd of selected workers is not running"
+            r".*worker-3 .*socket /tmp/v3.sock",
+        ),
     ],
 )
 def test_resolve_refuses(value: object, workers: list[WorkerInfo], match: str) -> None:

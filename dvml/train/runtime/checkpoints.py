@@ -19,21 +19,12 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["CheckpointStore", "private_dir", "resume_iteration"]
+from dvml.cluster.state import private_dir
+
+__all__ = ["CheckpointStore", "resume_iteration"]
 
 _STATE = ".npz"
 _META = ".npz.json"
-
-
-def private_dir(path: str, levels: int = 1) -> str:
-    """Create ``path`` (and its parents) owner-only; tighten the last ``levels`` levels of it
-    when they already existed with wider modes. Returns ``path``."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    level = path
-    for _ in range(levels):
-        os.chmod(level, 0o700)
-        level = os.path.dirname(level)
-    return path
 
 
 def _private_opener(path: str, flags: int) -> int:
@@ -58,7 +49,9 @@ class CheckpointStore:
 
     def save(self, name: str, state: bytes, meta: dict[str, Any]) -> None:
         """Write checkpoint ``name``: its state, then its record (each atomically)."""
-        private_dir(self.directory, levels=2)
+        # the job's directory and <state dir>/checkpoints, tightened when an older dvml made
+        # them 0755
+        private_dir(self.directory, root=os.path.dirname(self.directory))
         path = self._path(name)
         for suffix, data in ((_STATE, state), (_META, json.dumps(meta).encode())):
             with open(path + suffix + ".tmp", "wb", opener=_private_opener) as f:

@@ -1,0 +1,150 @@
+"""A drop or overwrite of a dataset while dvml.fit trains on it is refused, naming the fit.
+
+Before issue 28 the drop returned in 0.4 s, the trainers kept zero-copy views of freed blobs,
+a pack that followed reused the memory and the fit registered a ruined model. The fit now
+holds a lease on its datasets (dvml.store.leases) for the whole training. The attempts run
+while the trainers are alive, between the fit's two iterations (``on_iteration``), from the
+fit's own process (API) and from another (``dvml datasets drop``).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+from typing import Any
+
+import dask
+import pandas as pd
+import pytest
+
+import dvml
+from dvml.exceptions import DatasetInUseError
+from tests.helpers import REPO, Background, cnn, tls_environment
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+COMPILE = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
+NAME = "lease_digits"
+# Enough iterations that the fit still trains while the three attempts run (~10 s: one is a
+# `python -m dvml` process); the test checks that it did.
+ITERATIONS = 12
+
+
+def _digits() -> pd.DataFrame:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return pd.DataFrame(
+        {
+            "pixels": list(d.images.reshape(-1, 8, 8, 1).astype("float32")[:1200]),
+            "label": d.target[:1200],
+        }
+    )
+
+
+def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pathlib.Path):
+    client = cluster2.client
+    state = tmp_path / "state"  # made by the fit: owner-only, with its locks and checkpoints
+    frame = _digits()
+    env = {
+        **os.environ,
+        **tls_environment(cluster2),
+        "PYTHONPATH": str(REPO),
+        "DASK_DVML__CLUSTER__STATE_DIR": str(state),
+    }
+    attempts: dict[str, Any] = {}
+
+    def attempt_all() -> None:
+        for what, call in (
+            ("drop", lambda: dvml.datasets.drop(NAME, client=client)),
+            ("overwrite", lambda: dvml.training_preprocessor(
+                frame, y="label", x="pixels", normalizing_const=16.0, name=NAME,
+                overwrite=True, client=client)),
+        ):  # fmt: skip
+            try:
+                call()
+                attempts[what] = None
+            except Exception as exc:
+                attempts[what] = exc
+        attempts["cli"] = subprocess.run(
+            [sys.executable, "-m", "dvml", "datasets", "drop", NAME,
+             "--scheduler", cluster2.scheduler_address],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+
+    with dask.config.set({"dvml.cluster.state-dir": str(state)}):
+        dvml.training_preprocessor(
+            frame, y="label", x="pixels", normalizing_const=16.0, name=NAME, overwrite=True,
+            client=client,
+        )  # fmt: skip
+        registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+        try:
+            arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+            fitting = Background(
+                lambda seen: dvml.fit(
+                    NAME, "lease_model", arch, compile_params=COMPILE,
+                    fit_params="batch_size=32, epochs=2", num_iterations=ITERATIONS,
+                    registry=registry, client=client, on_iteration=seen, progress=False,
+                )
+            )  # fmt: skip
+            # The trainers run (one iteration is done) and read the dataset from now on.
+            assert fitting.first.wait(300), "the fit did not reach its first iteration"
+            attempt_all()
+            assert not fitting.done(), "the fit ended before the attempts: raise ITERATIONS"
+            model = fitting.result()
+            accuracy = model.summary["training_metrics_final"]
+        finally:
+            registry.close()
+        try:
+            for what in ("drop", "overwrite"):
+                error = attempts[what]
+                assert isinstance(error, DatasetInUseError), (what, error)
+                assert "dvml.fit of model 'lease_model'" in str(error)
+                assert f"Cannot {what} dataset {NAME!r}" in str(error)
+            cli = attempts["cli"]
+            assert cli.returncode == 1, (cli.stdout, cli.stderr)
+            assert cli.stderr.startswith("dvml: error: Cannot drop dataset"), cli.stderr
+            assert "dvml.fit of model 'lease_model'" in cli.stderr
+            assert accuracy > 0.5  # trained on the data it was given, not on freed memory
+            assert dvml.datasets.exists(NAME, client=client)
+            # Item 7: the state directory and what the fit made in it are owner-only.
+            for path in (state, state / "locks", state / "checkpoints", state / "leases"):
+                assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+            assert list((state / "leases").glob("*.json")) == []  # released with the fit
+        finally:
+            dvml.datasets.drop(NAME, client=client)  # no fit holds it now: accepted
+    assert not dvml.datasets.exists(NAME, client=client)
+
+
+def test_fit_multiple_refuses_a_model_output_too_long_for_its_names(
+    cluster2: Any, tmp_path: pathlib.Path
+) -> None:
+    """Item 7 of issue 28: a 128-character model_output registered 130-character models."""
+    from dvml.exceptions import ArgumentError
+    from dvml.names import MAX_NAME_LENGTH
+
+    client = cluster2.client
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
+        dvml.training_preprocessor(
+            _digits(), y="label", x="pixels", normalizing_const=16.0, name="long_digits",
+            overwrite=True, client=client,
+        )  # fmt: skip
+        registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+        try:
+            arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+            table = pd.DataFrame(
+                [{"mst_key": k, "model_id": arch, "compile_params": COMPILE,
+                  "fit_params": f"batch_size={16 * k}, epochs=1"} for k in (1, 2)]
+            )  # fmt: skip
+            with pytest.raises(ArgumentError, match=r"model_output is too long.*at most 126"):
+                dvml.fit_multiple(
+                    "long_digits", "m" * MAX_NAME_LENGTH, table, 1, registry=registry,
+                    client=client, progress=False,
+                )  # fmt: skip
+            assert registry.list_models().empty  # nothing trained, nothing registered
+        finally:
+            registry.close()
+            dvml.datasets.drop("long_digits", client=client)
