@@ -202,7 +202,7 @@ def automl(
     resume : bool
         ``method="asha"`` only: continue the search ``model_output`` whose client died from the
         journal's last decision (each active model loses at most the iteration it was
-        training); a search not found, or finished, starts afresh.
+        training); a finished one is returned as it is; one not found starts afresh.
 
     Returns
     -------
@@ -225,6 +225,8 @@ def automl(
         )
     client = current_client(client)
     reg = open_registry(registry)
+    if resume and _finished_asha(reg, model_output, parsed):
+        return AutoMLResult(model_output, reg)  # nothing left to resume
     loss_column = "validation_loss_final" if validation_set is not None else "training_loss_final"
     common: dict[str, Any] = {
         "training_set": training_set,
@@ -350,6 +352,19 @@ def _asha(
         resumed=journal is not None, name=name, description=description,
     )  # fmt: skip
     return driver.run()
+
+
+def _finished_asha(reg: Registry, model_output: str, parsed: Any) -> bool:
+    """Whether ``model_output`` is a finished ASHA search with these parameters."""
+    try:
+        summary = reg.model_selection_run(model_output)["summary"]
+    except RegistryNotFoundError:
+        return False
+    return (
+        summary.get("automl_method") == "asha"
+        and summary.get("status") == "finished"
+        and summary.get("automl_params") == parsed.text()
+    )
 
 
 def _running_journal(reg: Registry, model_output: str) -> str | None:
