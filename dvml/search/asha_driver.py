@@ -13,6 +13,10 @@ the whole search):
 - ``Park`` / ``Finish`` / ``Fail``: the model's state stays (parked) until a promotion;
 - ``Wait``: the worker stays idle until the next result; ``Stop``: no more work is given out.
 
+Each worker takes two jobs at once (:data:`JOBS_PER_WORKER`): its one trainer trains one model
+at a time, and the other job's state moves, loads and saves while it does, so the trainer does
+not wait for the client's decisions or for Dask between the tasks of one model.
+
 One **iteration** of a model is as many rows as the training set has: ``W`` sub-epochs (its
 ``epochs`` each) on the local rows of the worker it runs on, for ``W`` workers; so an ASHA
 iteration costs what a ``fit_multiple`` iteration costs (which visits the ``W`` partitions once
@@ -65,6 +69,10 @@ if TYPE_CHECKING:
 __all__ = ["AshaDriver", "SearchOutcome"]
 
 logger = logging.getLogger("dvml.search")
+
+JOBS_PER_WORKER = 2
+"""Jobs a worker runs at once (its trainer trains one at a time; the other job's state moves,
+loads and saves meanwhile)."""
 
 
 @dataclasses.dataclass
@@ -167,15 +175,18 @@ class AshaDriver:
         """Run the search to its end; stop the trainers; return what to register."""
         try:
             kept = self._restore() if self.resumed else {}
-            idle = list(self.workers)
+            # each worker takes JOBS_PER_WORKER jobs: one trains while the other's state is
+            # moved, loaded and saved and the client decides (tasks of one model follow each
+            # other, so one job alone would leave its trainer idle between its tasks)
+            idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
             while True:
                 self._ask(idle, kept)
                 if not self.running:
                     break
                 for done in self._next_done():
                     self._finish(done)
-                    if done.worker in self.workers:
-                        idle.append(done.worker)
+                    idle.append(done.worker)
+                idle[:] = [w for w in idle if w in self.workers]  # not those whose trainer died
             weights = self._final_weights()
         except BaseException:
             self.client.cancel(self.hopper.submitted)
@@ -277,7 +288,7 @@ class AshaDriver:
             self.hopper.states[key] = done.previous  # the last state that trained
             self.hopper.park(key)
             decision = self.search.apply(j.Failure(key, reason, worker.name, self.now()))
-            self._drop_if_dead(worker)
+            self._drop_dead()
         else:
             loss = self._collect(done)
             decision = self.search.apply(
@@ -302,16 +313,18 @@ class AshaDriver:
         values = aggregate(found) if found else {}
         return values.get("loss")
 
-    def _drop_if_dead(self, worker: WorkerInfo) -> None:
-        if worker in self.workers and not self.hopper.alive(worker):
+    def _drop_dead(self) -> None:
+        """Leave out every worker whose trainer died (a failed task may have run on another
+        worker than its model's: its evaluation runs on every worker)."""
+        for worker in [w for w in self.workers if not self.hopper.alive(w)]:
             self.workers.remove(worker)
             self._line(f"the trainer on {worker.name} is gone: the search goes on without it")
-            if not self.workers:
-                raise TrainerFailedError(
-                    f"Every trainer of search {self.model_output!r} is gone. Received: workers "
-                    f"{[w.name for w in self.job.workers]}. Run dvml.automl(..., resume=True) "
-                    "again: it resumes from the journal's last decision."
-                )
+        if not self.workers:
+            raise TrainerFailedError(
+                f"Every trainer of search {self.model_output!r} is gone. Received: workers "
+                f"{[w.name for w in self.job.workers]}. Run dvml.automl(..., resume=True) "
+                "again: it resumes from the journal's last decision."
+            )
 
     # ------------------------------------------------------------------ resume
 

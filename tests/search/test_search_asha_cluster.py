@@ -255,3 +255,50 @@ def test_a_search_whose_client_was_killed_resumes_from_its_journal(
     assert result.summary["trained_iterations"] == int(info["iterations"].sum()) - sum(
         resumed.values()
     )
+
+
+def test_a_killed_trainer_fails_its_configuration_and_the_search_goes_on(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    """SIGKILL the search's trainer on worker-1 once a model is parked: the configuration it
+    was training is failed (ranked last), the worker is left out, and the search finishes on
+    worker-0 with every other configuration."""
+    from tests.helpers import Background
+
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.automl(
+                "asha_iris", "asha_kill", env["arch"], COMPILE, FIT, method="asha",
+                params="max_t=9, eta=3, grace_period=3, max_configs=5", seed=5,
+                validation_set="asha_iris_val", progress=True, registry=env["registry"],
+                client=env["client"],
+            )  # fmt: skip
+
+    search = Background(run)
+
+    def parked() -> bool:
+        try:
+            text = env["registry"].model_selection_run("asha_kill")["summary"]["journal"]
+        except dvml.exceptions.RegistryNotFoundError:
+            return False
+        return any(isinstance(d, j.Park) for _, d in j.Journal.loads(text).pairs())
+
+    assert poll_for(lambda: search.done() or parked(), 300), search.outcome
+    victims = worker_trainers(cluster2, "worker-1", model_output="asha_kill")
+    assert len(victims) == 1, (victims, search.outcome)
+    os.kill(victims[0], signal.SIGKILL)
+    result = search.result(600)
+    info = result.info.set_index("mst_key")
+    journal = j.Journal.loads(result.summary["journal"])
+    fails = [d for _, d in journal.pairs() if isinstance(d, j.Fail)]
+    assert fails, info[["status", "iterations"]]
+    assert any("worker-1" in d.reason and "SIGKILL" in d.reason for d in fails), fails
+    # after the kill, every job went to worker-0
+    killed_at = next(n for n, (_, d) in enumerate(journal.pairs()) if isinstance(d, j.Fail))
+    later = [d for n, (_, d) in enumerate(journal.pairs())
+             if n > killed_at and isinstance(d, j.Start | j.Promote)]  # fmt: skip
+    assert all(d.worker == "worker-0" for d in later), later
+    assert len(info) == 5 and result.summary["status"] == "finished"
+    failed = set(info.index[info["status"] == "failed"])
+    assert result.summary["best_mst_key"] not in failed
+    assert set(info["status"]) - {"failed"} <= {"parked", "finished"}
