@@ -48,6 +48,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b12_pack_scaling",
     "benchmarks.b13_netns_fit",
     "benchmarks.b14_tls",
+    "benchmarks.b15_time_to_accuracy",
     "benchmarks.b16_idle_workers",
     "benchmarks.b17_row_bytes",
     "benchmarks.b18_object_store",

@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
         "02_digits_training.ipynb",
         "04_fit_multiple.ipynb",
         "05_your_own_training_loop.ipynb",
+        "06_model_search.ipynb",
     ],
 )
 def test_notebook_runs(name: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dvml.cli.models_cmd",
     "dvml.cli.train_cmd",
     "dvml.cli.fit_multiple_cmd",
+    "dvml.cli.automl_cmd",
     "dvml.cli.model_configs_cmd",
     "dvml.cli.features_cmd",
 )

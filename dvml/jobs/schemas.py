@@ -30,6 +30,7 @@ from dvml.limits import (
 from dvml.train import config_search
 
 __all__ = [
+    "AUTOML_SCHEMA",
     "FEATURE_REFRESH_SCHEMA",
     "FIT_MULTIPLE_SCHEMA",
     "JOB_SCHEMA",
@@ -568,6 +569,77 @@ FIT_MULTIPLE_SCHEMA: Schema = {
 }
 
 
+def _automl_check(section: dict[str, Any]) -> str | None:
+    from dvml.search.automl_params import parse_automl_params
+
+    try:
+        parse_automl_params(section["method"], section["params"])
+    except (ArgumentError, ArgumentTypeError) as exc:
+        return f"automl is refused: {str(exc).rstrip('.')}"
+    return None
+
+
+def _space_check(section: dict[str, Any]) -> str | None:
+    from dvml.search.search_space import SearchSpace
+
+    if not section["architectures"] or section["compile_params_grid"] is None:
+        return (
+            "'model_selection' needs 'architectures' and 'compile_params_grid'. Received: "
+            f"{[k for k in _GRID_KEYS if section.get(k) not in (None, [])] or 'none of them'}. "
+            "Add them"
+        )
+    try:
+        positions = list(range(1, len(section["architectures"]) + 1))
+        SearchSpace(positions, section["compile_params_grid"], section["fit_params_grid"],
+                    section["custom_objects"])  # fmt: skip
+    except (ArgumentError, ArgumentTypeError) as exc:
+        return f"model_selection is refused: {str(exc).rstrip('.')}"
+    return None
+
+
+_SPACE_FIELDS = {
+    k: v
+    for k, v in _selection_fields().items()
+    if k in ("architectures", "compile_params_grid", "fit_params_grid", "custom_objects")
+}
+
+AUTOML_SCHEMA: Schema = {
+    **_common(),
+    "data": JOB_SCHEMA["data"],
+    "validation": JOB_SCHEMA["validation"],
+    "model_selection": Section(
+        _SPACE_FIELDS,
+        required=True,
+        check=_space_check,
+        help="architectures and MADlib grids; ranges [lo, hi, 'linear'|'log'|'log_near_one']",
+    ),
+    "automl": Section(
+        {
+            "model_output": Field(str, check=_name, help="the search's name (default: <name>)"),
+            "method": Field(
+                str,
+                default="hyperband",
+                choices=("hyperband", "hyperopt", "asha"),
+                help="MADlib's hyperband or hyperopt, or asha",
+            ),
+            "params": Field(
+                str,
+                help="MADlib's automl_params, e.g. 'R=6, eta=3, skip_last=0', "
+                "'num_configs=20, num_iterations=5, algorithm=rand' or 'max_t=9, eta=3, "
+                "grace_period=1, max_configs=16, sampler=random'",
+            ),
+            "seed": Field(int, help="the sampler's seed (MADlib's random_state)"),
+            "use_gpus": Field(bool, default=False, help="train on the workers' GPUs"),
+            "metrics_compute_frequency": Field(
+                int, check=_at_least_one, help="compute metrics every N iterations"
+            ),
+        },
+        check=_automl_check,
+        help="the search (dvml.automl)",
+    ),
+}
+
+
 if __name__ == "__main__":  # pragma: no cover - documentation helper
     print("# dvml fit|evaluate|predict --config and workflows/retrain.py\n")
     print(describe(JOB_SCHEMA))
@@ -575,5 +647,7 @@ if __name__ == "__main__":  # pragma: no cover - documentation helper
     print(describe(FEATURE_REFRESH_SCHEMA))
     print("\n# dvml fit-multiple --config\n")
     print(describe(FIT_MULTIPLE_SCHEMA))
+    print("\n# dvml automl --config\n")
+    print(describe(AUTOML_SCHEMA))
     print("\n# dvml model-configs generate --config\n")
     print(describe(MODEL_CONFIGS_SCHEMA))

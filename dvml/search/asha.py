@@ -117,7 +117,7 @@ class Asha:
                 "method": "asha",
                 "automl_params": params.text(),
                 "seed": seed,
-                "space": space.grids(),
+                "space": space.header(),
             }
         )
 
@@ -137,7 +137,7 @@ class Asha:
                 f"The journal is a {header.get('method')!r} search's, not ASHA's. Received: "
                 f"method={header.get('method')!r}. Resume it with its own scheduler."
             )
-        space = SearchSpace(**header["space"])
+        space = SearchSpace.from_header(header["space"])
         params = parse_automl_params("asha", header["automl_params"])
         fresh = cls(space, params, seed=header["seed"])  # type: ignore[arg-type]
         return j.replay(journal, fresh)  # type: ignore[return-value]

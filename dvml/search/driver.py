@@ -22,13 +22,11 @@ Hyperband), ``.summary`` (with ``automl_method``, ``automl_params``, ``random_st
 search's journal) and the one-row model selection table of the best configuration
 (``f"{model_output}_best"``, loadable by name with ``dvml.load_model_configs``).
 
-Method ``"asha"`` needs a trainer runtime that parks, resumes and adds models on running
-trainers; until it exists, this driver refuses it (the scheduler itself is
-:class:`dvml.search.asha.Asha`). When that interface lands, the driver becomes one loop: every
-idle trainer asks the scheduler (:class:`~dvml.search.journal.Ask`), the runtime carries out
-``Start`` (add a model), ``Promote`` (resume a parked model from its checkpoint), ``Park``
-(keep its state) and ``Stop``, and every result is reported back; the journal is saved after
-each decision, and ``resume=True`` replays it.
+``method="asha"`` (dvml's, beyond MADlib) is :class:`~dvml.search.asha.Asha` driven on one
+job of serving trainers that never restart (:mod:`dvml.search.asha_driver`): new
+configurations join the running job on idle workers, promotions resume parked models from their
+state, every decision is journaled in the registry before it is carried out, and
+``resume=True`` continues a search whose client died from its last decision.
 """
 
 from __future__ import annotations
@@ -42,16 +40,24 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dvml.cluster.workers import current_client
-from dvml.exceptions import ArgumentError
+from dvml.exceptions import ArgumentError, RegistryNotFoundError
 from dvml.names import check_name
 from dvml.registry.database import Registry, open_registry
 from dvml.search import hyperband as hb
-from dvml.search.automl_params import HyperbandParams, HyperoptParams, parse_automl_params
+from dvml.search.asha import Asha
+from dvml.search.asha_driver import AshaDriver, SearchOutcome
+from dvml.search.automl_params import (
+    AshaParams,
+    HyperbandParams,
+    HyperoptParams,
+    parse_automl_params,
+)
 from dvml.search.hyperopt_run import HyperoptRun
 from dvml.search.search_space import SearchSpace
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import config_search as cs
 from dvml.train.fit_multiple import ModelSelection, fit_multiple
+from dvml.train.runtime.plan import JobArgs, place_job
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -157,6 +163,7 @@ def automl(
     custom_objects: list[str] | None = None,
     *,
     progress: bool = True,
+    resume: bool = False,
     registry: Registry | str | None = None,
     client: Client | None = None,
 ) -> AutoMLResult:
@@ -176,17 +183,26 @@ def automl(
     compile_params_grid, fit_params_grid : dict or str
         MADlib's grids: lists of choices, ``optimizer_params_list``, and ranges
         ``[low, high, 'linear' | 'log' | 'log_near_one']``.
-    method : {"hyperband", "hyperopt"}
-        MADlib's ``automl_method``.
+    method : {"hyperband", "hyperopt", "asha"}
+        MADlib's ``automl_method``, or ``"asha"``: asynchronous successive halving on one job
+        of serving trainers (:mod:`dvml.search.asha_driver`).
     params : str or dict, optional
         MADlib's ``automl_params``: ``'R=6, eta=3, skip_last=0'`` (hyperband, the default) or
         ``'num_configs=20, num_iterations=5, algorithm=tpe'`` (hyperopt; ``tpe`` needs
-        ``pip install 'dvml[automl]'``).
+        ``pip install 'dvml[automl]'``), or ASHA's ``'max_t=81, eta=3, grace_period=1,
+        max_configs=100, time_budget_s=600, sampler=random'`` (``sampler=tpe`` needs the
+        extra too).
     seed : int, optional
         MADlib's ``random_state``: the sampler's seed.
     metrics_compute_frequency, use_gpus, name, description, custom_objects
         As for :func:`dvml.fit_multiple` (a frequency larger than a call's iterations is
         dropped for that call, as MADlib does).
+    progress : bool
+        A line per decision, with the best configuration so far.
+    resume : bool
+        ``method="asha"`` only: continue the search ``model_output`` whose client died from the
+        journal's last decision (each active model loses at most the iteration it was
+        training); a finished one is returned as it is; one not found starts afresh.
 
     Returns
     -------
@@ -201,14 +217,16 @@ def automl(
     check_name(model_output, "model_output")
     parsed = parse_automl_params(method, params)
     space = SearchSpace(arch_ids, compile_params_grid, fit_params_grid, custom_objects or ())
-    if not isinstance(parsed, HyperbandParams | HyperoptParams):
+    if resume and not isinstance(parsed, AshaParams):
         raise ArgumentError(
-            "method='asha' needs the trainer runtime's park/resume interface, which this "
-            "version does not have yet. Received: method='asha'. Use method='hyperband' or "
-            "'hyperopt', or drive dvml.search.asha.Asha yourself."
+            f"resume=True continues an ASHA search from its journal; MADlib's {method!r} is "
+            f"run again from the start. Received: method={method!r}, resume=True. Pass "
+            "resume=False, or use method='asha'."
         )
     client = current_client(client)
     reg = open_registry(registry)
+    if resume and _finished_asha(reg, model_output, parsed):
+        return AutoMLResult(model_output, reg)  # nothing left to resume
     loss_column = "validation_loss_final" if validation_set is not None else "training_loss_final"
     common: dict[str, Any] = {
         "training_set": training_set,
@@ -242,7 +260,18 @@ def automl(
         _merge(info, record["info"], offset, time.time() - started)
         summary.update(record["summary"])
 
-    if isinstance(parsed, HyperbandParams):
+    models: list[dict[str, Any]] = []
+    best_key: int | None = None
+    if isinstance(parsed, AshaParams):
+        args = JobArgs(
+            model_output, training_set, validation_set, parsed.max_t, metrics_compute_frequency,
+            use_gpus, False, custom_objects, seed, None,
+        )  # fmt: skip
+        outcome = _asha(reg, client, args, space, parsed, resume, progress, name, description)
+        info, models, best_key = outcome.info, outcome.models, outcome.best
+        summary.update(outcome.summary)
+        journal = {"text": outcome.journal}
+    elif isinstance(parsed, HyperbandParams):
         journal = _hyperband(parsed, space, seed, info, train, loss_column, progress)
         for k, row in info.items():  # MADlib's .info columns s (bracket) and i (last round)
             row["s"], row["i"] = journal["bracket_of"][k], journal["last_round"][k]
@@ -251,7 +280,7 @@ def automl(
                             training_set)  # fmt: skip
     rows = [info[k] for k in sorted(info)]
     ranked = sorted(rows, key=lambda r: (hb.rank_key(_loss(r, loss_column)), r["mst_key"]))
-    best = ranked[0]
+    best = info[best_key] if best_key is not None else ranked[0]
     summary.update(
         model=model_output,
         model_info=f"{model_output}_info",
@@ -266,10 +295,11 @@ def automl(
         start_training_time=pd.Timestamp(started, unit="s").isoformat(),
         end_training_time=pd.Timestamp(time.time(), unit="s").isoformat(),
         journal=journal["text"],
+        status="finished",
     )
     for column in ("num_iterations", "warm_start", "hops", "hop_workers"):
         summary.pop(column, None)  # one call's, not the search's
-    reg.save_model_selection_run(model_output, [], rows, summary)
+    reg.save_model_selection_run(model_output, models, rows, summary)
     best_row = {c: best[c] for c in cs.COLUMNS}
     reg.save_model_selection(
         f"{model_output}_best",
@@ -282,6 +312,70 @@ def automl(
         replace=True,
     )
     return AutoMLResult(model_output, reg)
+
+
+def _asha(
+    reg: Registry,
+    client: Client,
+    args: JobArgs,
+    space: SearchSpace,
+    parsed: AshaParams,
+    resume: bool,
+    progress: bool,
+    name: str | None,
+    description: str | None,
+) -> SearchOutcome:
+    """ASHA on one job of serving trainers; the journal saved in the registry as it goes."""
+    job = place_job(reg, client, args)
+    search = Asha(space, parsed, args.seed)
+    journal = _running_journal(reg, args.output) if resume else None
+    if journal is not None:
+        resumed = Asha.from_journal(journal)
+        if resumed.journal.header != search.journal.header:
+            raise ArgumentError(
+                f"resume=True but search {args.output!r} was started with other arguments. "
+                f"Received: {search.journal.header!r:.300}; the journal has "
+                f"{resumed.journal.header!r:.300}. Resume with the same arguments, or pass "
+                "resume=False to start afresh."
+            )
+        search = resumed
+
+    def save(text: str) -> None:
+        reg.save_model_selection_run(
+            args.output, [], [], {"automl_method": "asha", "status": "running",
+                                  "automl_params": parsed.text(), "random_state": args.seed,
+                                  "journal": text},
+        )  # fmt: skip
+
+    driver = AshaDriver(
+        client, reg, job, search, args.output, save, progress=progress,
+        resumed=journal is not None, name=name, description=description,
+    )  # fmt: skip
+    return driver.run()
+
+
+def _finished_asha(reg: Registry, model_output: str, parsed: Any) -> bool:
+    """Whether ``model_output`` is a finished ASHA search with these parameters."""
+    try:
+        summary = reg.model_selection_run(model_output)["summary"]
+    except RegistryNotFoundError:
+        return False
+    return (
+        summary.get("automl_method") == "asha"
+        and summary.get("status") == "finished"
+        and summary.get("automl_params") == parsed.text()
+    )
+
+
+def _running_journal(reg: Registry, model_output: str) -> str | None:
+    """The journal of the unfinished ASHA search ``model_output``, if there is one."""
+    try:
+        summary = reg.model_selection_run(model_output)["summary"]
+    except RegistryNotFoundError:
+        return None
+    if summary.get("automl_method") != "asha" or summary.get("status") != "running":
+        return None
+    return str(summary["journal"])
 
 
 def _hyperband(

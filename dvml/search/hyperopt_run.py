@@ -81,7 +81,7 @@ class HyperoptRun:
                 "automl_params": params.text(),
                 "num_workers": num_workers,
                 "seed": seed,
-                "space": space.grids(),
+                "space": space.header(),
             }
         )
 
@@ -96,7 +96,8 @@ class HyperoptRun:
                 f"method={header.get('method')!r}. Resume it with its own scheduler."
             )
         params = parse_automl_params("hyperopt", header["automl_params"])
-        fresh = cls(SearchSpace(**header["space"]), params, header["num_workers"], header["seed"])  # type: ignore[arg-type]
+        space = SearchSpace.from_header(header["space"])
+        fresh = cls(space, params, header["num_workers"], header["seed"])  # type: ignore[arg-type]
         return j.replay(journal, fresh)  # type: ignore[return-value]
 
     def apply(self, event: Any) -> Any:

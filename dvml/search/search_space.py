@@ -21,6 +21,7 @@ a journal can hold them. Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from collections.abc import Collection, Mapping, Sequence
@@ -162,6 +163,24 @@ class SearchSpace:
             "fit_params_grid": self.fit_grid,
             "custom_names": sorted(self.custom_names),
         }
+
+    def header(self) -> dict[str, Any]:
+        """The space for a journal's header: the grids as JSON text, so that their keys keep
+        the order they were given in (the journal's JSON sorts the keys of its dicts, and the
+        order of the keys is the order of the dimensions, hence of the draws)."""
+        g = self.grids()
+        for key in ("compile_params_grid", "fit_params_grid"):
+            g[key] = json.dumps(g[key])
+        return g
+
+    @classmethod
+    def from_header(cls, header: Mapping[str, Any]) -> SearchSpace:
+        """The space :meth:`header` wrote (grids as dicts are taken as they are)."""
+        g = dict(header)
+        for key in ("compile_params_grid", "fit_params_grid"):
+            if isinstance(g.get(key), str) and g[key].lstrip().startswith(("{", "null")):
+                g[key] = json.loads(g[key])
+        return cls(**g)
 
     def sample(self, draw: Draw) -> dict[str, Any]:
         """One point: dimension name → choice index or number (active dimensions only)."""

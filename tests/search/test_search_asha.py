@@ -232,3 +232,16 @@ def test_from_journal_rebuilds_the_search_from_its_text_alone() -> None:
     assert b.ask("w7", now=30.0) == a.ask("w7", now=30.0)
     with pytest.raises(ArgumentError, match="not ASHA's"):
         Asha.from_journal(j.Journal(header={"method": "hyperband"}))
+
+
+def test_from_journal_keeps_the_order_of_the_grids_keys() -> None:
+    """The journal's JSON sorts dict keys; the grids' order (the draws' order, the text of
+    each configuration) must survive it, or a resumed search would not replay."""
+    compile_grid = {"loss": ["mse"], "optimizer_params_list": [{"optimizer": ["Adam"],
+                    "lr": [0.001, 0.1, "log"]}], "metrics": ["mae"]}  # fmt: skip
+    fit_grid = {"epochs": [1], "batch_size": [8, 16]}
+    a = Asha(SearchSpace([1], compile_grid, fit_grid), AshaParams(max_t=9, max_configs=6), seed=4)
+    _drive(a, 8)
+    b = Asha.from_journal(a.journal.dumps())
+    assert b.journal.dumps() == a.journal.dumps()
+    assert b.space.compile_grid == compile_grid and list(b.space.fit_grid) == list(fit_grid)

@@ -77,7 +77,7 @@ def test_refused_before_anything_trains(env: dict[str, Any]) -> None:
         ({"method": "hyperopt", "params": "num_iterations=0"}, "must be > 0"),
         ({"method": "hyperopt", "params": "algorithm=atpe"}, "valid algorithms"),
         ({"method": "hyperband", "params": "R=2"}, "R should not be less than eta"),
-        ({"method": "asha"}, "park/resume interface"),
+        ({"method": "hyperband", "resume": True}, "resume=True continues an ASHA search"),
     ]
     for kwargs, message in bad:
         with pytest.raises(ArgumentError, match=message):

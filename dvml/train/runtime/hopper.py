@@ -17,6 +17,8 @@ to worker; the client holds only futures). The verbs:
   store, owner-only), :meth:`~ModelHopper.weights`, :meth:`~ModelHopper.digest`;
 - :meth:`~ModelHopper.wait`: wait for tasks with the runtime's failure watcher (a failed
   trainer or a departed worker or host is named in bounded time);
+- :meth:`~ModelHopper.alive`: whether a worker's trainer still runs (a search goes on without
+  a worker whose trainer died);
 - :meth:`~ModelHopper.stop`: stop the job's trainers (also done by their client lease when
   this client dies).
 
@@ -236,6 +238,17 @@ class ModelHopper:
                 f"A task of job {self.name!r} failed: {type(exc).__name__}: {exc}. Run it "
                 "again: it resumes every model from the last iteration all of them completed."
             ) from exc
+
+    def alive(self, worker: WorkerInfo) -> bool:
+        """Whether the job's trainer on ``worker`` still runs (a task failed there: was it the
+        model or the trainer?). False when the worker itself is gone."""
+        try:
+            found = self.client.run(
+                sessions.trainer_alive, self.job_id, workers=[worker.address], on_error="ignore"
+            )
+        except OSError:
+            return False
+        return bool(found.get(worker.address, False))
 
     def clear_checkpoints(self) -> None:
         """Remove the job's checkpoints on every worker (its models are registered)."""

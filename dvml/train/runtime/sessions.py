@@ -43,6 +43,7 @@ __all__ = [
     "stop_orphaned_sessions",
     "stop_session",
     "train_hop",
+    "trainer_alive",
     "weights_of",
 ]
 
@@ -285,6 +286,14 @@ def stop_session(job_id: str, dask_worker: Any = None) -> bool:
         return False
     session.close()
     return True
+
+
+def trainer_alive(job_id: str, dask_worker: Any = None) -> bool:
+    """Whether this worker's serving trainer of ``job_id`` runs (``client.run``); True when
+    none was started yet (the next task starts it)."""
+    with _LOCK:
+        session = _SESSIONS.get(job_id)
+    return session is None or session.trainer.proc.poll() is None
 
 
 def stop_orphaned_sessions(dask_worker: Any = None) -> list[str]:

@@ -1,0 +1,522 @@
+"""``dvml.automl(method="asha")``: the ASHA state machine driven on ONE job of serving trainers.
+
+:class:`dvml.search.asha.Asha` decides; this module carries its decisions out on the trainer
+runtime's :class:`~dvml.train.runtime.hopper.ModelHopper` (one serving trainer per worker that
+holds the training set, started once, never restarted: each opens its local partitions once for
+the whole search):
+
+- ``Start``: the configuration's model joins the running job (:meth:`ModelHopper.add`) on the
+  worker that asked, and trains up to the first rung;
+- ``Promote``: a parked model resumes from its state (weights AND optimizer variables, kept in
+  the cluster where its last task left it) on the worker that asked, up to the next rung; Dask
+  moves the state when that is another worker. Nothing is retrained from scratch;
+- ``Park`` / ``Finish`` / ``Fail``: the model's state stays (parked) until a promotion;
+- ``Wait``: the worker stays idle until the next result; ``Stop``: no more work is given out.
+
+Each worker takes two jobs at once (:data:`JOBS_PER_WORKER`): its one trainer trains one model
+at a time, and the other job's state moves, loads and saves while it does, so the trainer does
+not wait for the client's decisions or for Dask between the tasks of one model.
+
+One **iteration** of a model is as many rows as the training set has: ``W`` sub-epochs (its
+``epochs`` each) on the local rows of the worker it runs on, for ``W`` workers; so an ASHA
+iteration costs what a ``fit_multiple`` iteration costs (which visits the ``W`` partitions once
+each). After each iteration the model's state is checkpointed on its worker
+(:meth:`ModelHopper.checkpoint`, owner-only), with that iteration's records and evaluations.
+At each rung (and every ``metrics_compute_frequency`` iterations) the model is evaluated on
+every worker's rows (:meth:`ModelHopper.evaluate`); it is ranked by the validation loss, else
+the training loss.
+
+A configuration whose loss is not a finite number (NaN, inf), or whose task fails (an error, out
+of memory), is failed and ranked last; the search goes on. A worker whose trainer died is left
+out of the rest of the search.
+
+Every decision goes to the search's journal, saved in the registry (the summary of the run
+``model_output``, ``status="running"``) before it is carried out and after every result.
+``resume=True`` replays the journal (:meth:`Asha.from_journal`), queues the jobs that were in
+flight and starts every model from its last checkpoint: each active model loses at most the
+iteration it was training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from distributed import wait as dask_wait
+
+from dvml import config
+from dvml._version import __version__
+from dvml.cluster.workers import WorkerInfo
+from dvml.exceptions import TrainerFailedError
+from dvml.registry.database import Registry
+from dvml.registry.weights import weights_from_bytes
+from dvml.search import journal as j
+from dvml.search.asha import Asha
+from dvml.search.hyperband import rank_key
+from dvml.train.hop_schedule import build_info
+from dvml.train.params import format_params
+from dvml.train.runtime import sessions
+from dvml.train.runtime.hopper import ModelHopper
+from dvml.train.runtime.model_state import state_bytes
+from dvml.train.runtime.plan import Job, job_key, model_spec, now
+from dvml.train.summary import aggregate, build_summary, iteration_record, weights_size_kb
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+__all__ = ["AshaDriver", "SearchOutcome"]
+
+logger = logging.getLogger("dvml.search")
+
+JOBS_PER_WORKER = 2
+"""Jobs a worker runs at once (its trainer trains one at a time; the other job's state moves,
+loads and saves meanwhile)."""
+
+
+@dataclasses.dataclass
+class Running:
+    """One trial's job in flight: iterations ``first..last`` on ``worker``."""
+
+    trial_id: int
+    worker: WorkerInfo
+    first: int
+    last: int
+    began: float
+    records: dict[int, list[Future]]
+    evals: dict[int, list[Future]]
+    terminal: list[Future]
+    previous: Any  # the state before this job (kept when the job fails)
+
+
+@dataclasses.dataclass
+class SearchOutcome:
+    """What the search leaves for :func:`dvml.automl` to register."""
+
+    info: dict[int, dict[str, Any]]
+    models: list[dict[str, Any]]
+    summary: dict[str, Any]
+    journal: str
+    best: int | None
+
+
+class AshaDriver:
+    """Carry an :class:`Asha` search out on one :class:`ModelHopper` (see the module).
+
+    Parameters
+    ----------
+    client, reg
+        The Dask client and the registry.
+    job : Job
+        :func:`~dvml.train.runtime.plan.place_job`'s job (datasets, workers, seed, timeout).
+    search : Asha
+        A fresh search, or one rebuilt from its journal (``resumed``).
+    model_output : str
+        The search's name (its models are ``f"{model_output}_{trial_id}"``).
+    save_journal : callable
+        ``save_journal(text)`` stores the journal in the registry.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        reg: Registry,
+        job: Job,
+        search: Asha,
+        model_output: str,
+        save_journal: Any,
+        *,
+        progress: bool = True,
+        resumed: bool = False,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        self.client, self.reg, self.job, self.search = client, reg, job, search
+        self.model_output, self.save_journal, self.progress = model_output, save_journal, progress
+        self.resumed, self.name, self.description = resumed, name, description
+        self.workers = list(job.workers)
+        self.width = len(self.workers)
+        self.loss_part = "validation" if job.valid is not None else "training"
+        self.key = job_key(
+            "automl-asha", model_output, job.train.summary["dataset_id"],
+            job.valid.summary["dataset_id"] if job.valid else None, search.params.text(),
+            search.seed, search.space.grids(), [w.name for w in self.workers], job.seed,
+        )  # fmt: skip
+        self.checkpoint_dir = str(
+            config.state_dir() / "checkpoints" / f"{model_output}-asha-{self.key}"
+        )
+        # time already spent by the runs this one resumes (the time budget counts them)
+        self.offset = max((float(r["event"].get("now", 0.0)) for r in search.journal.records),
+                          default=0.0)  # fmt: skip
+        self.started = time.time()
+        self.start_text = now()
+        self.specs: dict[int, dict[str, Any]] = {}
+        self.history: dict[int, dict[int, dict[str, Any]]] = {}
+        self.pids: dict[str, set[int]] = {}
+        self.running: dict[int, Running] = {}
+        self.resumed_from: dict[int, int] = {}  # trial -> the checkpointed iteration restored
+        self.trained = 0  # model-iterations this run trained
+        self.stopping = False
+        self.hopper = ModelHopper(
+            client, name=model_output, training=job.train.name,
+            validation=job.valid.name if job.valid else None, workers=self.workers,
+            seed=job.seed, job_key=self.key, checkpoint_dir=self.checkpoint_dir,
+            custom_sources=job.custom_sources, use_gpus=job.args.use_gpus, timeout=job.timeout,
+            started_at=self.started - self.offset,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ the loop
+
+    def now(self) -> float:
+        return self.offset + time.time() - self.started
+
+    def run(self) -> SearchOutcome:
+        """Run the search to its end; stop the trainers; return what to register."""
+        try:
+            kept = self._restore() if self.resumed else {}
+            # each worker takes JOBS_PER_WORKER jobs: one trains while the other's state is
+            # moved, loaded and saved and the client decides (tasks of one model follow each
+            # other, so one job alone would leave its trainer idle between its tasks)
+            idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
+            while True:
+                self._ask(idle, kept)
+                if not self.running:
+                    break
+                for done in self._next_done():
+                    self._finish(done)
+                    idle.append(done.worker)
+                idle[:] = [w for w in idle if w in self.workers]  # not those whose trainer died
+            weights = self._final_weights()
+        except BaseException:
+            self.client.cancel(self.hopper.submitted)
+            raise
+        finally:
+            self.hopper.stop()
+        outcome = self._outcome(weights)
+        self.hopper.clear_checkpoints()
+        return outcome
+
+    def _ask(self, idle: list[WorkerInfo], kept: dict[int, tuple[int, WorkerInfo]]) -> None:
+        """Give every idle worker work while the scheduler has some."""
+        for worker in list(idle):
+            if self.stopping:
+                return
+            decision = self.search.apply(j.Ask(worker.name, self.now()))
+            self.save_journal(self.search.journal.dumps())  # before it is carried out
+            if isinstance(decision, j.Start | j.Promote):
+                idle.remove(worker)
+                self._launch(decision, worker, kept)
+            elif isinstance(decision, j.Stop):
+                self.stopping = True
+                self._line(f"stop: {decision.reason}")
+            else:  # Wait: a running model may still make a promotion possible
+                return
+
+    def _launch(
+        self, decision: Any, worker: WorkerInfo, kept: dict[int, tuple[int, WorkerInfo]]
+    ) -> None:
+        trial = self.search.trials[decision.trial_id]
+        key = trial.trial_id
+        last = self.search.levels[trial.target]
+        first = trial.iterations
+        if key not in self.hopper.states:
+            spec = model_spec(
+                self.reg, trial.model_id, trial.compile_params, trial.fit_params,
+                self.job.train, list(self.job.custom_sources),
+            )  # fmt: skip
+            self.specs[key] = spec.config()
+            state: Any = state_bytes(list(spec.weights) if spec.weights is not None else [])
+            if key in kept:  # resumed: from its last checkpoint
+                first, holder = kept.pop(key)
+                state = self._load(key, first, holder)
+                self.resumed_from[key] = first
+            self.hopper.add(key, self.specs[key], state, worker)
+        elif key in kept:
+            first = self.resumed_from[key] = kept.pop(key)[0]
+        self._submit(key, worker, first, last)
+        verb = "start" if isinstance(decision, j.Start) else f"promote to rung {trial.target}"
+        self._line(f"trial {key} {verb} on {worker.name}: iterations {first + 1}..{last}")
+
+    def _submit(self, key: int, worker: WorkerInfo, first: int, last: int) -> None:
+        previous = self.hopper.states[key]
+        self.hopper.resume(key)
+        records: dict[int, list[Future]] = {}
+        evals: dict[int, list[Future]] = {}
+        terminal: list[Future] = []
+        for t in range(first + 1, last + 1):
+            records[t] = [
+                self.hopper.train(key, worker, (t - 1) * self.width + s + 1)[1]
+                for s in range(self.width)
+            ]
+            due = t == last or t % self.job.frequency == 0
+            evals[t] = self.hopper.evaluate(key, self.workers) if due else []
+            terminal = [self.hopper.checkpoint(key, t, records[t], evals[t], worker)]
+        if first == last:  # resumed after its last iteration was checkpointed
+            evals[last] = self.hopper.evaluate(key, self.workers)
+        terminal += evals[last]
+        self.running[key] = Running(
+            key, worker, first, last, time.time(), records, evals, terminal, previous
+        )
+
+    def _next_done(self) -> list[Running]:
+        """Wait for at least one job to end (all of its last tasks done, or one failed)."""
+        while True:
+            pending = [f for r in self.running.values() for f in r.terminal if not f.done()]
+            done = [
+                r
+                for r in self.running.values()
+                if all(f.done() for f in r.terminal) or any(f.status == "error"
+                                                            for f in r.terminal)
+            ]  # fmt: skip
+            if done:
+                for r in done:
+                    del self.running[r.trial_id]
+                return done
+            with self.client.as_current():
+                dask_wait(pending, return_when="FIRST_COMPLETED")
+
+    def _finish(self, done: Running) -> None:
+        """Report a job's result (or failure) to the scheduler; journal it; a progress line."""
+        key, worker = done.trial_id, done.worker
+        failed = [f for f in [*done.terminal, *(x for v in done.records.values() for x in v)]
+                  if f.status == "error"]  # fmt: skip
+        decision: Any
+        if failed:
+            exc = failed[0].exception()
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+            self.hopper.states[key] = done.previous  # the last state that trained
+            self.hopper.park(key)
+            decision = self.search.apply(j.Failure(key, reason, worker.name, self.now()))
+            self._drop_dead()
+        else:
+            loss = self._collect(done)
+            decision = self.search.apply(
+                j.Result(key, done.last, loss, worker.name, self.now(), time.time() - done.began,
+                         checkpoint=f"{worker.name}:{key}-{done.last}")
+            )  # fmt: skip
+            self.hopper.park(key)
+        self.save_journal(self.search.journal.dumps())
+        self._line(f"trial {key} {self._said(decision)}; {self._best_line()}")
+
+    def _collect(self, done: Running) -> float | None:
+        """Gather a job's records and evaluations into the history; the ranking loss."""
+        self.trained += done.last - done.first
+        records = self.client.gather(done.records)
+        evals = self.client.gather(done.evals)
+        history = self.history.setdefault(done.trial_id, {})
+        for t in sorted(set(records) | set(evals)):
+            history[t] = {"records": records.get(t, []), "evals": evals.get(t, [])}
+            for r in records.get(t, []):
+                self.pids.setdefault(r["worker"], set()).add(int(r["pid"]))
+        found = [e[self.loss_part] for e in evals[done.last] if self.loss_part in e]
+        values = aggregate(found) if found else {}
+        return values.get("loss")
+
+    def _drop_dead(self) -> None:
+        """Leave out every worker whose trainer died (a failed task may have run on another
+        worker than its model's: its evaluation runs on every worker)."""
+        for worker in [w for w in self.workers if not self.hopper.alive(w)]:
+            self.workers.remove(worker)
+            self._line(f"the trainer on {worker.name} is gone: the search goes on without it")
+        if not self.workers:
+            raise TrainerFailedError(
+                f"Every trainer of search {self.model_output!r} is gone. Received: workers "
+                f"{[w.name for w in self.job.workers]}. Run dvml.automl(..., resume=True) "
+                "again: it resumes from the journal's last decision."
+            )
+
+    # ------------------------------------------------------------------ resume
+
+    def _restore(self) -> dict[int, tuple[int, WorkerInfo]]:
+        """Queue the jobs in flight; add every parked or finished model from its checkpoint.
+
+        Returns the trials in flight: their last checkpointed iteration and its holder.
+        """
+        queued = self.search.apply(j.Resume(self.now()))
+        self.save_journal(self.search.journal.dumps())
+        latest = self._checkpoints()
+        kept: dict[int, tuple[int, WorkerInfo]] = {}
+        for trial in self.search.trials.values():
+            found = latest.get(trial.trial_id, {})
+            limit = self.search.levels[trial.target] if trial.status == "running" else \
+                trial.iterations  # fmt: skip
+            usable = [t for t in found if trial.iterations <= t <= limit]
+            if not usable:
+                continue
+            t = max(usable)
+            if trial.status == "running":
+                kept[trial.trial_id] = (t, found[t])
+            elif trial.status in ("parked", "finished"):
+                spec = model_spec(
+                    self.reg, trial.model_id, trial.compile_params, trial.fit_params,
+                    self.job.train, list(self.job.custom_sources),
+                )  # fmt: skip
+                self.specs[trial.trial_id] = spec.config()
+                state = self._load(trial.trial_id, t, found[t])
+                self.hopper.add(trial.trial_id, self.specs[trial.trial_id], state, found[t])
+                self.hopper.park(trial.trial_id)
+                self.resumed_from[trial.trial_id] = t
+        self._line(f"resumed: {len(self.search.trials)} trials, in flight again: "
+                   f"{queued.trial_ids}")  # fmt: skip
+        return kept
+
+    def _checkpoints(self) -> dict[int, dict[int, WorkerInfo]]:
+        """Every checkpointed state of this search, by trial and iteration, and its holder;
+        the history of every checkpointed iteration is read back too."""
+        listings = self.client.gather([
+            self.client.submit(sessions.list_checkpoints, self.checkpoint_dir, self.key,
+                               workers=[w.address], allow_other_workers=False, pure=False)
+            for w in self.workers
+        ])  # fmt: skip
+        latest: dict[int, dict[int, WorkerInfo]] = {}
+        for w, listing in zip(self.workers, listings, strict=True):
+            for meta in listing:
+                k, t = int(meta["mst_key"]), int(meta["iteration"])
+                self.history.setdefault(k, {})[t] = {"records": meta["records"],
+                                                      "evals": meta["evals"]}  # fmt: skip
+                if meta["has_state"]:
+                    latest.setdefault(k, {})[t] = w
+        return latest
+
+    def _load(self, key: int, iteration: int, holder: WorkerInfo) -> Future:
+        return self.client.submit(
+            sessions.load_checkpoint, self.checkpoint_dir, key, iteration,
+            workers=[holder.address], allow_other_workers=False, pure=False,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ outputs
+
+    def _final_weights(self) -> dict[int, bytes]:
+        keys = sorted(self.hopper.states)
+        futures = {
+            k: self.client.submit(sessions.weights_of, self.hopper.states[k], pure=False)
+            for k in keys
+        }
+        with self.client.as_current():
+            dask_wait(list(futures.values()))
+        return {k: f.result() for k, f in futures.items() if f.status == "finished"}
+
+    def _outcome(self, weights: dict[int, bytes]) -> SearchOutcome:
+        """MADlib's info rows and every model to register (one per configuration)."""
+        end = now()
+        configs, names, summaries, seconds, models = [], {}, {}, {}, []
+        for trial in sorted(self.search.trials.values(), key=lambda t: t.trial_id):
+            k = trial.trial_id
+            names[k] = f"{self.model_output}_{k}"
+            iterations, seconds[k] = self._iterations(self.history.get(k, {}))
+            final = weights_from_bytes(weights[k]) if weights.get(k) else []
+            summaries[k] = self._model_summary(trial, names[k], iterations, final, end)
+            configs.append({"mst_key": k, "model_id": trial.model_id})
+            if final:
+                models.append({"name": names[k], "arch_id": trial.model_id, "weights": final,
+                               "summary": summaries[k], "iterations": iterations})  # fmt: skip
+        rows = build_info(configs, names, summaries, seconds)
+        info = {}
+        for row in rows:
+            trial = self.search.trials[row["mst_key"]]
+            row.update(status=trial.status, rung=trial.rung, iterations=trial.iterations)
+            info[row["mst_key"]] = row
+        summary = self._run_summary(end)
+        return SearchOutcome(info, models, summary, self.search.journal.dumps(),
+                             self.search.best())  # fmt: skip
+
+    @staticmethod
+    def _iterations(
+        entries: dict[int, dict[str, Any]],
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        rows, train_s, moving_s = [], 0.0, 0.0
+        for t in sorted(entries):
+            entry = entries[t]
+            elapsed = max((r.get("elapsed", 0.0) for r in entry["records"]), default=0.0)
+            train_s += sum(r["train_s"] for r in entry["records"])
+            moving_s += sum(r["moving_s"] for r in entry["records"])
+            pseudo = [{"iteration": t, "elapsed": elapsed, **e} for e in entry["evals"]]
+            rows.append(iteration_record(pseudo or [{"iteration": t, "elapsed": elapsed}]))
+        return rows, {"training_s": train_s, "moving_s": moving_s}
+
+    def _model_summary(
+        self, trial: Any, name: str, iterations: list[dict[str, Any]], final: list[Any], end: str
+    ) -> dict[str, Any]:
+        spec = self.specs.get(trial.trial_id) or model_spec(
+            self.reg, trial.model_id, trial.compile_params, trial.fit_params, self.job.train,
+            list(self.job.custom_sources),
+        ).config()  # fmt: skip
+        summary = build_summary(
+            training=self.job.train, validation=self.job.valid, model=name,
+            arch_id=trial.model_id, compile_params=spec["compile_params"],
+            fit_params=spec["fit_params"], compile_text=format_params(spec["compile_params"]),
+            fit_text=format_params(spec["fit_params"]), num_iterations=trial.iterations,
+            metrics_compute_frequency=self.job.frequency, name=self.name,
+            description=self.description, start=self.start_text, end=end,
+            iterations=iterations, model_size_kb=weights_size_kb(final),
+            trainers=[w.name for w in self.job.workers], weights_identical=True,
+            warm_start=False, version=__version__,
+        )  # fmt: skip
+        summary.update(
+            custom_objects=sorted(self.job.custom_sources), sync="model_hopper",
+            mst_key=trial.trial_id, model_selection=self.model_output, asha_status=trial.status,
+        )  # fmt: skip
+        return summary
+
+    def _run_summary(self, end: str) -> dict[str, Any]:
+        ts = self.job.train.summary
+        return {
+            "source_table": self.job.train.name,
+            "validation_table": self.job.valid.name if self.job.valid else None,
+            "dependent_varname": ts["dependent_varname"],
+            "independent_varname": ts["independent_varname"],
+            "model_arch_table": "model_arch",
+            "metrics_compute_frequency": self.job.frequency,
+            "name": self.name,
+            "description": self.description,
+            "madlib_version": __version__,
+            "version": __version__,
+            "num_classes": ts["num_classes"],
+            "class_values": ts["class_values"],
+            "dependent_vartype": ts["dependent_vartype"],
+            "normalizing_const": ts["normalizing_const"],
+            "workers": [w.name for w in self.job.workers],
+            "rungs": list(self.search.levels),
+            "rung_sizes": self.search.rung_sizes(),
+            "stopped": self.search.stopped,
+            "trainer_pids": {w: sorted(p) for w, p in sorted(self.pids.items())},
+            "model_iterations": sum(len(h) for h in self.history.values()),
+            "trained_iterations": self.trained,
+            "resumed_from": {str(k): t for k, t in sorted(self.resumed_from.items())},
+            "wall_seconds": self.now(),
+        }
+
+    # ------------------------------------------------------------------ progress
+
+    def _said(self, decision: Any) -> str:
+        if isinstance(decision, j.Park):
+            return f"parked at rung {decision.rung} ({self._loss_text(decision.loss)})"
+        if isinstance(decision, j.Finish):
+            return f"finished ({self._loss_text(decision.loss)})"
+        if isinstance(decision, j.Fail):
+            return f"failed: {decision.reason.splitlines()[0][:160]}"
+        return type(decision).__name__.lower()
+
+    def _loss_text(self, loss: float | None) -> str:
+        return f"{self.loss_part}_loss={loss:.4g}" if loss is not None else "no loss"
+
+    def _best_line(self) -> str:
+        ranked = [
+            (len(self.search.levels) - t.rung, rank_key(t.losses.get(t.rung)), t.trial_id)
+            for t in self.search.trials.values()
+            if t.rung >= 0 and t.losses.get(t.rung) is not None
+        ]
+        if not ranked:
+            return "no best yet"
+        t = self.search.trials[min(ranked)[2]]
+        return (
+            f"best so far: trial {t.trial_id} at rung {t.rung} "
+            f"({self._loss_text(t.losses[t.rung])}) {t.compile_params} {t.fit_params}"
+        )
+
+    def _line(self, text: str) -> None:
+        if self.progress:
+            line = f"[dvml.automl asha {self.model_output}] {self.now():.1f}s {text}"
+            logger.info(line)
+            print(line, flush=True)
