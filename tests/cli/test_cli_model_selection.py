@@ -191,7 +191,7 @@ def test_fit_multiple_dry_run(tmp_path: pathlib.Path) -> None:
         (("  fit_params_grid:", "  table: mine\n  fit_params_grid:"),
          "give either 'model_selection.table' (a stored model selection table) or the grids"),
         (("num_iterations: 3", "num_iterations: 0"),
-         "'fit_multiple.num_iterations' must be at least 1"),
+         "'fit_multiple.num_iterations' must be between 1 and 1000000"),
     ],
 )  # fmt: skip
 def test_bad_fit_multiple_job_file(

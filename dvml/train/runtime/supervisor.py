@@ -37,7 +37,7 @@ from dvml.cluster.standby import (
     take_standby,
 )
 from dvml.exceptions import ProtocolError, TrainerFailedError, TrainerStoppedError
-from dvml.train.runtime.exits import describe_exit, meaningful_lines
+from dvml.train.runtime.exits import describe_exit
 from dvml.train.runtime.protocol import Failed, Handover, Line, encode, parse
 
 __all__ = ["STOP_GRACE", "ClientLease", "TrainerProcess", "private_workdir"]
@@ -175,9 +175,7 @@ class TrainerProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         error = {"type": self.failed.type, "message": self.failed.message} if self.failed else {}
-        # TensorFlow's fd 2, without its start-up banner
-        said_on_fd2 = stderr_tail(self.proc, error.get("message") or "").splitlines()
-        trainer_stderr = "\n".join(meaningful_lines(said_on_fd2, keep=20))
+        trainer_stderr = stderr_tail(self.proc, error.get("message") or "")
         if self.stopped is not None:
             message = f"it was {self.stopped}"
         else:
