@@ -56,6 +56,24 @@ def attached(args: argparse.Namespace, section: dict[str, Any] | None = None) ->
         yield cluster
 
 
+@contextlib.contextmanager
+def training_session(args: argparse.Namespace, job: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """The job's cluster (:func:`attached`) and registry (``--registry``, else the job file's)
+    for a command that trains. Trainers of an earlier run whose client was killed are stopped
+    first: their client lease would within seconds, but they hold the workers meanwhile."""
+    from dvml.jobs.job_cluster import abort_orphaned_trainers
+    from dvml.registry import Registry
+
+    with (
+        attached(args, job["cluster"]) as cluster,
+        Registry(args.registry or job["registry"]) as registry,
+    ):
+        stopped = abort_orphaned_trainers(cluster.client)
+        if stopped:
+            print(f"Stopped {len(stopped)} orphaned trainer task(s) of a killed run.")
+        yield cluster, registry
+
+
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
 

@@ -16,7 +16,7 @@ import argparse
 import time
 from typing import Any
 
-from dvml.cli._cluster_options import add_cluster_options, attached
+from dvml.cli._cluster_options import add_cluster_options, training_session
 from dvml.cli._common import format_table
 
 __all__ = ["register"]
@@ -101,9 +101,7 @@ def _datasets(args: argparse.Namespace, job: dict[str, Any], client: Any, base: 
 def _automl(args: argparse.Namespace) -> int:
     import dvml
     from dvml.jobs.data import config_dir, resolve_source
-    from dvml.jobs.job_cluster import abort_orphaned_trainers
     from dvml.jobs.models import architecture_id
-    from dvml.registry import Registry
 
     job = _job(args.config)
     base = config_dir(args.config)
@@ -113,14 +111,8 @@ def _automl(args: argparse.Namespace) -> int:
     settings, section = job["automl"], job["model_selection"]
     output = settings["model_output"] or job["name"]
     started = time.monotonic()
-    with (
-        attached(args, job["cluster"]) as cluster,
-        Registry(args.registry or job["registry"]) as registry,
-    ):
+    with training_session(args, job) as (cluster, registry):
         client = cluster.client
-        stopped = abort_orphaned_trainers(client)
-        if stopped:
-            print(f"Stopped {len(stopped)} orphaned trainer task(s) of a killed run.")
         ids = [
             architecture_id(spec, registry, base, key=f"model_selection.architectures[{i}]")
             for i, spec in enumerate(section["architectures"])

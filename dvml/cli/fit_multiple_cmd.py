@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dvml.cli._cluster_options import add_cluster_options, attached
+from dvml.cli._cluster_options import add_cluster_options, training_session
 from dvml.cli._common import format_table
 
 __all__ = ["register"]
@@ -134,8 +134,6 @@ def _configs(job: dict[str, Any], registry: Any, base: Any) -> Any:
 
 def _fit_multiple(args: argparse.Namespace) -> int:
     from dvml.jobs.data import config_dir, prepare_datasets, resolve_source
-    from dvml.jobs.job_cluster import abort_orphaned_trainers
-    from dvml.registry import Registry
 
     job = _job(args.config)
     base = config_dir(args.config)
@@ -146,14 +144,8 @@ def _fit_multiple(args: argparse.Namespace) -> int:
     settings = job["fit_multiple"]
     output = args.model_output or settings["model_output"] or job["name"]
     started = time.monotonic()
-    with (
-        attached(args, job["cluster"]) as cluster,
-        Registry(args.registry or job["registry"]) as registry,
-    ):
+    with training_session(args, job) as (cluster, registry):
         client = cluster.client
-        stopped = abort_orphaned_trainers(client)
-        if stopped:
-            print(f"Stopped {len(stopped)} orphaned trainer task(s) of a killed fit.")
         configs = _configs(job, registry, base)
         print(f"{len(configs)} configurations in {configs.attrs.get('name')!r}.")
         print(f"Preprocessing {source.describe()}...")

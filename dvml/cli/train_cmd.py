@@ -14,7 +14,13 @@ import argparse
 import time
 from typing import Any
 
-from dvml.cli._cluster_options import add_cluster_options, add_json_option, attached, print_json
+from dvml.cli._cluster_options import (
+    add_cluster_options,
+    add_json_option,
+    attached,
+    print_json,
+    training_session,
+)
 from dvml.cli._common import format_table
 from dvml.exceptions import ArgumentError
 
@@ -98,7 +104,7 @@ def _registry(args: argparse.Namespace, job: dict[str, Any]) -> Any:
 
 def _fit(args: argparse.Namespace) -> int:
     from dvml.jobs.data import config_dir, dataset_names, prepare_datasets, resolve_source
-    from dvml.jobs.job_cluster import abort_orphaned_trainers, cluster_plan
+    from dvml.jobs.job_cluster import cluster_plan
     from dvml.jobs.models import fit_arguments, model_exists, resolve_model_section
     from dvml.train.fit import fit
 
@@ -120,11 +126,8 @@ def _fit(args: argparse.Namespace) -> int:
               + (", warm-started if it exists" if model["warm_start"] else ""))  # fmt: skip
         return 0
     started = time.monotonic()
-    with attached(args, job["cluster"]) as cluster, _registry(args, job) as registry:
+    with training_session(args, job) as (cluster, registry):
         client = cluster.client
-        stopped = abort_orphaned_trainers(client)  # they would hold the workers' threads
-        if stopped:
-            print(f"Stopped {len(stopped)} orphaned trainer task(s) of a killed fit.")
         print(f"Preprocessing {source.describe()} into {train_name} and {val_name}...")
         train, validation = prepare_datasets(job, client, base, source)
         print(f"  {train.name}: {train.rows} rows; {validation.name}: {validation.rows} rows.")
