@@ -52,6 +52,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b16_idle_workers",
     "benchmarks.b17_row_bytes",
     "benchmarks.b18_object_store",
+    "benchmarks.b19_own_loop",
 )
 
 SIDES = ("dvml", "baseline")
