@@ -6,8 +6,8 @@ digits CNN (:func:`dvml.examples.digits_cnn_json`), Adam(0.003), global batch 25
 shifted, noisy digits (20 copies: 28,760 rows, 4 epochs; ``--quick``: 4 copies, 2 epochs),
 given to each side as a pandas frame with one 8x8x1 image per row.
 
-Each side runs as a FRESH process, and its figure is that process's wall time from start to
-trained model (then exit):
+Each side runs as a FRESH process (:mod:`benchmarks._peers`), and its figure is the time from
+its spawn to the trained model:
 
 - dvml (``python -m benchmarks.b19_own_loop dvml DIR``): a 2-worker :class:`dvml.LocalCluster`
   (TLS, private etcd, the defaults), :func:`dvml.training_preprocessor` of the frame
@@ -34,60 +34,23 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
-from benchmarks import b4_end_to_end as b4
+from benchmarks import _peers
 from benchmarks.harness import Benchmark, register
 
 SIZES = {False: (20, 4), True: (4, 2)}  # quick -> (copies of the 1797 digits, epochs)
 BATCH, WORKERS = 256, 2
 TRAIN = "bench_b19_digits"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def ray_python() -> str:
-    """The Python of Ray's own environment: ``$DVML_RAY_PYTHON`` or ``.venv-ray``."""
-    path = os.environ.get("DVML_RAY_PYTHON") or os.path.join(ROOT, ".venv-ray", "bin", "python")
-    if not os.access(path, os.X_OK):
-        raise RuntimeError(
-            f"The Ray peer is not installed: no executable {path!r}. Run ./scripts/peer-ray "
-            "(Ray Train + Ray Data in their own environment, .venv-ray) or set DVML_RAY_PYTHON "
-            "to the Python of an environment that has ray[data,train], tensorflow and tf_keras."
-        )
-    return path
-
-
-def write_inputs(directory: str, copies: int, epochs: int, mode: str) -> int:
-    """The shared inputs of both sides: ``data.npz``, ``valid.npz`` and ``job.json``."""
-    import numpy as np
-
-    from dvml.examples import digits_cnn_json
-
-    train, valid = b4.digits_frames(copies)
-    for name, frame in (("data", train), ("valid", valid)):
-        np.savez(
-            os.path.join(directory, f"{name}.npz"),
-            x=np.stack(frame["pixels"].to_list()).astype("float32"),
-            y=frame["label"].to_numpy().astype("int64"),
-        )
-    job = {"model_json": digits_cnn_json(), "epochs": epochs, "batch": BATCH // WORKERS,
-           "workers": WORKERS, "mode": mode}  # fmt: skip
-    with open(os.path.join(directory, "job.json"), "w") as f:
-        json.dump(job, f)
-    return len(train)
 
 
 def prepare(quick: bool) -> dict[str, Any]:
     copies, epochs = SIZES[quick]
-    context: dict[str, Any] = {
-        "python": ray_python(), "directory": tempfile.mkdtemp(prefix="dvml-bench-b19-"),
-        "runs": {"dvml": [], "ray": []}, "taken": {"dvml": 0, "ray": 0},
-    }  # fmt: skip
-    context["rows"] = write_inputs(context["directory"], copies, epochs, "loop")
+    context: dict[str, Any] = {"python": _peers.ray_python(),
+                               "directory": tempfile.mkdtemp(prefix="dvml-bench-b19-")}  # fmt: skip
+    context["rows"] = _peers.write_inputs(context["directory"], copies, epochs, BATCH, WORKERS)
     return context
 
 
@@ -95,37 +58,13 @@ def cleanup(context: dict[str, Any]) -> None:
     shutil.rmtree(context["directory"], ignore_errors=True)
 
 
-def run_side(
-    context: dict[str, Any], side: str, mode: str = "loop", dvml_module: str = __name__
-) -> dict[str, Any]:
-    """Run one side as a fresh process; its result with ``wall_s`` (spawn to exit).
-
-    ``mode`` is the Ray peer's (``loop`` or ``fit``); ``dvml_module`` the module whose
-    ``python -m MODULE dvml DIR`` runs dvml's side.
-    """
+def _run(context: dict[str, Any], side: str) -> dict[str, Any]:
     directory = context["directory"]
-    result_path = os.path.join(directory, f"result-{side}.json")
-    if os.path.exists(result_path):
-        os.remove(result_path)
     if side == "dvml":
-        command = [sys.executable, "-m", dvml_module, "dvml", directory]
+        command = _peers.dvml_command(__name__, "dvml", directory)
     else:
-        command = [context["python"], os.path.join(ROOT, "benchmarks", "ray_peer.py"), mode,
-                   directory]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    start = time.perf_counter()
-    done = subprocess.run(command, cwd=directory, env=env, capture_output=True, text=True,
-                          timeout=1800, check=False)  # fmt: skip
-    wall = time.perf_counter() - start
-    if done.returncode != 0 or not os.path.exists(result_path):
-        raise RuntimeError(
-            f"The {side} side failed (rc {done.returncode}): {' '.join(command)}. Its output "
-            f"ends with: {(done.stdout + done.stderr)[-3000:]}"
-        )
-    with open(result_path) as f:
-        result = dict(json.load(f))
-    result["wall_s"] = wall
-    return result
+        command = _peers.ray_command(context["python"], "loop", directory)
+    return _peers.run_side(command, directory, side)
 
 
 def throughput(result: dict[str, Any]) -> float:
@@ -133,35 +72,22 @@ def throughput(result: dict[str, Any]) -> float:
     return float(result["rows_per_epoch"]) * len(result["epoch_s"]) / float(result["training_s"])
 
 
-def _wall(context: dict[str, Any], side: str) -> float:
-    result = run_side(context, side)
-    context["runs"][side].append(result)
-    return float(result["wall_s"])
-
-
-def _rate(context: dict[str, Any], side: str) -> float:
-    index = context["taken"][side]
-    if index < len(context["runs"][side]):  # B19a's run of the same side, in the same order
-        context["taken"][side] += 1
-        return throughput(context["runs"][side][index])
-    result = run_side(context, side)
-    context["runs"][side].append(result)
-    context["taken"][side] += 1
-    return throughput(result)
+def _figure(context: dict[str, Any], row: str, side: str) -> float:
+    result = _peers.take(context, row, side, functools.partial(_run, context, side))
+    return float(result["to_model_s"]) if row == "B19a" else throughput(result)
 
 
 def details(context: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": context["rows"]}
-    for side in ("dvml", "ray"):
-        runs = context["runs"][side]
-        if not runs:
-            continue
-        out[f"{side}: wall s (median)"] = round(statistics.median(r["wall_s"] for r in runs), 2)
+    for side, runs in context.get("runs", {}).items():
+        out[f"{side}: to trained model s (median)"] = round(
+            statistics.median(r["to_model_s"] for r in runs), 2
+        )
         out[f"{side}: training s (median)"] = round(
             statistics.median(r["training_s"] for r in runs), 3
         )
         last = runs[-1]
-        out[f"{side}: phases (s since process start, last run)"] = last["phases"]
+        out[f"{side}: phases (s since spawn, last run)"] = last["phases"]
         out[f"{side}: epoch s (last run)"] = [round(s, 3) for s in last["epoch_s"]]
         out[f"{side}: final training loss (last run)"] = round(last["losses"][-1], 4)
     return out
@@ -214,11 +140,7 @@ def _dvml_train_fn(context: Any) -> dict[str, Any]:
 
 def dvml_job(directory: str) -> int:
     """The dvml side, from a fresh process: cluster, ingest, dvml.run, close."""
-    started = time.time()
-
-    def since() -> float:
-        return round(time.time() - started, 4)
-
+    since = _peers.since_spawn()
     import numpy as np
     import pandas as pd
 
@@ -233,17 +155,28 @@ def dvml_job(directory: str) -> int:
         data = np.load(os.path.join(directory, "data.npz"))
         frame = pd.DataFrame({"pixels": list(data["x"]), "label": data["y"]})
         train = dvml.training_preprocessor(
-            frame, y="label", x="pixels", normalizing_const=16.0, name=TRAIN, overwrite=True,
+            frame,
+            y="label",
+            x="pixels",
+            normalizing_const=16.0,
+            name=TRAIN,
+            overwrite=True,
             client=cluster.client,
-        )  # fmt: skip
+        )
         phases["ingest"] = since()
         registry = dvml.Registry(f"sqlite:///{directory}/registry.db")
         result = dvml.run(
-            _dvml_train_fn, train, {"model_json": job["model_json"], "epochs": job["epochs"]},
-            batch_size=BATCH, resume=False, progress=False, registry=registry,
-            client=cluster.client, name="b19",
-        )  # fmt: skip
-        phases["trained"] = since()
+            _dvml_train_fn,
+            train,
+            {"model_json": job["model_json"], "epochs": job["epochs"]},
+            batch_size=BATCH,
+            resume=False,
+            progress=False,
+            registry=registry,
+            client=cluster.client,
+            name="b19",
+        )
+        phases["model"] = since()  # trained
         out = dict(result.value)
     phases["cluster closed"] = since()
     out["phases"] = phases
@@ -252,17 +185,16 @@ def dvml_job(directory: str) -> int:
     return 0
 
 
-def _register(key: str, title: str, unit: str, dvml_side: Any, ray_side: Any, target: float,
-              op: str) -> Benchmark:  # fmt: skip
+def _register(key: str, title: str, unit: str, target: float, op: str) -> Benchmark:
     return register(
         Benchmark(
             key=key,
             title=title,
             unit=unit,
-            dvml=dvml_side,
-            baseline=ray_side,
             target=target,
             target_op=op,
+            dvml=functools.partial(_figure, row=key, side="dvml"),
+            baseline=functools.partial(_figure, row=key, side="ray"),
             prepare=prepare,
             cleanup=cleanup,
             details=details,
@@ -270,14 +202,10 @@ def _register(key: str, title: str, unit: str, dvml_side: Any, ray_side: Any, ta
     )
 
 
-B19A = _register(
-    "B19a", "own loop (dvml.run) whole job wall vs Ray Train + Ray Data", "s",
-    functools.partial(_wall, side="dvml"), functools.partial(_wall, side="ray"), 0.5, "<=",
-)  # fmt: skip
-B19B = _register(
-    "B19b", "own loop training throughput vs Ray Train + Ray Data", "samples/s",
-    functools.partial(_rate, side="dvml"), functools.partial(_rate, side="ray"), 1.0, ">=",
-)  # fmt: skip
+B19A = _register("B19a", "own loop (dvml.run), whole job wall vs Ray Train + Ray Data", "s",
+                 0.5, "<=")  # fmt: skip
+B19B = _register("B19b", "own loop, training throughput vs Ray Train + Ray Data", "samples/s",
+                 1.0, ">=")  # fmt: skip
 
 
 if __name__ == "__main__":

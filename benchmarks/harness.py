@@ -53,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b17_row_bytes",
     "benchmarks.b18_object_store",
     "benchmarks.b19_own_loop",
+    "benchmarks.b20_short_job",
 )
 
 SIDES = ("dvml", "baseline")

@@ -19,8 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import _peers, harness  # noqa: E402
 from benchmarks import b19_own_loop as b19  # noqa: E402
-from benchmarks import harness  # noqa: E402
 
 
 def test_b19_rows_share_one_context_and_have_the_issue_targets() -> None:
@@ -36,19 +36,60 @@ def test_without_the_ray_environment_the_error_says_how_to_install_it(
 ) -> None:
     monkeypatch.setenv("DVML_RAY_PYTHON", str(tmp_path / "no-python"))
     with pytest.raises(RuntimeError, match=r"scripts/peer-ray"):
-        b19.ray_python()
+        _peers.ray_python()
 
 
 def test_both_sides_get_the_same_rows_and_job(tmp_path: pathlib.Path) -> None:
-    rows = b19.write_inputs(str(tmp_path), copies=1, epochs=2, mode="loop")
+    rows = _peers.write_inputs(str(tmp_path), copies=1, epochs=2, batch=256, workers=2)
     data = np.load(tmp_path / "data.npz")
     job = json.loads((tmp_path / "job.json").read_text())
     assert data["x"].shape == (rows, 8, 8, 1) and data["y"].shape == (rows,)
     assert data["x"].dtype == np.float32 and data["x"].min() >= 0 and data["x"].max() <= 16
-    assert job["batch"] * job["workers"] == b19.BATCH and job["epochs"] == 2
+    assert job["batch"] * job["workers"] == 256 and job["epochs"] == 2
     assert json.loads(job["model_json"])["class_name"] in ("Sequential", "Functional")
 
 
 def test_throughput_counts_every_epoch_of_the_chief() -> None:
     result = {"rows_per_epoch": 1024, "epoch_s": [1.0, 1.0], "training_s": 4.0}
     assert b19.throughput(result) == 512.0
+
+
+def test_b20_rows_and_their_peers() -> None:
+    from benchmarks import b20_short_job as b20
+
+    rows = harness.select(harness.load(), ["B20"])
+    assert [r.key for r in rows] == ["B20a", "B20b", "B20c", "B20d", "B20e"]
+    assert len({r.prepare for r in rows}) == 1
+    assert [r.target for r in rows] == [2.0, 0.5, 1.0, 1.0, 2.0]
+    assert {k: peer for k, (peer, _) in b20.FIGURES.items()} == {
+        "B20a": "plain", "B20b": "ray", "B20c": "plain", "B20d": "ray", "B20e": "plain",
+    }  # fmt: skip
+
+
+def test_take_gives_every_row_the_same_runs_in_order() -> None:
+    made: list[int] = []
+
+    def run() -> dict[str, int]:
+        made.append(len(made))
+        return {"n": made[-1]}
+
+    context: dict[str, object] = {}
+    first = [_peers.take(context, "Xa", "dvml", run)["n"] for _ in range(3)]
+    second = [_peers.take(context, "Xb", "dvml", run)["n"] for _ in range(4)]
+    assert first == [0, 1, 2] and second == [0, 1, 2, 3] and made == [0, 1, 2, 3]
+
+
+@pytest.mark.tf
+def test_the_plain_side_runs_as_a_fresh_process_with_its_phases_and_memory(
+    tmp_path: pathlib.Path,
+) -> None:
+    from benchmarks import b20_short_job as b20
+
+    _peers.write_inputs(str(tmp_path), copies=1, epochs=1, batch=256, workers=2)
+    command = _peers.dvml_command(b20.__name__, "plain", str(tmp_path))
+    result = _peers.run_side(command, str(tmp_path), "plain", timeout=300)
+    phases = result["phases"]
+    assert 0 < phases["import tf_keras"] < phases["ingest"] < phases["fit"] < phases["model"]
+    assert result["to_model_s"] == phases["model"] <= result["wall_s"]
+    assert result["training_s"] > 0 and 0.1 < result["valid_accuracy"] <= 1.0
+    assert result["peak_pss_bytes"] > 100 * (1 << 20)  # TensorFlow alone is more

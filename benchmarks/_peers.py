@@ -1,0 +1,181 @@
+"""What the whole-job benchmarks (B19, B20) share: sides run as fresh processes, the Ray peer.
+
+Each side is ONE fresh process (``python -m MODULE SIDE DIR`` in dvml's environment, or
+``benchmarks/ray_peer.py MODE DIR`` in Ray's own, ``./scripts/peer-ray``) that reads the shared
+inputs from ``DIR`` and writes ``DIR/result-SIDE.json``. The parent measures its wall time from
+spawn to exit and samples the proportional set size (PSS) of its whole process tree every
+:data:`SAMPLE_S` seconds (``/proc/PID/smaps_rollup``: a LocalCluster's workers, vineyardd,
+etcd and trainers, or Ray's raylet and workers, are all descendants). Several rows of one
+benchmark read their figures from the same runs (:func:`take`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "ROOT",
+    "SAMPLE_S",
+    "SPAWNED",
+    "dvml_command",
+    "ray_command",
+    "ray_python",
+    "run_side",
+    "since_spawn",
+    "take",
+    "tree_pss",
+    "write_inputs",
+]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE_S = 0.2
+SPAWNED = "DVML_BENCH_SPAWNED"  # the parent's time.time() at spawn: every side's phase clock
+
+
+def since_spawn() -> Callable[[], float]:
+    """In a side's process: a clock of the seconds since the parent spawned it (phases)."""
+    spawned = float(os.environ.get(SPAWNED) or time.time())
+    return lambda: round(time.time() - spawned, 4)
+
+
+def ray_python() -> str:
+    """The Python of Ray's own environment: ``$DVML_RAY_PYTHON`` or ``.venv-ray``."""
+    path = os.environ.get("DVML_RAY_PYTHON") or os.path.join(ROOT, ".venv-ray", "bin", "python")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(
+            f"The Ray peer is not installed: no executable {path!r}. Run ./scripts/peer-ray "
+            "(Ray Train + Ray Data in their own environment, .venv-ray) or set DVML_RAY_PYTHON "
+            "to the Python of an environment that has ray[data,train], tensorflow and tf_keras."
+        )
+    return path
+
+
+def write_inputs(directory: str, copies: int, epochs: int, batch: int, workers: int) -> int:
+    """The shared inputs of every side: ``data.npz``, ``valid.npz`` (B4's digits) and
+    ``job.json`` (the model's JSON, epochs, per-worker batch, workers); the training rows."""
+    import numpy as np
+
+    from benchmarks import b4_end_to_end as b4
+    from dvml.examples import digits_cnn_json
+
+    train, valid = b4.digits_frames(copies)
+    for name, frame in (("data", train), ("valid", valid)):
+        np.savez(
+            os.path.join(directory, f"{name}.npz"),
+            x=np.stack(frame["pixels"].to_list()).astype("float32"),
+            y=frame["label"].to_numpy().astype("int64"),
+        )
+    job = {"model_json": digits_cnn_json(), "epochs": epochs, "batch": batch // workers,
+           "workers": workers}  # fmt: skip
+    with open(os.path.join(directory, "job.json"), "w") as f:
+        json.dump(job, f)
+    return len(train)
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # gone between the listing and the read
+        pass
+    return 0
+
+
+def tree_pss(pid: int) -> int:
+    """The PSS in bytes of process ``pid`` and all its descendants."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    return _pss(pid) + sum(_pss(c.pid) for c in children)
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """Kill ``process`` and every descendant (a peer's daemons outlive a killed parent)."""
+    import psutil
+
+    try:
+        tree = [*psutil.Process(process.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    process.kill()
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    process.wait()
+    psutil.wait_procs(tree, timeout=10)
+
+
+def run_side(
+    command: list[str], directory: str, side: str, timeout: float = 1800
+) -> dict[str, Any]:
+    """Run ``command`` as a fresh process; its ``result-SIDE.json`` plus ``wall_s`` (spawn to
+    exit), ``to_model_s`` (spawn to its ``phases["model"]``: the trained or evaluated model)
+    and ``peak_pss_bytes`` (its process tree's, sampled)."""
+    result_path = os.path.join(directory, f"result-{side}.json")
+    if os.path.exists(result_path):
+        os.remove(result_path)
+    log_path = os.path.join(directory, f"{side}.log")
+    peak = 0
+    with open(log_path, "w") as log:
+        env = {**os.environ, "PYTHONPATH": ROOT, SPAWNED: repr(time.time())}
+        start = time.perf_counter()
+        process = subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=log)
+        try:
+            while process.poll() is None:
+                peak = max(peak, tree_pss(process.pid))
+                if time.perf_counter() - start > timeout:
+                    raise RuntimeError(f"The {side} side ran past {timeout:.0f} s: {command}")
+                time.sleep(SAMPLE_S)
+        finally:
+            if process.poll() is None:  # a timeout or an interrupt: the whole tree goes
+                _kill_tree(process)
+        wall = time.perf_counter() - start
+    if process.returncode != 0 or not os.path.exists(result_path):
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(
+            f"The {side} side failed (rc {process.returncode}): {' '.join(command)}. Its "
+            f"output ends with: {tail}"
+        )
+    with open(result_path) as f:
+        result = dict(json.load(f))
+    result.update(wall_s=wall, peak_pss_bytes=peak, to_model_s=result["phases"]["model"])
+    return result
+
+
+def dvml_command(module: str, side: str, directory: str) -> list[str]:
+    """``python -m MODULE SIDE DIR`` in this (dvml's) environment."""
+    return [sys.executable, "-m", module, side, directory]
+
+
+def ray_command(python: str, mode: str, directory: str) -> list[str]:
+    """The Ray peer in Ray's environment."""
+    return [python, os.path.join(ROOT, "benchmarks", "ray_peer.py"), mode, directory]
+
+
+def take(
+    context: dict[str, Any], row: str, side: str, run: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """Row ``row``'s next run of ``side``: the runs earlier rows of the same benchmark made,
+    in order (so that every row's figures come from the same processes), then new ones
+    (``run()``) where those are used up."""
+    runs = context.setdefault("runs", {}).setdefault(side, [])
+    taken = context.setdefault("taken", {})
+    index = taken.get((row, side), 0)
+    taken[(row, side)] = index + 1
+    if index == len(runs):
+        runs.append(run())
+    return dict(runs[index])
