@@ -15,6 +15,15 @@ owner reaches etcd through a Unix socket in the cluster's 0700 directory (the he
 The Dask workers stay outside: they reach their vineyardd through its IPC socket, a file,
 which network namespaces do not separate, and vineyard RPC is off.
 
+The trainers go inside too (:func:`trainer_prefix`). TensorFlow's gRPC server, which
+``MultiWorkerMirroredStrategy`` and the collectives of model averaging need, listens on every
+interface (``[::]:port``) and has no option to choose one: on the machine's namespace any local
+user, or any host that reaches the machine, could connect to a training job. Inside the
+cluster's namespace the only interface is its loopback, where the trainers of the cluster (all
+on this machine, addressed as 127.0.0.1) reach each other and nothing outside reaches them.
+They need nothing else on the network: their vineyardd is an IPC socket, their worker talks to
+them through pipes, the registry is a file.
+
 Root creates the namespace with ``unshare --net``; another user inside a user namespace of
 their own (``unshare --user --map-root-user --net``) where the kernel allows unprivileged user
 namespaces. Where neither works (no util-linux, a container's seccomp profile), config
@@ -32,7 +41,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dvml import config
 from dvml.cluster.daemons import etcd_binary
@@ -42,11 +51,13 @@ from dvml.exceptions import ArgumentError, ClusterStartError
 __all__ = [
     "ETCD_ENDPOINT",
     "ETCD_SOCKET",
+    "TRAINER_NAMESPACE_ENV",
     "etcd_socket_request",
     "join_namespace",
     "namespace_mode",
     "private_etcd_wanted",
     "start_private_etcd",
+    "trainer_prefix",
 ]
 
 logger = logging.getLogger("dvml.cluster")
@@ -133,6 +144,21 @@ def join_namespace(mode: str, pid: int, argv: Sequence[str]) -> list[str]:
         # Keep our uid: setgroups is denied in a user namespace made with --map-root-user.
         join = [f"--user=/proc/{pid}/ns/user", *join, "--preserve-credentials"]
     return [nsenter, *join, "--", *argv]
+
+
+TRAINER_NAMESPACE_ENV = "DVML_TRAINER_NAMESPACE"
+"""Set on the workers of a :class:`~dvml.LocalCluster` whose etcd has a private network
+namespace: ``MODE:PID`` (the namespace mode and etcd's pid); their trainers start inside it."""
+
+
+def trainer_prefix(environ: Mapping[str, str]) -> list[str]:
+    """The command prefix that starts a trainer in its cluster's private network namespace
+    (:data:`TRAINER_NAMESPACE_ENV`); empty where the cluster has none."""
+    value = environ.get(TRAINER_NAMESPACE_ENV)
+    if not value:
+        return []
+    mode, _, pid = value.partition(":")
+    return join_namespace(mode, int(pid), [])
 
 
 def etcd_socket_request(

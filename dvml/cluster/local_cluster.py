@@ -25,6 +25,7 @@ from dvml.cluster.daemons import start_etcd, start_vineyardd, vineyard_instance_
 from dvml.cluster.health import ETCD_ENV, register_owner, unregister_owner
 from dvml.cluster.isolation import (
     ETCD_ENDPOINT,
+    TRAINER_NAMESPACE_ENV,
     join_namespace,
     private_etcd_wanted,
     start_private_etcd,
@@ -297,6 +298,9 @@ class LocalCluster(Cluster):
             # simulated hosts are still one machine.
             tf_runtime.WORKERS_ON_HOST_ENV: str(len(self.specs)),
         }
+        if self._namespace is not None and self.etcd is not None:
+            # Trainers run in etcd's namespace: their gRPC servers bind every interface.
+            env[TRAINER_NAMESPACE_ENV] = f"{self._namespace}:{self.etcd.pid}"
         local_directory = os.path.join(self.directory, "dask", spec.name)
         os.makedirs(local_directory, mode=0o700, exist_ok=True)
         options: dict[str, Any] = {

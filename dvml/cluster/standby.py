@@ -41,6 +41,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from dvml import config, tf_runtime
+from dvml.cluster.isolation import trainer_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -82,7 +83,10 @@ _STDERR_LOGS: dict[int, str] = {}
 
 
 def _trainer_command(arg: str) -> list[str]:
-    return [sys.executable, "-m", "dvml.train.runtime.trainer", arg]
+    # In a LocalCluster's private network namespace where it has one: TensorFlow's gRPC
+    # server listens on every interface (dvml.cluster.isolation).
+    prefix = trainer_prefix(os.environ)
+    return [*prefix, sys.executable, "-m", "dvml.train.runtime.trainer", arg]
 
 
 def popen_trainer(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subprocess.Popen[str]:

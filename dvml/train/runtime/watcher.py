@@ -10,7 +10,10 @@ asks the scheduler and a TCP probe which of the job's workers are gone, every fe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import socket
+import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +28,8 @@ __all__ = [
     "departed_workers",
     "describe_departure",
     "looks_like_peer_failure",
+    "probe_context",
+    "reachable",
     "watch",
 ]
 
@@ -48,7 +53,8 @@ def departed_workers(
     the client a moment before the scheduler has removed a dead worker, hence the short
     ``wait``.
     """
-    unreachable = [w for w in workers if not _accepts(w.address, probe_timeout)]
+    tls = probe_context(client)
+    unreachable = [w for w in workers if not reachable(w.address, probe_timeout, tls)]
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -64,15 +70,34 @@ def departed_workers(
         time.sleep(0.25)
 
 
-def _accepts(address: str, timeout: float) -> bool:
-    """Whether a worker's ``tcp://host:port`` (or ``tls://``) accepts a TCP connection."""
-    import socket
+def probe_context(client: Client) -> ssl.SSLContext | None:
+    """The client's TLS context (a ``tls://`` cluster's), for :func:`_accepts`."""
+    security = getattr(client, "security", None)
+    if security is None:
+        return None
+    context = security.get_connection_args("client").get("ssl_context")
+    return context if isinstance(context, ssl.SSLContext) else None
 
+
+def reachable(address: str, timeout: float, tls: ssl.SSLContext | None = None) -> bool:
+    """Whether a worker's ``tcp://host:port`` (or ``tls://``) accepts a connection.
+
+    On ``tls://`` the probe completes the TLS handshake with the client's certificate before
+    it closes: a bare TCP connect and close makes every worker log "TLS handshake failed"
+    at each probe.
+    """
     host, _, port = address.split("://")[-1].rpartition(":")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except (OSError, ValueError):
         return False
+    try:
+        if tls is not None and address.startswith("tls://"):
+            # Politeness only: the connection answered, which is what the probe asks.
+            with contextlib.suppress(OSError, ValueError):
+                sock = tls.wrap_socket(sock, server_hostname=None)
+    finally:
+        sock.close()
     return True
 
 
