@@ -8,6 +8,16 @@ architecture. Workers receive only the feature extractor's JSON and weights
 (:meth:`Backbone.spec`) and rebuild it once per process (:mod:`dvml.features.featurize`).
 
 dvml never downloads weights: ``"imagenet"`` is refused with the way to provide the file.
+
+A Keras application expects the images it was trained on: pixels 0..255, passed through its
+own ``preprocess_input`` (MobileNetV2 scales to [-1, 1], ResNet50 and VGG flip RGB to BGR and
+subtract ImageNet's means, DenseNet normalises per channel; EfficientNet, ConvNeXt, RegNet,
+MobileNetV3 and ResNetRS do it inside the model). Every one of these is an affine map of a
+pixel's channels, so for an application backbone the extractor starts with ONE frozen 1x1
+convolution, ``dvml_preprocess_input``, that undoes the dataset's ``normalizing_const`` and
+applies the application's ``preprocess_input`` (:func:`application_preprocessing` reads the
+map off tf-keras's own function). ``{"application": ..., "preprocess_input": False}`` turns it
+off, for images already preprocessed that way.
 """
 
 from __future__ import annotations
@@ -30,9 +40,15 @@ from dvml.registry.weights import weights_to_bytes
 if TYPE_CHECKING:
     from dvml.registry import Registry
 
-__all__ = ["APPLICATION_KEYS", "Backbone", "keras_module", "resolve_backbone"]
+__all__ = [
+    "APPLICATION_KEYS",
+    "Backbone",
+    "application_preprocessing",
+    "keras_module",
+    "resolve_backbone",
+]
 
-APPLICATION_KEYS = ("application", "weights", "kwargs", "seed")
+APPLICATION_KEYS = ("application", "weights", "kwargs", "seed", "preprocess_input")
 _POOLING_LAYERS = {
     ("avg", 3): "GlobalAveragePooling1D",
     ("avg", 4): "GlobalAveragePooling2D",
@@ -108,6 +124,7 @@ def resolve_backbone(
     pooling: str | None,
     input_shape: Sequence[int],
     registry: Registry | str | None = None,
+    normalizing_const: float = 1.0,
 ) -> Backbone:
     """Build ``backbone`` on the client, check it against the source, and describe it.
 
@@ -123,6 +140,10 @@ def resolve_backbone(
         Shape of one source image (without the batch axis).
     registry : Registry, str or None
         Where an architecture id is looked up.
+    normalizing_const : float
+        What the source's pixels were divided by when they were packed: an application
+        backbone's ``preprocess_input`` is applied to the pixels times this (0..255 for
+        images packed with ``normalizing_const=255``).
 
     Raises
     ------
@@ -135,13 +156,21 @@ def resolve_backbone(
     keras = keras_module()
     shape = [int(s) for s in input_shape]
     with tf.device("/CPU:0"):
-        model, description = _build(keras, backbone, shape, registry)
+        model, description, application = _build(keras, backbone, shape, registry)
         _check_input(model, shape, description)
+        affine = None
+        if application is not None and len(shape) == 3 and shape[-1] == 3:
+            affine = application_preprocessing(keras, application, float(normalizing_const))
         fingerprint = _combine(json_fingerprint(model.to_json()),
-                               weights_fingerprint(model.get_weights()))  # fmt: skip
+                               weights_fingerprint(model.get_weights()),
+                               *([] if affine is None else [repr(affine[0].tolist()),
+                                                            repr(affine[1].tolist())]))  # fmt: skip
         output, output_layer = _layer_output(model, layer, description)
         output = _pool(keras, output, pooling, output_layer)
         extractor = keras.Model(model.inputs, output, name="dvml_feature_extractor")
+        if affine is not None:
+            extractor = _with_preprocessing(keras, extractor, shape, affine)
+            description += f", its preprocess_input (pixels x {float(normalizing_const):g})"
         feature_shape = _feature_shape(extractor, shape, description)
 
         blob = weights_to_bytes(list(extractor.get_weights()))
@@ -166,8 +195,70 @@ def _combine(*parts: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+def application_preprocessing(
+    keras: Any, name: str, normalizing_const: float = 1.0
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The affine map ``x -> A @ x + b`` of one RGB pixel, as packed (divided by
+    ``normalizing_const``), that Keras application ``name``'s ``preprocess_input`` applies to
+    the raw pixel; None when it is the identity.
+
+    Read off tf-keras's own ``preprocess_input`` with probe pixels (every mode, ``tf``,
+    ``torch``, ``caffe`` and the applications that preprocess inside the model, is affine per
+    pixel), and checked on one more pixel.
+    """
+    import importlib
+
+    function = _applications(keras)[name]
+    preprocess = importlib.import_module(function.__module__).preprocess_input
+    probes = np.array([[0, 0, 0], [100, 0, 0], [0, 100, 0], [0, 0, 100], [37, 211, 90]],
+                      dtype=np.float32)  # fmt: skip
+    out = np.asarray(preprocess(probes.reshape(1, 5, 1, 3).copy()), dtype=np.float64)
+    out = out.reshape(5, 3)
+    bias = out[0]
+    matrix = np.stack([(out[1 + c] - bias) / 100.0 for c in range(3)], axis=1)
+    if not np.allclose(matrix @ probes[4] + bias, out[4], atol=1e-3):
+        raise ModelMismatchError(  # no tf-keras application does this today
+            f"{name}'s preprocess_input is not an affine map of a pixel's channels, which dvml "
+            f"can apply. Received: application={name!r}. Pass {{'application': {name!r}, "
+            "'preprocess_input': False}} and preprocess the images yourself."
+        )
+    matrix = matrix * float(normalizing_const)  # the packed pixels back to 0..255 first
+    if np.allclose(matrix, np.eye(3)) and np.allclose(bias, 0.0):
+        return None
+    return matrix.astype(np.float32), bias.astype(np.float32)
+
+
+def _with_preprocessing(
+    keras: Any, extractor: Any, shape: list[int], affine: tuple[np.ndarray, np.ndarray]
+) -> Any:
+    """``extractor`` behind a frozen 1x1 convolution that applies ``affine`` per pixel."""
+    matrix, bias = affine
+    images = keras.Input(shape=tuple(shape), name="dvml_images")
+    layer = keras.layers.Conv2D(3, 1, name="dvml_preprocess_input", trainable=False)
+    preprocessed = layer(images)
+    layer.set_weights([matrix.T.reshape(1, 1, 3, 3), bias])  # kernel[0, 0, in, out]
+    return keras.Model(images, extractor(preprocessed), name="dvml_feature_extractor")
+
+
 def _build(keras: Any, backbone: Any, shape: list[int],
-           registry: Registry | str | None) -> tuple[Any, str]:  # fmt: skip
+           registry: Registry | str | None) -> tuple[Any, str, str | None]:  # fmt: skip
+    """The model, its description, and the Keras application whose ``preprocess_input`` it
+    needs in front (None: a user's model, or ``preprocess_input=False``)."""
+    if isinstance(backbone, str):
+        backbone = {"application": backbone}
+    if isinstance(backbone, dict):
+        model, description = _from_application(keras, backbone, shape)
+        wanted = backbone.get("preprocess_input", True)
+        if not isinstance(wanted, bool):
+            raise ArgumentTypeError(
+                f"preprocess_input must be True or False. Received: {wanted!r}. False when the "
+                "images are already preprocessed the way the application expects."
+            )
+        return model, description, backbone["application"] if wanted else None
+    return (*_build_model(keras, backbone, registry), None)
+
+
+def _build_model(keras: Any, backbone: Any, registry: Registry | str | None) -> tuple[Any, str]:
     if isinstance(backbone, keras.Model):
         if not backbone.built or not backbone.inputs:
             raise ArgumentError(
@@ -185,10 +276,6 @@ def _build(keras: Any, backbone: Any, shape: list[int],
         raise ArgumentTypeError(_what_backbone(backbone))
     if isinstance(backbone, int | np.integer):
         return _from_registry(keras, int(backbone), registry)
-    if isinstance(backbone, str):
-        return _from_application(keras, {"application": backbone}, shape)
-    if isinstance(backbone, dict):
-        return _from_application(keras, backbone, shape)
     raise ArgumentTypeError(_what_backbone(backbone))
 
 

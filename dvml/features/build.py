@@ -93,7 +93,9 @@ def cache(
         application name (``"MobileNetV2"``: built for the images' shape with
         ``include_top=False`` and seeded random weights); or ``{"application": "ResNet50",
         "weights": "/path/file.h5", "kwargs": {"alpha": 0.35}, "seed": 0}``. ``"imagenet"``
-        weights are never downloaded: pass the file.
+        weights are never downloaded: pass the file. An application gets its own
+        ``preprocess_input`` of the raw pixels (the source's ``normalizing_const`` undone
+        first), unless ``"preprocess_input": False``.
     layer : str, optional
         The layer whose output is the features (default: the backbone's output).
     pooling : {None, "avg", "max"}
@@ -142,7 +144,10 @@ def cache(
     if not isinstance(use_gpus, bool):
         raise ArgumentTypeError(f"use_gpus must be True or False. Received: use_gpus={use_gpus!r}.")
     plan = plan_source(source, client, preprocess_kwargs)
-    bb = resolve_backbone(backbone, layer, pooling, plan.input_shape, registry)
+    bb = resolve_backbone(
+        backbone, layer, pooling, plan.input_shape, registry,
+        normalizing_const=float(plan.preprocessing.get("normalizing_const") or 1.0),
+    )  # fmt: skip
     link, training_cache = _training_link(client, plan, training, bb)
     rules = _check_placement(client, plan, distribution_rules, use_gpus, training_cache)
     key = cache_key(bb.fingerprint, layer, pooling, plan.preprocessing, plan.identity,

@@ -11,7 +11,7 @@ import pytest
 
 import dvml
 from dvml.exceptions import ModelMismatchError
-from dvml.features.backbone import resolve_backbone
+from dvml.features.backbone import application_preprocessing, resolve_backbone
 from dvml.registry.weights import weights_from_bytes
 from tests.helpers import keras
 
@@ -171,3 +171,59 @@ def test_backbone_of_an_unknown_kind() -> None:
         resolve_backbone(3.5, None, None, [32, 32, 3])
     with pytest.raises(TypeError, match="backbone must be a tf-keras model"):
         resolve_backbone(True, None, None, [32, 32, 3])
+
+
+@pytest.mark.parametrize(
+    ("application", "module"),
+    [("MobileNetV2", "mobilenet_v2"), ("ResNet50", "resnet"), ("DenseNet121", "densenet"),
+     ("EfficientNetB0", "efficientnet")],
+)  # fmt: skip
+def test_the_affine_map_is_the_applications_own_preprocess_input(
+    application: str, module: str
+) -> None:
+    """Scale to [-1, 1], BGR flip and ImageNet means, per-channel normalisation, and an
+    application that preprocesses inside the model: read off tf-keras's own functions."""
+    import importlib
+
+    preprocess = importlib.import_module(f"tf_keras.applications.{module}").preprocess_input
+    packed = np.random.default_rng(0).random((50, 3), dtype=np.float32)  # pixels / 255
+    found = application_preprocessing(keras(), application, 255.0)
+    assert found is not None
+    matrix, bias = found
+    expected = np.asarray(preprocess(packed.reshape(1, 50, 1, 3) * 255.0)).reshape(50, 3)
+    np.testing.assert_allclose(packed @ matrix.T + bias, expected, rtol=1e-5, atol=1e-4)
+    if application == "EfficientNetB0":  # its preprocessing is inside: only the 255 back
+        assert application_preprocessing(keras(), application, 1.0) is None
+
+
+def test_an_application_extractor_starts_with_its_preprocess_input() -> None:
+    spec = {"application": "MobileNet", "kwargs": {"alpha": 0.25}}
+    bb = resolve_backbone(spec, None, "avg", [32, 32, 3], normalizing_const=255.0)
+    assert "preprocess_input" in bb.description
+    extractor = keras().models.model_from_json(bb.extractor_json)
+    extractor.set_weights(weights_from_bytes(bb.extractor_weights))
+    assert extractor.layers[1].name == "dvml_preprocess_input"
+    assert not extractor.layers[1].trainable
+    packed = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
+    expected = extractor.layers[-1](packed * 2.0 - 1.0).numpy()  # MobileNet: [-1, 1]
+    np.testing.assert_allclose(extractor(packed).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_preprocess_input_can_be_turned_off_and_user_models_get_none() -> None:
+    spec = {"application": "MobileNet", "kwargs": {"alpha": 0.25}}
+    on = resolve_backbone(spec, None, "avg", [32, 32, 3], normalizing_const=255.0)
+    off = resolve_backbone(
+        {**spec, "preprocess_input": False}, None, "avg", [32, 32, 3], normalizing_const=255.0
+    )
+    assert "dvml_preprocess_input" in on.extractor_json
+    assert "dvml_preprocess_input" not in off.extractor_json
+    assert on.fingerprint != off.fingerprint  # another cache: other features
+    assert (
+        "dvml_preprocess_input"
+        not in resolve_backbone(
+            tiny(), None, "avg", [32, 32, 3], normalizing_const=255.0
+        ).extractor_json
+    )
+    with pytest.raises(TypeError, match="preprocess_input must be True or False"):
+        resolve_backbone({"application": "MobileNetV2", "preprocess_input": "yes"}, None,
+                         None, [32, 32, 3])  # fmt: skip
