@@ -77,6 +77,23 @@ def _submit_groups(
     return out
 
 
+def _submit_parts(client: Client, parts: Sequence[Any]) -> list[Future]:
+    """Start computing ``parts`` (Delayed batches, or :class:`~dvml.preprocess.tasks.
+    ClientPart`, whose inputs go client to worker with ``scatter``); futures in their order."""
+    held = [i for i, p in enumerate(parts) if isinstance(p, tasks.ClientPart)]
+    graph = [i for i, p in enumerate(parts) if not isinstance(p, tasks.ClientPart)]
+    futures: list[Any] = [None] * len(parts)
+    for i, future in zip(graph, client.compute([parts[i] for i in graph]), strict=True):
+        futures[i] = future
+    if held:
+        # Round-robin over the workers, each part in one message straight to its worker.
+        data = client.scatter([parts[i].args for i in held], direct=True, hash=False)
+        for i, d in zip(held, data, strict=True):
+            futures[i] = client.submit(tasks.prepare_scattered, parts[i].fn, d, pure=False,
+                                       key=f"prepare_scattered-{d.key}")  # fmt: skip
+    return futures
+
+
 def compute_stats(
     client: Client, parts: Sequence[Any], progress: bool = False
 ) -> tuple[list[Future], list[dict], list[int]]:
@@ -91,7 +108,7 @@ def compute_stats(
     """
     from distributed import wait
 
-    futures = client.compute(list(parts))
+    futures = _submit_parts(client, parts)
     stats_futures: list[Future] = []
     try:
         if progress:

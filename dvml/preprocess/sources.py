@@ -26,6 +26,7 @@ from dvml.preprocess.images import list_image_folder
 from dvml.preprocess.locations import Location, locate, read_table
 from dvml.preprocess.string_cells import restore_array_cells
 from dvml.preprocess.tasks import (
+    ClientPart,
     prepare_arrays,
     prepare_batch,
     prepare_image_files,
@@ -215,7 +216,9 @@ def _pandas_array_cells(
     hundreds of thousands of small arrays to the workers pickles, hashes and stacks every
     cell one by one; stacked once here into
     one block per x input (one copy, :func:`dvml.preprocess.encode.x_to_array`), the parts
-    are plain numpy slices prepared like a dict of arrays.
+    are plain numpy slices prepared like a dict of arrays, scattered to the workers by the
+    pack (:class:`~dvml.preprocess.tasks.ClientPart`): client to worker, one copy, never
+    through the scheduler.
     """
     from dvml.preprocess.encode import has_array_cells, x_to_array
 
@@ -232,8 +235,9 @@ def _pandas_array_cells(
     n = len(labels)
     k = max(1, min(n_parts, n))  # as many parts as dd.from_pandas would make
     bounds = [n * i // k for i in range(k + 1)]
-    parts = [
-        _batch_of_one(prepare_arrays, [a[lo:hi] for a in xs], labels[lo:hi], names, y, *invalid)
+    # Scattered to the workers by the pack, not embedded in the graph (ClientPart).
+    parts: list[Any] = [
+        ClientPart(prepare_arrays, ([a[lo:hi] for a in xs], labels[lo:hi], names, y, *invalid))
         for lo, hi in itertools.pairwise(bounds)
     ]
     return SourceParts(parts, groups, y, desc)

@@ -12,6 +12,7 @@ are counted, and the client raises with the totals of the whole source.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,7 @@ from dvml.preprocess.shards import read_tar_samples, samples_to_images_labels
 from dvml.store.tensors import write_buffers
 
 __all__ = [
+    "ClientPart",
     "buffer_positions",
     "decode_tar_shard",
     "fetch_rounds",
@@ -47,6 +49,7 @@ __all__ = [
     "prepare_arrays",
     "prepare_batch",
     "prepare_image_files",
+    "prepare_scattered",
     "prepare_table",
     "prepare_tar_shard",
     "slice_positions",
@@ -159,6 +162,24 @@ def prepare_arrays(
         arrays.append(x)
     _label_mask(labels, y)
     return _finish(arrays, labels, list(x_names), on_invalid, normalizing_const)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientPart:
+    """A part to prepare whose inputs the client holds (slices of an in-memory frame).
+
+    The pack scatters ``args`` straight to a worker and runs ``fn(*args)`` there
+    (:func:`prepare_scattered`), instead of embedding them in the task graph, which would send
+    every byte through the scheduler (:func:`dvml.preprocess.graph.compute_stats`).
+    """
+
+    fn: Any
+    args: tuple[Any, ...]
+
+
+def prepare_scattered(fn: Any, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """A batch of one part prepared from inputs scattered to this worker (:class:`ClientPart`)."""
+    return [fn(*args)]
 
 
 def prepare_batch(fn: Any, arity: int, *values: Any) -> list[dict[str, Any]]:
