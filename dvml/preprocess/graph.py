@@ -32,6 +32,7 @@ import numpy as np
 
 from dvml.cluster.pinned import run_pinned
 from dvml.cluster.workers import WorkerInfo
+from dvml.exceptions import ClusterError
 from dvml.placement.planner import partition_seed
 from dvml.placement.routes import group_parts, pack_chunks, plan_routes
 from dvml.preprocess import tasks
@@ -77,6 +78,10 @@ def _submit_groups(
     return out
 
 
+RESEND_TRIES = 3
+"""Times a part of an in-memory frame is sent again when the worker holding it died."""
+
+
 def _submit_parts(client: Client, parts: Sequence[Any]) -> list[Future]:
     """Start computing ``parts`` (Delayed batches, or :class:`~dvml.preprocess.tasks.
     ClientPart`, whose inputs go client to worker with ``scatter``); futures in their order."""
@@ -85,13 +90,51 @@ def _submit_parts(client: Client, parts: Sequence[Any]) -> list[Future]:
     futures: list[Any] = [None] * len(parts)
     for i, future in zip(graph, client.compute([parts[i] for i in graph]), strict=True):
         futures[i] = future
-    if held:
-        # Round-robin over the workers, each part in one message straight to its worker.
-        data = client.scatter([parts[i].args for i in held], direct=True, hash=False)
-        for i, d in zip(held, data, strict=True):
-            futures[i] = client.submit(tasks.prepare_scattered, parts[i].fn, d, pure=False,
-                                       key=f"prepare_scattered-{d.key}")  # fmt: skip
+    for i, future in zip(held, _scatter_parts(client, [parts[i] for i in held]), strict=True):
+        futures[i] = future
     return futures
+
+
+def _scatter_parts(client: Client, parts: Sequence[tasks.ClientPart]) -> list[Future]:
+    if not parts:
+        return []
+    # Round-robin over the workers, each part in one message straight to its worker.
+    data = client.scatter([p.args for p in parts], direct=True, hash=False)
+    return [
+        client.submit(tasks.prepare_scattered, p.fn, d, pure=False, key=f"prepare-{d.key}")
+        for p, d in zip(parts, data, strict=True)
+    ]
+
+
+def _wait_for_parts(client: Client, parts: Sequence[Any], futures: list[Future]) -> None:
+    """Wait until every part is prepared. A worker that dies holding a part of an in-memory
+    frame takes the only copy of its inputs with it (Dask cannot recompute scattered data):
+    the client still has the rows and sends them again, to the workers alive, up to
+    :data:`RESEND_TRIES` times."""
+    from distributed import wait
+    from distributed.client import FuturesCancelledError
+
+    for attempt in range(RESEND_TRIES + 1):
+        try:
+            with client.as_current():  # distributed.wait looks up the default client
+                wait(futures)
+            return
+        except FuturesCancelledError as exc:
+            lost = [
+                i
+                for i, p in enumerate(parts)
+                if isinstance(p, tasks.ClientPart) and futures[i].status == "cancelled"
+            ]
+            if not lost or attempt == RESEND_TRIES:
+                raise ClusterError(
+                    f"Parts of the data lost their worker while being prepared ({exc}). "
+                    f"Received: {len(lost)} of {len(parts)} parts lost after {attempt} resends. "
+                    "Nothing was published; check the workers (dvml cluster status) and run "
+                    "the same call again."
+                ) from None
+            for i, future in zip(lost, _scatter_parts(client, [parts[i] for i in lost]),
+                                 strict=True):  # fmt: skip
+                futures[i] = future
 
 
 def compute_stats(
@@ -106,7 +149,6 @@ def compute_stats(
     dies and the bar always ends). The stats are computed by one task per group of batches
     that live on the same worker.
     """
-    from distributed import wait
 
     futures = _submit_parts(client, parts)
     stats_futures: list[Future] = []
@@ -117,8 +159,7 @@ def compute_stats(
             with client.as_current():
                 progress_bar(futures, notebook=False)
             print(flush=True)
-        with client.as_current():  # distributed.wait looks up the default client
-            wait(futures)
+        _wait_for_parts(client, parts, futures)
         _raise_first_error(futures)
         groups = _holder_groups(client, futures)
         stats_futures = _submit_groups(client, tasks.group_stats, futures, groups)
