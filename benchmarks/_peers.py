@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ __all__ = [
     "ROOT",
     "SAMPLE_S",
     "SPAWNED",
+    "cleanup",
     "dvml_command",
     "ray_command",
     "ray_python",
@@ -76,6 +78,11 @@ def write_inputs(directory: str, copies: int, epochs: int, batch: int, workers: 
     with open(os.path.join(directory, "job.json"), "w") as f:
         json.dump(job, f)
     return len(train)
+
+
+def cleanup(context: dict[str, Any]) -> None:
+    """A benchmark's cleanup: remove the inputs' directory (``context["directory"]``)."""
+    shutil.rmtree(context["directory"], ignore_errors=True)
 
 
 def _pss(pid: int) -> int:

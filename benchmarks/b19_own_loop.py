@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -52,10 +51,6 @@ def prepare(quick: bool) -> dict[str, Any]:
                                "directory": tempfile.mkdtemp(prefix="dvml-bench-b19-")}  # fmt: skip
     context["rows"] = _peers.write_inputs(context["directory"], copies, epochs, BATCH, WORKERS)
     return context
-
-
-def cleanup(context: dict[str, Any]) -> None:
-    shutil.rmtree(context["directory"], ignore_errors=True)
 
 
 def _run(context: dict[str, Any], side: str) -> dict[str, Any]:
@@ -196,7 +191,7 @@ def _register(key: str, title: str, unit: str, target: float, op: str) -> Benchm
             dvml=functools.partial(_figure, row=key, side="dvml"),
             baseline=functools.partial(_figure, row=key, side="ray"),
             prepare=prepare,
-            cleanup=cleanup,
+            cleanup=_peers.cleanup,
             details=details,
         )
     )

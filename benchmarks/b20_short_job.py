@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -62,10 +61,6 @@ def prepare(quick: bool) -> dict[str, Any]:
         context["python_error"] = str(exc)
     context["rows"] = _peers.write_inputs(context["directory"], copies, epochs, BATCH, WORKERS)
     return context
-
-
-def cleanup(context: dict[str, Any]) -> None:
-    shutil.rmtree(context["directory"], ignore_errors=True)
 
 
 def _run(context: dict[str, Any], side: str) -> dict[str, Any]:
@@ -241,7 +236,7 @@ def _register(key: str, title: str, unit: str, target: float) -> Benchmark:
             dvml=functools.partial(_figure, row=key, side="dvml"),
             baseline=functools.partial(_figure, row=key, side="peer"),
             prepare=prepare,
-            cleanup=cleanup,
+            cleanup=_peers.cleanup,
             details=details,
         )
     )
