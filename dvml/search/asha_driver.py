@@ -47,26 +47,24 @@ from typing import TYPE_CHECKING, Any
 from distributed import wait as dask_wait
 
 from dvml import config
-from dvml._version import __version__
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import TrainerFailedError
 from dvml.registry.database import Registry
-from dvml.registry.weights import weights_from_bytes
 from dvml.search import journal as j
 from dvml.search.asha import Asha
 from dvml.search.hyperband import rank_key
-from dvml.train.hop_schedule import build_info
-from dvml.train.params import format_params
+from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
 from dvml.train.runtime import sessions
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
-from dvml.train.summary import aggregate, build_summary, iteration_record, weights_size_kb
+from dvml.train.runtime.watcher import describe_departure
+from dvml.train.summary import aggregate
 
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-__all__ = ["AshaDriver", "SearchOutcome"]
+__all__ = ["AshaDriver"]
 
 logger = logging.getLogger("dvml.search")
 
@@ -88,17 +86,6 @@ class Running:
     evals: dict[int, list[Future]]
     terminal: list[Future]
     previous: Any  # the state before this job (kept when the job fails)
-
-
-@dataclasses.dataclass
-class SearchOutcome:
-    """What the search leaves for :func:`dvml.automl` to register."""
-
-    info: dict[int, dict[str, Any]]
-    models: list[dict[str, Any]]
-    summary: dict[str, Any]
-    journal: str
-    best: int | None
 
 
 class AshaDriver:
@@ -153,7 +140,8 @@ class AshaDriver:
         self.start_text = now()
         self.specs: dict[int, dict[str, Any]] = {}
         self.history: dict[int, dict[int, dict[str, Any]]] = {}
-        self.pids: dict[str, set[int]] = {}
+        self.departed: list[str] = []  # workers that left the cluster during the search
+        self.idle: list[WorkerInfo] = []
         self.running: dict[int, Running] = {}
         self.resumed_from: dict[int, int] = {}  # trial -> the checkpointed iteration restored
         self.trained = 0  # model-iterations this run trained
@@ -178,18 +166,19 @@ class AshaDriver:
             # each worker takes JOBS_PER_WORKER jobs: one trains while the other's state is
             # moved, loaded and saved and the client decides (tasks of one model follow each
             # other, so one job alone would leave its trainer idle between its tasks)
-            idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
+            self.idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
             while True:
-                self._ask(idle, kept)
+                self._ask(self.idle, kept)
                 if not self.running:
                     break
-                for done in self._next_done():
+                for done in self._next_done(kept):
                     self._finish(done)
-                    idle.append(done.worker)
-                idle[:] = [w for w in idle if w in self.workers]  # not those whose trainer died
+                    self.idle.append(done.worker)
+                # not those whose trainer died or that left the cluster
+                self.idle[:] = [w for w in self.idle if w in self.workers]
             weights = self._final_weights()
         except BaseException:
-            self.client.cancel(self.hopper.submitted)
+            self.hopper.cancel()
             raise
         finally:
             self.hopper.stop()
@@ -259,10 +248,11 @@ class AshaDriver:
             key, worker, first, last, time.time(), records, evals, terminal, previous
         )
 
-    def _next_done(self) -> list[Running]:
-        """Wait for at least one job to end (all of its last tasks done, or one failed)."""
+    def _next_done(self, kept: dict[int, tuple[int, WorkerInfo]]) -> list[Running]:
+        """Wait for at least one job to end (all of its last tasks done, or one failed), with
+        the runtime's watcher: a departed worker is named within its bound, and the search
+        goes on without it (:meth:`_departed`; then no job is returned)."""
         while True:
-            pending = [f for r in self.running.values() for f in r.terminal if not f.done()]
             done = [
                 r
                 for r in self.running.values()
@@ -273,8 +263,11 @@ class AshaDriver:
                 for r in done:
                     del self.running[r.trial_id]
                 return done
-            with self.client.as_current():
-                dask_wait(pending, return_when="FIRST_COMPLETED")
+            pending = [f for r in self.running.values() for f in r.terminal if not f.done()]
+            outcome = self.hopper.watch(pending, first=True)
+            if outcome.gone:
+                self._departed(outcome.gone, kept)
+                return []
 
     def _finish(self, done: Running) -> None:
         """Report a job's result (or failure) to the scheduler; journal it; a progress line."""
@@ -307,11 +300,53 @@ class AshaDriver:
         history = self.history.setdefault(done.trial_id, {})
         for t in sorted(set(records) | set(evals)):
             history[t] = {"records": records.get(t, []), "evals": evals.get(t, [])}
-            for r in records.get(t, []):
-                self.pids.setdefault(r["worker"], set()).add(int(r["pid"]))
         found = [e[self.loss_part] for e in evals[done.last] if self.loss_part in e]
         values = aggregate(found) if found else {}
         return values.get("loss")
+
+    def _departed(self, gone: list[WorkerInfo], kept: dict[int, tuple[int, WorkerInfo]]) -> None:
+        """Workers left the cluster: every job in flight is interrupted; each of its models
+        is queued again from its last checkpoint on the remaining workers (or from scratch
+        when it had trained nothing), else failed; a parked or finished model whose state
+        went with them is added again from its rung's checkpoint, else failed."""
+        names = [w.name for w in gone]
+        self._line(f"{describe_departure(gone)}: the search goes on without it")
+        self.departed.extend(names)
+        interrupted = set(self.running)
+        self.running.clear()
+        lost = set(self.hopper.lose(gone))
+        self.workers = [w for w in self.workers if w not in gone]
+        if not self.workers:
+            raise TrainerFailedError(
+                f"{describe_departure(gone)}; no worker of search {self.model_output!r} is "
+                "left. Bring the workers back and run dvml.automl(..., resume=True): it "
+                "resumes from the journal's last decision."
+            )
+        latest = self._checkpoints()
+        requeue, failed = [], []
+        for trial in self.search.trials.values():
+            k = trial.trial_id
+            found = latest.get(k, {})
+            if k in interrupted:
+                usable = [t for t in found if t >= trial.iterations]
+                if usable:
+                    kept[k] = (max(usable), found[max(usable)])
+                if usable or trial.iterations == 0:
+                    requeue.append(k)
+                else:
+                    failed.append(k)
+            elif k in lost and trial.status in ("parked", "finished"):
+                if trial.iterations not in found:
+                    failed.append(k)
+                    continue
+                holder = found[trial.iterations]
+                self.hopper.add(k, self._spec(trial), self._load(k, trial.iterations, holder),
+                                holder)  # fmt: skip
+                self.hopper.park(k)
+        self.search.apply(j.Departed(names, requeue, failed, self.now()))
+        self.save_journal(self.search.journal.dumps())
+        self.idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
+        self._line(f"queued again: {requeue}; failed with the departed worker(s): {failed}")
 
     def _drop_dead(self) -> None:
         """Leave out every worker whose trainer died (a failed task may have run on another
@@ -399,93 +434,38 @@ class AshaDriver:
 
     def _outcome(self, weights: dict[int, bytes]) -> SearchOutcome:
         """MADlib's info rows and every model to register (one per configuration)."""
-        end = now()
-        configs, names, summaries, seconds, models = [], {}, {}, {}, []
-        for trial in sorted(self.search.trials.values(), key=lambda t: t.trial_id):
-            k = trial.trial_id
-            names[k] = f"{self.model_output}_{k}"
-            iterations, seconds[k] = self._iterations(self.history.get(k, {}))
-            final = weights_from_bytes(weights[k]) if weights.get(k) else []
-            summaries[k] = self._model_summary(trial, names[k], iterations, final, end)
-            configs.append({"mst_key": k, "model_id": trial.model_id})
-            if final:
-                models.append({"name": names[k], "arch_id": trial.model_id, "weights": final,
-                               "summary": summaries[k], "iterations": iterations})  # fmt: skip
-        rows = build_info(configs, names, summaries, seconds)
-        info = {}
-        for row in rows:
-            trial = self.search.trials[row["mst_key"]]
-            row.update(status=trial.status, rung=trial.rung, iterations=trial.iterations)
-            info[row["mst_key"]] = row
-        summary = self._run_summary(end)
-        return SearchOutcome(info, models, summary, self.search.journal.dumps(),
-                             self.search.best())  # fmt: skip
+        configurations = [
+            Configuration(
+                t.trial_id,
+                t.model_id,
+                self._spec(t),
+                t.iterations,
+                summary={"asha_status": t.status},
+                info={"status": t.status, "rung": t.rung, "iterations": t.iterations},
+            )
+            for t in self.search.trials.values()
+        ]
+        times = {"start": self.start_text, "end": now(), "name": self.name,
+                 "description": self.description, "wall_seconds": self.now()}  # fmt: skip
+        outcome = build_outcome(
+            self.job, self.model_output, configurations, self.history, weights, times=times,
+            journal=self.search.journal.dumps(), best=self.search.best(),
+        )  # fmt: skip
+        outcome.summary.update(
+            rungs=list(self.search.levels),
+            rung_sizes=self.search.rung_sizes(),
+            stopped=self.search.stopped,
+            trained_iterations=self.trained,
+            resumed_from={str(k): t for k, t in sorted(self.resumed_from.items())},
+            departed=self.departed,
+        )
+        return outcome
 
-    @staticmethod
-    def _iterations(
-        entries: dict[int, dict[str, Any]],
-    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        rows, train_s, moving_s = [], 0.0, 0.0
-        for t in sorted(entries):
-            entry = entries[t]
-            elapsed = max((r.get("elapsed", 0.0) for r in entry["records"]), default=0.0)
-            train_s += sum(r["train_s"] for r in entry["records"])
-            moving_s += sum(r["moving_s"] for r in entry["records"])
-            pseudo = [{"iteration": t, "elapsed": elapsed, **e} for e in entry["evals"]]
-            rows.append(iteration_record(pseudo or [{"iteration": t, "elapsed": elapsed}]))
-        return rows, {"training_s": train_s, "moving_s": moving_s}
-
-    def _model_summary(
-        self, trial: Any, name: str, iterations: list[dict[str, Any]], final: list[Any], end: str
-    ) -> dict[str, Any]:
-        spec = self.specs.get(trial.trial_id) or model_spec(
+    def _spec(self, trial: Any) -> dict[str, Any]:
+        return self.specs.get(trial.trial_id) or model_spec(
             self.reg, trial.model_id, trial.compile_params, trial.fit_params, self.job.train,
             list(self.job.custom_sources),
         ).config()  # fmt: skip
-        summary = build_summary(
-            training=self.job.train, validation=self.job.valid, model=name,
-            arch_id=trial.model_id, compile_params=spec["compile_params"],
-            fit_params=spec["fit_params"], compile_text=format_params(spec["compile_params"]),
-            fit_text=format_params(spec["fit_params"]), num_iterations=trial.iterations,
-            metrics_compute_frequency=self.job.frequency, name=self.name,
-            description=self.description, start=self.start_text, end=end,
-            iterations=iterations, model_size_kb=weights_size_kb(final),
-            trainers=[w.name for w in self.job.workers], weights_identical=True,
-            warm_start=False, version=__version__,
-        )  # fmt: skip
-        summary.update(
-            custom_objects=sorted(self.job.custom_sources), sync="model_hopper",
-            mst_key=trial.trial_id, model_selection=self.model_output, asha_status=trial.status,
-        )  # fmt: skip
-        return summary
-
-    def _run_summary(self, end: str) -> dict[str, Any]:
-        ts = self.job.train.summary
-        return {
-            "source_table": self.job.train.name,
-            "validation_table": self.job.valid.name if self.job.valid else None,
-            "dependent_varname": ts["dependent_varname"],
-            "independent_varname": ts["independent_varname"],
-            "model_arch_table": "model_arch",
-            "metrics_compute_frequency": self.job.frequency,
-            "name": self.name,
-            "description": self.description,
-            "madlib_version": __version__,
-            "version": __version__,
-            "num_classes": ts["num_classes"],
-            "class_values": ts["class_values"],
-            "dependent_vartype": ts["dependent_vartype"],
-            "normalizing_const": ts["normalizing_const"],
-            "workers": [w.name for w in self.job.workers],
-            "rungs": list(self.search.levels),
-            "rung_sizes": self.search.rung_sizes(),
-            "stopped": self.search.stopped,
-            "trainer_pids": {w: sorted(p) for w, p in sorted(self.pids.items())},
-            "model_iterations": sum(len(h) for h in self.history.values()),
-            "trained_iterations": self.trained,
-            "resumed_from": {str(k): t for k, t in sorted(self.resumed_from.items())},
-            "wall_seconds": self.now(),
-        }
 
     # ------------------------------------------------------------------ progress
 

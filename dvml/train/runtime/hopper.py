@@ -17,6 +17,9 @@ to worker; the client holds only futures). The verbs:
   store, owner-only), :meth:`~ModelHopper.weights`, :meth:`~ModelHopper.digest`;
 - :meth:`~ModelHopper.wait`: wait for tasks with the runtime's failure watcher (a failed
   trainer or a departed worker or host is named in bounded time);
+- :meth:`~ModelHopper.watch`: the same watcher, reporting instead of raising (a scheduler
+  that goes on without a departed worker); :meth:`~ModelHopper.lose`: leave departed workers
+  out of the job and forget the models whose state went with them;
 - :meth:`~ModelHopper.alive`: whether a worker's trainer still runs (a search goes on without
   a worker whose trainer died);
 - :meth:`~ModelHopper.stop`: stop the job's trainers (also done by their client lease when
@@ -38,7 +41,7 @@ from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ArgumentError, TrainerFailedError
 from dvml.train.runtime import launch, sessions
 from dvml.train.runtime.plan import machine
-from dvml.train.runtime.watcher import describe_departure, watch
+from dvml.train.runtime.watcher import Outcome, describe_departure, watch
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -223,7 +226,7 @@ class ModelHopper:
         everything and raise, naming the trainer or host (bounded time)."""
         outcome = watch(self.client, futures, self.workers, watched=self.submitted)
         if outcome.gone:
-            self.client.cancel(self.submitted)
+            self.cancel()
             raise TrainerFailedError(
                 f"{describe_departure(outcome.gone)}; job {self.name!r} was stopped. Bring the "
                 "worker back (or preprocess onto the remaining workers) and run it again: it "
@@ -231,13 +234,49 @@ class ModelHopper:
             )
         if outcome.failed is not None:
             exc = outcome.failed.exception()
-            self.client.cancel(self.submitted)
+            self.cancel()
             if isinstance(exc, TrainerFailedError):
                 raise exc
             raise TrainerFailedError(
                 f"A task of job {self.name!r} failed: {type(exc).__name__}: {exc}. Run it "
                 "again: it resumes every model from the last iteration all of them completed."
             ) from exc
+
+    def watch(self, futures: list[Future], *, first: bool = False) -> Outcome:
+        """Wait for ``futures`` (with ``first``: for any one of them) as :meth:`wait` does,
+        but return the outcome (a failed task, or the departed workers) instead of raising:
+        for a scheduler that goes on without them (:meth:`lose`)."""
+        return watch(self.client, futures, self.workers, first=first)
+
+    def lose(self, gone: list[WorkerInfo]) -> list[int]:
+        """Leave the departed workers ``gone`` out of the job: cancel every task still in
+        flight, and forget every model whose state is not held by a remaining worker (it was
+        on a departed one, or its task was cancelled). Returns the forgotten models' keys: the
+        scheduler adds them again from a checkpoint (:meth:`add`), or gives them up."""
+        self.workers = [w for w in self.workers if w not in gone]
+        self.cancel()
+        kept = {w.address for w in self.workers}
+        held = self.client.who_has([f for f in self.states.values() if f.status == "finished"])
+        lost = [
+            k
+            for k, f in self.states.items()
+            if f.status != "finished" or not kept & set(held.get(f.key, ()))
+        ]
+        self.client.cancel([self.states.pop(k) for k in lost])
+        self.parked -= set(lost)
+        # a checkpoint chain goes on only after a checkpoint that was written
+        self._last_checkpoint = {
+            k: f
+            for k, f in self._last_checkpoint.items()
+            if k in self.states and f.status == "finished"
+        }
+        return lost
+
+    def cancel(self) -> None:
+        """Cancel every task of the job still in flight (the states already computed stay:
+        a scheduler may go on from them)."""
+        self.client.cancel([f for f in self.submitted if not f.done()])
+        self.submitted = [f for f in self.submitted if f.status == "finished"]
 
     def alive(self, worker: WorkerInfo) -> bool:
         """Whether the job's trainer on ``worker`` still runs (a task failed there: was it the
