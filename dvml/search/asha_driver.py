@@ -44,8 +44,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from distributed import wait as dask_wait
-
 from dvml import config
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import TrainerFailedError
@@ -315,6 +313,8 @@ class AshaDriver:
         interrupted = set(self.running)
         self.running.clear()
         lost = set(self.hopper.lose(gone))
+        for k in interrupted - lost:  # its state is some hop of the job: start from a checkpoint
+            self.hopper.states.pop(k)
         self.workers = [w for w in self.workers if w not in gone]
         if not self.workers:
             raise TrainerFailedError(
@@ -423,14 +423,22 @@ class AshaDriver:
     # ------------------------------------------------------------------ outputs
 
     def _final_weights(self) -> dict[int, bytes]:
-        keys = sorted(self.hopper.states)
-        futures = {
-            k: self.client.submit(sessions.weights_of, self.hopper.states[k], pure=False)
-            for k in keys
-        }
-        with self.client.as_current():
-            dask_wait(list(futures.values()))
-        return {k: f.result() for k, f in futures.items() if f.status == "finished"}
+        """Every model's weights (those whose state is lost are left out), watched: a worker
+        that departs now is left out too, its models' states reloaded from checkpoints."""
+        while True:
+            futures = {
+                k: self.client.submit(sessions.weights_of, state, pure=False)
+                for k, state in sorted(self.hopper.states.items())
+            }
+            pending = list(futures.values())
+            while pending:
+                outcome = self.hopper.watch(pending)
+                if outcome.gone:
+                    self._departed(outcome.gone, {})
+                    break
+                pending = [f for f in pending if not f.done()]
+            else:
+                return {k: f.result() for k, f in futures.items() if f.status == "finished"}
 
     def _outcome(self, weights: dict[int, bytes]) -> SearchOutcome:
         """MADlib's info rows and every model to register (one per configuration)."""

@@ -93,7 +93,8 @@ class HopSearch:
             custom_sources=job.custom_sources, use_gpus=job.args.use_gpus, timeout=job.timeout,
         )  # fmt: skip
         self.configs: dict[int, tuple[int, dict[str, Any]]] = {}  # mst_key -> arch, spec
-        self.iterations: dict[int, int] = {}
+        self.iterations: dict[int, int] = {}  # mst_key -> iterations trained
+        self.last: dict[int, int] = {}  # mst_key -> the search's iteration of its last state
         self.failed: set[int] = set()  # state lost with a departed worker
         self.departed: list[str] = []
         self.history: History = {}
@@ -124,6 +125,7 @@ class HopSearch:
         for k, entries in model_histories(keys, [], records, evals).items():
             self.history.setdefault(k, {}).update(entries)
             self.iterations[k] += iterations
+            self.last[k] = offset + iterations
         return {r.mst_key: self._loss(evals, r.mst_key, offset + iterations) for r in rows}
 
     def _add(self, mst_key: int, state: bytes | Future) -> None:
@@ -151,8 +153,9 @@ class HopSearch:
         return [], {}
 
     def _go_on_without(self, gone: list[Any], began: dict[int, Future]) -> list[int]:
-        """Leave ``gone`` out; give every model of the step back the state it began with,
-        the others their last checkpoint (for their weights); fail those with neither."""
+        """Leave ``gone`` out; give every model whose state went with them the state it began
+        the step with (kept in memory or checkpointed) or, not in the step, its last
+        checkpoint (for its weights); fail those with neither."""
         self.departed.extend(w.name for w in gone)
         line = f"{describe_departure(gone)}: the search goes on without it"
         logger.warning("[dvml.automl %s] %s", self.model_output, line)
@@ -163,17 +166,19 @@ class HopSearch:
                 "left. Bring the workers back and run the search again."
             )
         kept = {w.address for w in self.hopper.workers}
-        held = self.client.who_has([f for f in began.values() if f.status == "finished"])
+        finished = [f for f in began.values() if f.status == "finished"]
+        held = self.client.who_has(finished) if finished else {}
         latest = self._checkpoints()
         for k in lost:
+            at = self.last.get(k, 0)
             if k in self.initial:
                 self._add(k, self.initial[k])
             elif k in began and kept & set(held.get(began[k].key, ())):
                 self._add(k, began[k])
-            elif k not in began and self.iterations[k] in latest.get(k, {}):
-                holder = latest[k][self.iterations[k]]
+            elif at in latest.get(k, {}):  # the state it began the step with, or its last
+                holder = latest[k][at]
                 future = self.client.submit(
-                    sessions.load_checkpoint, self.hopper.checkpoint_dir, k, self.iterations[k],
+                    sessions.load_checkpoint, self.hopper.checkpoint_dir, k, at,
                     workers=[holder.address], allow_other_workers=False, pure=False,
                 )  # fmt: skip
                 self._add(k, future)
@@ -210,8 +215,7 @@ class HopSearch:
         ``info`` holds the method's own ``.info`` columns of each configuration.
         """
         try:
-            keys = sorted(self.hopper.states)
-            weights = self.hopper.weights(keys) if keys else {}
+            weights = self._weights()
         finally:
             self.hopper.stop()
         configurations = [
@@ -225,6 +229,22 @@ class HopSearch:
         outcome.summary["departed"] = self.departed
         self.hopper.clear_checkpoints()
         return outcome
+
+    def _weights(self) -> dict[int, bytes]:
+        """Every model's weights, watched: a worker that departs now is left out, and the
+        states it held are reloaded from their checkpoints (or their models failed)."""
+        while True:
+            futures = {
+                k: self.client.submit(sessions.weights_of, state, pure=False)
+                for k, state in sorted(self.hopper.states.items())
+            }
+            outcome = self.hopper.watch(list(futures.values()))
+            if outcome.gone:
+                self._go_on_without(outcome.gone, {})
+                continue
+            if outcome.failed is not None:
+                self.hopper.wait(list(futures.values()))  # raises, naming the task
+            return {k: f.result() for k, f in futures.items()}
 
     def _wall(self) -> float:
         return time.time() - float(self.hopper.job["started_at"])
