@@ -56,7 +56,7 @@ from dvml.train.runtime import sessions
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
-from dvml.train.runtime.watcher import describe_departure
+from dvml.train.runtime.watcher import departed_workers, describe_departure
 from dvml.train.summary import aggregate
 
 if TYPE_CHECKING:
@@ -69,6 +69,11 @@ logger = logging.getLogger("dvml.search")
 JOBS_PER_WORKER = 2
 """Jobs a worker runs at once (its trainer trains one at a time; the other job's state moves,
 loads and saves meanwhile)."""
+
+
+def _broken(future: Future) -> bool:
+    """Whether a task failed or was cancelled (its input was lost with a worker)."""
+    return future.status in ("error", "cancelled")
 
 
 @dataclasses.dataclass
@@ -254,9 +259,15 @@ class AshaDriver:
             done = [
                 r
                 for r in self.running.values()
-                if all(f.done() for f in r.terminal) or any(f.status == "error"
-                                                            for f in r.terminal)
-            ]  # fmt: skip
+                if all(f.done() for f in r.terminal) or any(_broken(f) for f in r.terminal)
+            ]
+            if done and any(_broken(f) for r in done for f in r.terminal):
+                # a departed worker fails tasks too (its scattered states are lost): then
+                # every job in flight goes again, none is failed for it
+                gone = departed_workers(self.client, self.workers, wait=0.0)
+                if gone:
+                    self._departed(gone, kept)
+                    return []
             if done:
                 for r in done:
                     del self.running[r.trial_id]
@@ -271,11 +282,11 @@ class AshaDriver:
         """Report a job's result (or failure) to the scheduler; journal it; a progress line."""
         key, worker = done.trial_id, done.worker
         failed = [f for f in [*done.terminal, *(x for v in done.records.values() for x in v)]
-                  if f.status == "error"]  # fmt: skip
+                  if _broken(f)]  # fmt: skip
         decision: Any
         if failed:
-            exc = failed[0].exception()
-            reason = f"{type(exc).__name__}: {exc}"[:500]
+            exc = failed[0].exception() if failed[0].status == "error" else None
+            reason = f"{type(exc).__name__}: {exc}"[:500] if exc else "its task was cancelled"
             self.hopper.states[key] = done.previous  # the last state that trained
             self.hopper.park(key)
             decision = self.search.apply(j.Failure(key, reason, worker.name, self.now()))
@@ -313,8 +324,8 @@ class AshaDriver:
         interrupted = set(self.running)
         self.running.clear()
         lost = set(self.hopper.lose(gone))
-        for k in interrupted - lost:  # its state is some hop of the job: start from a checkpoint
-            self.hopper.states.pop(k)
+        # the state of an interrupted job is some hop of it: start again from a checkpoint
+        self.hopper.forget(sorted(interrupted - lost))
         self.workers = [w for w in self.workers if w not in gone]
         if not self.workers:
             raise TrainerFailedError(

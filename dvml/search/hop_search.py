@@ -35,6 +35,7 @@ from dvml.train.config_search import ModelConfig
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import History, model_histories
 from dvml.train.runtime import sessions
+from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
@@ -122,6 +123,7 @@ class HopSearch:
             frequency = iterations  # MADlib's _is_valid_metrics_compute_frequency
         records, evals = self._run(keys, iterations, frequency, offset)
         self.initial.clear()  # trained: a departure from now on goes back to its state
+        keys = [k for k in keys if k not in self.failed]
         for k, entries in model_histories(keys, [], records, evals).items():
             self.history.setdefault(k, {}).update(entries)
             self.iterations[k] += iterations
@@ -137,25 +139,41 @@ class HopSearch:
     def _run(
         self, keys: list[int], iterations: int, frequency: int, offset: int
     ) -> tuple[list[dict[str, Any]], Evaluations]:
-        """The MOP loop over ``keys``; started again on the remaining workers when one
-        departs (from the states the models began the step with)."""
+        """The MOP loop over ``keys``, numbered after ``offset``. When a worker departs, the
+        step goes on on the remaining workers from the last iteration that every model of it
+        checkpointed there (else from the states they began it with)."""
+        first, done_before = 1, list[dict[str, Any]]()
+        began = {k: self.hopper.states[k] for k in keys}
         while keys:
-            began = {k: self.hopper.states[k] for k in keys}
             label = f"dvml.automl {self.model_output}" if self.progress else None
             try:
-                return run_iterations(self.hopper, keys, range(1, iterations + 1), frequency,
-                                      offset=offset, label=label)  # fmt: skip
+                records, evals = run_iterations(
+                    self.hopper, keys, range(first, iterations + 1), frequency, offset=offset,
+                    label=label,
+                )  # fmt: skip
+                break
             except TrainerFailedError:
                 gone = departed_workers(self.client, self.hopper.workers, wait=5.0)
                 if not gone:
                     raise
-            keys = self._go_on_without(gone, began)
-        return [], {}
+            keys, first, done_before = self._go_on_without(gone, began, offset, iterations)
+        else:
+            return [], {}
+        # iterations checkpointed before a departure: their records and evaluations
+        for h in done_before:
+            records.extend(h["records"])
+            evals.update({(h["mst_key"], h["iteration"]): h["evals"]} if h["evals"] else {})
+        return records, evals
 
-    def _go_on_without(self, gone: list[Any], began: dict[int, Future]) -> list[int]:
-        """Leave ``gone`` out; give every model whose state went with them the state it began
-        the step with (kept in memory or checkpointed) or, not in the step, its last
-        checkpoint (for its weights); fail those with neither."""
+    def _go_on_without(
+        self, gone: list[Any], began: dict[int, Future], offset: int, iterations: int
+    ) -> tuple[list[int], int, list[dict[str, Any]]]:
+        """Leave ``gone`` out. The step's models go on from the last iteration every one of
+        them checkpointed on the remaining workers, or else from the states they began it
+        with (kept in memory, or checkpointed); a model outside the step whose state went with
+        ``gone`` is added again from its last checkpoint (for its weights). A model with
+        neither is failed. Returns the step's models, its first iteration to run and the
+        checkpoint records of the iterations before it."""
         self.departed.extend(w.name for w in gone)
         line = f"{describe_departure(gone)}: the search goes on without it"
         logger.warning("[dvml.automl %s] %s", self.model_output, line)
@@ -165,29 +183,46 @@ class HopSearch:
                 f"{describe_departure(gone)}; no worker of search {self.model_output!r} is "
                 "left. Bring the workers back and run the search again."
             )
-        kept = {w.address for w in self.hopper.workers}
+        step = sorted(k for k in began if k not in self.failed)
+        self.hopper.forget([k for k in step if k in self.hopper.states])  # mid-step states
+        latest, metas = self._checkpoints()
+        window = range(offset + 1, offset + iterations + 1)
+        done = resume_iteration(
+            {k: [t - offset for t in latest.get(k, {}) if t in window] for k in step},
+            lambda iteration: True,
+        )
+        if done > 0:
+            for k in step:
+                self._load(k, offset + done, latest[k][offset + done])
+            kept = [m for m in metas if m["mst_key"] in began and offset < m["iteration"]
+                    <= offset + done]  # fmt: skip
+            return step, done + 1, kept
+        kept_on = {w.address for w in self.hopper.workers}
         finished = [f for f in began.values() if f.status == "finished"]
         held = self.client.who_has(finished) if finished else {}
-        latest = self._checkpoints()
-        for k in lost:
+        for k in sorted({*step, *lost}):
             at = self.last.get(k, 0)
             if k in self.initial:
                 self._add(k, self.initial[k])
-            elif k in began and kept & set(held.get(began[k].key, ())):
+            elif k in began and kept_on & set(held.get(began[k].key, ())):
                 self._add(k, began[k])
             elif at in latest.get(k, {}):  # the state it began the step with, or its last
-                holder = latest[k][at]
-                future = self.client.submit(
-                    sessions.load_checkpoint, self.hopper.checkpoint_dir, k, at,
-                    workers=[holder.address], allow_other_workers=False, pure=False,
-                )  # fmt: skip
-                self._add(k, future)
+                self._load(k, at, latest[k][at])
             else:
                 self.failed.add(k)
-        return sorted(k for k in began if k not in self.failed)
+        return [k for k in step if k not in self.failed], 1, []
 
-    def _checkpoints(self) -> dict[int, dict[int, Any]]:
-        """Every checkpointed state of the search on the remaining workers, and its holder."""
+    def _load(self, mst_key: int, iteration: int, holder: Any) -> None:
+        """Add a model again from its checkpoint after ``iteration``, kept on ``holder``."""
+        future = self.client.submit(
+            sessions.load_checkpoint, self.hopper.checkpoint_dir, mst_key, iteration,
+            workers=[holder.address], allow_other_workers=False, pure=False,
+        )  # fmt: skip
+        self._add(mst_key, future)
+
+    def _checkpoints(self) -> tuple[dict[int, dict[int, Any]], list[dict[str, Any]]]:
+        """Every checkpointed state of the search on the remaining workers and its holder,
+        and every checkpoint record (``mst_key``, ``iteration``, ``records``, ``evals``)."""
         workers = self.hopper.workers
         listings = self.client.gather([
             self.client.submit(sessions.list_checkpoints, self.hopper.checkpoint_dir,
@@ -196,11 +231,15 @@ class HopSearch:
             for w in workers
         ])  # fmt: skip
         latest: dict[int, dict[int, Any]] = {}
+        metas: dict[tuple[int, int], dict[str, Any]] = {}
         for w, listing in zip(workers, listings, strict=True):
             for meta in listing:
+                k, t = int(meta["mst_key"]), int(meta["iteration"])
+                metas[(k, t)] = {"mst_key": k, "iteration": t, "records": meta["records"],
+                                 "evals": meta["evals"]}  # fmt: skip
                 if meta["has_state"]:
-                    latest.setdefault(int(meta["mst_key"]), {})[int(meta["iteration"])] = w
-        return latest
+                    latest.setdefault(k, {})[t] = w
+        return latest, list(metas.values())
 
     def _loss(self, evals: Evaluations, mst_key: int, iteration: int) -> float | None:
         found = [e[self.loss_part] for e in evals.get((mst_key, iteration), [])
@@ -240,7 +279,7 @@ class HopSearch:
             }
             outcome = self.hopper.watch(list(futures.values()))
             if outcome.gone:
-                self._go_on_without(outcome.gone, {})
+                self._go_on_without(outcome.gone, {}, 0, 0)  # no step in flight
                 continue
             if outcome.failed is not None:
                 self.hopper.wait(list(futures.values()))  # raises, naming the task

@@ -20,6 +20,7 @@ to worker; the client holds only futures). The verbs:
 - :meth:`~ModelHopper.watch`: the same watcher, reporting instead of raising (a scheduler
   that goes on without a departed worker); :meth:`~ModelHopper.lose`: leave departed workers
   out of the job and forget the models whose state went with them;
+  :meth:`~ModelHopper.forget`: drop a model, to add it again from another state;
 - :meth:`~ModelHopper.alive`: whether a worker's trainer still runs (a search goes on without
   a worker whose trainer died);
 - :meth:`~ModelHopper.stop`: stop the job's trainers (also done by their client lease when
@@ -233,8 +234,14 @@ class ModelHopper:
                 "resumes every model from the last iteration all of them completed."
             )
         if outcome.failed is not None:
-            exc = outcome.failed.exception()
             self.cancel()
+            if outcome.failed.status == "cancelled":
+                raise TrainerFailedError(
+                    f"A task of job {self.name!r} was cancelled: an input it needed was lost "
+                    "(a worker that held it left the cluster). Run it again: it resumes every "
+                    "model from the last iteration all of them completed."
+                )
+            exc = outcome.failed.exception()
             if isinstance(exc, TrainerFailedError):
                 raise exc
             raise TrainerFailedError(
@@ -256,21 +263,29 @@ class ModelHopper:
         self.workers = [w for w in self.workers if w not in gone]
         self.cancel()
         kept = {w.address for w in self.workers}
-        held = self.client.who_has([f for f in self.states.values() if f.status == "finished"])
+        finished = [f for f in self.states.values() if f.status == "finished"]
+        held = self.client.who_has(finished) if finished else {}
         lost = [
             k
             for k, f in self.states.items()
             if f.status != "finished" or not kept & set(held.get(f.key, ()))
         ]
-        self.client.cancel([self.states.pop(k) for k in lost])
-        self.parked -= set(lost)
+        self.client.cancel([self.states[k] for k in lost])
+        self.forget(lost)
         # a checkpoint chain goes on only after a checkpoint that was written
         self._last_checkpoint = {
-            k: f
-            for k, f in self._last_checkpoint.items()
-            if k in self.states and f.status == "finished"
+            k: f for k, f in self._last_checkpoint.items() if f.status == "finished"
         }
         return lost
+
+    def forget(self, keys: list[int]) -> None:
+        """Drop models ``keys`` from the job (their configurations stay known to the
+        trainers): the scheduler adds them again from another state (:meth:`add`)."""
+        for k in keys:
+            self._state(k)
+            del self.states[k]
+            self.parked.discard(k)
+            self._last_checkpoint.pop(k, None)
 
     def cancel(self) -> None:
         """Cancel every task of the job still in flight (the states already computed stay:

@@ -105,13 +105,16 @@ def watch(
     poll: float = 0.25,
 ) -> Outcome:
     """Wait until every one of ``futures`` finished (with ``first``: any one of them), one of
-    ``watched`` (default: the same) failed, or a worker of ``workers`` is gone (not listed by
-    the scheduler, or not accepting a TCP connection: a host cut off is named within
-    ``probe_every`` plus the probe timeout, not after the scheduler's worker TTL)."""
+    ``watched`` (default: the same) failed or was cancelled, or a worker of ``workers`` is
+    gone (not listed by the scheduler, or not accepting a TCP connection: a host cut off is
+    named within ``probe_every`` plus the probe timeout, not after the scheduler's worker
+    TTL)."""
     watched = futures if watched is None else watched
     next_probe = time.monotonic() + probe_every
     while True:
-        failed = next((f for f in (*watched, *futures) if f.status == "error"), None)
+        # a cancelled task never finishes (its input was lost with a worker, or it was
+        # cancelled): it ends the wait as a failed one does
+        failed = next((f for f in (*watched, *futures) if f.status in ("error", "cancelled")), None)
         if failed is not None:
             return Outcome(failed=failed)
         finished = [f.status == "finished" for f in futures]
