@@ -52,7 +52,6 @@ from dvml.search import journal as j
 from dvml.search.asha import Asha
 from dvml.search.hyperband import rank_key
 from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
-from dvml.train.runtime import sessions
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
@@ -221,7 +220,7 @@ class AshaDriver:
             state: Any = state_bytes(list(spec.weights) if spec.weights is not None else [])
             if key in kept:  # resumed: from its last checkpoint
                 first, holder = kept.pop(key)
-                state = self._load(key, first, holder)
+                state = self.hopper.load(key, first, holder)
                 self.resumed_from[key] = first
             self.hopper.add(key, self.specs[key], state, worker)
         elif key in kept:
@@ -351,7 +350,7 @@ class AshaDriver:
                     failed.append(k)
                     continue
                 holder = found[trial.iterations]
-                self.hopper.add(k, self._spec(trial), self._load(k, trial.iterations, holder),
+                self.hopper.add(k, self._spec(trial), self.hopper.load(k, trial.iterations, holder),
                                 holder)  # fmt: skip
                 self.hopper.park(k)
         self.search.apply(j.Departed(names, requeue, failed, self.now()))
@@ -399,7 +398,7 @@ class AshaDriver:
                     self.job.train, list(self.job.custom_sources),
                 )  # fmt: skip
                 self.specs[trial.trial_id] = spec.config()
-                state = self._load(trial.trial_id, t, found[t])
+                state = self.hopper.load(trial.trial_id, t, found[t])
                 self.hopper.add(trial.trial_id, self.specs[trial.trial_id], state, found[t])
                 self.hopper.park(trial.trial_id)
                 self.resumed_from[trial.trial_id] = t
@@ -410,46 +409,25 @@ class AshaDriver:
     def _checkpoints(self) -> dict[int, dict[int, WorkerInfo]]:
         """Every checkpointed state of this search, by trial and iteration, and its holder;
         the history of every checkpointed iteration is read back too."""
-        listings = self.client.gather([
-            self.client.submit(sessions.list_checkpoints, self.checkpoint_dir, self.key,
-                               workers=[w.address], allow_other_workers=False, pure=False)
-            for w in self.workers
-        ])  # fmt: skip
         latest: dict[int, dict[int, WorkerInfo]] = {}
-        for w, listing in zip(self.workers, listings, strict=True):
-            for meta in listing:
-                k, t = int(meta["mst_key"]), int(meta["iteration"])
-                self.history.setdefault(k, {})[t] = {"records": meta["records"],
-                                                      "evals": meta["evals"]}  # fmt: skip
-                if meta["has_state"]:
-                    latest.setdefault(k, {})[t] = w
+        for w, meta in self.hopper.checkpoints():
+            k, t = int(meta["mst_key"]), int(meta["iteration"])
+            self.history.setdefault(k, {})[t] = {"records": meta["records"],
+                                                  "evals": meta["evals"]}  # fmt: skip
+            if meta["has_state"]:
+                latest.setdefault(k, {})[t] = w
         return latest
-
-    def _load(self, key: int, iteration: int, holder: WorkerInfo) -> Future:
-        return self.client.submit(
-            sessions.load_checkpoint, self.checkpoint_dir, key, iteration,
-            workers=[holder.address], allow_other_workers=False, pure=False,
-        )  # fmt: skip
 
     # ------------------------------------------------------------------ outputs
 
     def _final_weights(self) -> dict[int, bytes]:
-        """Every model's weights (those whose state is lost are left out), watched: a worker
-        that departs now is left out too, its models' states reloaded from checkpoints."""
+        """Every model's weights (those whose state is lost are left out); a worker that
+        departs now is left out too, its models' states reloaded from checkpoints."""
         while True:
-            futures = {
-                k: self.client.submit(sessions.weights_of, state, pure=False)
-                for k, state in sorted(self.hopper.states.items())
-            }
-            pending = list(futures.values())
-            while pending:
-                outcome = self.hopper.watch(pending)
-                if outcome.gone:
-                    self._departed(outcome.gone, {})
-                    break
-                pending = [f for f in pending if not f.done()]
-            else:
-                return {k: f.result() for k, f in futures.items() if f.status == "finished"}
+            weights, gone = self.hopper.all_weights()
+            if not gone:
+                return weights
+            self._departed(gone, {})
 
     def _outcome(self, weights: dict[int, bytes]) -> SearchOutcome:
         """MADlib's info rows and every model to register (one per configuration)."""

@@ -34,7 +34,6 @@ from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
 from dvml.train.config_search import ModelConfig
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import History, model_histories
-from dvml.train.runtime import sessions
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
@@ -186,6 +185,11 @@ class HopSearch:
         step = sorted(k for k in began if k not in self.failed)
         self.hopper.forget([k for k in step if k in self.hopper.states])  # mid-step states
         latest, metas = self._checkpoints()
+        for k in lost:  # outside the step: its last state, for its weights
+            if k not in began and self.last.get(k, 0) in latest.get(k, {}):
+                self._load(k, self.last[k], latest[k][self.last[k]])
+            elif k not in began:
+                self.failed.add(k)
         window = range(offset + 1, offset + iterations + 1)
         done = resume_iteration(
             {k: [t - offset for t in latest.get(k, {}) if t in window] for k in step},
@@ -200,13 +204,13 @@ class HopSearch:
         kept_on = {w.address for w in self.hopper.workers}
         finished = [f for f in began.values() if f.status == "finished"]
         held = self.client.who_has(finished) if finished else {}
-        for k in sorted({*step, *lost}):
+        for k in step:
             at = self.last.get(k, 0)
             if k in self.initial:
                 self._add(k, self.initial[k])
-            elif k in began and kept_on & set(held.get(began[k].key, ())):
+            elif kept_on & set(held.get(began[k].key, ())):
                 self._add(k, began[k])
-            elif at in latest.get(k, {}):  # the state it began the step with, or its last
+            elif at in latest.get(k, {}):  # the state it began the step with, checkpointed
                 self._load(k, at, latest[k][at])
             else:
                 self.failed.add(k)
@@ -214,31 +218,19 @@ class HopSearch:
 
     def _load(self, mst_key: int, iteration: int, holder: Any) -> None:
         """Add a model again from its checkpoint after ``iteration``, kept on ``holder``."""
-        future = self.client.submit(
-            sessions.load_checkpoint, self.hopper.checkpoint_dir, mst_key, iteration,
-            workers=[holder.address], allow_other_workers=False, pure=False,
-        )  # fmt: skip
-        self._add(mst_key, future)
+        self._add(mst_key, self.hopper.load(mst_key, iteration, holder))
 
     def _checkpoints(self) -> tuple[dict[int, dict[int, Any]], list[dict[str, Any]]]:
         """Every checkpointed state of the search on the remaining workers and its holder,
         and every checkpoint record (``mst_key``, ``iteration``, ``records``, ``evals``)."""
-        workers = self.hopper.workers
-        listings = self.client.gather([
-            self.client.submit(sessions.list_checkpoints, self.hopper.checkpoint_dir,
-                               self.hopper.job_key, workers=[w.address],
-                               allow_other_workers=False, pure=False)
-            for w in workers
-        ])  # fmt: skip
         latest: dict[int, dict[int, Any]] = {}
         metas: dict[tuple[int, int], dict[str, Any]] = {}
-        for w, listing in zip(workers, listings, strict=True):
-            for meta in listing:
-                k, t = int(meta["mst_key"]), int(meta["iteration"])
-                metas[(k, t)] = {"mst_key": k, "iteration": t, "records": meta["records"],
-                                 "evals": meta["evals"]}  # fmt: skip
-                if meta["has_state"]:
-                    latest.setdefault(k, {})[t] = w
+        for w, meta in self.hopper.checkpoints():
+            k, t = int(meta["mst_key"]), int(meta["iteration"])
+            metas[(k, t)] = {"mst_key": k, "iteration": t, "records": meta["records"],
+                             "evals": meta["evals"]}  # fmt: skip
+            if meta["has_state"]:
+                latest.setdefault(k, {})[t] = w
         return latest, list(metas.values())
 
     def _loss(self, evals: Evaluations, mst_key: int, iteration: int) -> float | None:
@@ -270,20 +262,13 @@ class HopSearch:
         return outcome
 
     def _weights(self) -> dict[int, bytes]:
-        """Every model's weights, watched: a worker that departs now is left out, and the
-        states it held are reloaded from their checkpoints (or their models failed)."""
+        """Every model's weights; a worker that departs now is left out, and the states it
+        held are reloaded from their checkpoints (or their models failed)."""
         while True:
-            futures = {
-                k: self.client.submit(sessions.weights_of, state, pure=False)
-                for k, state in sorted(self.hopper.states.items())
-            }
-            outcome = self.hopper.watch(list(futures.values()))
-            if outcome.gone:
-                self._go_on_without(outcome.gone, {}, 0, 0)  # no step in flight
-                continue
-            if outcome.failed is not None:
-                self.hopper.wait(list(futures.values()))  # raises, naming the task
-            return {k: f.result() for k, f in futures.items()}
+            weights, gone = self.hopper.all_weights()
+            if not gone:
+                return weights
+            self._go_on_without(gone, {}, 0, 0)  # no step in flight
 
     def _wall(self) -> float:
         return time.time() - float(self.hopper.job["started_at"])

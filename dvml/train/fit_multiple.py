@@ -45,7 +45,6 @@ from dvml.train.hop_schedule import (
 from dvml.train.model import Model
 from dvml.train.model_selection import resolve_model_configs
 from dvml.train.params import format_params
-from dvml.train.runtime import sessions
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
@@ -240,10 +239,10 @@ def fit_multiple(
             use_gpus, warm_start, custom_objects, seed, timeout,
         )  # fmt: skip
         plan = _plan(reg, client, args, configs)
-        start_iteration, states, history = _resume(client, plan, resume)
         start = now()
         started = time.time()
         with _hopper(client, plan, started) as hopper:
+            start_iteration, states, history = _resume(hopper, plan, resume)
             records, evals = _run(hopper, plan, start_iteration, states, progress)
             weights = hopper.weights([c["mst_key"] for c in plan.configs])
         end = now()
@@ -314,7 +313,7 @@ def _hopper(client: Client, plan: _Plan, started: float) -> ModelHopper:
 
 
 def _resume(
-    client: Client, plan: _Plan, resume: bool
+    hopper: ModelHopper, plan: _Plan, resume: bool
 ) -> tuple[int, dict[int, Any], list[dict[str, Any]]]:
     """First iteration to run, each model's starting state (future or bytes), the history.
 
@@ -324,27 +323,13 @@ def _resume(
     fresh: dict[int, Any] = dict(plan.initial)
     if not resume:
         return 1, fresh, []
-    listings = client.gather(
-        [
-            client.submit(
-                sessions.list_checkpoints,
-                plan.checkpoint_dir,
-                plan.key,
-                workers=[w.address],
-                allow_other_workers=False,
-                pure=False,
-            )
-            for w in plan.job.workers
-        ]
-    )
     holders: dict[tuple[int, int], WorkerInfo] = {}
     history: dict[tuple[int, int], dict[str, Any]] = {}
-    for w, listing in zip(plan.job.workers, listings, strict=True):
-        for meta in listing:
-            at = (int(meta["mst_key"]), int(meta["iteration"]))
-            if meta["has_state"]:
-                holders[at] = w
-            history.setdefault(at, meta)
+    for w, meta in hopper.checkpoints():
+        at = (int(meta["mst_key"]), int(meta["iteration"]))
+        if meta["has_state"]:
+            holders[at] = w
+        history.setdefault(at, meta)
     keys = [c["mst_key"] for c in plan.configs]
     # A model's iteration counts as completed where its state is kept: each model must
     # resume from its own state.
@@ -354,18 +339,7 @@ def _resume(
     if done == 0:
         return 1, fresh, []
     logger.warning("resuming %s from iteration %d", plan.model_output, done)
-    states = {
-        k: client.submit(
-            sessions.load_checkpoint,
-            plan.checkpoint_dir,
-            k,
-            done,
-            workers=[holders[(k, done)].address],
-            allow_other_workers=False,
-            pure=False,
-        )
-        for k in keys
-    }
+    states = {k: hopper.load(k, done, holders[(k, done)]) for k in keys}
     return done + 1, states, [h for at, h in sorted(history.items()) if at[1] <= done]
 
 

@@ -14,7 +14,8 @@ to worker; the client holds only futures). The verbs:
   state stays on its worker (and in its last checkpoint) until it is resumed, by the same
   trainers, which are never restarted;
 - :meth:`~ModelHopper.evaluate`, :meth:`~ModelHopper.checkpoint` (the runtime's checkpoint
-  store, owner-only), :meth:`~ModelHopper.weights`, :meth:`~ModelHopper.digest`;
+  store, owner-only), :meth:`~ModelHopper.checkpoints` and :meth:`~ModelHopper.load` (what is
+  kept, and a model's state from it), :meth:`~ModelHopper.weights`, :meth:`~ModelHopper.digest`;
 - :meth:`~ModelHopper.wait`: wait for tasks with the runtime's failure watcher (a failed
   trainer or a departed worker or host is named in bounded time);
 - :meth:`~ModelHopper.watch`: the same watcher, reporting instead of raising (a scheduler
@@ -213,6 +214,25 @@ class ModelHopper:
         self._last_checkpoint[mst_key] = future
         return future
 
+    def checkpoints(self) -> list[tuple[WorkerInfo, dict[str, Any]]]:
+        """Every checkpoint record of the job on each of its workers, with the worker: its
+        ``mst_key``, ``iteration``, ``records``, ``evals`` and ``has_state`` (the state is
+        kept there)."""
+        listings = self.client.gather([
+            self.client.submit(sessions.list_checkpoints, self.checkpoint_dir, self.job_key,
+                               workers=[w.address], allow_other_workers=False, pure=False)
+            for w in self.workers
+        ])  # fmt: skip
+        return [(w, m) for w, listing in zip(self.workers, listings, strict=True) for m in listing]
+
+    def load(self, mst_key: int, iteration: int, holder: WorkerInfo) -> Future:
+        """The state of model ``mst_key`` checkpointed after ``iteration`` on ``holder``, as a
+        future that stays there (to :meth:`add` the model from it)."""
+        return self.client.submit(
+            sessions.load_checkpoint, self.checkpoint_dir, mst_key, iteration,
+            workers=[holder.address], allow_other_workers=False, pure=False,
+        )  # fmt: skip
+
     def digest(self, mst_key: int) -> Future:
         """The sha256 of model ``mst_key``'s current weights, computed where the state is."""
         return self._submit(sessions.state_digest, self._state(mst_key), worker=None)
@@ -221,6 +241,22 @@ class ModelHopper:
         """The current weights of ``keys`` (registry bytes; optimizer states stay)."""
         futures = [self._submit(sessions.weights_of, self._state(k), worker=None) for k in keys]
         return dict(zip(keys, self.client.gather(futures), strict=True))
+
+    def all_weights(self) -> tuple[dict[int, bytes], list[WorkerInfo]]:
+        """The weights of every model (those whose task fails are left out), watched: when
+        workers depart meanwhile, no weights and the departed workers (:meth:`lose` them and
+        ask again)."""
+        futures = {
+            k: self._submit(sessions.weights_of, state, worker=None)
+            for k, state in sorted(self.states.items())
+        }
+        pending = list(futures.values())
+        while pending:
+            outcome = self.watch(pending)
+            if outcome.gone:
+                return {}, outcome.gone
+            pending = [f for f in pending if not f.done()]
+        return {k: f.result() for k, f in futures.items() if f.status == "finished"}, []
 
     def wait(self, futures: list[Future]) -> None:
         """Wait for ``futures``; on any failed task of the job or a departed worker, cancel
