@@ -152,7 +152,7 @@ class HopSearch:
                 )  # fmt: skip
                 break
             except TrainerFailedError:
-                gone = departed_workers(self.client, self.hopper.workers, wait=5.0)
+                gone = departed_workers(self.client, self.hopper.workers, wait=0.0)
                 if not gone:
                     raise
             keys, first, done_before = self._go_on_without(gone, began, offset, iterations)

@@ -43,7 +43,7 @@ from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ArgumentError, TrainerFailedError
 from dvml.train.runtime import launch, sessions
 from dvml.train.runtime.plan import machine
-from dvml.train.runtime.watcher import Outcome, describe_departure, watch
+from dvml.train.runtime.watcher import Outcome, departed_workers, describe_departure, watch
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -262,10 +262,17 @@ class ModelHopper:
         """Wait for ``futures``; on any failed task of the job or a departed worker, cancel
         everything and raise, naming the trainer or host (bounded time)."""
         outcome = watch(self.client, futures, self.workers, watched=self.submitted)
-        if outcome.gone:
+        gone = outcome.gone
+        if outcome.failed is not None:
+            # A departed worker fails or cancels the tasks that needed what it held (a
+            # cancelled one: its scattered input is lost), possibly before the scheduler has
+            # dropped it: name the worker, not the task.
+            cancelled = outcome.failed.status == "cancelled"
+            gone = departed_workers(self.client, self.workers, wait=5.0 if cancelled else 0.0)
+        if gone:
             self.cancel()
             raise TrainerFailedError(
-                f"{describe_departure(outcome.gone)}; job {self.name!r} was stopped. Bring the "
+                f"{describe_departure(gone)}; job {self.name!r} was stopped. Bring the "
                 "worker back (or preprocess onto the remaining workers) and run it again: it "
                 "resumes every model from the last iteration all of them completed."
             )
@@ -273,9 +280,9 @@ class ModelHopper:
             self.cancel()
             if outcome.failed.status == "cancelled":
                 raise TrainerFailedError(
-                    f"A task of job {self.name!r} was cancelled: an input it needed was lost "
-                    "(a worker that held it left the cluster). Run it again: it resumes every "
-                    "model from the last iteration all of them completed."
+                    f"A task of job {self.name!r} was cancelled: an input it needed was lost. "
+                    "Run it again: it resumes every model from the last iteration all of them "
+                    "completed."
                 )
             exc = outcome.failed.exception()
             if isinstance(exc, TrainerFailedError):
