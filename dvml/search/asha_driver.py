@@ -173,8 +173,13 @@ class AshaDriver:
                 self._ask(self.idle, kept)
                 if not self.running:
                     break
-                for done in self._next_done(kept):
-                    self._finish(done)
+                batch = self._next_done(kept)
+                for n, done in enumerate(batch):
+                    gone = self._finish(done)
+                    if gone:  # this job and the rest of the batch were interrupted too
+                        self.running.update({r.trial_id: r for r in batch[n:]})
+                        self._departed(gone, kept)
+                        break
                     self.idle.append(done.worker)
                 # not those whose trainer died or that left the cluster
                 self.idle[:] = [w for w in self.idle if w in self.workers]
@@ -227,7 +232,8 @@ class AshaDriver:
             first = self.resumed_from[key] = kept.pop(key)[0]
         self._submit(key, worker, first, last)
         verb = "start" if isinstance(decision, j.Start) else f"promote to rung {trial.target}"
-        self._line(f"trial {key} {verb} on {worker.name}: iterations {first + 1}..{last}")
+        span = f"iterations {first + 1}..{last}" if first < last else f"evaluated at {last}"
+        self._line(f"trial {key} {verb} on {worker.name}: {span}")
 
     def _submit(self, key: int, worker: WorkerInfo, first: int, last: int) -> None:
         previous = self.hopper.states[key]
@@ -277,8 +283,10 @@ class AshaDriver:
                 self._departed(outcome.gone, kept)
                 return []
 
-    def _finish(self, done: Running) -> None:
-        """Report a job's result (or failure) to the scheduler; journal it; a progress line."""
+    def _finish(self, done: Running) -> list[WorkerInfo]:
+        """Report a job's result (or failure) to the scheduler; journal it; a progress line.
+        Returns the workers that departed while its results were fetched (then nothing is
+        reported: the job was interrupted)."""
         key, worker = done.trial_id, done.worker
         failed = [f for f in [*done.terminal, *(x for v in done.records.values() for x in v)]
                   if _broken(f)]  # fmt: skip
@@ -291,7 +299,9 @@ class AshaDriver:
             decision = self.search.apply(j.Failure(key, reason, worker.name, self.now()))
             self._drop_dead()
         else:
-            loss = self._collect(done)
+            loss, gone = self._collect(done)
+            if gone:
+                return gone
             decision = self.search.apply(
                 j.Result(key, done.last, loss, worker.name, self.now(), time.time() - done.began,
                          checkpoint=f"{worker.name}:{key}-{done.last}")
@@ -299,18 +309,26 @@ class AshaDriver:
             self.hopper.park(key)
         self.save_journal(self.search.journal.dumps())
         self._line(f"trial {key} {self._said(decision)}; {self._best_line()}")
+        return []
 
-    def _collect(self, done: Running) -> float | None:
-        """Gather a job's records and evaluations into the history; the ranking loss."""
+    def _collect(self, done: Running) -> tuple[float | None, list[WorkerInfo]]:
+        """Gather a job's records and evaluations into the history: the ranking loss (or the
+        workers that departed meanwhile)."""
+        flat = [f for part in (done.records, done.evals) for t in part for f in part[t]]
+        values, gone = self.hopper.fetch(flat)
+        if gone:
+            return None, gone
+        records: dict[int, list[Any]] = {}
+        evals: dict[int, list[Any]] = {}
+        for part, out in ((done.records, records), (done.evals, evals)):
+            for t in part:
+                out[t], values = values[: len(part[t])], values[len(part[t]) :]
         self.trained += done.last - done.first
-        records = self.client.gather(done.records)
-        evals = self.client.gather(done.evals)
         history = self.history.setdefault(done.trial_id, {})
         for t in sorted(set(records) | set(evals)):
             history[t] = {"records": records.get(t, []), "evals": evals.get(t, [])}
         found = [e[self.loss_part] for e in evals[done.last] if self.loss_part in e]
-        values = aggregate(found) if found else {}
-        return values.get("loss")
+        return (aggregate(found).get("loss") if found else None), []
 
     def _departed(self, gone: list[WorkerInfo], kept: dict[int, tuple[int, WorkerInfo]]) -> None:
         """Workers left the cluster: every job in flight is interrupted; each of its models

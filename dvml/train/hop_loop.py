@@ -90,8 +90,17 @@ def run_iterations(
                 )
                 logger.info(line)
                 print(line, flush=True)
-        records = hopper.client.gather(record_futures)
-        evals_out = {at: hopper.client.gather(f) for at, f in eval_futures.items()}
+        # fetched under the watcher: a worker that departs now holds results Dask cannot
+        # compute again
+        flat = [f for futures in eval_futures.values() for f in futures]
+        values, gone = hopper.fetch([*record_futures, *flat])
+        if gone:
+            hopper.cancel()
+            raise hopper.departure_error(gone)
+        records, rest = values[: len(record_futures)], values[len(record_futures) :]
+        evals_out: Evaluations = {}
+        for key, futures in eval_futures.items():
+            evals_out[key], rest = rest[: len(futures)], rest[len(futures) :]
     except BaseException:
         # Every task of the job, not only those waited on: the hops of a model whose chain
         # did not break would go on, start trainers after the job stopped them and write

@@ -126,22 +126,23 @@ def test_asha_goes_on_without_a_departed_worker(env: dict[str, Any]) -> None:
     noticed = time.monotonic() - killed
     result = search.result(600)
     summary = result.summary
-    assert summary["status"] == "finished" and summary["departed"] == ["worker-1"]
+    info = result.info.set_index("mst_key")
+    context = (summary["journal"][-3000:], info[["status", "rung", "iterations"]])
+    assert summary["status"] == "finished" and summary["departed"] == ["worker-1"], context
     journal = j.Journal.loads(summary["journal"])
     pairs = list(journal.pairs())
     at = next(n for n, (e, _) in enumerate(pairs) if isinstance(e, j.Departed))
     event, queued = pairs[at]
     assert event.workers == ["worker-1"] and queued == j.Queued(event.requeue)
     later = [d for _, d in pairs[at + 1 :] if isinstance(d, j.Start | j.Promote)]
-    assert later and all(d.worker == "worker-0" for d in later), later
+    assert later and all(d.worker == "worker-0" for d in later), (later, context)
     # each job that was in flight was given out again (or failed: its state had gone)
     retried = {d.trial_id for d in later if d.retry}
-    assert set(event.requeue) <= retried
-    info = result.info.set_index("mst_key")
-    assert list(info.index) == list(range(1, 7))
+    assert set(event.requeue) <= retried, context
+    assert list(info.index) == list(range(1, 7)), context
     kept = info[info["status"] != "failed"]
-    assert set(kept["status"]) <= {"parked", "finished"} and len(kept) >= 5
-    assert summary["best_mst_key"] in set(kept.index)
+    assert set(kept["status"]) <= {"parked", "finished"} and len(kept) >= 5, context
+    assert summary["best_mst_key"] in set(kept.index), context
     models = set(env["registry"].list_models()["name"])
     assert {f"dep_asha_{k}" for k in kept.index} <= models
     print(f"departure noticed and journaled {noticed:.1f}s after the kill")

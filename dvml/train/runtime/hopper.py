@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -242,6 +243,42 @@ class ModelHopper:
         futures = [self._submit(sessions.weights_of, self._state(k), worker=None) for k in keys]
         return dict(zip(keys, self.client.gather(futures), strict=True))
 
+    def departure_error(self, gone: list[WorkerInfo]) -> TrainerFailedError:
+        """The error that stops the job because workers ``gone`` left the cluster."""
+        return TrainerFailedError(
+            f"{describe_departure(gone)}; job {self.name!r} was stopped. Bring the worker back "
+            "(or preprocess onto the remaining workers) and run it again: it resumes every "
+            "model from the last iteration all of them completed."
+        )
+
+    def fetch(
+        self, futures: list[Future], probe_every: float = 2.0
+    ) -> tuple[list[Any], list[WorkerInfo]]:
+        """The results of ``futures`` (tasks that finished), and no departed worker; or none
+        and the departed workers, when a worker that held a result leaves meanwhile (Dask would
+        wait for ever to compute it again on a worker that is gone)."""
+        box: dict[str, Any] = {}
+
+        def get() -> None:
+            try:
+                box["values"] = self.client.gather(futures)
+            except BaseException as exc:  # re-raised in the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=get, name="dvml-hopper-fetch", daemon=True)
+        thread.start()
+        thread.join(probe_every)
+        while thread.is_alive():
+            gone = departed_workers(self.client, self.workers, wait=0.0)
+            if gone:
+                self.client.cancel(futures)  # ends the gather
+                thread.join(30)
+                return [], gone
+            thread.join(probe_every)
+        if "error" in box:
+            raise box["error"]
+        return list(box["values"]), []
+
     def all_weights(self) -> tuple[dict[int, bytes], list[WorkerInfo]]:
         """The weights of every model (those whose task fails are left out), watched: when
         workers depart meanwhile, no weights and the departed workers (:meth:`lose` them and
@@ -256,7 +293,9 @@ class ModelHopper:
             if outcome.gone:
                 return {}, outcome.gone
             pending = [f for f in pending if not f.done()]
-        return {k: f.result() for k, f in futures.items() if f.status == "finished"}, []
+        finished = {k: f for k, f in futures.items() if f.status == "finished"}
+        values, gone = self.fetch(list(finished.values()))
+        return dict(zip(finished, values, strict=True)) if not gone else {}, gone
 
     def wait(self, futures: list[Future]) -> None:
         """Wait for ``futures``; on any failed task of the job or a departed worker, cancel
@@ -271,11 +310,7 @@ class ModelHopper:
             gone = departed_workers(self.client, self.workers, wait=5.0 if cancelled else 0.0)
         if gone:
             self.cancel()
-            raise TrainerFailedError(
-                f"{describe_departure(gone)}; job {self.name!r} was stopped. Bring the "
-                "worker back (or preprocess onto the remaining workers) and run it again: it "
-                "resumes every model from the last iteration all of them completed."
-            )
+            raise self.departure_error(gone)
         if outcome.failed is not None:
             self.cancel()
             if outcome.failed.status == "cancelled":
