@@ -6,8 +6,7 @@ returns decisions (start a new configuration, promote a parked model to the next
 finish, fail, stop), so that a driver on top of any trainer runtime carries them out:
 
 - :mod:`dvml.search.hyperband`: MADlib's ``hyperband_schedule`` table and its diagonal
-  Hyperband (every diagonal is one ``fit_multiple`` call with warm start), and the batches of
-  MADlib's ``hyperopt``;
+  Hyperband, and the batches of MADlib's ``hyperopt``;
 - :mod:`dvml.search.asha`: asynchronous successive halving (Li et al., MLSys 2020): promotion as
   soon as a model is in the top ``1/eta`` of its rung, parked models promoted later, new
   configurations on idle workers;
@@ -23,6 +22,9 @@ finish, fail, stop), so that a driver on top of any trainer runtime carries them
 
 Pure: plain values in and out, no I/O, no cluster; it imports only the exceptions and the pure
 grid and parameter parsers of :mod:`dvml.train` (:mod:`dvml.train.config_search`,
-:mod:`dvml.train.params`). The driver that carries the decisions out on a cluster is
-:mod:`dvml.search.driver`.
+:mod:`dvml.train.params`). The drivers carry the decisions out on ONE job of the trainer
+runtime's serving trainers per search: :mod:`dvml.search.driver` (``dvml.automl``),
+:mod:`dvml.search.asha_driver` (ASHA), :mod:`dvml.search.hop_search` (Hyperband's diagonals and
+hyperopt's batches with ``fit_multiple``'s MOP loop), :mod:`dvml.search.outcome` (MADlib's
+tables from a search's history, for every driver).
 """

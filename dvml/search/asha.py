@@ -145,7 +145,8 @@ class Asha:
     # ------------------------------------------------------------------ events
 
     def apply(self, event: Any) -> Any:
-        """Take one event (Ask, Result, Failure, Resume); return the decision, journaled."""
+        """Take one event (Ask, Result, Failure, Resume, Departed); return the decision,
+        journaled."""
         if isinstance(event, j.Ask):
             decision = self._ask(event)
         elif isinstance(event, j.Result):
@@ -154,9 +155,11 @@ class Asha:
             decision = self._fail(event.trial_id, event.reason)
         elif isinstance(event, j.Resume):
             decision = self._resume()
+        elif isinstance(event, j.Departed):
+            decision = self._departed(event)
         else:
             raise ArgumentError(
-                f"ASHA takes Ask, Result, Failure or Resume events. Received: "
+                f"ASHA takes Ask, Result, Failure, Resume or Departed events. Received: "
                 f"{type(event).__name__} {event!r:.80}."
             )
         self.journal.append(event, decision)
@@ -331,3 +334,23 @@ class Asha:
     def _resume(self) -> j.Queued:
         self._queue = sorted(self.running)
         return j.Queued(list(self._queue))
+
+    def _departed(self, event: j.Departed) -> j.Queued:
+        """Workers left: their speeds are forgotten, ``requeue`` goes first in the queue,
+        ``lost`` is failed (a parked or finished one ranks last in its rung from now on)."""
+        reason = f"its state was lost with worker(s) {', '.join(event.workers)}"
+        for trial_id in event.lost:
+            trial = self.trials[trial_id]
+            if trial.status == "running":
+                self._fail(trial_id, reason)
+                continue
+            k = trial.rung
+            if k >= 0 and trial.status != "failed":
+                self._ranked[k].remove((rank_key(trial.losses.get(k)), trial_id))
+                bisect.insort(self._ranked[k], (rank_key(None), trial_id))
+                trial.losses[k] = None
+            trial.status, trial.worker = "failed", None
+        for worker in event.workers:
+            self._speed.pop(worker, None)
+        self._queue = [*event.requeue, *(q for q in self._queue if q not in event.requeue)]
+        return j.Queued(list(event.requeue))

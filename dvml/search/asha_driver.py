@@ -44,35 +44,35 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from distributed import wait as dask_wait
-
 from dvml import config
-from dvml._version import __version__
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import TrainerFailedError
 from dvml.registry.database import Registry
-from dvml.registry.weights import weights_from_bytes
 from dvml.search import journal as j
 from dvml.search.asha import Asha
 from dvml.search.hyperband import rank_key
-from dvml.train.hop_schedule import build_info
-from dvml.train.params import format_params
-from dvml.train.runtime import sessions
+from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
-from dvml.train.summary import aggregate, build_summary, iteration_record, weights_size_kb
+from dvml.train.runtime.watcher import departed_workers, describe_departure
+from dvml.train.summary import aggregate
 
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-__all__ = ["AshaDriver", "SearchOutcome"]
+__all__ = ["AshaDriver"]
 
 logger = logging.getLogger("dvml.search")
 
 JOBS_PER_WORKER = 2
 """Jobs a worker runs at once (its trainer trains one at a time; the other job's state moves,
 loads and saves meanwhile)."""
+
+
+def _broken(future: Future) -> bool:
+    """Whether a task failed or was cancelled (its input was lost with a worker)."""
+    return future.status in ("error", "cancelled")
 
 
 @dataclasses.dataclass
@@ -88,17 +88,6 @@ class Running:
     evals: dict[int, list[Future]]
     terminal: list[Future]
     previous: Any  # the state before this job (kept when the job fails)
-
-
-@dataclasses.dataclass
-class SearchOutcome:
-    """What the search leaves for :func:`dvml.automl` to register."""
-
-    info: dict[int, dict[str, Any]]
-    models: list[dict[str, Any]]
-    summary: dict[str, Any]
-    journal: str
-    best: int | None
 
 
 class AshaDriver:
@@ -153,7 +142,8 @@ class AshaDriver:
         self.start_text = now()
         self.specs: dict[int, dict[str, Any]] = {}
         self.history: dict[int, dict[int, dict[str, Any]]] = {}
-        self.pids: dict[str, set[int]] = {}
+        self.departed: list[str] = []  # workers that left the cluster during the search
+        self.idle: list[WorkerInfo] = []
         self.running: dict[int, Running] = {}
         self.resumed_from: dict[int, int] = {}  # trial -> the checkpointed iteration restored
         self.trained = 0  # model-iterations this run trained
@@ -178,18 +168,24 @@ class AshaDriver:
             # each worker takes JOBS_PER_WORKER jobs: one trains while the other's state is
             # moved, loaded and saved and the client decides (tasks of one model follow each
             # other, so one job alone would leave its trainer idle between its tasks)
-            idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
+            self.idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
             while True:
-                self._ask(idle, kept)
+                self._ask(self.idle, kept)
                 if not self.running:
                     break
-                for done in self._next_done():
-                    self._finish(done)
-                    idle.append(done.worker)
-                idle[:] = [w for w in idle if w in self.workers]  # not those whose trainer died
+                batch = self._next_done(kept)
+                for n, done in enumerate(batch):
+                    gone = self._finish(done)
+                    if gone:  # this job and the rest of the batch were interrupted too
+                        self.running.update({r.trial_id: r for r in batch[n:]})
+                        self._departed(gone, kept)
+                        break
+                    self.idle.append(done.worker)
+                # not those whose trainer died or that left the cluster
+                self.idle[:] = [w for w in self.idle if w in self.workers]
             weights = self._final_weights()
         except BaseException:
-            self.client.cancel(self.hopper.submitted)
+            self.hopper.cancel()
             raise
         finally:
             self.hopper.stop()
@@ -229,14 +225,15 @@ class AshaDriver:
             state: Any = state_bytes(list(spec.weights) if spec.weights is not None else [])
             if key in kept:  # resumed: from its last checkpoint
                 first, holder = kept.pop(key)
-                state = self._load(key, first, holder)
+                state = self.hopper.load(key, first, holder)
                 self.resumed_from[key] = first
             self.hopper.add(key, self.specs[key], state, worker)
         elif key in kept:
             first = self.resumed_from[key] = kept.pop(key)[0]
         self._submit(key, worker, first, last)
         verb = "start" if isinstance(decision, j.Start) else f"promote to rung {trial.target}"
-        self._line(f"trial {key} {verb} on {worker.name}: iterations {first + 1}..{last}")
+        span = f"iterations {first + 1}..{last}" if first < last else f"evaluated at {last}"
+        self._line(f"trial {key} {verb} on {worker.name}: {span}")
 
     def _submit(self, key: int, worker: WorkerInfo, first: int, last: int) -> None:
         previous = self.hopper.states[key]
@@ -259,38 +256,52 @@ class AshaDriver:
             key, worker, first, last, time.time(), records, evals, terminal, previous
         )
 
-    def _next_done(self) -> list[Running]:
-        """Wait for at least one job to end (all of its last tasks done, or one failed)."""
+    def _next_done(self, kept: dict[int, tuple[int, WorkerInfo]]) -> list[Running]:
+        """Wait for at least one job to end (all of its last tasks done, or one failed), with
+        the runtime's watcher: a departed worker is named within its bound, and the search
+        goes on without it (:meth:`_departed`; then no job is returned)."""
         while True:
-            pending = [f for r in self.running.values() for f in r.terminal if not f.done()]
             done = [
                 r
                 for r in self.running.values()
-                if all(f.done() for f in r.terminal) or any(f.status == "error"
-                                                            for f in r.terminal)
-            ]  # fmt: skip
+                if all(f.done() for f in r.terminal) or any(_broken(f) for f in r.terminal)
+            ]
+            if done and any(_broken(f) for r in done for f in r.terminal):
+                # a departed worker fails tasks too (its scattered states are lost): then
+                # every job in flight goes again, none is failed for it
+                gone = departed_workers(self.client, self.workers, wait=0.0)
+                if gone:
+                    self._departed(gone, kept)
+                    return []
             if done:
                 for r in done:
                     del self.running[r.trial_id]
                 return done
-            with self.client.as_current():
-                dask_wait(pending, return_when="FIRST_COMPLETED")
+            pending = [f for r in self.running.values() for f in r.terminal if not f.done()]
+            outcome = self.hopper.watch(pending, first=True)
+            if outcome.gone:
+                self._departed(outcome.gone, kept)
+                return []
 
-    def _finish(self, done: Running) -> None:
-        """Report a job's result (or failure) to the scheduler; journal it; a progress line."""
+    def _finish(self, done: Running) -> list[WorkerInfo]:
+        """Report a job's result (or failure) to the scheduler; journal it; a progress line.
+        Returns the workers that departed while its results were fetched (then nothing is
+        reported: the job was interrupted)."""
         key, worker = done.trial_id, done.worker
         failed = [f for f in [*done.terminal, *(x for v in done.records.values() for x in v)]
-                  if f.status == "error"]  # fmt: skip
+                  if _broken(f)]  # fmt: skip
         decision: Any
         if failed:
-            exc = failed[0].exception()
-            reason = f"{type(exc).__name__}: {exc}"[:500]
+            exc = failed[0].exception() if failed[0].status == "error" else None
+            reason = f"{type(exc).__name__}: {exc}"[:500] if exc else "its task was cancelled"
             self.hopper.states[key] = done.previous  # the last state that trained
             self.hopper.park(key)
             decision = self.search.apply(j.Failure(key, reason, worker.name, self.now()))
             self._drop_dead()
         else:
-            loss = self._collect(done)
+            loss, gone = self._collect(done)
+            if gone:
+                return gone
             decision = self.search.apply(
                 j.Result(key, done.last, loss, worker.name, self.now(), time.time() - done.began,
                          checkpoint=f"{worker.name}:{key}-{done.last}")
@@ -298,20 +309,72 @@ class AshaDriver:
             self.hopper.park(key)
         self.save_journal(self.search.journal.dumps())
         self._line(f"trial {key} {self._said(decision)}; {self._best_line()}")
+        return []
 
-    def _collect(self, done: Running) -> float | None:
-        """Gather a job's records and evaluations into the history; the ranking loss."""
+    def _collect(self, done: Running) -> tuple[float | None, list[WorkerInfo]]:
+        """Gather a job's records and evaluations into the history: the ranking loss (or the
+        workers that departed meanwhile)."""
+        flat = [f for part in (done.records, done.evals) for t in part for f in part[t]]
+        values, gone = self.hopper.fetch(flat)
+        if gone:
+            return None, gone
+        records: dict[int, list[Any]] = {}
+        evals: dict[int, list[Any]] = {}
+        for part, out in ((done.records, records), (done.evals, evals)):
+            for t in part:
+                out[t], values = values[: len(part[t])], values[len(part[t]) :]
         self.trained += done.last - done.first
-        records = self.client.gather(done.records)
-        evals = self.client.gather(done.evals)
         history = self.history.setdefault(done.trial_id, {})
         for t in sorted(set(records) | set(evals)):
             history[t] = {"records": records.get(t, []), "evals": evals.get(t, [])}
-            for r in records.get(t, []):
-                self.pids.setdefault(r["worker"], set()).add(int(r["pid"]))
         found = [e[self.loss_part] for e in evals[done.last] if self.loss_part in e]
-        values = aggregate(found) if found else {}
-        return values.get("loss")
+        return (aggregate(found).get("loss") if found else None), []
+
+    def _departed(self, gone: list[WorkerInfo], kept: dict[int, tuple[int, WorkerInfo]]) -> None:
+        """Workers left the cluster: every job in flight is interrupted; each of its models
+        is queued again from its last checkpoint on the remaining workers (or from scratch
+        when it had trained nothing), else failed; a parked or finished model whose state
+        went with them is added again from its rung's checkpoint, else failed."""
+        names = [w.name for w in gone]
+        self._line(f"{describe_departure(gone)}: the search goes on without it")
+        self.departed.extend(names)
+        interrupted = set(self.running)
+        self.running.clear()
+        lost = set(self.hopper.lose(gone))
+        # the state of an interrupted job is some hop of it: start again from a checkpoint
+        self.hopper.forget(sorted(interrupted - lost))
+        self.workers = [w for w in self.workers if w not in gone]
+        if not self.workers:
+            raise TrainerFailedError(
+                f"{describe_departure(gone)}; no worker of search {self.model_output!r} is "
+                "left. Bring the workers back and run dvml.automl(..., resume=True): it "
+                "resumes from the journal's last decision."
+            )
+        latest = self._checkpoints()
+        requeue, failed = [], []
+        for trial in self.search.trials.values():
+            k = trial.trial_id
+            found = latest.get(k, {})
+            if k in interrupted:
+                usable = [t for t in found if t >= trial.iterations]
+                if usable:
+                    kept[k] = (max(usable), found[max(usable)])
+                if usable or trial.iterations == 0:
+                    requeue.append(k)
+                else:
+                    failed.append(k)
+            elif k in lost and trial.status in ("parked", "finished"):
+                if trial.iterations not in found:
+                    failed.append(k)
+                    continue
+                holder = found[trial.iterations]
+                self.hopper.add(k, self._spec(trial), self.hopper.load(k, trial.iterations, holder),
+                                holder)  # fmt: skip
+                self.hopper.park(k)
+        self.search.apply(j.Departed(names, requeue, failed, self.now()))
+        self.save_journal(self.search.journal.dumps())
+        self.idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
+        self._line(f"queued again: {requeue}; failed with the departed worker(s): {failed}")
 
     def _drop_dead(self) -> None:
         """Leave out every worker whose trainer died (a failed task may have run on another
@@ -353,7 +416,7 @@ class AshaDriver:
                     self.job.train, list(self.job.custom_sources),
                 )  # fmt: skip
                 self.specs[trial.trial_id] = spec.config()
-                state = self._load(trial.trial_id, t, found[t])
+                state = self.hopper.load(trial.trial_id, t, found[t])
                 self.hopper.add(trial.trial_id, self.specs[trial.trial_id], state, found[t])
                 self.hopper.park(trial.trial_id)
                 self.resumed_from[trial.trial_id] = t
@@ -364,128 +427,60 @@ class AshaDriver:
     def _checkpoints(self) -> dict[int, dict[int, WorkerInfo]]:
         """Every checkpointed state of this search, by trial and iteration, and its holder;
         the history of every checkpointed iteration is read back too."""
-        listings = self.client.gather([
-            self.client.submit(sessions.list_checkpoints, self.checkpoint_dir, self.key,
-                               workers=[w.address], allow_other_workers=False, pure=False)
-            for w in self.workers
-        ])  # fmt: skip
         latest: dict[int, dict[int, WorkerInfo]] = {}
-        for w, listing in zip(self.workers, listings, strict=True):
-            for meta in listing:
-                k, t = int(meta["mst_key"]), int(meta["iteration"])
-                self.history.setdefault(k, {})[t] = {"records": meta["records"],
-                                                      "evals": meta["evals"]}  # fmt: skip
-                if meta["has_state"]:
-                    latest.setdefault(k, {})[t] = w
+        for w, meta in self.hopper.checkpoints():
+            k, t = int(meta["mst_key"]), int(meta["iteration"])
+            self.history.setdefault(k, {})[t] = {"records": meta["records"],
+                                                  "evals": meta["evals"]}  # fmt: skip
+            if meta["has_state"]:
+                latest.setdefault(k, {})[t] = w
         return latest
-
-    def _load(self, key: int, iteration: int, holder: WorkerInfo) -> Future:
-        return self.client.submit(
-            sessions.load_checkpoint, self.checkpoint_dir, key, iteration,
-            workers=[holder.address], allow_other_workers=False, pure=False,
-        )  # fmt: skip
 
     # ------------------------------------------------------------------ outputs
 
     def _final_weights(self) -> dict[int, bytes]:
-        keys = sorted(self.hopper.states)
-        futures = {
-            k: self.client.submit(sessions.weights_of, self.hopper.states[k], pure=False)
-            for k in keys
-        }
-        with self.client.as_current():
-            dask_wait(list(futures.values()))
-        return {k: f.result() for k, f in futures.items() if f.status == "finished"}
+        """Every model's weights (those whose state is lost are left out); a worker that
+        departs now is left out too, its models' states reloaded from checkpoints."""
+        while True:
+            weights, gone = self.hopper.all_weights()
+            if not gone:
+                return weights
+            self._departed(gone, {})
 
     def _outcome(self, weights: dict[int, bytes]) -> SearchOutcome:
         """MADlib's info rows and every model to register (one per configuration)."""
-        end = now()
-        configs, names, summaries, seconds, models = [], {}, {}, {}, []
-        for trial in sorted(self.search.trials.values(), key=lambda t: t.trial_id):
-            k = trial.trial_id
-            names[k] = f"{self.model_output}_{k}"
-            iterations, seconds[k] = self._iterations(self.history.get(k, {}))
-            final = weights_from_bytes(weights[k]) if weights.get(k) else []
-            summaries[k] = self._model_summary(trial, names[k], iterations, final, end)
-            configs.append({"mst_key": k, "model_id": trial.model_id})
-            if final:
-                models.append({"name": names[k], "arch_id": trial.model_id, "weights": final,
-                               "summary": summaries[k], "iterations": iterations})  # fmt: skip
-        rows = build_info(configs, names, summaries, seconds)
-        info = {}
-        for row in rows:
-            trial = self.search.trials[row["mst_key"]]
-            row.update(status=trial.status, rung=trial.rung, iterations=trial.iterations)
-            info[row["mst_key"]] = row
-        summary = self._run_summary(end)
-        return SearchOutcome(info, models, summary, self.search.journal.dumps(),
-                             self.search.best())  # fmt: skip
+        configurations = [
+            Configuration(
+                t.trial_id,
+                t.model_id,
+                self._spec(t),
+                t.iterations,
+                summary={"asha_status": t.status},
+                info={"status": t.status, "rung": t.rung, "iterations": t.iterations},
+            )
+            for t in self.search.trials.values()
+        ]
+        times = {"start": self.start_text, "end": now(), "name": self.name,
+                 "description": self.description, "wall_seconds": self.now()}  # fmt: skip
+        outcome = build_outcome(
+            self.job, self.model_output, configurations, self.history, weights, times=times,
+            journal=self.search.journal.dumps(), best=self.search.best(),
+        )  # fmt: skip
+        outcome.summary.update(
+            rungs=list(self.search.levels),
+            rung_sizes=self.search.rung_sizes(),
+            stopped=self.search.stopped,
+            trained_iterations=self.trained,
+            resumed_from={str(k): t for k, t in sorted(self.resumed_from.items())},
+            departed=self.departed,
+        )
+        return outcome
 
-    @staticmethod
-    def _iterations(
-        entries: dict[int, dict[str, Any]],
-    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        rows, train_s, moving_s = [], 0.0, 0.0
-        for t in sorted(entries):
-            entry = entries[t]
-            elapsed = max((r.get("elapsed", 0.0) for r in entry["records"]), default=0.0)
-            train_s += sum(r["train_s"] for r in entry["records"])
-            moving_s += sum(r["moving_s"] for r in entry["records"])
-            pseudo = [{"iteration": t, "elapsed": elapsed, **e} for e in entry["evals"]]
-            rows.append(iteration_record(pseudo or [{"iteration": t, "elapsed": elapsed}]))
-        return rows, {"training_s": train_s, "moving_s": moving_s}
-
-    def _model_summary(
-        self, trial: Any, name: str, iterations: list[dict[str, Any]], final: list[Any], end: str
-    ) -> dict[str, Any]:
-        spec = self.specs.get(trial.trial_id) or model_spec(
+    def _spec(self, trial: Any) -> dict[str, Any]:
+        return self.specs.get(trial.trial_id) or model_spec(
             self.reg, trial.model_id, trial.compile_params, trial.fit_params, self.job.train,
             list(self.job.custom_sources),
         ).config()  # fmt: skip
-        summary = build_summary(
-            training=self.job.train, validation=self.job.valid, model=name,
-            arch_id=trial.model_id, compile_params=spec["compile_params"],
-            fit_params=spec["fit_params"], compile_text=format_params(spec["compile_params"]),
-            fit_text=format_params(spec["fit_params"]), num_iterations=trial.iterations,
-            metrics_compute_frequency=self.job.frequency, name=self.name,
-            description=self.description, start=self.start_text, end=end,
-            iterations=iterations, model_size_kb=weights_size_kb(final),
-            trainers=[w.name for w in self.job.workers], weights_identical=True,
-            warm_start=False, version=__version__,
-        )  # fmt: skip
-        summary.update(
-            custom_objects=sorted(self.job.custom_sources), sync="model_hopper",
-            mst_key=trial.trial_id, model_selection=self.model_output, asha_status=trial.status,
-        )  # fmt: skip
-        return summary
-
-    def _run_summary(self, end: str) -> dict[str, Any]:
-        ts = self.job.train.summary
-        return {
-            "source_table": self.job.train.name,
-            "validation_table": self.job.valid.name if self.job.valid else None,
-            "dependent_varname": ts["dependent_varname"],
-            "independent_varname": ts["independent_varname"],
-            "model_arch_table": "model_arch",
-            "metrics_compute_frequency": self.job.frequency,
-            "name": self.name,
-            "description": self.description,
-            "madlib_version": __version__,
-            "version": __version__,
-            "num_classes": ts["num_classes"],
-            "class_values": ts["class_values"],
-            "dependent_vartype": ts["dependent_vartype"],
-            "normalizing_const": ts["normalizing_const"],
-            "workers": [w.name for w in self.job.workers],
-            "rungs": list(self.search.levels),
-            "rung_sizes": self.search.rung_sizes(),
-            "stopped": self.search.stopped,
-            "trainer_pids": {w: sorted(p) for w, p in sorted(self.pids.items())},
-            "model_iterations": sum(len(h) for h in self.history.values()),
-            "trained_iterations": self.trained,
-            "resumed_from": {str(k): t for k, t in sorted(self.resumed_from.items())},
-            "wall_seconds": self.now(),
-        }
 
     # ------------------------------------------------------------------ progress
 

@@ -1,25 +1,28 @@
-"""``dvml.automl``: MADlib's ``madlib_keras_automl`` (Hyperband, hyperopt) on ``fit_multiple``.
+"""``dvml.automl``: MADlib's ``madlib_keras_automl`` (Hyperband, hyperopt) and ASHA, each a
+scheduler on ONE job of serving trainers.
 
 MADlib runs every step of a search as one ``fit_multiple`` call, with warm start for the
-configurations that go on; so does this driver, on dvml's public :func:`dvml.fit_multiple`:
+configurations that go on. dvml runs the whole search on one
+:class:`~dvml.train.runtime.hopper.ModelHopper` (:class:`~dvml.search.hop_search.HopSearch`):
+the trainers start once, new configurations join the running job, and a configuration that
+goes on continues from its state in the cluster (weights and optimizer variables), never from
+the registry:
 
 - ``method="hyperband"``: :class:`~dvml.search.hyperband.HyperbandRun` gives each diagonal;
   its configurations were sampled up front (MADlib's random ``generate_model_configs``, with
-  ``mst_key`` 1..N, largest bracket first). A diagonal is one ``fit_multiple`` call for the
-  survivors (``warm_start=True``: each goes on from its registered model for ``r`` more
-  iterations) and one for the bracket that starts there (from scratch), as ``fit_multiple``'s
-  warm start applies to a whole call. Survivors are ranked by validation loss, else training
-  loss.
+  ``mst_key`` 1..N, largest bracket first). A diagonal trains its survivors and the bracket
+  that starts there together with ``fit_multiple``'s MOP schedule for ``r`` iterations.
+  Survivors are ranked by validation loss, else training loss.
 - ``method="hyperopt"``: :class:`~dvml.search.hyperopt_run.HyperoptRun` proposes MADlib's
   batches of as many configurations as there are workers (seeded random or Optuna's TPE); each
-  batch is one ``fit_multiple`` call of ``num_iterations``, each loss told back to the sampler.
+  batch trains ``num_iterations`` with the MOP schedule, each loss told back to the sampler.
 
-Every call registers its models as ``f"{model_output}_{mst_key}"`` (so ``dvml.evaluate``,
-``predict`` and warm start work on any of them); at the end the driver writes MADlib's outputs
-under ``model_output``: ``.info`` (every configuration, its metrics concatenated over the calls
-as MADlib does, ``metrics_iters`` counted over the whole search, plus ``s`` and ``i`` for
-Hyperband), ``.summary`` (with ``automl_method``, ``automl_params``, ``random_state`` and the
-search's journal) and the one-row model selection table of the best configuration
+At the end the driver registers one model per configuration, ``f"{model_output}_{mst_key}"``
+(so ``dvml.evaluate``, ``predict`` and warm start work on any of them), and MADlib's outputs
+under ``model_output``: ``.info`` (every configuration, its metrics concatenated over the
+search as MADlib does, ``metrics_iters`` counted over the whole search, plus ``s`` and ``i``
+for Hyperband), ``.summary`` (with ``automl_method``, ``automl_params``, ``random_state`` and
+the search's journal) and the one-row model selection table of the best configuration
 (``f"{model_output}_best"``, loadable by name with ``dvml.load_model_configs``).
 
 ``method="asha"`` (dvml's, beyond MADlib) is :class:`~dvml.search.asha.Asha` driven on one
@@ -27,6 +30,9 @@ job of serving trainers that never restart (:mod:`dvml.search.asha_driver`): new
 configurations join the running job on idle workers, promotions resume parked models from their
 state, every decision is journaled in the registry before it is carried out, and
 ``resume=True`` continues a search whose client died from its last decision.
+
+Every search holds its datasets (a drop or overwrite is refused while it runs) and goes on
+without a worker that leaves the cluster, named within the runtime watcher's bound.
 """
 
 from __future__ import annotations
@@ -41,22 +47,25 @@ import pandas as pd
 
 from dvml.cluster.workers import current_client
 from dvml.exceptions import ArgumentError, RegistryNotFoundError
-from dvml.names import check_name
+from dvml.names import check_name, check_suffixed_name
 from dvml.registry.database import Registry, open_registry
 from dvml.search import hyperband as hb
 from dvml.search.asha import Asha
-from dvml.search.asha_driver import AshaDriver, SearchOutcome
+from dvml.search.asha_driver import AshaDriver
 from dvml.search.automl_params import (
     AshaParams,
     HyperbandParams,
     HyperoptParams,
     parse_automl_params,
 )
+from dvml.search.hop_search import HopSearch
 from dvml.search.hyperopt_run import HyperoptRun
+from dvml.search.outcome import SearchOutcome
 from dvml.search.search_space import SearchSpace
-from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
+from dvml.store.datasets import Dataset
+from dvml.store.leases import holding
 from dvml.train import config_search as cs
-from dvml.train.fit_multiple import ModelSelection, fit_multiple
+from dvml.train.fit_multiple import ModelSelection
 from dvml.train.runtime.plan import JobArgs, place_job
 
 if TYPE_CHECKING:
@@ -65,22 +74,6 @@ if TYPE_CHECKING:
 __all__ = ["AutoMLResult", "automl"]
 
 logger = logging.getLogger("dvml.search")
-
-# .info columns MADlib concatenates when a configuration trains again (warm start)
-_APPENDED = (
-    "metrics_elapsed_time",
-    "training_metrics",
-    "training_loss",
-    "validation_metrics",
-    "validation_loss",
-)
-_REPLACED = (
-    "training_metrics_final",
-    "training_loss_final",
-    "validation_metrics_final",
-    "validation_loss_final",
-    "model_size",
-)
 
 
 class AutoMLResult(ModelSelection):
@@ -114,36 +107,6 @@ def _loss(row: Mapping[str, Any], column: str) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def _merge(
-    info: dict[int, dict[str, Any]],
-    rows: Sequence[Mapping[str, Any]],
-    iteration_offset: int,
-    seconds_offset: float,
-) -> None:
-    """Fold one ``fit_multiple`` call's info rows into the search's (MADlib's update)."""
-    for new in rows:
-        key = int(new["mst_key"])
-        iters = [iteration_offset + int(m) for m in (new.get("metrics_iters") or [])]
-        elapsed = [seconds_offset + float(t) for t in (new.get("metrics_elapsed_time") or [])]
-        if key not in info:
-            info[key] = {**new, "metrics_iters": iters, "metrics_elapsed_time": elapsed}
-            continue
-        old = info[key]
-        for column in _APPENDED:
-            added = elapsed if column == "metrics_elapsed_time" else new.get(column)
-            old[column] = list(old.get(column) or []) + list(added or [])
-        for column in _REPLACED:
-            old[column] = new.get(column)
-        old["metrics_iters"] = list(old.get("metrics_iters") or []) + iters
-        for column in ("training_seconds", "moving_seconds"):
-            old[column] = round(float(old.get(column) or 0) + float(new.get(column) or 0), 4)
-
-
-def _worker_count(client: Client, training_set: str | Dataset) -> int:
-    dataset = resolve_dataset(training_set, client)
-    return len({w.name for w in buffer_workers(client, dataset)})
 
 
 def automl(
@@ -228,59 +191,21 @@ def automl(
     if resume and _finished_asha(reg, model_output, parsed):
         return AutoMLResult(model_output, reg)  # nothing left to resume
     loss_column = "validation_loss_final" if validation_set is not None else "training_loss_final"
-    common: dict[str, Any] = {
-        "training_set": training_set,
-        "model_output": model_output,
-        "use_gpus": use_gpus,
-        "validation_set": validation_set,
-        "name": name,
-        "description": description,
-        "custom_objects": custom_objects,
-        "progress": progress,
-        "registry": reg,
-        "client": client,
-    }
     started = time.time()
-    info: dict[int, dict[str, Any]] = {}
-    summary: dict[str, Any] = {}
-
-    def train(rows: list[cs.ModelConfig], iterations: int, warm: bool, offset: int) -> None:
-        frequency = metrics_compute_frequency
-        if frequency is not None and not 1 <= frequency <= iterations:
-            frequency = None  # MADlib's _is_valid_metrics_compute_frequency
-        run = fit_multiple(
-            configs=[r.as_dict() for r in rows],
-            num_iterations=iterations,
-            metrics_compute_frequency=frequency,
-            warm_start=warm,
-            seed=seed,
-            **common,
-        )
-        record = reg.model_selection_run(run.name)  # plain JSON values, None kept
-        _merge(info, record["info"], offset, time.time() - started)
-        summary.update(record["summary"])
-
-    models: list[dict[str, Any]] = []
-    best_key: int | None = None
-    if isinstance(parsed, AshaParams):
-        args = JobArgs(
-            model_output, training_set, validation_set, parsed.max_t, metrics_compute_frequency,
-            use_gpus, False, custom_objects, seed, None,
-        )  # fmt: skip
-        outcome = _asha(reg, client, args, space, parsed, resume, progress, name, description)
-        info, models, best_key = outcome.info, outcome.models, outcome.best
-        summary.update(outcome.summary)
-        journal = {"text": outcome.journal}
-    elif isinstance(parsed, HyperbandParams):
-        journal = _hyperband(parsed, space, seed, info, train, loss_column, progress)
-        for k, row in info.items():  # MADlib's .info columns s (bracket) and i (last round)
-            row["s"], row["i"] = journal["bracket_of"][k], journal["last_round"][k]
-    else:
-        journal = _hyperopt(parsed, space, seed, info, train, loss_column, progress, client,
-                            training_set)  # fmt: skip
+    args = JobArgs(
+        model_output, training_set, validation_set, _most_iterations(parsed),
+        metrics_compute_frequency, use_gpus, False, custom_objects, seed, None,
+    )  # fmt: skip
+    # The datasets are leased for the whole search: a drop or overwrite is refused meanwhile.
+    with holding([training_set, validation_set], job=f"dvml.automl {model_output!r}"):
+        if isinstance(parsed, AshaParams):
+            outcome = _asha(reg, client, args, space, parsed, resume, progress, name, description)
+        else:
+            outcome = _hop_search(reg, client, args, space, parsed, progress, name, description)
+    info, models, summary = outcome.info, outcome.models, outcome.summary
     rows = [info[k] for k in sorted(info)]
     ranked = sorted(rows, key=lambda r: (hb.rank_key(_loss(r, loss_column)), r["mst_key"]))
-    best = info[best_key] if best_key is not None else ranked[0]
+    best = info[outcome.best] if outcome.best is not None else ranked[0]
     summary.update(
         model=model_output,
         model_info=f"{model_output}_info",
@@ -294,11 +219,9 @@ def automl(
         model_names=[r["model_name"] for r in rows],
         start_training_time=pd.Timestamp(started, unit="s").isoformat(),
         end_training_time=pd.Timestamp(time.time(), unit="s").isoformat(),
-        journal=journal["text"],
+        journal=outcome.journal,
         status="finished",
     )
-    for column in ("num_iterations", "warm_start", "hops", "hop_workers"):
-        summary.pop(column, None)  # one call's, not the search's
     reg.save_model_selection_run(model_output, models, rows, summary)
     best_row = {c: best[c] for c in cs.COLUMNS}
     reg.save_model_selection(
@@ -378,67 +301,91 @@ def _running_journal(reg: Registry, model_output: str) -> str | None:
     return str(summary["journal"])
 
 
-def _hyperband(
-    parsed: HyperbandParams,
+def _most_iterations(parsed: Any) -> int:
+    """The most iterations one step of the search trains (a job's ``num_iterations``)."""
+    if isinstance(parsed, AshaParams):
+        return parsed.max_t
+    if isinstance(parsed, HyperbandParams):
+        return parsed.R
+    return int(parsed.num_iterations)
+
+
+def _hop_search(
+    reg: Registry,
+    client: Client,
+    args: JobArgs,
     space: SearchSpace,
-    seed: int | None,
-    info: dict[int, dict[str, Any]],
-    train: Any,
-    loss_column: str,
+    parsed: HyperbandParams | HyperoptParams,
     progress: bool,
-) -> dict[str, Any]:
-    search = hb.HyperbandRun(parsed.R, parsed.eta, parsed.skip_last)
+    name: str | None,
+    description: str | None,
+) -> SearchOutcome:
+    """Hyperband or hyperopt on one job of serving trainers (:class:`HopSearch`)."""
+    job = place_job(reg, client, args)
+    scheduler: hb.HyperbandRun | HyperoptRun
+    if isinstance(parsed, HyperbandParams):
+        scheduler = hb.HyperbandRun(parsed.R, parsed.eta, parsed.skip_last)
+        count = scheduler.num_configs
+    else:
+        scheduler = HyperoptRun(space, parsed, len(job.workers), args.seed)
+        count = parsed.num_configs
+    check_suffixed_name(args.output, [f"_{k}" for k in range(1, count + 1)], "model_output")
+    search = HopSearch(client, reg, job, args.output, scheduler.journal.header,
+                       progress=progress, name=name, description=description)  # fmt: skip
+    try:
+        if isinstance(scheduler, hb.HyperbandRun):
+            _hyperband(scheduler, space, args.seed, search, progress)
+            columns = {k: {"s": scheduler.bracket_of[k], "i": scheduler.last_round[k]}
+                       for k in scheduler.bracket_of}  # fmt: skip
+        else:
+            _hyperopt(scheduler, search, progress)
+            columns = {}
+    except BaseException:
+        search.stop()
+        raise
+    return search.finish(columns, scheduler.journal.dumps(), None)  # ranked by .info
+
+
+def _hyperband(
+    search: hb.HyperbandRun, space: SearchSpace, seed: int | None, hop: HopSearch, progress: bool
+) -> None:
+    """MADlib's diagonals: each one's survivors and new bracket trained together."""
     g = space.grids()
     configs = cs.plan_configs(
         g["arch_ids"], g["compile_params_grid"], g["fit_params_grid"], "random",
         search.num_configs, seed, g["custom_names"],
     )  # fmt: skip
     by_key = {c.mst_key: c for c in configs}
+    losses: dict[int, float | None] = {}
     while (diagonal := search.next_diagonal()) is not None:
         if progress:
             logger.warning(
                 "automl hyperband: diagonal %d, %d configurations (%d new) for %d iterations",
                 diagonal.i, len(diagonal.keys), len(diagonal.new_keys), diagonal.num_iterations,
             )  # fmt: skip
-        for keys, warm in ((diagonal.warm_keys, True), (diagonal.new_keys, False)):
-            if keys:
-                train([by_key[k] for k in keys], diagonal.num_iterations, warm, diagonal.offset)
-        search.report({k: _loss(info[k], loss_column) for k in diagonal.keys})
-        _progress(progress, info, loss_column)
-    return {
-        "text": search.journal.dumps(),
-        "bracket_of": dict(search.bracket_of),
-        "last_round": dict(search.last_round),
-    }
+        found = hop.train([by_key[k] for k in diagonal.keys], diagonal.num_iterations,
+                          diagonal.offset)  # fmt: skip
+        losses.update(found)
+        search.report(found)
+        _progress(progress, losses)
 
 
-def _hyperopt(
-    parsed: HyperoptParams,
-    space: SearchSpace,
-    seed: int | None,
-    info: dict[int, dict[str, Any]],
-    train: Any,
-    loss_column: str,
-    progress: bool,
-    client: Client,
-    training_set: str | Dataset,
-) -> dict[str, Any]:
-    search = HyperoptRun(space, parsed, _worker_count(client, training_set), seed)
+def _hyperopt(search: HyperoptRun, hop: HopSearch, progress: bool) -> None:
+    """MADlib's batches: each trained from scratch, its losses told to the sampler."""
+    losses: dict[int, float | None] = {}
     while (batch := search.next_batch()) is not None:
         if progress:
             logger.warning("automl hyperopt: evaluating %d newly suggested configurations",
                            len(batch.rows))  # fmt: skip
         rows = [cs.ModelConfig(*(r[c] for c in cs.COLUMNS)) for r in batch.rows]
-        train(rows, batch.num_iterations, False, 0)
-        search.report({k: _loss(info[k], loss_column) for k in batch.keys})
-        _progress(progress, info, loss_column)
-    return {"text": search.journal.dumps()}
+        found = hop.train(rows, batch.num_iterations, 0)
+        losses.update(found)
+        search.report(found)
+        _progress(progress, losses)
 
 
-def _progress(progress: bool, info: Mapping[int, Mapping[str, Any]], column: str) -> None:
-    if not progress or not info:
+def _progress(progress: bool, losses: Mapping[int, float | None]) -> None:
+    if not progress or not losses:
         return
-    best = min(info.values(), key=lambda r: (hb.rank_key(_loss(r, column)), r["mst_key"]))
-    logger.warning(
-        "automl: best so far mst_key=%s %s=%s", best["mst_key"], column, _loss(best, column)
-    )
+    best = min(losses, key=lambda k: (hb.rank_key(losses[k]), k))
+    logger.warning("automl: best so far mst_key=%s loss=%s", best, losses[best])

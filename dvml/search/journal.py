@@ -31,6 +31,7 @@ from dvml.exceptions import ArgumentError
 __all__ = [
     "FORMAT",
     "Ask",
+    "Departed",
     "Fail",
     "Failure",
     "Finish",
@@ -160,6 +161,19 @@ class Resume:
     now: float = 0.0
 
 
+@record_type("departed")
+@dataclasses.dataclass(frozen=True)
+class Departed:
+    """``workers`` left the cluster: every job in flight was interrupted. ``requeue``: running
+    trials given out again from their last checkpoint (or from scratch, when none trained yet);
+    ``lost``: trials whose state went with the workers and no checkpoint is left (failed)."""
+
+    workers: list[str]
+    requeue: list[int]
+    lost: list[int]
+    now: float = 0.0
+
+
 # --------------------------------------------------------------------------- decisions
 
 
@@ -241,7 +255,8 @@ class Stop:
 @record_type("queued")
 @dataclasses.dataclass(frozen=True)
 class Queued:
-    """After a :class:`Resume`: these jobs were in flight and will be given out again."""
+    """After a :class:`Resume` or :class:`Departed`: these jobs were in flight and will be
+    given out again."""
 
     trial_ids: list[int]
 

@@ -34,16 +34,22 @@ from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
-from dvml.train.hop_schedule import Config, build_info, check_configs, hop_schedule
+from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
+from dvml.train.hop_schedule import (
+    Config,
+    build_info,
+    check_configs,
+    iteration_rows,
+    model_histories,
+)
 from dvml.train.model import Model
 from dvml.train.model_selection import resolve_model_configs
 from dvml.train.params import format_params
-from dvml.train.runtime import sessions
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, JobArgs, job_key, model_spec, now, place_job
-from dvml.train.summary import build_summary, iteration_record, weights_size_kb
+from dvml.train.summary import build_summary, weights_size_kb
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -233,11 +239,11 @@ def fit_multiple(
             use_gpus, warm_start, custom_objects, seed, timeout,
         )  # fmt: skip
         plan = _plan(reg, client, args, configs)
-        start_iteration, states, history = _resume(client, plan, resume)
         start = now()
         started = time.time()
         with _hopper(client, plan, started) as hopper:
-            records, evals = _run(hopper, plan, start_iteration, states, progress, started)
+            start_iteration, states, history = _resume(hopper, plan, resume)
+            records, evals = _run(hopper, plan, start_iteration, states, progress)
             weights = hopper.weights([c["mst_key"] for c in plan.configs])
         end = now()
         _register(reg, plan, history, records, evals, weights, start, end, start_iteration, name,
@@ -307,7 +313,7 @@ def _hopper(client: Client, plan: _Plan, started: float) -> ModelHopper:
 
 
 def _resume(
-    client: Client, plan: _Plan, resume: bool
+    hopper: ModelHopper, plan: _Plan, resume: bool
 ) -> tuple[int, dict[int, Any], list[dict[str, Any]]]:
     """First iteration to run, each model's starting state (future or bytes), the history.
 
@@ -317,27 +323,13 @@ def _resume(
     fresh: dict[int, Any] = dict(plan.initial)
     if not resume:
         return 1, fresh, []
-    listings = client.gather(
-        [
-            client.submit(
-                sessions.list_checkpoints,
-                plan.checkpoint_dir,
-                plan.key,
-                workers=[w.address],
-                allow_other_workers=False,
-                pure=False,
-            )
-            for w in plan.job.workers
-        ]
-    )
     holders: dict[tuple[int, int], WorkerInfo] = {}
     history: dict[tuple[int, int], dict[str, Any]] = {}
-    for w, listing in zip(plan.job.workers, listings, strict=True):
-        for meta in listing:
-            at = (int(meta["mst_key"]), int(meta["iteration"]))
-            if meta["has_state"]:
-                holders[at] = w
-            history.setdefault(at, meta)
+    for w, meta in hopper.checkpoints():
+        at = (int(meta["mst_key"]), int(meta["iteration"]))
+        if meta["has_state"]:
+            holders[at] = w
+        history.setdefault(at, meta)
     keys = [c["mst_key"] for c in plan.configs]
     # A model's iteration counts as completed where its state is kept: each model must
     # resume from its own state.
@@ -347,76 +339,25 @@ def _resume(
     if done == 0:
         return 1, fresh, []
     logger.warning("resuming %s from iteration %d", plan.model_output, done)
-    states = {
-        k: client.submit(
-            sessions.load_checkpoint,
-            plan.checkpoint_dir,
-            k,
-            done,
-            workers=[holders[(k, done)].address],
-            allow_other_workers=False,
-            pure=False,
-        )
-        for k in keys
-    }
+    states = {k: hopper.load(k, done, holders[(k, done)]) for k in keys}
     return done + 1, states, [h for at, h in sorted(history.items()) if at[1] <= done]
 
 
 def _run(
-    hopper: ModelHopper,
-    plan: _Plan,
-    start_iteration: int,
-    states: dict[int, Any],
-    progress: bool,
-    started: float,
-) -> tuple[list[dict[str, Any]], dict[tuple[int, int], list[dict[str, Any]]]]:
-    """Submit every hop of every remaining iteration, wait, and return the hops' records and
-    the evaluations (by model and iteration)."""
+    hopper: ModelHopper, plan: _Plan, start_iteration: int, states: dict[int, Any], progress: bool
+) -> tuple[list[dict[str, Any]], Evaluations]:
+    """Add every model on the worker of its first hop, run every remaining iteration (the
+    shared MOP loop), and return the hops' records and the evaluations."""
     keys = [c["mst_key"] for c in plan.configs]
-    schedule = hop_schedule(len(keys), len(plan.job.workers))
-    for m, k in enumerate(keys):  # each model starts on the worker of its first hop
-        hopper.add(k, plan.parsed[k], states[k], plan.job.workers[schedule[0][m][1]])
-    record_futures: list[Any] = []
-    eval_futures: dict[tuple[int, int], list[Any]] = {}
-    checkpoints: dict[int, list[Any]] = {}
-    try:
-        for iteration in range(start_iteration, plan.job.args.num_iterations + 1):
-            per_model: dict[int, list[Any]] = {k: [] for k in keys}
-            holder: dict[int, WorkerInfo] = {}
-            for round_ in schedule:
-                for m, w in round_:
-                    _, record = hopper.train(keys[m], plan.job.workers[w], iteration)
-                    per_model[keys[m]].append(record)
-                    record_futures.append(record)
-                    holder[keys[m]] = plan.job.workers[w]
-            due = iteration % plan.job.frequency == 0 or iteration == plan.job.args.num_iterations
-            checkpoints[iteration] = []
-            for k in keys:
-                evals = hopper.evaluate(k) if due else []
-                if due:
-                    eval_futures[(k, iteration)] = evals
-                checkpoints[iteration].append(
-                    hopper.checkpoint(k, iteration, per_model[k], evals, holder[k])
-                )
-        for iteration in range(start_iteration, plan.job.args.num_iterations + 1):
-            hopper.wait(checkpoints[iteration])
-            if progress:
-                total, took = plan.job.args.num_iterations, time.time() - started
-                line = (
-                    f"[dvml.fit_multiple {plan.model_output}] iteration {iteration}/{total}: "
-                    f"{len(keys)} models ({took:.1f}s)"
-                )
-                logger.info(line)
-                print(line, flush=True)
-        records = hopper.client.gather(record_futures)
-        evals_out = {at: hopper.client.gather(f) for at, f in eval_futures.items()}
-    except BaseException:
-        # Every task of the job, not only those waited on: the hops of a model whose chain
-        # did not break would go on, start trainers after the job stopped them and write
-        # checkpoints that the rerun then reads.
-        hopper.client.cancel(hopper.submitted)
-        raise
-    return records, evals_out
+    for k, worker in first_workers(keys, plan.job.workers).items():
+        hopper.add(k, plan.parsed[k], states[k], worker)
+    return run_iterations(
+        hopper,
+        keys,
+        range(start_iteration, plan.job.args.num_iterations + 1),
+        plan.job.frequency,
+        label=f"dvml.fit_multiple {plan.model_output}" if progress else None,
+    )
 
 
 def _register(
@@ -434,14 +375,14 @@ def _register(
     started: float,
 ) -> None:
     """Build every model's summary and the info/summary tables; register all in one go."""
-    per_model = _per_model(plan, history, records, evals)
+    per_model = model_histories([c["mst_key"] for c in plan.configs], history, records, evals)
     resumed = start_iteration - 1 if start_iteration > 1 else None
     times = {"start": start, "end": end, "name": name, "description": description}
     models, summaries, seconds, names = [], {}, {}, {}
     for c in plan.configs:
         k = c["mst_key"]
         names[k] = model_name(plan.model_output, k)
-        iterations, seconds[k] = _iterations(per_model[k])
+        iterations, seconds[k] = iteration_rows(per_model[k])
         final = weights_from_bytes(weights[k])
         summaries[k] = _model_summary(plan, c, names[k], iterations, final, times, resumed)
         models.append(
@@ -463,46 +404,6 @@ def _register(
             f"{exc} Every model's checkpoint is kept on the workers: once the registry can be "
             "written, run the same fit_multiple again and it resumes from its last iteration."
         ) from exc
-
-
-def _per_model(
-    plan: _Plan,
-    history: list[dict[str, Any]],
-    records: list[dict[str, Any]],
-    evals: dict[tuple[int, int], list[dict[str, Any]]],
-) -> dict[int, dict[int, dict[str, Any]]]:
-    """mst_key -> iteration -> that iteration's hop records and evaluations (resumed ones
-    as the checkpoints recorded them)."""
-    per_model: dict[int, dict[int, dict[str, Any]]] = {c["mst_key"]: {} for c in plan.configs}
-    for h in history:
-        per_model[int(h["mst_key"])][int(h["iteration"])] = {
-            "records": h["records"],
-            "evals": h["evals"],
-        }
-    for r in records:
-        entry = per_model[r["mst_key"]].setdefault(r["iteration"], {"records": [], "evals": []})
-        entry["records"].append(r)
-    for (k, iteration), found in evals.items():
-        per_model[k][iteration]["evals"] = found
-    return per_model
-
-
-def _iterations(
-    entries: dict[int, dict[str, Any]],
-) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """One model's per-iteration records, and its training and moving seconds."""
-    iterations = []
-    train_s = moving_s = 0.0
-    for iteration in sorted(entries):
-        entry = entries[iteration]
-        elapsed = max((r.get("elapsed", 0.0) for r in entry["records"]), default=0.0)
-        train_s += sum(r["train_s"] for r in entry["records"])
-        moving_s += sum(r["moving_s"] for r in entry["records"])
-        pseudo = [{"iteration": iteration, "elapsed": elapsed, **e} for e in entry["evals"]]
-        iterations.append(
-            iteration_record(pseudo or [{"iteration": iteration, "elapsed": elapsed}])
-        )
-    return iterations, {"training_s": train_s, "moving_s": moving_s}
 
 
 def _model_summary(

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError
+from dvml.train.summary import iteration_record
 
 __all__ = [
     "CONFIG_COLUMNS",
@@ -30,6 +31,8 @@ __all__ = [
     "build_info",
     "check_configs",
     "hop_schedule",
+    "iteration_rows",
+    "model_histories",
 ]
 
 CONFIG_COLUMNS = ("mst_key", "model_id", "compile_params", "fit_params")
@@ -169,3 +172,47 @@ def build_info(
             }
         )
     return rows
+
+
+History = dict[int, dict[int, dict[str, Any]]]
+"""mst_key -> iteration -> ``{"records": [hop records], "evals": [per-worker evaluations]}``."""
+
+
+def model_histories(
+    keys: Sequence[int],
+    history: Sequence[dict[str, Any]],
+    records: Sequence[dict[str, Any]],
+    evals: dict[tuple[int, int], list[dict[str, Any]]],
+) -> History:
+    """Every model's iterations: its hop ``records`` and ``evals`` (by ``(mst_key,
+    iteration)``), after the iterations ``history`` holds (checkpoint records of a resumed
+    run: ``mst_key``, ``iteration``, ``records``, ``evals``)."""
+    out: History = {int(k): {} for k in keys}
+    for h in history:
+        out[int(h["mst_key"])][int(h["iteration"])] = {
+            "records": h["records"],
+            "evals": h["evals"],
+        }
+    for r in records:
+        entry = out[r["mst_key"]].setdefault(r["iteration"], {"records": [], "evals": []})
+        entry["records"].append(r)
+    for (k, iteration), found in evals.items():
+        out[k][iteration]["evals"] = found
+    return out
+
+
+def iteration_rows(
+    entries: dict[int, dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """One model's registry iteration rows (:func:`~dvml.train.summary.iteration_record`),
+    and its training and moving seconds, from its history (:data:`History`)."""
+    rows = []
+    train_s = moving_s = 0.0
+    for iteration in sorted(entries):
+        entry = entries[iteration]
+        elapsed = max((r.get("elapsed", 0.0) for r in entry["records"]), default=0.0)
+        train_s += sum(r["train_s"] for r in entry["records"])
+        moving_s += sum(r["moving_s"] for r in entry["records"])
+        pseudo = [{"iteration": iteration, "elapsed": elapsed, **e} for e in entry["evals"]]
+        rows.append(iteration_record(pseudo or [{"iteration": iteration, "elapsed": elapsed}]))
+    return rows, {"training_s": train_s, "moving_s": moving_s}

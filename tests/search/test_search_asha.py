@@ -113,7 +113,7 @@ def test_wrong_reports_are_refused() -> None:
         a.report(7, 1, 0.1)
     with pytest.raises(ArgumentError, match="was to train to 1 iterations"):
         a.report(1, 3, 0.1)
-    with pytest.raises(ArgumentError, match="ASHA takes Ask, Result, Failure or Resume"):
+    with pytest.raises(ArgumentError, match="ASHA takes Ask, Result, Failure, Resume or Departed"):
         a.apply("ask")
 
 
@@ -245,3 +245,27 @@ def test_from_journal_keeps_the_order_of_the_grids_keys() -> None:
     b = Asha.from_journal(a.journal.dumps())
     assert b.journal.dumps() == a.journal.dumps()
     assert b.space.compile_grid == compile_grid and list(b.space.fit_grid) == list(fit_grid)
+
+
+def test_a_departed_worker_requeues_its_jobs_and_fails_the_lost_states() -> None:
+    a = asha()
+    for w in ("w0", "w1", "w2"):
+        a.ask(w)
+    a.report(1, 1, 0.5, worker="w0", checkpoint="w0:1-1")
+    a.report(2, 1, 0.3, worker="w1", checkpoint="w1:2-1")
+    assert kind(a.ask("w1")) == "start"  # trial 4 on w1
+    # w1 leaves: trial 4 (in flight, nothing trained) is given out again; parked trial 2's
+    # state went with w1 and no checkpoint is left: failed, ranked last, never promoted
+    queued = a.apply(j.Departed(["w1"], requeue=[4], lost=[2], now=5.0))
+    assert queued == j.Queued([4])
+    assert a.trials[2].status == "failed" and a.trials[2].losses[0] is None
+    assert a.rung_sizes()[0] == 2  # trial 2 still counts in its rung, last
+    again = a.ask("w0")
+    assert (kind(again), again.trial_id, again.retry) == ("start", 4, True)
+    a.report(3, 1, 0.9, worker="w2", checkpoint="w2:3-1")
+    a.report(4, 1, 0.7, worker="w0", checkpoint="w0:4-1")
+    # rung 0: 1 (0.5), 4 (0.7), 3 (0.9), 2 (failed): trial 1 is the one promoted
+    assert (kind(d := a.ask("w0")), d.trial_id) == ("promote", 1)
+    # the journal replays, departure and all
+    b = j.replay(j.Journal.loads(a.journal.dumps()), asha())
+    assert b.journal.dumps() == a.journal.dumps()

@@ -1,7 +1,8 @@
-"""dvml.automl (MADlib's madlib_keras_automl) on a real 2-worker LocalCluster with real hop
-trainers: Hyperband's diagonals as fit_multiple calls with warm start, MADlib's .info (s, i,
-metrics_iters over the whole search), .summary and .best; hyperopt's batches; the refusals
-before anything trains. Iris, a small dense model."""
+"""dvml.automl (MADlib's madlib_keras_automl) on a real 2-worker LocalCluster with real serving
+trainers: Hyperband's diagonals on ONE job (trainers started once, survivors going on from
+their state in the cluster), MADlib's .info (s, i, metrics_iters over the whole search),
+.summary and .best; hyperopt's batches; the refusals before anything trains. Iris, a small
+dense model."""
 
 from __future__ import annotations
 
@@ -109,9 +110,16 @@ def test_hyperband_runs_madlibs_diagonals_with_warm_start(env: dict[str, Any]) -
         if k != survivor:
             assert info.loc[k, "metrics_iters"] == [1]
     assert info.loc[4, "metrics_iters"] == [4] and info.loc[5, "metrics_iters"] == [4]
-    # the survivor was warm-started: its model was registered again
-    assert env["registry"].get_model(f"hb_iris_{survivor}")["version"] == 2
     summary = result.summary
+    # ONE job for the whole search: the same trainer process on each worker in both diagonals
+    # (a job per diagonal would show a new pid per worker and diagonal) ...
+    pids = summary["trainer_pids"]
+    assert sorted(pids) == ["worker-0", "worker-1"] and all(len(p) == 1 for p in pids.values())
+    assert summary["model_iterations"] == 3 * 1 + 3 + 2 * 3
+    # ... and the survivor went on from its state in the cluster: every model is registered
+    # once, at the end (a warm start from the registry needs one registered per diagonal)
+    for k in range(1, 6):
+        assert env["registry"].get_model(f"hb_iris_{k}")["version"] == 1
     assert summary["automl_method"] == "hyperband"
     assert summary["automl_params"] == "R=3, eta=3, skip_last=0"
     assert summary["random_state"] == 5

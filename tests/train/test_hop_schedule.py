@@ -10,7 +10,13 @@ import pytest
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.train.fit_multiple import _resolve_configs, model_name
-from dvml.train.hop_schedule import build_info, check_configs, hop_schedule
+from dvml.train.hop_schedule import (
+    build_info,
+    check_configs,
+    hop_schedule,
+    iteration_rows,
+    model_histories,
+)
 
 COMPILE = (
     "loss='categorical_crossentropy',optimizer='Adam(learning_rate=0.001)',metrics=['accuracy']"
@@ -93,3 +99,25 @@ def test_info_rows_carry_the_summaries_and_the_seconds() -> None:
     assert rows[0]["model_name"] == "out_1"
     assert rows[0]["training_loss_final"] == 0.5
     assert rows[0]["moving_seconds"] == 0.25
+
+
+def _hop(k: int, t: int, elapsed: float) -> dict[str, Any]:
+    return {"mst_key": k, "iteration": t, "elapsed": elapsed, "train_s": 1.0, "moving_s": 0.5}
+
+
+def test_histories_fold_checkpointed_and_new_iterations_into_madlibs_rows() -> None:
+    """A search's history over two steps (iterations numbered over the whole search): the
+    first step's iteration comes from a checkpoint record, the second's from its hops; the
+    rows give MADlib's metrics_iters counted over the search and the summed seconds."""
+    evaluation = {"training": {"rows": 10, "values": {"loss": 0.5, "accuracy": 0.9}}}
+    kept = [{"mst_key": 1, "iteration": 1, "records": [_hop(1, 1, 2.0)], "evals": [evaluation]}]
+    hops = [_hop(1, 2, 3.0), _hop(1, 2, 3.5), _hop(1, 4, 6.0), _hop(2, 4, 6.1)]
+    later = {"training": {"rows": 10, "values": {"loss": 0.25, "accuracy": 1.0}}}
+    evals = {(1, 4): [later], (2, 4): [later]}
+    history = model_histories([1, 2], kept, hops, evals)
+    assert sorted(history[1]) == [1, 2, 4] and sorted(history[2]) == [4]
+    rows, seconds = iteration_rows(history[1])
+    assert [r["iteration"] for r in rows if "training_loss" in r] == [1, 4]
+    assert [r["training_loss"] for r in rows if "training_loss" in r] == [0.5, 0.25]
+    assert [r["elapsed_s"] for r in rows] == [2.0, 3.5, 6.0]
+    assert seconds == {"training_s": 4.0, "moving_s": 2.0}

@@ -14,9 +14,14 @@ to worker; the client holds only futures). The verbs:
   state stays on its worker (and in its last checkpoint) until it is resumed, by the same
   trainers, which are never restarted;
 - :meth:`~ModelHopper.evaluate`, :meth:`~ModelHopper.checkpoint` (the runtime's checkpoint
-  store, owner-only), :meth:`~ModelHopper.weights`, :meth:`~ModelHopper.digest`;
+  store, owner-only), :meth:`~ModelHopper.checkpoints` and :meth:`~ModelHopper.load` (what is
+  kept, and a model's state from it), :meth:`~ModelHopper.weights`, :meth:`~ModelHopper.digest`;
 - :meth:`~ModelHopper.wait`: wait for tasks with the runtime's failure watcher (a failed
   trainer or a departed worker or host is named in bounded time);
+- :meth:`~ModelHopper.watch`: the same watcher, reporting instead of raising (a scheduler
+  that goes on without a departed worker); :meth:`~ModelHopper.lose`: leave departed workers
+  out of the job and forget the models whose state went with them;
+  :meth:`~ModelHopper.forget`: drop a model, to add it again from another state;
 - :meth:`~ModelHopper.alive`: whether a worker's trainer still runs (a search goes on without
   a worker whose trainer died);
 - :meth:`~ModelHopper.stop`: stop the job's trainers (also done by their client lease when
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -38,7 +44,7 @@ from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ArgumentError, TrainerFailedError
 from dvml.train.runtime import launch, sessions
 from dvml.train.runtime.plan import machine
-from dvml.train.runtime.watcher import describe_departure, watch
+from dvml.train.runtime.watcher import Outcome, departed_workers, describe_departure, watch
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -209,6 +215,25 @@ class ModelHopper:
         self._last_checkpoint[mst_key] = future
         return future
 
+    def checkpoints(self) -> list[tuple[WorkerInfo, dict[str, Any]]]:
+        """Every checkpoint record of the job on each of its workers, with the worker: its
+        ``mst_key``, ``iteration``, ``records``, ``evals`` and ``has_state`` (the state is
+        kept there)."""
+        listings = self.client.gather([
+            self.client.submit(sessions.list_checkpoints, self.checkpoint_dir, self.job_key,
+                               workers=[w.address], allow_other_workers=False, pure=False)
+            for w in self.workers
+        ])  # fmt: skip
+        return [(w, m) for w, listing in zip(self.workers, listings, strict=True) for m in listing]
+
+    def load(self, mst_key: int, iteration: int, holder: WorkerInfo) -> Future:
+        """The state of model ``mst_key`` checkpointed after ``iteration`` on ``holder``, as a
+        future that stays there (to :meth:`add` the model from it)."""
+        return self.client.submit(
+            sessions.load_checkpoint, self.checkpoint_dir, mst_key, iteration,
+            workers=[holder.address], allow_other_workers=False, pure=False,
+        )  # fmt: skip
+
     def digest(self, mst_key: int) -> Future:
         """The sha256 of model ``mst_key``'s current weights, computed where the state is."""
         return self._submit(sessions.state_digest, self._state(mst_key), worker=None)
@@ -218,26 +243,133 @@ class ModelHopper:
         futures = [self._submit(sessions.weights_of, self._state(k), worker=None) for k in keys]
         return dict(zip(keys, self.client.gather(futures), strict=True))
 
+    def departure_error(self, gone: list[WorkerInfo]) -> TrainerFailedError:
+        """The error that stops the job because workers ``gone`` left the cluster."""
+        return TrainerFailedError(
+            f"{describe_departure(gone)}; job {self.name!r} was stopped. Bring the worker back "
+            "(or preprocess onto the remaining workers) and run it again: it resumes every "
+            "model from the last iteration all of them completed."
+        )
+
+    def fetch(
+        self, futures: list[Future], probe_every: float = 2.0
+    ) -> tuple[list[Any], list[WorkerInfo]]:
+        """The results of ``futures`` (tasks that finished), and no departed worker; or none
+        and the departed workers, when a worker that held a result leaves meanwhile (Dask would
+        wait for ever to compute it again on a worker that is gone)."""
+        box: dict[str, Any] = {}
+
+        def get() -> None:
+            try:
+                box["values"] = self.client.gather(futures)
+            except BaseException as exc:  # re-raised in the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=get, name="dvml-hopper-fetch", daemon=True)
+        thread.start()
+        thread.join(probe_every)
+        while thread.is_alive():
+            gone = departed_workers(self.client, self.workers, wait=0.0)
+            if gone:
+                self.client.cancel(futures)  # ends the gather
+                thread.join(30)
+                return [], gone
+            thread.join(probe_every)
+        if "error" in box:
+            raise box["error"]
+        return list(box["values"]), []
+
+    def all_weights(self) -> tuple[dict[int, bytes], list[WorkerInfo]]:
+        """The weights of every model (those whose task fails are left out), watched: when
+        workers depart meanwhile, no weights and the departed workers (:meth:`lose` them and
+        ask again)."""
+        futures = {
+            k: self._submit(sessions.weights_of, state, worker=None)
+            for k, state in sorted(self.states.items())
+        }
+        pending = list(futures.values())
+        while pending:
+            outcome = self.watch(pending)
+            if outcome.gone:
+                return {}, outcome.gone
+            pending = [f for f in pending if not f.done()]
+        finished = {k: f for k, f in futures.items() if f.status == "finished"}
+        values, gone = self.fetch(list(finished.values()))
+        return dict(zip(finished, values, strict=True)) if not gone else {}, gone
+
     def wait(self, futures: list[Future]) -> None:
         """Wait for ``futures``; on any failed task of the job or a departed worker, cancel
         everything and raise, naming the trainer or host (bounded time)."""
         outcome = watch(self.client, futures, self.workers, watched=self.submitted)
-        if outcome.gone:
-            self.client.cancel(self.submitted)
-            raise TrainerFailedError(
-                f"{describe_departure(outcome.gone)}; job {self.name!r} was stopped. Bring the "
-                "worker back (or preprocess onto the remaining workers) and run it again: it "
-                "resumes every model from the last iteration all of them completed."
-            )
+        gone = outcome.gone
         if outcome.failed is not None:
+            # A departed worker fails or cancels the tasks that needed what it held (a
+            # cancelled one: its scattered input is lost), possibly before the scheduler has
+            # dropped it: name the worker, not the task.
+            cancelled = outcome.failed.status == "cancelled"
+            gone = departed_workers(self.client, self.workers, wait=5.0 if cancelled else 0.0)
+        if gone:
+            self.cancel()
+            raise self.departure_error(gone)
+        if outcome.failed is not None:
+            self.cancel()
+            if outcome.failed.status == "cancelled":
+                raise TrainerFailedError(
+                    f"A task of job {self.name!r} was cancelled: an input it needed was lost. "
+                    "Run it again: it resumes every model from the last iteration all of them "
+                    "completed."
+                )
             exc = outcome.failed.exception()
-            self.client.cancel(self.submitted)
             if isinstance(exc, TrainerFailedError):
                 raise exc
             raise TrainerFailedError(
                 f"A task of job {self.name!r} failed: {type(exc).__name__}: {exc}. Run it "
                 "again: it resumes every model from the last iteration all of them completed."
             ) from exc
+
+    def watch(self, futures: list[Future], *, first: bool = False) -> Outcome:
+        """Wait for ``futures`` (with ``first``: for any one of them) as :meth:`wait` does,
+        but return the outcome (a failed task, or the departed workers) instead of raising:
+        for a scheduler that goes on without them (:meth:`lose`)."""
+        return watch(self.client, futures, self.workers, first=first)
+
+    def lose(self, gone: list[WorkerInfo]) -> list[int]:
+        """Leave the departed workers ``gone`` out of the job: cancel every task still in
+        flight, and forget every model whose state is not held by a remaining worker (it was
+        on a departed one, or its task was cancelled). Returns the forgotten models' keys: the
+        scheduler adds them again from a checkpoint (:meth:`add`), or gives them up."""
+        self.workers = [w for w in self.workers if w not in gone]
+        self.cancel()
+        kept = {w.address for w in self.workers}
+        finished = [f for f in self.states.values() if f.status == "finished"]
+        held = self.client.who_has(finished) if finished else {}
+        lost = [
+            k
+            for k, f in self.states.items()
+            if f.status != "finished" or not kept & set(held.get(f.key, ()))
+        ]
+        self.client.cancel([self.states[k] for k in lost])
+        self.forget(lost)
+        # a checkpoint chain goes on only after a checkpoint that was written
+        self._last_checkpoint = {
+            k: f for k, f in self._last_checkpoint.items() if f.status == "finished"
+        }
+        return lost
+
+    def forget(self, keys: list[int]) -> None:
+        """Drop models ``keys`` from the job (their configurations stay known to the
+        trainers): the scheduler adds them again from another state (:meth:`add`)."""
+        for k in keys:
+            self._state(k)
+            del self.states[k]
+            self.parked.discard(k)
+            self._last_checkpoint.pop(k, None)
+
+    def cancel(self) -> None:
+        """Cancel every task of the job still in flight (the states already computed stay:
+        a scheduler may go on from them)."""
+        self.client.cancel([f for f in self.submitted if not f.done()])
+        self.submitted = [f for f in self.submitted if f.status == "finished"]
 
     def alive(self, worker: WorkerInfo) -> bool:
         """Whether the job's trainer on ``worker`` still runs (a task failed there: was it the

@@ -125,20 +125,25 @@ def watch(
     workers: list[WorkerInfo],
     *,
     watched: list[Any] | None = None,
+    first: bool = False,
     probe_every: float = 2.0,
     poll: float = 0.25,
 ) -> Outcome:
-    """Wait until every one of ``futures`` finished, one of ``watched`` (default: the same)
-    failed, or a worker of ``workers`` is gone (not listed by the scheduler, or not
-    accepting a TCP connection: a host cut off is named within ``probe_every`` plus the probe
-    timeout, not after the scheduler's worker TTL)."""
+    """Wait until every one of ``futures`` finished (with ``first``: any one of them), one of
+    ``watched`` (default: the same) failed or was cancelled, or a worker of ``workers`` is
+    gone (not listed by the scheduler, or not accepting a TCP connection: a host cut off is
+    named within ``probe_every`` plus the probe timeout, not after the scheduler's worker
+    TTL)."""
     watched = futures if watched is None else watched
     next_probe = time.monotonic() + probe_every
     while True:
-        failed = next((f for f in (*watched, *futures) if f.status == "error"), None)
+        # a cancelled task never finishes (its input was lost with a worker, or it was
+        # cancelled): it ends the wait as a failed one does
+        failed = next((f for f in (*watched, *futures) if f.status in ("error", "cancelled")), None)
         if failed is not None:
             return Outcome(failed=failed)
-        if all(f.status == "finished" for f in futures):
+        finished = [f.status == "finished" for f in futures]
+        if not finished or (any if first else all)(finished):
             return Outcome()
         if time.monotonic() >= next_probe:
             gone = departed_workers(client, workers, wait=0.0)

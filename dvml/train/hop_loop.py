@@ -1,0 +1,110 @@
+"""The MOP iteration loop on a :class:`~dvml.train.runtime.hopper.ModelHopper`: one copy, for
+``fit_multiple`` and for the model searches that train with its schedule (Hyperband's
+diagonals, hyperopt's batches).
+
+Each iteration is :func:`~dvml.train.hop_schedule.hop_schedule`'s ``W`` rounds: in round ``r``
+model ``m`` trains its ``epochs`` on worker ``(m + r) mod W``'s local rows, from its current
+state (weights and optimizer variables, wherever the runtime keeps them). After the last round
+of an iteration every model is evaluated when metrics are due, and checkpointed on the worker
+that holds it (the runtime's store: owner-only). Every task of the range is submitted at once
+(Dask runs them in dependency order), then the loop waits iteration by iteration with the
+runtime's watcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.workers import WorkerInfo
+from dvml.train.hop_schedule import hop_schedule
+from dvml.train.runtime.hopper import ModelHopper
+
+if TYPE_CHECKING:
+    from distributed import Future
+
+__all__ = ["Evaluations", "first_workers", "run_iterations"]
+
+logger = logging.getLogger("dvml.train")
+
+Evaluations = dict[tuple[int, int], list[dict[str, Any]]]
+"""``(mst_key, iteration)`` -> that model's evaluation on every worker's rows."""
+
+
+def first_workers(keys: list[int], workers: list[WorkerInfo]) -> dict[int, WorkerInfo]:
+    """Where each model starts: the worker of its first hop (:meth:`ModelHopper.add` there)."""
+    schedule = hop_schedule(len(keys), len(workers))
+    return {k: workers[schedule[0][m][1]] for m, k in enumerate(keys)}
+
+
+def run_iterations(
+    hopper: ModelHopper,
+    keys: list[int],
+    iterations: range,
+    frequency: int,
+    *,
+    offset: int = 0,
+    label: str | None = None,
+) -> tuple[list[dict[str, Any]], Evaluations]:
+    """Train models ``keys`` (already in ``hopper``) for ``iterations`` of the MOP schedule on
+    the hopper's workers; return every hop's record and the evaluations.
+
+    Metrics are due after iteration ``t`` when ``t % frequency == 0`` and after the last one.
+    Records, evaluations and checkpoints are numbered ``offset + t`` (a search's iterations
+    before this call). ``label`` prints a progress line per iteration (None: silent). Any
+    failure cancels every task of the job and raises
+    (:meth:`~dvml.train.runtime.hopper.ModelHopper.wait`).
+    """
+    if not iterations:  # resumed after the last iteration
+        return [], {}
+    workers = list(hopper.workers)
+    schedule = hop_schedule(len(keys), len(workers))
+    record_futures: list[Future] = []
+    eval_futures: dict[tuple[int, int], list[Future]] = {}
+    checkpoints: dict[int, list[Future]] = {}
+    try:
+        for t in iterations:
+            at = offset + t
+            per_model: dict[int, list[Future]] = {k: [] for k in keys}
+            holder: dict[int, WorkerInfo] = {}
+            for round_ in schedule:
+                for m, w in round_:
+                    _, record = hopper.train(keys[m], workers[w], at)
+                    per_model[keys[m]].append(record)
+                    record_futures.append(record)
+                    holder[keys[m]] = workers[w]
+            due = t % frequency == 0 or t == iterations[-1]
+            checkpoints[t] = []
+            for k in keys:
+                evals = hopper.evaluate(k) if due else []
+                if due:
+                    eval_futures[(k, at)] = evals
+                checkpoints[t].append(hopper.checkpoint(k, at, per_model[k], evals, holder[k]))
+        for t in iterations:
+            hopper.wait(checkpoints[t])
+            if label is not None:
+                line = (
+                    f"[{label}] iteration {t}/{iterations[-1]}: {len(keys)} models "
+                    f"({time.time() - float(hopper.job['started_at']):.1f}s)"
+                )
+                logger.info(line)
+                print(line, flush=True)
+        # fetched under the watcher: a worker that departs now holds results Dask cannot
+        # compute again
+        flat = [f for futures in eval_futures.values() for f in futures]
+        values, gone = hopper.fetch([*record_futures, *flat])
+        if gone:
+            hopper.cancel()
+            raise hopper.departure_error(gone)
+        records, rest = values[: len(record_futures)], values[len(record_futures) :]
+        evals_out: Evaluations = {}
+        for key, futures in eval_futures.items():
+            evals_out[key], rest = rest[: len(futures)], rest[len(futures) :]
+    except BaseException:
+        # Every task of the job, not only those waited on: the hops of a model whose chain
+        # did not break would go on, start trainers after the job stopped them and write
+        # checkpoints that a rerun then reads.
+        hopper.cancel()
+        raise
+    return records, evals_out

@@ -1,0 +1,190 @@
+"""A Dask worker that leaves the cluster during a search (its process SIGKILLed) on a real
+2-worker LocalCluster of the test's own: the search names it within the runtime watcher's
+bound (scheduler + TCP probe), leaves it out and finishes on the other worker. ASHA queues the
+jobs it interrupted again from their checkpoints; Hyperband goes on with the diagonal in flight
+from its last checkpointed iteration. Iris, a small dense model."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+
+import dvml
+from dvml.search import journal as j
+from tests.helpers import Background, keras, poll_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+COMPILE = {
+    "loss": ["categorical_crossentropy"],
+    "optimizer_params_list": [{"optimizer": ["Adam"], "lr": [0.001, 0.003, 0.01, 0.03, 0.1]}],
+    "metrics": ["accuracy"],
+}
+COMPILE_RANGE = {**COMPILE, "optimizer_params_list": [{"optimizer": ["Adam"],
+                                                        "lr": [0.001, 0.1, "log"]}]}  # fmt: skip
+FIT = {"batch_size": [8, 16], "epochs": [2]}
+BOUND_S = 30.0  # the watcher's: a probe every 2 s, 3 s of TCP timeout; generous on 2 cores
+
+
+@pytest.fixture
+def env(local_cluster: Any, tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
+    """A 2-worker LocalCluster of the test's own (a killed worker's Nanny starts a new worker
+    process: it must be closed with the test), iris packed on it, a registry."""
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    frame = pd.DataFrame(
+        {
+            "id": np.arange(len(iris.target)),
+            "x": list(iris.data.astype("float32")),
+            "label": iris.target,
+        }
+    ).sample(frac=1.0, random_state=0)
+    k = keras()
+    model = k.Sequential(
+        [
+            k.layers.InputLayer(input_shape=(4,)),
+            k.layers.Dense(10, activation="relu"),
+            k.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    settings = {"dvml.cluster.state-dir": str(tmp_path / "state")}
+    cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
+    client = cluster.client
+    with dask.config.set(settings):
+        dvml.training_preprocessor(
+            frame.iloc[:120], y="label", x="x", name="dep_iris", overwrite=True, client=client
+        )
+        dvml.validation_preprocessor(
+            frame.iloc[120:], y="label", x="x", training="dep_iris", name="dep_iris_val",
+            overwrite=True, client=client,
+        )  # fmt: skip
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    arch = dvml.load_keras_model(model.to_json(), name="iris_mlp", registry=registry)
+    yield {"cluster": cluster, "client": client, "registry": registry, "arch": arch,
+           "state": tmp_path / "state", "settings": settings}  # fmt: skip
+    registry.close()
+
+
+def _kill_worker_1(env: dict[str, Any]) -> float:
+    """SIGKILL the Dask worker process worker-1 (its Nanny brings a new one up later)."""
+    os.kill(env["cluster"].processes()["dask worker worker-1"], signal.SIGKILL)
+    return time.monotonic()
+
+
+def _journal(env: dict[str, Any], output: str) -> j.Journal | None:
+    try:
+        summary = env["registry"].model_selection_run(output)["summary"]
+    except dvml.exceptions.RegistryNotFoundError:
+        return None
+    return j.Journal.loads(summary["journal"])
+
+
+def _decisions(env: dict[str, Any], output: str, kind: type) -> list[Any]:
+    journal = _journal(env, output)
+    return [] if journal is None else [d for _, d in journal.pairs() if isinstance(d, kind)]
+
+
+def _events(env: dict[str, Any], output: str, kind: type) -> list[Any]:
+    journal = _journal(env, output)
+    return [] if journal is None else [e for e, _ in journal.pairs() if isinstance(e, kind)]
+
+
+def test_asha_goes_on_without_a_departed_worker(env: dict[str, Any]) -> None:
+    """Killed once a model is parked: the departure is journaled within the bound, the jobs
+    it interrupted are queued again (from a checkpoint, or from scratch before any), and every
+    later job runs on worker-0; the search finishes with every configuration in .info."""
+
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.automl(
+                "dep_iris", "dep_asha", env["arch"], COMPILE, FIT, method="asha",
+                params="max_t=9, eta=3, grace_period=1, max_configs=6", seed=3,
+                validation_set="dep_iris_val", progress=True, registry=env["registry"],
+                client=env["client"],
+            )  # fmt: skip
+
+    search = Background(run)
+    assert poll_for(lambda: search.done() or bool(_decisions(env, "dep_asha", j.Park)), 300), (
+        search.outcome
+    )
+    assert not search.done(), search.outcome
+    killed = _kill_worker_1(env)
+    assert poll_for(lambda: bool(_events(env, "dep_asha", j.Departed)), BOUND_S), (
+        f"no departure journaled within {BOUND_S:.0f}s",
+        search.outcome,
+    )
+    noticed = time.monotonic() - killed
+    result = search.result(600)
+    summary = result.summary
+    info = result.info.set_index("mst_key")
+    context = (summary["journal"][-3000:], info[["status", "rung", "iterations"]])
+    assert summary["status"] == "finished" and summary["departed"] == ["worker-1"], context
+    journal = j.Journal.loads(summary["journal"])
+    pairs = list(journal.pairs())
+    at = next(n for n, (e, _) in enumerate(pairs) if isinstance(e, j.Departed))
+    event, queued = pairs[at]
+    assert event.workers == ["worker-1"] and queued == j.Queued(event.requeue)
+    later = [d for _, d in pairs[at + 1 :] if isinstance(d, j.Start | j.Promote)]
+    assert later and all(d.worker == "worker-0" for d in later), (later, context)
+    # each job that was in flight was given out again (or failed: its state had gone)
+    retried = {d.trial_id for d in later if d.retry}
+    assert set(event.requeue) <= retried, context
+    assert list(info.index) == list(range(1, 7)), context
+    kept = info[info["status"] != "failed"]
+    assert set(kept["status"]) <= {"parked", "finished"} and len(kept) >= 5, context
+    assert summary["best_mst_key"] in set(kept.index), context
+    models = set(env["registry"].list_models()["name"])
+    assert {f"dep_asha_{k}" for k in kept.index} <= models
+    print(f"departure noticed and journaled {noticed:.1f}s after the kill")
+
+
+def test_hyperband_goes_on_without_a_departed_worker(env: dict[str, Any]) -> None:
+    """Killed during the last diagonal: the diagonal goes on on worker-0 from the last
+    iteration all of its configurations checkpointed (else from the states they began it
+    with); MADlib's .info is whole (15 configurations, each one's metrics_iters as without the
+    departure) and every configuration is registered."""
+
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.automl(
+                "dep_iris", "dep_hb", env["arch"], COMPILE_RANGE, FIT, method="hyperband",
+                params="R=9, eta=3, skip_last=0", seed=4, validation_set="dep_iris_val",
+                progress=True, registry=env["registry"], client=env["client"],
+            )  # fmt: skip
+
+    def in_last_diagonal() -> bool:
+        # R=9: diagonals train iterations 1, 2..4 and 5..13 of the search
+        found = pathlib.Path(env["state"]).glob("checkpoints/dep_hb-hop-*/*-5.npz.json")
+        return any(True for _ in found)
+
+    search = Background(run)
+    assert poll_for(lambda: search.done() or in_last_diagonal(), 300), search.outcome
+    assert not search.done(), search.outcome
+    _kill_worker_1(env)
+    result = search.result(600)
+    summary = result.summary
+    assert summary["departed"] == ["worker-1"]
+    info = result.info.set_index("mst_key")
+    assert list(info.index) == list(range(1, 16))
+    # MADlib's schedule as without the departure: bracket 2 (keys 1..9), 1 (10..12), 0 (13..15)
+    assert list(info["s"]) == [2] * 9 + [1] * 3 + [0] * 3
+    # bracket 2: 6 dropped after [1], 2 after [1, 4], 1 to [1, 4, 13]; bracket 1: 2 after [4],
+    # 1 to [4, 13]; bracket 0: 3 at [13]
+    lengths = sorted(len(m) for m in info["metrics_iters"])
+    assert lengths == [1] * 11 + [2] * 3 + [3], lengths
+    for k in range(13, 16):  # bracket 0 starts in the last diagonal: one evaluation, at 13
+        assert info.loc[k, "metrics_iters"] == [13]
+    top = info[info["i"] == 2]
+    assert len(top) == 1 and top["metrics_iters"].iloc[0] == [1, 4, 13]
+    models = set(env["registry"].list_models()["name"])
+    assert {f"dep_hb_{k}" for k in range(1, 16)} <= models
