@@ -132,12 +132,17 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> None:
 
 
 def _trainer_pids() -> list[int]:
+    """Trainers that run a job: a trainer's working directory holds its job.json from the
+    handover on. An idle standby (no job yet) is left out: killing one only makes the fit
+    start a fresh process, which is not the fault this cycle is about."""
     found = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "dvml.train.runtime.trainer" in " ".join(proc.cmdline()):
+            if "dvml.train.runtime.trainer" in " ".join(proc.cmdline()) and os.path.exists(
+                os.path.join(proc.cwd(), "job.json")
+            ):
                 found.append(proc.pid)
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
 
@@ -152,7 +157,7 @@ def _fit(ds: Any, arch_id: int, registry: str, client: Any) -> Any:
 
 
 def _kill_trainer_during_fit(ds: Any, arch_id: int, registry: str, client: Any) -> str:
-    """Kill a trainer while a fit runs; the fit fails (or the trainer was a spare); refit."""
+    """Kill a trainer of the running fit; the fit fails naming it; refit."""
     import dvml
 
     outcome: dict[str, Any] = {}
