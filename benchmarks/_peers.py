@@ -96,15 +96,41 @@ def _pss(pid: int) -> int:
     return 0
 
 
-def tree_pss(pid: int) -> int:
-    """The PSS in bytes of process ``pid`` and all its descendants."""
+def tree_pss(pid: int) -> dict[str, int]:
+    """The PSS in bytes of process ``pid`` and each of its descendants, by a short name
+    (:func:`_kind`; processes of one kind are added up)."""
     import psutil
 
     try:
-        children = psutil.Process(pid).children(recursive=True)
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    return _pss(pid) + sum(_pss(c.pid) for c in children)
+        return {}
+    found: dict[str, int] = {}
+    for proc in tree:
+        kind = _kind(proc, pid)
+        found[kind] = found.get(kind, 0) + _pss(proc.pid)
+    return found
+
+
+def _kind(proc: Any, root: int) -> str:
+    """``side`` (the side's own process), ``trainer``, ``standby trainer``, ``dask worker``...:
+    what a process of the tree is, from its command line."""
+    import psutil
+
+    if proc.pid == root:
+        return "side process"
+    try:
+        line = " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "gone"
+    for marker, kind in (
+        ("--standby", "trainer (standby)"), ("dvml.train.runtime.trainer", "trainer"),
+        ("spawn_main", "dask worker"), ("vineyardd", "vineyardd"), ("etcd", "etcd"),
+        ("raylet", "ray raylet"), ("gcs_server", "ray gcs"), ("ray::", "ray worker"),
+    ):  # fmt: skip
+        if marker in line:
+            return kind
+    return os.path.basename(proc.name()) or "other"
 
 
 def _kill_tree(process: subprocess.Popen[bytes]) -> None:
@@ -129,20 +155,23 @@ def run_side(
     command: list[str], directory: str, side: str, timeout: float = 1800
 ) -> dict[str, Any]:
     """Run ``command`` as a fresh process; its ``result-SIDE.json`` plus ``wall_s`` (spawn to
-    exit), ``to_model_s`` (spawn to its ``phases["model"]``: the trained or evaluated model)
-    and ``peak_pss_bytes`` (its process tree's, sampled)."""
+    exit), ``to_model_s`` (spawn to its ``phases["model"]``: the trained or evaluated model),
+    ``peak_pss_bytes`` (its process tree's, sampled) and ``peak_pss_by_kind`` (that sample by
+    kind of process)."""
     result_path = os.path.join(directory, f"result-{side}.json")
     if os.path.exists(result_path):
         os.remove(result_path)
     log_path = os.path.join(directory, f"{side}.log")
-    peak = 0
+    peak, breakdown = 0, {}
     with open(log_path, "w") as log:
         env = {**os.environ, "PYTHONPATH": ROOT, SPAWNED: repr(time.time())}
         start = time.perf_counter()
         process = subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=log)
         try:
             while process.poll() is None:
-                peak = max(peak, tree_pss(process.pid))
+                sample = tree_pss(process.pid)
+                if sum(sample.values()) > peak:
+                    peak, breakdown = sum(sample.values()), sample
                 if time.perf_counter() - start > timeout:
                     raise RuntimeError(f"The {side} side ran past {timeout:.0f} s: {command}")
                 time.sleep(SAMPLE_S)
@@ -159,7 +188,8 @@ def run_side(
         )
     with open(result_path) as f:
         result = dict(json.load(f))
-    result.update(wall_s=wall, peak_pss_bytes=peak, to_model_s=result["phases"]["model"])
+    result.update(wall_s=wall, peak_pss_bytes=peak, to_model_s=result["phases"]["model"],
+                  peak_pss_by_kind=breakdown)  # fmt: skip
     return result
 
 

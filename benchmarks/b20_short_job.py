@@ -98,6 +98,9 @@ def details(context: dict[str, Any]) -> dict[str, Any]:
         out[f"{side}: peak PSS MiB (median)"] = round(
             statistics.median(r["peak_pss_bytes"] for r in runs) / MiB
         )
+        out[f"{side}: peak PSS MiB by process (last run)"] = {
+            k: round(v / MiB) for k, v in sorted(runs[-1].get("peak_pss_by_kind", {}).items())
+        }
         out[f"{side}: validation accuracy (last run)"] = round(runs[-1]["valid_accuracy"], 4)
         out[f"{side}: phases (s since spawn, last run)"] = runs[-1]["phases"]
     return out

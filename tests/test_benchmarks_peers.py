@@ -93,3 +93,4 @@ def test_the_plain_side_runs_as_a_fresh_process_with_its_phases_and_memory(
     assert result["to_model_s"] == phases["model"] <= result["wall_s"]
     assert result["training_s"] > 0 and 0.1 < result["valid_accuracy"] <= 1.0
     assert result["peak_pss_bytes"] > 100 * (1 << 20)  # TensorFlow alone is more
+    assert result["peak_pss_by_kind"]["side process"] == result["peak_pss_bytes"]
