@@ -88,7 +88,7 @@ def run_lockstep(
         if base_job.get("program", "fit") == "fit" and not base_job.get("use_gpus"):
             # A CPU fit's trainers go on as this client's inference sessions once the fit is
             # done (sessions.adopt): an evaluate right after it pays no TensorFlow import.
-            job.update(serve_after=True, inference=inference_settings(client.id))
+            job["serve_after"] = inference_settings(client.id)
         futures.append(
             client.submit(
                 launch.run_trainer,

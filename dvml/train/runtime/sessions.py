@@ -128,7 +128,14 @@ class _Session:
         """Stop the session when its client is gone (or it idles), also while no task runs."""
         while self.trainer.proc.poll() is None:
             time.sleep(self.lease.interval)
-            reason = self.lease.lost() or self._idle()
+            reason = self.lease.lost()
+            if reason is None and self.idle_timeout is not None:
+                # Under the sessions' lock: a call that takes this session meanwhile marks it
+                # used (_inference_session), so it is never stopped under a call.
+                with _LOCK:
+                    reason = self._idle()
+                    if reason is not None and _SESSIONS.get(self.job["job_id"]) is self:
+                        del _SESSIONS[self.job["job_id"]]
             if reason is not None:
                 self.trainer.stopped = reason
                 stop_session(self.job["job_id"], session=self)
@@ -250,6 +257,7 @@ def _inference_session(settings: dict[str, Any]) -> _Session:
     with _LOCK:
         session = _SESSIONS.get(job_id)
         if session is not None and session.trainer.proc.poll() is None:
+            session.last_used = time.monotonic()  # in use again: not idle
             return session
         dead = _SESSIONS.pop(job_id, None)
         session = _SESSIONS[job_id] = _Session(_inference_job(settings, worker), worker)
@@ -264,14 +272,14 @@ def _inference_session(settings: dict[str, Any]) -> _Session:
 
 def adopt(trainer: TrainerProcess, job: dict[str, Any], worker: Any) -> bool:
     """Keep the trainer of a CPU fit that just ended on this worker as the inference session of
-    the fit's client (``job["inference"]``: the client's
-    :func:`inference_settings`), so that an evaluate or predict right after the fit pays no
-    TensorFlow import. The trainer serves once its fit is done (``job["serve_after"]``).
+    the fit's client, so that an evaluate or predict right after the fit pays no TensorFlow
+    import. The trainer serves once its fit is done when its job has ``serve_after`` (the
+    client's :func:`inference_settings`).
 
     Returns False (the caller stops the trainer) when the trainer ended, or when the client
     has a live inference session on this worker already.
     """
-    settings = job.get("inference")
+    settings = job.get("serve_after")
     if not settings or trainer.proc.poll() is not None:
         return False
     job_id = INFERENCE + str(settings["client_id"])
