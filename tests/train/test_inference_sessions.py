@@ -134,6 +134,16 @@ def test_no_dask_worker_imports_tensorflow(job: dict[str, Any], tmp_path: Any) -
     ).compute(scheduler=client)
     same = top1.merge(byom, on="id", suffixes=("", "_byom"))
     assert (same["class_value"] == same["class_value_byom"].astype(same["class_value"].dtype)).all()
+    # Image files: 40 of the rows as 8x8 grayscale PNGs in class folders, read by the workers.
+    images = write_images(test.iloc[:40], tmp_path / "images")
+    from_files = dvml.predict_byom(
+        byom_arch, str(tmp_path / "images"), normalizing_const=16.0, registry=registry,
+        client=client,
+    ).compute(scheduler=client)  # fmt: skip
+    by_id = top1.set_index("id")["class_value"]
+    got = {images[os.path.basename(str(p))]: int(v)
+           for p, v in zip(from_files["id"], from_files["class_value"], strict=True)}  # fmt: skip
+    assert got == {i: int(by_id[i]) for i in test["id"].iloc[:40]}
 
     assert all(state["tf"] == [] for state in job["before"].values()), job["before"]
     now = client.run(worker_state)
@@ -143,6 +153,22 @@ def test_no_dask_worker_imports_tensorflow(job: dict[str, Any], tmp_path: Any) -
         assert grown < GROWTH_BOUND, f"worker {address} grew by {grown / 2**20:.0f} MiB"
     # Consecutive calls of one client reuse its session on each worker.
     assert session_pids(client) == job["after_evaluate"]
+
+
+def write_images(rows: pd.DataFrame, root: Any) -> dict[str, int]:
+    """The rows' pixels (0..16) as 8-bit grayscale PNG files in class folders; file -> id."""
+    from PIL import Image
+
+    names = {}
+    for row in rows.itertuples():
+        folder = root / str(row.label)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"digit-{row.id}.png"
+        Image.fromarray(np.asarray(row.pixels)[:, :, 0].astype(np.uint8), mode="L").save(
+            folder / name
+        )
+        names[name] = int(row.id)
+    return names
 
 
 def dd_from(frame: pd.DataFrame, n: int) -> Any:
