@@ -75,6 +75,7 @@ _SESSIONS: dict[str, _Session] = {}
 _STOPPED: deque[str] = deque(maxlen=1000)
 
 _RERUN = "\nRun the job again: it resumes every model from the last iteration all completed."
+_AGAIN = "\nCall it again: the next evaluate or predict starts a new inference session."
 # Job ids of inference sessions: this prefix and the client's id.
 INFERENCE = "inference-"
 
@@ -93,7 +94,7 @@ class _Session:
         self.known: set[int] = set()  # models whose configuration the trainer has
         self.ready = False
         self.inference = str(job["job_id"]).startswith(INFERENCE)
-        self.rerun = "" if self.inference else _RERUN
+        self.rerun = _AGAIN if self.inference else _RERUN
         self.idle_timeout = job.get("idle_timeout")  # inference sessions only
         self.last_used = time.monotonic()
         self.specs: dict[str, str] = {}  # model key -> its spec file (inference sessions)
@@ -309,8 +310,8 @@ def _mark(workdir: str, job: dict[str, Any]) -> None:
         pass
 
 
-# Spec files an inference session keeps (each holds a model's weights): more than the models
-# its trainer keeps compiled (served.CACHED), so a cached model's spec is always there.
+# Spec files an inference session keeps (each holds a model's weights); one dropped is written
+# again when its model comes back. Its trainer keeps fewer models compiled (served.CACHED).
 _SPECS_KEPT = 8
 
 
