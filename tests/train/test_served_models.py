@@ -16,19 +16,20 @@ import pytest
 
 from dvml.examples import digits_cnn_json
 from dvml.registry.weights import weights_to_bytes
-from dvml.train.params import parse_compile_params
 from dvml.train.runtime.protocol import Predict, Predicted, Score, Scored, encode, parse
 from dvml.train.runtime.served import ServedModels, read_spec, write_spec
 
-COMPILE = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
+# parse_compile_params' result for "loss='categorical_crossentropy', optimizer='adam',
+# metrics=['accuracy']" (parsing imports tf-keras; these tests need no TensorFlow but the last)
+COMPILE = {"loss": "categorical_crossentropy", "optimizer": "adam", "metrics": ["accuracy"]}
 
 
-def _spec(weights: list[np.ndarray] | None) -> dict:
+def _spec(weights: list[np.ndarray] | None, model_json: str = "{}") -> dict:
     return {
         "key": "digits:1:abcd",
-        "model_json": digits_cnn_json(),
+        "model_json": model_json,
         "weights": weights_to_bytes(weights) if weights is not None else None,
-        "compile_params": parse_compile_params(COMPILE),
+        "compile_params": COMPILE,
         "custom_objects": {},
         "output_activation": None,
     }
@@ -58,7 +59,7 @@ def test_a_spec_is_written_owner_only_and_read_back(tmp_path: Path) -> None:
         assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o600
     back = read_spec(path)
     assert back["weights"] == _spec(weights)["weights"]
-    assert back["compile_params"] == parse_compile_params(COMPILE)
+    assert back["compile_params"] == COMPILE
     assert read_spec(write_spec(str(tmp_path), "model-2", _spec(None)))["weights"] is None
 
 
@@ -72,7 +73,7 @@ def test_a_served_model_predicts_what_plain_tf_keras_predicts(tmp_path: Path) ->
     plain.set_weights(weights)
     x = np.random.default_rng(3).random((50, 8, 8, 1), dtype=np.float32)
     np.save(tmp_path / "rows.npy", x)
-    spec_path = write_spec(str(tmp_path), "model-1", _spec(weights))
+    spec_path = write_spec(str(tmp_path), "model-1", _spec(weights, digits_cnn_json()))
     served = ServedModels()
     for i in range(2):
         out = str(tmp_path / f"out-{i}.npy")
