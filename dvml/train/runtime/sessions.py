@@ -61,6 +61,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "state_digest",
+    "stop_all_sessions",
     "stop_orphaned_sessions",
     "stop_session",
     "train_hop",
@@ -114,6 +115,7 @@ class _Session:
         self.standby_worker = worker if standby else None
         self.lease = ClientLease(worker, job["client_id"], job.get("client_timeout"))
         threading.Thread(target=self._watch, name="dvml-session-lease", daemon=True).start()
+        _register_teardown(worker)
 
     def _idle(self) -> str | None:
         """Why an inference session stops although its client lives: unused too long."""
@@ -175,6 +177,49 @@ class _Session:
 
     def close(self) -> None:
         self.trainer.close(self.standby_worker)
+
+
+class _SessionsPlugin:
+    """Stops this worker's serving trainers when the worker closes (a distributed
+    WorkerPlugin), before its connections close: a closing worker does not wait on them."""
+
+    name = "dvml-serving-trainers"
+
+    def setup(self, worker: Any) -> None:
+        pass
+
+    def teardown(self, worker: Any) -> None:
+        stop_all_sessions()
+
+    def transition(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+_REGISTERED: set[int] = set()  # ids of the workers whose teardown is in place
+
+
+def _register_teardown(worker: Any) -> None:
+    if id(worker) in _REGISTERED:
+        return
+    _REGISTERED.add(id(worker))
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    plugin = type("ServingTrainersPlugin", (_SessionsPlugin, WorkerPlugin), {})()
+    worker.loop.add_callback(worker.plugin_add, plugin=plugin, name=_SessionsPlugin.name)
+
+
+def stop_all_sessions(dask_worker: Any = None) -> int:
+    """Stop every serving trainer of this worker (its close; ``client.run``): returns how many.
+    Jobs among them cannot restart here (a late task of theirs raises)."""
+    with _LOCK:
+        found = list(_SESSIONS.items())
+        _SESSIONS.clear()
+        _STOPPED.extend(job_id for job_id, _ in found if not job_id.startswith(INFERENCE))
+    for _, session in found:
+        if session.trainer.stopped is None:
+            session.trainer.stopped = "stopped because its worker closed"
+        session.trainer.close()  # no next standby: the worker is going away
+    return len(found)
 
 
 def _session(job: dict[str, Any]) -> _Session:
