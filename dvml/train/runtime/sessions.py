@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dvml import config
-from dvml.cluster.standby import start_standby_when_idle
+from dvml.cluster.standby import add_busy_probe, start_standby_when_idle
 from dvml.exceptions import TrainerFailedError, TrainingError
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.model_state import read_state
@@ -198,10 +198,19 @@ class _SessionsPlugin:
 _REGISTERED: set[int] = set()  # ids of the workers whose teardown is in place
 
 
+def _serving() -> bool:
+    """Whether an inference session of this worker runs a call now: the worker is busy then
+    (a deferred standby's import must not compete with an evaluate or predict)."""
+    with _LOCK:
+        sessions = list(_SESSIONS.values())
+    return any(s.inference and s.lock.locked() for s in sessions)
+
+
 def _register_teardown(worker: Any) -> None:
     if id(worker) in _REGISTERED:
         return
     _REGISTERED.add(id(worker))
+    add_busy_probe(_serving)
     from distributed.diagnostics.plugin import WorkerPlugin
 
     plugin = type("ServingTrainersPlugin", (_SessionsPlugin, WorkerPlugin), {})()
