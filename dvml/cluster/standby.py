@@ -44,7 +44,7 @@ from dvml import config, tf_runtime
 from dvml.cluster.isolation import trainer_prefix
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from distributed import Client
 
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "QUIET_SECONDS",
+    "add_busy_probe",
     "popen_trainer",
     "standby_pid",
     "start_standby",
@@ -241,9 +242,26 @@ def take_standby() -> subprocess.Popen[str] | None:
     return proc
 
 
+# Work of this worker that runs outside its tasks: while one of these says True, a deferred
+# standby waits (dvml.train.runtime.sessions adds one: an inference session serving a call).
+_BUSY_PROBES: list[Callable[[], bool]] = []
+
+
+def add_busy_probe(probe: Callable[[], bool]) -> None:
+    """Count ``probe()`` (True: busy) as work of this worker for a deferred standby's start.
+
+    Layers above this module register their own work without this module importing them.
+    """
+    with _LOCK:
+        if probe not in _BUSY_PROBES:
+            _BUSY_PROBES.append(probe)
+
+
 def _busy(worker: Any) -> bool:
-    """Whether the worker runs work: a task other than fit's control tasks, or a seceded one
-    (a trainer's launcher, or any long task that gave its slot back)."""
+    """Whether the worker runs work: a task other than fit's control tasks, a seceded one
+    (a trainer's launcher, or any long task that gave its slot back), or a busy probe's."""
+    if any(probe() for probe in list(_BUSY_PROBES)):
+        return True
     state = worker.state
     try:
         if state.long_running or state.ready or state.constrained:

@@ -1,71 +1,57 @@
-"""Worker-side inference: models cached per worker process, evaluate and predict tasks.
+"""Worker-side inference tasks: evaluate and predict WITHOUT TensorFlow in the Dask worker.
 
-A model is built once per worker process and reused by every task that asks for the same
-model version (its key), so evaluation and prediction pay TensorFlow's start-up once.
+Each task hands its work to its worker's *inference session* of the calling client
+(:func:`dvml.train.runtime.sessions.infer`): a serving trainer process of the runtime that
+holds TensorFlow already (the trainer of the client's fit that just ended on this worker, else
+the worker's warm standby) and keeps the client's models compiled between calls. A Dask
+worker process never imports TensorFlow, so its memory stays what it was before the job.
+
+- evaluate: the trainer resolves the worker's LOCAL partitions of the packed dataset itself
+  (zero-copy, as for training); only the loss and metrics come back;
+- predict: the task keeps its partition (predict stays partition-parallel): it normalizes the
+  feature columns here, writes them as ``.npy`` files into the session's owner-only directory,
+  and formats the model's outputs, read back from one ``.npy``, into MADlib's table.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import uuid
 from typing import Any
 
 import numpy as np
 
-from dvml import tf_runtime
 from dvml.exceptions import DataError
 from dvml.preprocess.encode import normalize, x_to_array
 from dvml.preprocess.tasks import decode_tar_shard, prepare_image_files
-from dvml.registry.custom import custom_objects_from_sources
-from dvml.registry.weights import weights_from_bytes
-from dvml.resolve.partitions import open_local
-from dvml.resolve.tfdata import evaluation_dataset
-from dvml.train.params import compile_kwargs
+from dvml.train.runtime.protocol import Predict, Predicted, Score, Scored
+from dvml.train.runtime.sessions import infer
 
 __all__ = [
     "evaluate_local",
     "format_predictions",
-    "model_for",
+    "model_outputs",
     "output_probabilities",
     "predict_files",
     "predict_partition",
 ]
 
-_CACHE = tf_runtime.ModelCache(4)
-CALLS = {"builds": 0}  # how many models this process built (tests count cache hits)
 
+def evaluate_local(
+    dataset: str, spec: dict[str, Any], batch_size: int, settings: dict[str, Any]
+) -> dict[str, Any]:
+    """Loss and metrics on this worker's local rows of ``dataset`` (rows=0 when none),
+    computed by this worker's inference session (``settings``:
+    :func:`~dvml.train.runtime.sessions.inference_settings`)."""
 
-def model_for(spec: dict[str, Any]) -> tuple[Any, str]:
-    """The compiled tf-keras model of ``spec`` (``key``, ``model_json``, ``weights``...) and
-    the device it runs on (``spec["use_gpus"]``; see :func:`dvml.tf_runtime.start`)."""
-    device = tf_runtime.device_for(bool(spec.get("use_gpus")))
+    def score(spec_path: str, directory: str) -> Score:
+        return Score(model=spec["key"], spec=spec_path, dataset=dataset, batch_size=batch_size)
 
-    def build() -> Any:
-        custom = custom_objects_from_sources(spec.get("custom_objects") or {})
-        params = spec.get("compile_params")
-        kwargs = compile_kwargs(params, custom) if params else None
-        blob = spec.get("weights")
-        weights = weights_from_bytes(blob) if blob is not None else None
-        with tf_runtime.tensorflow().device(device):
-            model = tf_runtime.build_model(spec["model_json"], weights, custom, kwargs)
-        CALLS["builds"] += 1
-        return model
-
-    # The device is part of the key: a model's variables live where it was built.
-    return _CACHE.get((spec["key"], device), build), device
-
-
-def evaluate_local(dataset: str, spec: dict[str, Any], batch_size: int) -> dict[str, Any]:
-    """Loss and metrics on this worker's local rows of ``dataset`` (rows=0 when none)."""
-    parts = open_local(dataset, require=False)
-    try:
-        if parts.rows == 0:
-            return {"rows": 0, "values": {}}
-        model, device = model_for(spec)
-        with tf_runtime.tensorflow().device(device):
-            data = evaluation_dataset(parts, batch_size)
-            result = model.evaluate(data, verbose=0, return_dict=True)
-        return {"rows": parts.rows, "values": {k: float(v) for k, v in result.items()}}
-    finally:
-        parts.close()
+    answer = infer(settings, spec, score)
+    if not isinstance(answer, Scored):
+        raise DataError(f"An inference trainer answered {answer!r} to an evaluate command.")
+    return {"rows": answer.rows, "values": dict(answer.values)}
 
 
 def format_predictions(
@@ -124,13 +110,40 @@ def output_probabilities(outputs: np.ndarray, activation: str | None) -> np.ndar
     return out
 
 
+def model_outputs(
+    xs: list[np.ndarray], spec: dict[str, Any], settings: dict[str, Any], batch_size: int
+) -> np.ndarray:
+    """The model's raw outputs for the rows of ``xs`` (one array per model input), computed
+    by this worker's inference session; the arrays travel as ``.npy`` files."""
+    written: list[str] = []
+
+    def predict(spec_path: str, directory: str) -> Predict:
+        tag = uuid.uuid4().hex[:12]
+        for i, x in enumerate(xs):
+            path = os.path.join(directory, f"rows-{tag}-{i}.npy")
+            with open(path, "wb", opener=lambda p, f: os.open(p, f, 0o600)) as out:
+                np.save(out, np.ascontiguousarray(x), allow_pickle=False)
+            written.append(path)
+        written.append(os.path.join(directory, f"outputs-{tag}.npy"))
+        return Predict(model=spec["key"], spec=spec_path, inputs=written[:-1],
+                       output=written[-1], batch_size=batch_size)  # fmt: skip
+
+    try:
+        answer = infer(settings, spec, predict)
+        if not isinstance(answer, Predicted):
+            raise DataError(f"An inference trainer answered {answer!r} to a predict command.")
+        return np.load(answer.output, allow_pickle=False)
+    finally:
+        for path in written:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+
 def _predict_arrays(
-    ids: Any, xs: list[np.ndarray], spec: dict[str, Any], class_values: list[Any],
-    class_name: str, pred_type: Any, batch_size: int,
+    ids: Any, xs: list[np.ndarray], spec: dict[str, Any], settings: dict[str, Any],
+    class_values: list[Any], class_name: str, pred_type: Any, batch_size: int,
 ) -> Any:  # fmt: skip
-    model, device = model_for(spec)
-    with tf_runtime.tensorflow().device(device):
-        outputs = model.predict(xs[0] if len(xs) == 1 else xs, batch_size=batch_size, verbose=0)
+    outputs = model_outputs(xs, spec, settings, batch_size)
     probs = output_probabilities(outputs, spec.get("output_activation"))
     return format_predictions(np.asarray(ids), probs, class_values, class_name, pred_type)
 
@@ -139,6 +152,7 @@ def predict_files(
     kind: str,
     paths: list[str],
     spec: dict[str, Any],
+    settings: dict[str, Any],
     image: dict[str, Any],
     normalizing_const: float,
     class_values: list[Any],
@@ -169,12 +183,13 @@ def predict_files(
             pred_type,
         )  # fmt: skip
     xs = [normalize(images, normalizing_const)]
-    return _predict_arrays(ids, xs, spec, class_values, class_name, pred_type, batch_size)
+    return _predict_arrays(ids, xs, spec, settings, class_values, class_name, pred_type, batch_size)
 
 
 def predict_partition(
     frame: Any,
     spec: dict[str, Any],
+    settings: dict[str, Any],
     x_groups: list[list[str]],
     id_col: str,
     normalizing_const: float,
@@ -196,5 +211,6 @@ def predict_partition(
         )
     xs = [normalize(x_to_array(frame, group), normalizing_const) for group in x_groups]
     return _predict_arrays(
-        frame[id_col].to_numpy(), xs, spec, class_values, class_name, pred_type, batch_size
-    )
+        frame[id_col].to_numpy(), xs, spec, settings, class_values, class_name, pred_type,
+        batch_size,
+    )  # fmt: skip

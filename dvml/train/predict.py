@@ -1,5 +1,9 @@
 """``dvml.evaluate``, ``dvml.predict`` and ``dvml.predict_byom``: run on the workers.
 
+The workers' tasks run no TensorFlow themselves: each hands its rows to its worker's
+inference session of this client (:mod:`dvml.train.inference`), a TensorFlow process of the
+trainer runtime that is kept between calls, so the Dask workers stay free of TensorFlow.
+
 Prediction reads every source the preprocessors read: DataFrames, and data in files at a
 path or fsspec URL (Parquet/CSV tables, class folders of images, WebDataset shards), each
 worker reading its own files. Probabilities are probabilities: a model compiled with a loss
@@ -22,6 +26,7 @@ from dvml.registry.weights import weights_to_bytes
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import inference
 from dvml.train.params import parse_compile_params
+from dvml.train.runtime.sessions import inference_settings
 from dvml.train.summary import aggregate
 
 if TYPE_CHECKING:
@@ -109,12 +114,14 @@ def evaluate(
     workers = {b["instance_id"]: w for b, w in zip(ds.layout["buffers"], live, strict=True)}
     instances = sorted(workers)
     spec_future = _share(client, spec)
+    settings = inference_settings(client.id)
     futures = [
         client.submit(
             inference.evaluate_local,
             ds.name,
             spec_future,
             batch_size,
+            settings,
             workers=[workers[i].address],
             allow_other_workers=False,
             pure=False,
@@ -181,12 +188,14 @@ def _predict(
         )
     data = restore_array_cells(data, [c for g in groups for c in g])
     spec_future = _share(client, spec)
+    settings = inference_settings(client.id)
     meta = _meta(data._meta[id_col].to_numpy(), class_values, class_name, pred_type)
     parts = [
         client.submit(
             inference.predict_partition,
             part,
             spec_future,
+            settings,
             groups,
             id_col,
             float(normalizing_const),
@@ -242,12 +251,14 @@ def _predict_files(
         chunks = [where.paths[i : i + _IMAGES_PER_TASK]
                   for i in range(0, len(where.paths), _IMAGES_PER_TASK)]  # fmt: skip
     spec_future = _share(client, spec)
+    settings = inference_settings(client.id)
     parts = [
         client.submit(
             inference.predict_files,
             where.kind,
             chunk,
             spec_future,
+            settings,
             image,
             float(normalizing_const),
             list(class_values),

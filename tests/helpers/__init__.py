@@ -58,6 +58,7 @@ from tests.helpers.processes import (
     pid_gone,
 )
 from tests.helpers.trainers import (
+    inference_trainers,
     job_trainers,
     standby_trainers,
     worker_descendants,
@@ -90,6 +91,7 @@ __all__ = [
     "digits_job",
     "dvml_command",
     "execute_notebook",
+    "inference_trainers",
     "job_trainers",
     "keras",
     "netns_client",

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from tests.helpers.polling import poll_for
-from tests.helpers.trainers import standby_trainers
+from tests.helpers.trainers import inference_trainers, standby_trainers
 
 if TYPE_CHECKING:
     import dvml
@@ -48,6 +48,8 @@ def _excluded_pids() -> set[int]:
         except psutil.NoSuchProcess:
             continue
         pids.update(standby_trainers(children, idle=False))
+        # ... and so does a client's inference session (evaluate/predict), kept between calls.
+        pids.update(inference_trainers(children))
     return pids
 
 
@@ -88,7 +90,7 @@ def assert_no_new_processes(before: dict[int, str], timeout: float = 10.0) -> No
         new = {p: c for p, c in child_processes().items() if p not in before}
         # A standby trainer that a worker from before started (a pack warms one, a fit leaves
         # one) belongs to that worker and is stopped with it, like the worker itself.
-        for pid in standby_trainers(new, idle=False):
+        for pid in {*standby_trainers(new, idle=False), *inference_trainers(new)}:
             if _parent(pid) in before:
                 del new[pid]
         return not new

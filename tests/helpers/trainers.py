@@ -22,6 +22,7 @@ import psutil
 __all__ = [
     "STANDBY",
     "TRAINER_MODULES",
+    "inference_trainers",
     "job_trainers",
     "standby_trainers",
     "worker_descendants",
@@ -51,7 +52,9 @@ def job_trainers(pids: Iterable[int], **fields: Any) -> list[int]:
     """The pids among ``pids`` of trainers running a job whose file has every ``fields`` value.
 
     Idle standby trainers, processes that are not trainers and processes that are gone are left
-    out; with no ``fields`` every trainer that runs a job counts.
+    out; with no ``fields`` every trainer that runs a job counts. Inference sessions (the
+    TensorFlow processes that serve a client's evaluate and predict, kept between calls) run
+    no job: they count only when ``fields`` names ``inference`` (the client's id).
     """
     found = []
     for pid in pids:
@@ -59,7 +62,23 @@ def job_trainers(pids: Iterable[int], **fields: Any) -> list[int]:
             job = _job_of(psutil.Process(pid))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if job is not None and all(job.get(k) == v for k, v in fields.items()):
+        if job is None or (job.get("inference") and "inference" not in fields):
+            continue
+        if all(job.get(k) == v for k, v in fields.items()):
+            found.append(pid)
+    return found
+
+
+def inference_trainers(pids: Iterable[int]) -> list[int]:
+    """The pids among ``pids`` of inference sessions (of any client): like a standby, such a
+    process belongs to its worker, and stops with it, its client or its idle timeout."""
+    found = []
+    for pid in pids:
+        try:
+            job = _job_of(psutil.Process(pid))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if job is not None and job.get("inference"):
             found.append(pid)
     return found
 

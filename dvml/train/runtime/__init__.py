@@ -11,7 +11,9 @@ process logic. The runtime does it, each concern in one module, and holds no pol
     checkpoints     the one checkpoint store (atomic, owner-only) and resume rule
     watcher         a departed worker or host named in bounded time (scheduler + TCP probe)
     launch          worker side of a synchronous job: one task per trainer, whole job
-    sessions        worker side of serving trainers: one per worker and job, many tasks
+    sessions        worker side of serving trainers: one per worker and job, many tasks;
+                    one inference session per worker and client (evaluate, predict)
+    served          registered models scored and predicted inside a serving trainer
     hopper          client side of serving trainers: add, train, park, resume, evaluate,
                     checkpoint, wait, stop (the interface of the model hopper and search)
     trainer         the trainer process (``python -m dvml.train.runtime.trainer``) and its

@@ -39,6 +39,7 @@ import socket
 import time
 from typing import Any
 
+from dvml.cluster.standby import start_standby_when_idle
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.protocol import (
     Finished,
@@ -49,6 +50,7 @@ from dvml.train.runtime.protocol import (
     SavedModel,
     Startup,
 )
+from dvml.train.runtime.sessions import adopt
 from dvml.train.runtime.supervisor import ClientLease, TrainerProcess, private_workdir
 
 __all__ = ["checkpoint_state", "clear_checkpoint", "reserve_port", "run_trainer"]
@@ -141,11 +143,18 @@ def run_trainer(
             return "stopped because another trainer failed"
         return lease.lost()
 
+    adopted = False
     try:
-        return _follow(trainer, job, worker, topic, timeout, stop)
+        result = _follow(trainer, job, worker, topic, timeout, stop)
+        # A CPU fit's trainer serves its client's evaluate and predict next (sessions.adopt).
+        adopted = bool(job.get("serve_after")) and adopt(trainer, job, worker)
+        return result
     finally:
         # for the next job, once this worker is idle (dvml.cluster.standby)
-        trainer.close(worker if standby else None)
+        if not adopted:
+            trainer.close(worker if standby else None)
+        elif standby:
+            start_standby_when_idle(worker)
 
 
 def _follow(
@@ -179,7 +188,8 @@ def _follow(
             break
     done_at = time.monotonic()
     try:  # how long the trainer takes to exit after its "done" (it skips the teardown)
-        trainer.proc.wait(30)
+        if not job.get("serve_after"):  # else it goes on serving (sessions.adopt)
+            trainer.proc.wait(30)
         startup["exit_seconds"] = round(time.monotonic() - done_at, 4)
     except Exception:
         pass

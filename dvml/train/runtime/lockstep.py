@@ -23,6 +23,7 @@ from dvml.train.runtime import launch
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.exits import KILLED_BY
 from dvml.train.runtime.plan import machine
+from dvml.train.runtime.sessions import inference_settings
 from dvml.train.runtime.watcher import (
     departed_workers,
     describe_departure,
@@ -84,6 +85,10 @@ def run_lockstep(
             # (a LocalCluster's simulated hosts are one machine).
             "trainers_on_host": sum(1 for o in workers if machine(o) == machine(w)),
         }
+        if base_job.get("program", "fit") == "fit" and not base_job.get("use_gpus"):
+            # A CPU fit's trainers go on as this client's inference sessions once the fit is
+            # done (sessions.adopt): an evaluate right after it pays no TensorFlow import.
+            job["serve_after"] = inference_settings(client.id)
         futures.append(
             client.submit(
                 launch.run_trainer,

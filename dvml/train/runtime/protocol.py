@@ -26,11 +26,15 @@ __all__ = [
     "Handover",
     "Iteration",
     "Line",
+    "Predict",
+    "Predicted",
     "Ready",
     "Report",
     "Resolved",
     "Returned",
     "SavedModel",
+    "Score",
+    "Scored",
     "Startup",
     "Train",
     "Trained",
@@ -141,6 +145,25 @@ class Evaluated(Line):
 
 
 @dataclasses.dataclass(frozen=True)
+class Scored(Line):
+    """Loss and metrics of a registered model over the trainer's LOCAL rows of a dataset
+    (``rows`` 0 and no values when this worker holds none)."""
+
+    kind: ClassVar[str] = "scored"
+    rows: int
+    values: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicted(Line):
+    """A model's raw outputs for the rows of a :class:`Predict` command are in ``output``."""
+
+    kind: ClassVar[str] = "predicted"
+    rows: int
+    output: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Report(Line):
     """A user's training loop reported metrics (``context.report``), maybe with a checkpoint."""
 
@@ -219,6 +242,32 @@ class Evaluate(Line):
     config: dict[str, Any] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Score(Line):
+    """Evaluate the registered model ``model`` (a model spec, :mod:`dvml.train.runtime.served`)
+    on this worker's LOCAL rows of ``dataset``. ``spec`` is the spec's file, read only when the
+    trainer does not hold that model yet."""
+
+    kind: ClassVar[str] = "score"
+    model: str
+    spec: str
+    dataset: str
+    batch_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Predict(Line):
+    """Predict rows with the registered model ``model``: ``inputs`` are ``.npy`` files, one per
+    model input, written by the worker; the outputs go to the ``.npy`` file ``output``."""
+
+    kind: ClassVar[str] = "predict"
+    model: str
+    spec: str
+    inputs: list[str]
+    output: str
+    batch_size: int
+
+
 _KINDS: dict[str, type[Line]] = {
     cls.kind: cls
     for cls in (
@@ -229,6 +278,8 @@ _KINDS: dict[str, type[Line]] = {
         Finished,
         Trained,
         Evaluated,
+        Scored,
+        Predicted,
         Report,
         SavedModel,
         Returned,
@@ -236,6 +287,8 @@ _KINDS: dict[str, type[Line]] = {
         Handover,
         Train,
         Evaluate,
+        Score,
+        Predict,
     )
 }
 

@@ -11,7 +11,11 @@ then serves commands (:mod:`dvml.train.runtime.protocol`), one line each on stdi
   :class:`~dvml.train.runtime.protocol.Trained`, with the digest of the weights it started
   from (what a parked model resumed from);
 - :class:`~dvml.train.runtime.protocol.Evaluate`: loss and metrics of a state on the local
-  training (and validation) rows.
+  training (and validation) rows;
+- :class:`~dvml.train.runtime.protocol.Score` and :class:`~dvml.train.runtime.protocol.Predict`:
+  ``dvml.evaluate`` and ``dvml.predict`` of a registered model
+  (:mod:`dvml.train.runtime.served`), so that no Dask worker imports TensorFlow. An *inference
+  session* (a job without ``training``) serves only these two.
 
 A command for a model the trainer has not seen brings its configuration, so models join a
 running job. One compiled Keras model per model key is kept across commands, so a command costs
@@ -36,13 +40,16 @@ from dvml.train.runtime.protocol import (
     Evaluate,
     Evaluated,
     Failed,
+    Predict,
     Ready,
+    Score,
     Train,
     Trained,
     emit,
     parse,
 )
 from dvml.train.runtime.seeds import shuffle_seed
+from dvml.train.runtime.served import ServedModels
 
 __all__ = ["Models", "load_state", "optimizer_variables", "save_state", "serve"]
 
@@ -122,21 +129,27 @@ def save_state(model: Any, path: str) -> None:
 
 
 def serve(job: dict[str, Any]) -> None:
-    """Answer commands on stdin until it closes."""
+    """Answer commands on stdin until it closes (a job without ``training``: an inference
+    session, which opens no partitions up front)."""
     tf_runtime.start()
-    train = open_local(job["training"])
+    train = open_local(job["training"]) if job.get("training") else None
     valid = open_local(job["validation"], require=False) if job.get("validation") else None
     models = Models(job)
-    emit(Ready(rows=train.rows, validation_rows=valid.rows if valid else 0))
+    served = ServedModels()
+    emit(Ready(rows=train.rows if train else 0, validation_rows=valid.rows if valid else 0))
     for text in sys.stdin:
         try:
             command = parse(text.rstrip("\n"))
-            if isinstance(command, Train):
+            if isinstance(command, Score):
+                emit(served.score(command))
+            elif isinstance(command, Predict):
+                emit(served.predict(command))
+            elif isinstance(command, Train) and train is not None:
                 emit(_train(job, models, train, command))
-            elif isinstance(command, Evaluate):
+            elif isinstance(command, Evaluate) and train is not None:
                 emit(_evaluate(models, train, valid, command))
             else:
-                raise TrainingError(f"Not a command for a serving trainer: {text[:200]!r}.")
+                raise TrainingError(f"Not a command for this serving trainer: {text[:200]!r}.")
         except Exception as exc:
             emit(Failed(type=type(exc).__name__, message=str(exc)))
 

@@ -17,29 +17,51 @@ replaced: every later task of the job on that worker raises
 :class:`~dvml.exceptions.TrainerFailedError` saying how it ended, and the job stops (a rerun
 resumes from the checkpoints). A session whose client is gone (:class:`ClientLease`) stops its
 trainer by itself, also between tasks.
+
+*Inference sessions* serve ``dvml.evaluate`` and ``dvml.predict`` (:func:`infer`), so that no
+Dask worker process imports TensorFlow: one serving trainer per worker and CLIENT (no training
+set), kept between calls while that client lives (its lease) and stopped after
+``dvml.train.inference-idle-timeout`` seconds unused. It starts as the worker's warm standby
+(or fresh), or it is the trainer of the client's fit that just ended on this worker
+(:func:`adopt`), so an evaluate right after a fit pays no TensorFlow import. A trainer that died
+between calls is replaced at the next call (nothing of a call's state lives in it but cached
+models).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import tempfile
 import threading
 import time
+import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from dvml.exceptions import TrainerFailedError
+from dvml import config
+from dvml.cluster.standby import add_busy_probe, start_standby_when_idle
+from dvml.exceptions import TrainerFailedError, TrainingError
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.model_state import read_state
 from dvml.train.runtime.protocol import Evaluate, Evaluated, Failed, Line, Ready, Train, Trained
+from dvml.train.runtime.served import write_spec
 from dvml.train.runtime.supervisor import ClientLease, TrainerProcess, private_workdir
 
 __all__ = [
+    "INFERENCE",
+    "adopt",
     "checkpoint",
     "evaluate_state",
+    "infer",
+    "inference_pid",
+    "inference_settings",
     "list_checkpoints",
     "load_checkpoint",
     "state_digest",
+    "stop_all_sessions",
     "stop_orphaned_sessions",
     "stop_session",
     "train_hop",
@@ -54,62 +76,159 @@ _SESSIONS: dict[str, _Session] = {}
 _STOPPED: deque[str] = deque(maxlen=1000)
 
 _RERUN = "\nRun the job again: it resumes every model from the last iteration all completed."
+_AGAIN = "\nCall it again: the next evaluate or predict starts a new inference session."
+# Job ids of inference sessions: this prefix and the client's id.
+INFERENCE = "inference-"
 
 
 class _Session:
-    """One serving trainer of one job on this worker, and the lease that bounds its life."""
+    """One serving trainer of one job on this worker, and the lease that bounds its life.
 
-    def __init__(self, job: dict[str, Any], worker: Any) -> None:
+    ``trainer``: a running trainer to serve with (an adopted fit trainer); else one starts.
+    """
+
+    def __init__(
+        self, job: dict[str, Any], worker: Any, trainer: TrainerProcess | None = None
+    ) -> None:
         self.job, self.worker = job, worker
         self.lock = threading.Lock()
         self.known: set[int] = set()  # models whose configuration the trainer has
         self.ready = False
+        self.inference = str(job["job_id"]).startswith(INFERENCE)
+        self.rerun = _AGAIN if self.inference else _RERUN
+        self.idle_timeout = job.get("idle_timeout")  # inference sessions only
+        self.last_used = time.monotonic()
+        self.specs: dict[str, str] = {}  # model key -> its spec file (inference sessions)
         standby = bool(job.get("standby", True)) and not job["use_gpus"]
-        self.trainer = TrainerProcess.start(
-            {**job, "program": "serve"},
-            private_workdir(worker, "dvml-hop-"),
-            use_gpus=bool(job["use_gpus"]),
-            trainers_on_host=int(job.get("trainers_on_host") or 1),
-            standby=standby,
-        )
-        self.trainer.name = f"hop trainer on worker {job['worker_name']}"
+        if trainer is None:
+            prefix = "dvml-inference-" if self.inference else "dvml-hop-"
+            trainer = TrainerProcess.start(
+                {**job, "program": "serve"},
+                private_workdir(worker, prefix),
+                use_gpus=bool(job["use_gpus"]),
+                trainers_on_host=int(job.get("trainers_on_host") or 1),
+                standby=standby,
+            )
+        self.trainer = trainer
+        kind = "inference trainer" if self.inference else "hop trainer"
+        self.trainer.name = f"{kind} on worker {job['worker_name']}"
         self.standby_worker = worker if standby else None
         self.lease = ClientLease(worker, job["client_id"], job.get("client_timeout"))
         threading.Thread(target=self._watch, name="dvml-session-lease", daemon=True).start()
+        _register_teardown(worker)
+
+    def _idle(self) -> str | None:
+        """Why an inference session stops although its client lives: unused too long."""
+        unused = time.monotonic() - self.last_used
+        if self.idle_timeout is None or self.lock.locked() or unused < float(self.idle_timeout):
+            return None
+        return (
+            f"stopped after {unused:.0f}s unused (train.inference-idle-timeout: "
+            f"{float(self.idle_timeout):g}s); the next evaluate or predict starts another"
+        )
 
     def _watch(self) -> None:
-        """Stop the session when its client is gone, also while no task runs."""
+        """Stop the session when its client is gone (or it idles), also while no task runs."""
         while self.trainer.proc.poll() is None:
             time.sleep(self.lease.interval)
             reason = self.lease.lost()
+            if reason is None and self.idle_timeout is not None:
+                # Under the sessions' lock: a call that takes this session meanwhile marks it
+                # used (_inference_session), so it is never stopped under a call.
+                with _LOCK:
+                    reason = self._idle()
+                    if reason is not None and _SESSIONS.get(self.job["job_id"]) is self:
+                        del _SESSIONS[self.job["job_id"]]
             if reason is not None:
                 self.trainer.stopped = reason
-                stop_session(self.job["job_id"])
+                stop_session(self.job["job_id"], session=self)
                 return
 
     def call(self, command: Line, timeout: float) -> Line:
         """Send ``command`` and return the trainer's answer (raises when it failed)."""
-        if not self.ready:
-            ready = self.trainer.next(timeout, self.lease.lost)
-            if not isinstance(ready, Ready):
-                raise self._failed(ready)
-            self.ready = True
-        self.trainer.send(command)
-        answer = self.trainer.next(timeout, self.lease.lost)
+        self.last_used = time.monotonic()
+        try:
+            if not self.ready:
+                ready = self.trainer.next(timeout, self.lease.lost)
+                if not isinstance(ready, Ready):
+                    raise self._failed(ready)
+                self.ready = True
+            self.trainer.send(command)
+            answer = self.trainer.next(timeout, self.lease.lost)
+        finally:
+            self.last_used = time.monotonic()
         if isinstance(answer, Failed):
             raise self._failed(answer)
         return answer
 
-    def _failed(self, answer: Line) -> TrainerFailedError:
+    def _failed(self, answer: Line) -> TrainingError:
         if isinstance(answer, Failed) and not answer.fatal:
+            if self.inference:  # the model or the rows, not the trainer: it keeps serving
+                return TrainingError(
+                    f"The {self.trainer.name} (pid {self.trainer.proc.pid}) could not run the "
+                    f"model: {answer.type}: {answer.message}\nCheck that the data has the "
+                    "columns and shapes the model was trained on."
+                )
             return TrainerFailedError(
                 f"The {self.trainer.name} (pid {self.trainer.proc.pid}) failed: "
-                f"{answer.type}: {answer.message}{_RERUN}"
+                f"{answer.type}: {answer.message}{self.rerun}"
             )
-        return self.trainer.failure(_RERUN)
+        return self.trainer.failure(self.rerun)
 
     def close(self) -> None:
         self.trainer.close(self.standby_worker)
+
+
+class _SessionsPlugin:
+    """Stops this worker's serving trainers when the worker closes (a distributed
+    WorkerPlugin), before its connections close: a closing worker does not wait on them."""
+
+    name = "dvml-serving-trainers"
+
+    def setup(self, worker: Any) -> None:
+        pass
+
+    def teardown(self, worker: Any) -> None:
+        stop_all_sessions()
+
+    def transition(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+_REGISTERED: set[int] = set()  # ids of the workers whose teardown is in place
+
+
+def _serving() -> bool:
+    """Whether an inference session of this worker runs a call now: the worker is busy then
+    (a deferred standby's import must not compete with an evaluate or predict)."""
+    with _LOCK:
+        sessions = list(_SESSIONS.values())
+    return any(s.inference and s.lock.locked() for s in sessions)
+
+
+def _register_teardown(worker: Any) -> None:
+    if id(worker) in _REGISTERED:
+        return
+    _REGISTERED.add(id(worker))
+    add_busy_probe(_serving)
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    plugin = type("ServingTrainersPlugin", (_SessionsPlugin, WorkerPlugin), {})()
+    worker.loop.add_callback(worker.plugin_add, plugin=plugin, name=_SessionsPlugin.name)
+
+
+def stop_all_sessions(dask_worker: Any = None) -> int:
+    """Stop every serving trainer of this worker (its close; ``client.run``): returns how many.
+    Jobs among them cannot restart here (a late task of theirs raises)."""
+    with _LOCK:
+        found = list(_SESSIONS.items())
+        _SESSIONS.clear()
+        _STOPPED.extend(job_id for job_id, _ in found if not job_id.startswith(INFERENCE))
+    for _, session in found:
+        if session.trainer.stopped is None:
+            session.trainer.stopped = "stopped because its worker closed"
+        session.trainer.close()  # no next standby: the worker is going away
+    return len(found)
 
 
 def _session(job: dict[str, Any]) -> _Session:
@@ -136,6 +255,157 @@ def _session(job: dict[str, Any]) -> _Session:
             }
             session = _SESSIONS[job["job_id"]] = _Session(own, worker)
         return session
+
+
+def _inference_job(settings: dict[str, Any], worker: Any) -> dict[str, Any]:
+    """The job file of an inference session (no training set: it opens partitions per call)."""
+    from dvml import tf_runtime
+
+    client_id = str(settings["client_id"])
+    try:
+        on_host = max(1, int(os.environ.get(tf_runtime.WORKERS_ON_HOST_ENV, "1")))
+    except ValueError:
+        on_host = 1
+    return {
+        "job_id": INFERENCE + client_id,
+        "name": "evaluate/predict",
+        "model_output": f"inference for client {client_id}",
+        "inference": client_id,  # what finds this trainer (tests, operators reading job.json)
+        "training": None,
+        "validation": None,
+        "configs": {},
+        "seed": 0,
+        "use_gpus": False,  # evaluate and predict run on the CPU, as they always did
+        "timeout": float(settings["timeout"]),
+        "worker_name": str(worker.name),
+        "worker_index": 0,
+        "trainers_on_host": on_host,  # the thread budget of a worker's own TensorFlow
+        "threads": settings.get("threads") or [None, None],
+        "standby": bool(settings.get("standby", True)),
+        "client_id": client_id,
+        "client_timeout": settings.get("client_timeout"),
+        "idle_timeout": settings.get("idle_timeout"),
+        "started_at": time.time(),
+    }
+
+
+def inference_settings(client_id: str) -> dict[str, Any]:
+    """(Client side.) What a worker needs to find or start the inference session of the
+    client ``client_id``: the configured timeouts, threads and standby use."""
+    return {
+        "client_id": client_id,
+        "timeout": config.get("train.trainer-timeout"),
+        "client_timeout": config.get("train.client-timeout"),
+        "idle_timeout": config.get("train.inference-idle-timeout"),
+        "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
+        "standby": bool(config.get("train.standby-trainer")),
+    }
+
+
+def _inference_session(settings: dict[str, Any]) -> _Session:
+    """This worker's inference session of the settings' client: the live one, else a new one
+    (from the worker's standby when there is one)."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    job_id = INFERENCE + str(settings["client_id"])
+    with _LOCK:
+        session = _SESSIONS.get(job_id)
+        if session is not None and session.trainer.proc.poll() is None:
+            session.last_used = time.monotonic()  # in use again: not idle
+            return session
+        dead = _SESSIONS.pop(job_id, None)
+        session = _SESSIONS[job_id] = _Session(_inference_job(settings, worker), worker)
+    if dead is not None:  # it ended between calls (killed, out of memory): replaced
+        dead.close()
+    if session.standby_worker is not None:
+        # The session took the standby: the next one starts once this worker is idle, so the
+        # next fit is warm too (dvml.cluster.standby).
+        start_standby_when_idle(worker)
+    return session
+
+
+def adopt(trainer: TrainerProcess, job: dict[str, Any], worker: Any) -> bool:
+    """Keep the trainer of a CPU fit that just ended on this worker as the inference session of
+    the fit's client, so that an evaluate or predict right after the fit pays no TensorFlow
+    import. The trainer serves once its fit is done when its job has ``serve_after`` (the
+    client's :func:`inference_settings`).
+
+    Returns False (the caller stops the trainer) when the trainer ended, or when the client
+    has a live inference session on this worker already.
+    """
+    settings = job.get("serve_after")
+    if not settings or trainer.proc.poll() is not None:
+        return False
+    job_id = INFERENCE + str(settings["client_id"])
+    with _LOCK:
+        current = _SESSIONS.get(job_id)
+        if current is not None and current.trainer.proc.poll() is None:
+            return False
+        own = _inference_job(settings, worker)
+        _mark(trainer.workdir, own)
+        _SESSIONS[job_id] = _Session(own, worker, trainer=trainer)
+    if current is not None:
+        current.close()
+    return True
+
+
+def _mark(workdir: str, job: dict[str, Any]) -> None:
+    """Rewrite the trainer's job file: it serves inference now, the fit is over (who runs what:
+    operators and tests find a job's trainers by their job file)."""
+    path = os.path.join(workdir, "job.json")
+    try:
+        with open(path) as f:
+            fit_job = json.load(f)
+        adopted = {**job, "program": "serve", "adopted_from": fit_job.get("job_key")}
+        with open(path, "w", opener=lambda p, f: os.open(p, f, 0o600)) as f:
+            json.dump(adopted, f)
+    except (OSError, ValueError):
+        pass
+
+
+# Spec files an inference session keeps (each holds a model's weights); one dropped is written
+# again when its model comes back. Its trainer keeps fewer models compiled (served.CACHED).
+_SPECS_KEPT = 8
+
+
+def infer(
+    settings: dict[str, Any], spec: dict[str, Any], command: Callable[[str, str], Line]
+) -> Line:
+    """Run one evaluate or predict command on this worker's inference session of the client.
+
+    ``spec`` is the model spec (written into the session's directory once per session);
+    ``command(spec_path, directory)`` builds the command, writing any input files it names
+    into ``directory`` (the session's owner-only directory). Returns the trainer's answer.
+
+    Raises
+    ------
+    TrainingError
+        The trainer could not run the model on the rows (it keeps serving).
+    TrainerFailedError
+        The trainer ended (how is said); the next call starts another.
+    """
+    session = _inference_session(settings)
+    with session.lock:
+        path = session.specs.get(spec["key"])
+        if path is None:
+            path = write_spec(session.trainer.workdir, f"model-{uuid.uuid4().hex[:8]}", spec)
+            session.specs[spec["key"]] = path
+            while len(session.specs) > _SPECS_KEPT:
+                old = session.specs.pop(next(iter(session.specs)))
+                for stale in (old, old[: -len(".json")] + ".npz"):
+                    with contextlib.suppress(OSError):
+                        os.remove(stale)
+        return session.call(command(path, session.trainer.workdir), float(settings["timeout"]))
+
+
+def inference_pid(client_id: str, dask_worker: Any = None) -> int | None:
+    """The pid of this worker's live inference trainer of ``client_id`` (``client.run``)."""
+    with _LOCK:
+        session = _SESSIONS.get(INFERENCE + client_id)
+    if session is None or session.trainer.proc.poll() is not None:
+        return None
+    return int(session.trainer.proc.pid)
 
 
 def _transfer_seconds(key: str | None) -> float:
@@ -277,14 +547,25 @@ def load_checkpoint(directory: str, mst_key: int, iteration: int) -> dict[str, A
     return {"state": found[1], "record": None}
 
 
-def stop_session(job_id: str, dask_worker: Any = None) -> bool:
-    """Stop this worker's serving trainer of ``job_id`` (``client.run``; idempotent)."""
+def stop_session(job_id: str, dask_worker: Any = None, session: Any = None) -> bool:
+    """Stop this worker's serving trainer of ``job_id`` (``client.run``; idempotent).
+
+    ``session``: stop only that one (an inference session's watcher: a newer session of the
+    same client may have replaced it meanwhile).
+    """
     with _LOCK:
-        _STOPPED.append(job_id)
-        session = _SESSIONS.pop(job_id, None)
-    if session is None:
+        if not job_id.startswith(INFERENCE):  # a late task of a job must not restart it
+            _STOPPED.append(job_id)
+        found = _SESSIONS.get(job_id)
+        if found is None or (session is not None and found is not session):
+            found = None
+        else:
+            del _SESSIONS[job_id]
+    if found is None:
+        if session is not None:
+            session.close()
         return False
-    session.close()
+    found.close()
     return True
 
 

@@ -57,6 +57,16 @@ def run_program(job: dict[str, Any], startup: Startup) -> None:
         from dvml.train.runtime.sync_program import run
 
         run(job, startup)
+        if job.get("serve_after"):
+            # A CPU fit's trainer goes on as its client's inference session on this worker
+            # (dvml.train.runtime.sessions.adopt): evaluate and predict after the fit pay no
+            # TensorFlow import. The fit's model and views are gone with run()'s frame.
+            import gc
+
+            from dvml.train.runtime.serve_program import serve
+
+            gc.collect()
+            serve({**job, "training": None, "validation": None})
 
 
 # A standby imports at a lower CPU priority: it should take the cores only when nothing else
