@@ -70,8 +70,12 @@ def departed_workers(
         time.sleep(0.25)
 
 
+HANDSHAKE_S = 0.5
+"""How long the probe waits for a TLS handshake (a live worker answers in milliseconds)."""
+
+
 def probe_context(client: Client) -> ssl.SSLContext | None:
-    """The client's TLS context (a ``tls://`` cluster's), for :func:`_accepts`."""
+    """The client's TLS context (a ``tls://`` cluster's), for :func:`reachable`."""
     security = getattr(client, "security", None)
     if security is None:
         return None
@@ -93,7 +97,9 @@ def reachable(address: str, timeout: float, tls: ssl.SSLContext | None = None) -
         return False
     try:
         if tls is not None and address.startswith("tls://"):
-            # Politeness only: the connection answered, which is what the probe asks.
+            # Politeness only: the connection answered, which is what the probe asks. A
+            # frozen worker accepts but never answers the handshake: do not wait long for it.
+            sock.settimeout(min(timeout, HANDSHAKE_S))
             with contextlib.suppress(OSError, ValueError):
                 sock = tls.wrap_socket(sock, server_hostname=None)
     finally:
