@@ -44,6 +44,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from distributed.client import FutureCancelledError
+
 from dvml import config
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import TrainerFailedError
@@ -170,17 +172,28 @@ class AshaDriver:
             # other, so one job alone would leave its trainer idle between its tasks)
             self.idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
             while True:
-                self._ask(self.idle, kept)
-                if not self.running:
-                    break
-                batch = self._next_done(kept)
-                for n, done in enumerate(batch):
-                    gone = self._finish(done)
-                    if gone:  # this job and the rest of the batch were interrupted too
-                        self.running.update({r.trial_id: r for r in batch[n:]})
-                        self._departed(gone, kept)
+                batch: list[Running] = []
+                try:
+                    self._ask(self.idle, kept)
+                    if not self.running:
                         break
-                    self.idle.append(done.worker)
+                    batch = self._next_done(kept)
+                    for n, done in enumerate(batch):
+                        gone = self._finish(done)
+                        if gone:  # this job and the rest of the batch were interrupted too
+                            self.running.update({r.trial_id: r for r in batch[n:]})
+                            self._departed(gone, kept)
+                            break
+                        self.idle.append(done.worker)
+                except (FutureCancelledError, OSError):
+                    # A worker that departs can fail a scatter or cancel a fetched future
+                    # before the watcher names it: ask the watcher; a departure is handled,
+                    # anything else raised.
+                    gone = departed_workers(self.client, self.workers)
+                    if not gone:
+                        raise
+                    self.running.update({r.trial_id: r for r in batch})
+                    self._departed(gone, kept)
                 # not those whose trainer died or that left the cluster
                 self.idle[:] = [w for w in self.idle if w in self.workers]
             weights = self._final_weights()

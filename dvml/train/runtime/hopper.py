@@ -49,12 +49,7 @@ from dvml.train.runtime.watcher import Outcome, departed_workers, describe_depar
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-__all__ = ["ModelHopper", "starting_state"]
-
-
-def starting_state(state: bytes) -> dict[str, Any]:
-    """A model's first state as the job's tasks pass it on (a worker task)."""
-    return {"state": state, "record": None}
+__all__ = ["ModelHopper"]
 
 
 class ModelHopper:
@@ -153,14 +148,14 @@ class ModelHopper:
             )
         self.job["configs"][str(mst_key)] = model
         if isinstance(state, bytes):
-            # A task, not a scatter: a scatter to a worker that just died raises at once
-            # (CommClosedError) where the watcher should name the departure; a task goes to
-            # another worker, or waits, like every other task of the job.
-            state = self.client.submit(
-                starting_state, state, workers=[worker.address], allow_other_workers=True,
-                pure=False,
-            )  # fmt: skip
-        self.states[mst_key] = state
+            # A list of one: scattering a dict would scatter each of its values on its own.
+            first = [{"state": state, "record": None}]
+            try:
+                state = self.client.scatter(first, workers=[worker.address], hash=False)[0]
+            except (OSError, KeyError):  # the worker just died (CommClosedError, or the
+                # scheduler no longer knows it): the watcher names that; the state goes elsewhere
+                state = self.client.scatter(first, hash=False)[0]
+        self.states[mst_key] = state  # type: ignore[assignment]
 
     def train(self, mst_key: int, worker: WorkerInfo, iteration: int) -> tuple[Future, Future]:
         """Train model ``mst_key`` once more (its ``epochs``) on ``worker``'s local rows, from
