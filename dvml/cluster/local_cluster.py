@@ -303,6 +303,10 @@ class LocalCluster(Cluster):
             env[TRAINER_NAMESPACE_ENV] = f"{self._namespace}:{self.etcd.pid}"
         local_directory = os.path.join(self.directory, "dask", spec.name)
         os.makedirs(local_directory, mode=0o700, exist_ok=True)
+        # The worker's temporary files (TensorFlow's autograph modules among them, which a
+        # process leaving with os._exit never deletes) live and go with the cluster's directory.
+        env["TMPDIR"] = os.path.join(local_directory, "tmp")
+        os.makedirs(env["TMPDIR"], mode=0o700, exist_ok=True)
         options: dict[str, Any] = {
             "name": spec.name,
             "host": "127.0.0.1",
