@@ -90,6 +90,7 @@ class Running:
     evals: dict[int, list[Future]]
     terminal: list[Future]
     previous: Any  # the state before this job (kept when the job fails)
+    evaluated_on: list[WorkerInfo]  # its evaluations run on every worker of the job
 
 
 class AshaDriver:
@@ -184,7 +185,8 @@ class AshaDriver:
                             self.running.update({r.trial_id: r for r in batch[n:]})
                             self._departed(gone, kept)
                             break
-                        self.idle.append(done.worker)
+                        if done.trial_id not in self.running:  # not sent again
+                            self.idle.append(done.worker)
                 except (FutureCancelledError, OSError):
                     # A worker that departs can fail a scatter or cancel a fetched future
                     # before the watcher names it: ask the watcher; a departure is handled,
@@ -266,8 +268,9 @@ class AshaDriver:
             evals[last] = self.hopper.evaluate(key, self.workers)
         terminal += evals[last]
         self.running[key] = Running(
-            key, worker, first, last, time.time(), records, evals, terminal, previous
-        )
+            key, worker, first, last, time.time(), records, evals, terminal, previous,
+            list(self.workers),
+        )  # fmt: skip
 
     def _next_done(self, kept: dict[int, tuple[int, WorkerInfo]]) -> list[Running]:
         """Wait for at least one job to end (all of its last tasks done, or one failed), with
@@ -305,12 +308,19 @@ class AshaDriver:
                   if _broken(f)]  # fmt: skip
         decision: Any
         if failed:
+            self.hopper.states[key] = done.previous  # the last state that trained
+            self._drop_dead()
+            if worker in self.workers and set(done.evaluated_on) - set(self.workers):
+                # another worker's trainer died under one of its evaluations: the model is
+                # not at fault; the job goes again on its own worker, evaluated on the rest
+                self._submit(key, worker, done.first, done.last)
+                self._line(f"trial {key} goes again on {worker.name}: an evaluation of it "
+                           "ran on a trainer that is gone")  # fmt: skip
+                return []
             exc = failed[0].exception() if failed[0].status == "error" else None
             reason = f"{type(exc).__name__}: {exc}"[:500] if exc else "its task was cancelled"
-            self.hopper.states[key] = done.previous  # the last state that trained
             self.hopper.park(key)
             decision = self.search.apply(j.Failure(key, reason, worker.name, self.now()))
-            self._drop_dead()
         else:
             loss, gone = self._collect(done)
             if gone:
