@@ -17,14 +17,38 @@ a URL string, or None for the configured default).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
-import numpy.typing as npt
-import pandas as pd
-
-from dvml.registry.database import Registry, opened_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import pandas as pd
+
+    from dvml.registry.database import Registry
+
+# The database (SQLAlchemy, ~0.3 s to import) loads on first use: trainers import this
+# package for the weights codec alone.
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Registry":
+        from dvml.registry.database import Registry
+
+        return Registry
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@contextmanager
+def _opened(registry: Registry | str | None) -> Iterator[Registry]:
+    """:func:`dvml.registry.database.opened_registry`, imported on first use."""
+    from dvml.registry.database import opened_registry as opened
+
+    with opened(registry) as reg:
+        yield reg
+
 
 __all__ = [
     "Registry",
@@ -77,43 +101,43 @@ def load_keras_model(
         model_json = model.to_json()
         if weights is None and callable(getattr(model, "get_weights", None)):
             weights = list(model.get_weights())
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         return reg.add_architecture(model_json, weights, name=name, description=description)
 
 
 def list_architectures(registry: Registry | str | None = None) -> pd.DataFrame:
     """The architectures in the registry, without JSON or weights."""
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         return reg.list_architectures()
 
 
 def show_architecture(arch_id: int, registry: Registry | str | None = None) -> dict[str, Any]:
     """Everything stored about one architecture (:meth:`Registry.get_architecture`)."""
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         return reg.get_architecture(arch_id)
 
 
 def delete_architecture(arch_id: int, registry: Registry | str | None = None) -> None:
     """Delete an architecture; models trained from it stay."""
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         reg.delete_architecture(arch_id)
 
 
 def list_models(registry: Registry | str | None = None) -> pd.DataFrame:
     """The trained models in the registry, without weights."""
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         return reg.list_models()
 
 
 def show_model(name: str, registry: Registry | str | None = None) -> dict[str, Any]:
     """Everything stored about one model (:meth:`Registry.get_model`)."""
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         return reg.get_model(name)
 
 
 def delete_model(name: str, registry: Registry | str | None = None) -> None:
     """Delete a model and its iteration records."""
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         reg.delete_model(name)
 
 
@@ -129,17 +153,17 @@ def register_custom_function(
 
     The code runs wherever it is later loaded; see :meth:`Registry.register_custom_function`.
     """
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         return reg.register_custom_function(name, source, kind, description, replace)
 
 
 def list_custom_functions(registry: Registry | str | None = None) -> pd.DataFrame:
     """The custom functions in the registry, with their source."""
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         return reg.list_custom_functions()
 
 
 def delete_custom_function(name: str, registry: Registry | str | None = None) -> None:
     """Delete a custom function."""
-    with opened_registry(registry) as reg:
+    with _opened(registry) as reg:
         reg.delete_custom_function(name)
