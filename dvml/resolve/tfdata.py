@@ -13,7 +13,7 @@ so a trainer sees the same tensors whichever format the dataset has.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -97,13 +97,20 @@ def _no_autoshard(dataset: Any) -> Any:
 
 
 def training_dataset(
-    parts: LocalPartitions, batch_size: int, steps: int, seed: int, shuffle: bool = True
+    parts: LocalPartitions,
+    batch_size: int,
+    steps: int,
+    seed: int,
+    shuffle: bool = True,
+    augment: Callable[[Any], Any] | None = None,
 ) -> Any:
     """An endless dataset (infinite cardinality) of ``steps`` batches per epoch, reshuffled by
     index every epoch.
 
     The generator gathers a group of batches per call (one copy of their rows, shaped
     ``(group, batch_size, ...)``) and ``unbatch`` hands them to Keras one batch at a time.
+    ``augment`` (``x -> x`` on one batch of inputs, after decoding) runs in a parallel ``map``
+    on every batch: each epoch draws new random transforms.
     """
     tf = tf_runtime.tensorflow()
 
@@ -127,6 +134,10 @@ def training_dataset(
     signature = _signature(parts, lead=(None, batch_size))
     dataset = tf.data.Dataset.from_generator(groups, output_signature=signature).unbatch()
     dataset = _decoded(dataset, parts)
+    if augment is not None:
+        dataset = dataset.map(
+            lambda x, y: (augment(x), y), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
     # Endless, and saying so: for a dataset of unknown length MultiWorkerMirroredStrategy's
     # iterator all-reduces at every step whether each trainer still has a batch (one gRPC
     # round trip per step on CPU, see dvml.train.runtime.step_collectives).

@@ -18,6 +18,9 @@ from dvml.store.leases import holding
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.params import format_params
+from dvml.train.runtime.augment import describe as describe_augment
+from dvml.train.runtime.augment import encode as encode_augment
+from dvml.train.runtime.augment import job_key_part
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
 from dvml.train.runtime.plan import Job, JobArgs, batch_split, job_key, model_spec, now, place_job
 from dvml.train.summary import build_summary, iteration_record, weights_size_kb
@@ -47,6 +50,7 @@ def fit(
     custom_objects: list[str] | None = None,
     *,
     tensorboard_dir: str | None = None,
+    augment: Any = None,
     sync: str | int | None = None,
     resume: bool = True,
     seed: int | None = None,
@@ -95,6 +99,13 @@ def fit(
         :func:`dvml.registry.register_custom_function`.
     tensorboard_dir : str, optional
         Write TensorBoard logs there (one sub-directory per trainer).
+    augment : tf-keras layer or function, optional
+        Per-epoch data augmentation of the TRAINING batches, in the trainers' input pipeline
+        (validation and metrics read the rows as stored): a tf-keras layer or model (shipped as
+        its config, called with ``training=True``), e.g. ``tf_keras.Sequential([
+        tf_keras.layers.RandomFlip("horizontal"), tf_keras.layers.RandomRotation(0.1)])``, or a
+        function of one batch of inputs made of TensorFlow ops (shipped as code). It sees the
+        inputs as the model does: float32, normalised.
     sync : {"step", "iteration"} or int, optional
         How the trainers synchronise. ``"step"``: MultiWorkerMirroredStrategy all-reduces the
         gradients at every step. ``"iteration"``: MADlib's model averaging; each trainer fits
@@ -128,6 +139,7 @@ def fit(
         plan = _plan(
             reg, client, args, arch_id=arch_id, compile_params=compile_params,
             fit_params=fit_params, tensorboard_dir=tensorboard_dir, sync=requested_sync,
+            augment=encode_augment(augment),
         )  # fmt: skip
         # One fit per model at a time: a second one would share (and resume from) this one's
         # checkpoints. Held until the model is saved; refused with the running job's name.
@@ -166,6 +178,7 @@ class _Plan:
     weights: Any
     tensorboard_dir: str | None
     sync: str | int
+    augment: dict[str, Any] | None  # dvml.train.runtime.augment's job-file form
     key: str
     checkpoint_dir: str
 
@@ -180,6 +193,7 @@ def _plan(
     fit_params: str | dict[str, Any] | None,
     tensorboard_dir: str | None,
     sync: str | int | None,
+    augment: dict[str, Any] | None,
 ) -> _Plan:
     """Check every argument and decide the trainers, batches and job key (starts nothing)."""
     job = place_job(reg, client, args)
@@ -204,6 +218,7 @@ def _plan(
         args.warm_start,
         len(workers),
         sync_mode,
+        *([job_key_part(augment)] if augment is not None else []),  # others' keys unchanged
     )
     return _Plan(
         job=job,
@@ -217,6 +232,7 @@ def _plan(
         weights=spec.weights,
         tensorboard_dir=tensorboard_dir,
         sync=sync_mode,
+        augment=augment,
         key=key,
         checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{args.output}-{key}"),
     )
@@ -259,6 +275,7 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
         "tensorboard_dir": plan.tensorboard_dir,
         "use_gpus": plan.job.args.use_gpus,
         "sync": plan.sync,
+        "augment": plan.augment,
         "peer_timeout": config.get("train.peer-timeout"),
         # Trainers stop when this client is gone this long (the runtime's ClientLease).
         "client_timeout": config.get("train.client-timeout"),
@@ -316,6 +333,7 @@ def _summary(
     )
     summary["custom_objects"] = sorted(plan.job.custom_sources)
     summary["sync"] = plan.sync
+    summary["augment"] = describe_augment(plan.augment)
     summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None
     # What each trainer read: its vineyard instance and the buffers it resolved locally.
     summary["trainer_partitions"] = {

@@ -38,6 +38,7 @@ from dvml.train.runtime.plan import (
     now,
     training_workers,
 )
+from dvml.train.runtime.shipped import pickle_by_value
 from dvml.train.summary import build_summary, weights_size_kb
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def run(
     ids = {k: d.summary["dataset_id"] for k, d in named.items()}
     key = job_key("run", name, ids, [w.name for w in workers], batch_size, seed, sync)
     directory = str(settings.state_dir() / "checkpoints" / f"run-{name}-{key}")
-    payload = _pickled(train_fn)
+    payload = pickle_by_value(train_fn)
     datasets_held = [d.name for d in named.values()]
     with (
         holding(datasets_held, job=f"dvml.run {name!r}"),
@@ -242,25 +243,6 @@ def _job(
                     settings.get("train.inter-op-threads", None)],
         "standby": bool(settings.get("train.standby-trainer", None)),
     }  # fmt: skip
-
-
-def _pickled(train_fn: Callable[[Any], Any]) -> bytes:
-    """``train_fn`` as cloudpickle bytes, BY VALUE with the rest of its module: the trainers
-    cannot import a test module, a script or a package that is only on the client."""
-    import sys
-
-    import cloudpickle
-
-    module = sys.modules.get(getattr(train_fn, "__module__", "") or "")
-    top = module.__name__.split(".")[0] if module is not None else "builtins"
-    by_value = top not in ("__main__", "builtins", "dvml", "tensorflow", "tf_keras")
-    if module is not None and by_value:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        return bytes(cloudpickle.dumps(train_fn))
-    finally:
-        if module is not None and by_value:
-            cloudpickle.unregister_pickle_by_value(module)
 
 
 def _named(datasets: Any) -> dict[str, str | Dataset]:

@@ -315,6 +315,37 @@ def test_warm_start_continues_from_the_trained_weights(
     assert warm.summary["warm_start"] is True
 
 
+@pytest.mark.parametrize("sync", ["iteration", "step"])
+def test_augment_transforms_the_training_batches_and_nothing_else(
+    env: dict[str, Any], trained: dict[str, Any], sync: str
+) -> None:
+    """An augment that blanks every training input: the model cannot learn the digits (its
+    accuracy on the rows as stored stays near one class's share), where the same data
+    without it reaches >= 90 %. The metrics read the stored rows (a blanked evaluation would
+    score every model the same); the summary names what augmented."""
+
+    def blank(x: Any) -> Any:
+        return x * 0.0
+
+    model = run_fit(env, f"digits_blank_{sync}", augment=blank, sync=sync, num_iterations=1)
+    assert model.summary["augment"].endswith("blank")
+    assert model.summary["training_metrics_final"] < 0.35, model.summary["training_metrics"]
+    assert trained["summary"]["training_metrics_final"] >= 0.90
+    assert trained["summary"]["augment"] is None
+
+
+def test_augment_with_keras_preprocessing_layers_trains(env: dict[str, Any]) -> None:
+    tf_keras = keras()
+    shake = tf_keras.Sequential(
+        [tf_keras.layers.RandomTranslation(0.1, 0.1), tf_keras.layers.RandomContrast(0.1)]
+    )
+    model = run_fit(env, "digits_shaken", augment=shake, num_iterations=2, sync="iteration")
+    assert model.summary["augment"].startswith("Sequential(random_translation")
+    assert model.summary["training_metrics_final"] >= 0.8, model.summary["training_metrics"]
+    with pytest.raises(dvml.exceptions.ArgumentTypeError, match="tf-keras layer"):
+        run_fit(env, "digits_bad_augment", augment="flip")
+
+
 def test_transfer_learning_keeps_frozen_layers(env: dict[str, Any]) -> None:
     base = cnn()
     base.get_layer("conv").trainable = False

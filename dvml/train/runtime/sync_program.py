@@ -26,6 +26,7 @@ from typing import Any
 from dvml import tf_runtime
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import training_dataset
+from dvml.train.runtime.augment import decode as decode_augment
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.local_model import build_model, compile_model, fit_kwargs, local_metrics
 from dvml.train.runtime.protocol import Finished, Iteration, Resolved, emit
@@ -45,6 +46,7 @@ class _Setup:
     every_k: Any  # the averaging callback with sync=k
     data: Any  # the strategy's dataset creator (sync="step")
     callbacks: list[Any]
+    augment: Any  # x -> x on each training batch, or None (dvml.train.runtime.augment)
 
 
 def run(job: dict[str, Any], startup: Startup) -> None:
@@ -129,13 +131,17 @@ def _build(job: dict[str, Any], keras: Any, strategy: Any, train: Any, startup: 
         every_k = averaging_callback(keras, averager, sync)
         callbacks.append(every_k)
 
+    augment = decode_augment(job.get("augment"))
+
     def dataset_fn(context: Any) -> Any:
         seed = shuffle_seed(job["seed"], worker=context.input_pipeline_id)
         shuffle = job["fit_params"].get("shuffle", True)
-        return training_dataset(train, per_worker_batch, steps, seed, shuffle=shuffle)
+        return training_dataset(
+            train, per_worker_batch, steps, seed, shuffle=shuffle, augment=augment
+        )
 
     data = keras.utils.experimental.DatasetCreator(dataset_fn)
-    return _Setup(model, evaluator, averager, every_k, data, callbacks)
+    return _Setup(model, evaluator, averager, every_k, data, callbacks, augment)
 
 
 def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> list[Any]:
@@ -156,7 +162,9 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
         if averager is not None:  # a new shuffle each iteration, on the local rows only
             seed = shuffle_seed(job["seed"], iteration=iteration, worker=task)
             shuffle = job["fit_params"].get("shuffle", True)
-            data = training_dataset(train, per_worker_batch, steps, seed, shuffle=shuffle)
+            data = training_dataset(
+                train, per_worker_batch, steps, seed, shuffle=shuffle, augment=setup.augment
+            )
         fitted = setup.model.fit(data, steps_per_epoch=steps, callbacks=setup.callbacks, **kwargs)
         if setup.every_k is not None:
             setup.every_k.flush(setup.model)
