@@ -140,3 +140,56 @@ def test_predict_files_and_logits(
         assert top["class_value"].tolist() == expected["probs"].argmax(axis=1).tolist()
     finally:
         registry.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.tf
+def test_predict_tables_from_files_and_urls(
+    cluster2: dvml.LocalCluster, tmp_path: pathlib.Path, s3_server: Any
+) -> None:
+    """A table model predicts on every table source training_preprocessor reads: a Parquet
+    file, a hive-partitioned Parquet folder, a folder of CSV files, and a Parquet URL on the
+    object store (read by the workers)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.helpers import keras
+
+    layers = keras().layers
+    model = keras().Sequential([layers.InputLayer(input_shape=(4,)), layers.Dense(3)])
+    weights = [np.vstack([np.eye(3, dtype=np.float32), np.zeros((1, 3), np.float32)]),
+               np.zeros(3, np.float32)]  # fmt: skip
+    rng = np.random.default_rng(7)
+    table = pd.DataFrame(rng.normal(size=(60, 4)).astype("float32"), columns=list("abcd"))
+    table.insert(0, "id", np.arange(60))
+    table["part"] = np.arange(60) % 3
+    expected = _softmax(table[["a", "b", "c"]].to_numpy(np.float64))
+    (tmp_path / "csv").mkdir()
+    for k in range(3):
+        table.iloc[k * 20 : (k + 1) * 20].to_csv(tmp_path / "csv" / f"rows-{k}.csv", index=False)
+    table.to_parquet(tmp_path / "table.parquet")
+    pq.write_to_dataset(
+        pa.Table.from_pandas(table), str(tmp_path / "hive"), partition_cols=["part"]
+    )
+    bucket = s3_server.bucket("tables")
+    s3_server.upload(tmp_path / "table.parquet", f"{bucket}/table.parquet")
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    try:
+        arch = dvml.load_keras_model(model.to_json(), weights=weights, registry=registry)
+        summary = {"compile_params": LOGITS, "class_values": [0, 1, 2], "num_classes": 3,
+                   "normalizing_const": 1.0, "dependent_varname": "label",
+                   "x_shapes": [[4]]}  # fmt: skip
+        registry.save_model("table_logits", arch, weights, summary)
+        sources = [str(tmp_path / "table.parquet"), str(tmp_path / "hive"),
+                   str(tmp_path / "csv"), f"{bucket}/table.parquet"]  # fmt: skip
+        for source in sources:
+            out = dvml.predict(
+                "table_logits", source, "id", [["a", "b", "c", "d"]], pred_type="prob",
+                registry=registry, client=cluster2.client,
+                storage_options=s3_server.storage_options,
+            ).compute(scheduler=cluster2.client)  # fmt: skip
+            got = out.pivot(index="id", columns="class_value", values="prob").sort_index()
+            assert got.index.tolist() == list(range(60)), source
+            np.testing.assert_allclose(got.to_numpy(), expected, rtol=1e-5, err_msg=source)
+    finally:
+        registry.close()
