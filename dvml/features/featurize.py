@@ -132,14 +132,16 @@ def featurize_buffer(
     parts = open_local(source, require=False)
     try:
         pos = _local_buffer(parts, source, dataset_id, index)
-        x, y = parts.fields["x_0"][pos], parts.fields["y"][pos]
+        # the cache is in the float32 format whatever its source's: one-hot y, and each
+        # batch of a compact source's raw pixels normalized as the backbone reads them
+        x, y = parts.fields["x_0"][pos], parts.one_hot_y(parts.fields["y"][pos])
         model, device = extractor_for(spec)
         features = np.empty((len(x), *spec["feature_shape"]), dtype=np.float32)
         with tf_runtime.tensorflow().device(device):
             for lo in range(0, len(x), batch_size):
                 abort.check()
                 hi = min(len(x), lo + batch_size)
-                features[lo:hi] = model.predict_on_batch(x[lo:hi])
+                features[lo:hi] = model.predict_on_batch(parts.float32_x(x[lo:hi]))
                 CALLS["batches"] += 1
         CALLS["rows"] += len(x)
         abort.check(force=True)

@@ -137,13 +137,6 @@ def _dataset(name: str, client: Client, kwargs: dict[str, Any]) -> SourcePlan:
             "out as root/<class>/<image> or a tar-shard pattern."
         ) from None
     s = ds.summary
-    if (s.get("storage") or {}).get("compact"):
-        # featurize reads the packed fields as they are: float32 x, normalized
-        raise DataError(
-            f"Dataset {name!r} is packed in the compact format (uint8 x, class indices), which "
-            "the feature cache does not read yet. Received: storage="
-            f"{s['storage']}. Pack it with compact=False, or pass the raw images."
-        )
     if len(s["x_shapes"]) != 1:
         raise DataError(
             f"Dataset {name!r} has {len(s['x_shapes'])} x inputs; a feature cache takes one "

@@ -60,6 +60,27 @@ class LocalPartitions:
     def rows(self) -> int:
         return int(sum(self.buffer_rows))
 
+    @property
+    def compact(self) -> bool:
+        """Whether the dataset is packed in the compact format (raw x, y as class indices)."""
+        return bool((self.summary.get("storage") or {}).get("compact"))
+
+    def float32_x(self, x: np.ndarray) -> np.ndarray:
+        """Rows of an x field as the model reads them: float32, normalized (a compact
+        dataset's raw pixels are scaled here; the float32 format is returned as it is)."""
+        if not self.compact or x.dtype == np.float32:
+            return x
+        const = float(self.summary["normalizing_const"])
+        out = x.astype(np.float32)
+        return out / const if const != 1.0 else out
+
+    def one_hot_y(self, y: np.ndarray) -> np.ndarray:
+        """Rows of y as one-hot float32 (a compact dataset stores class indices)."""
+        if not self.compact:
+            return y
+        depth = int(self.summary["y_shape"][0])
+        return np.eye(depth, dtype=np.float32)[y.astype(np.int64)]
+
     def take(self, pieces: list[tuple[int, np.ndarray]]) -> dict[str, np.ndarray]:
         """Gather one batch: ONE copy of just the rows asked for, from the views.
 

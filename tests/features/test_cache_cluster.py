@@ -204,6 +204,32 @@ def test_features_stay_beside_their_images(env: dict[str, Any], cleanup: None) -
     assert row["layer"] == "conv2" and row["pooling"] == "max"
 
 
+def test_a_compact_source_gives_the_float32_sources_features(
+    env: dict[str, Any], cleanup: None
+) -> None:
+    """The same images packed compact (uint8 pixels, class indices) featurize to the same
+    cache as the float32 dataset: pixels normalized per batch, labels one-hot in the cache."""
+    client = env["client"]
+    dvml.training_preprocessor(
+        {"image": da.from_array(env["x"], chunks=40), "label": da.from_array(env["y"], chunks=40)},
+        y="label", x="image", normalizing_const=255.0, name="fc_src_compact", compact=True,
+        client=client,
+    )  # fmt: skip
+    packed = read_dataset(client, "fc_src_compact")
+    assert all(b["x_0"].dtype == np.uint8 and b["y"].ndim == 1 for b in packed.values())
+    bb = tiny_backbone()
+    dvml.features.cache("fc_src", bb, pooling="max", name="fc_from_f32", client=client)
+    dvml.features.cache("fc_src_compact", bb, pooling="max", name="fc_from_u8", client=client)
+
+    def rows(name: str) -> np.ndarray:  # features and one-hot labels side by side, sorted
+        found = read_dataset(client, name).values()
+        return sort_rows(np.concatenate([np.hstack([b["x_0"], b["y"]]) for b in found]))
+
+    got, expected = rows("fc_from_u8"), rows("fc_from_f32")
+    assert got.shape == expected.shape == (len(env["y"]), expected.shape[1])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_a_weights_change_is_a_miss(env: dict[str, Any], cleanup: None) -> None:
     client, cluster = env["client"], env["cluster"]
     bb = tiny_backbone()
