@@ -134,6 +134,7 @@ class AshaDriver:
             "automl-asha", model_output, job.train.summary["dataset_id"],
             job.valid.summary["dataset_id"] if job.valid else None, search.params.text(),
             search.seed, search.space.grids(), [w.name for w in self.workers], job.seed,
+            *job.augment_key,
         )  # fmt: skip
         self.checkpoint_dir = str(
             config.state_dir() / "checkpoints" / f"{model_output}-asha-{self.key}"
@@ -156,7 +157,7 @@ class AshaDriver:
             validation=job.valid.name if job.valid else None, workers=self.workers,
             seed=job.seed, job_key=self.key, checkpoint_dir=self.checkpoint_dir,
             custom_sources=job.custom_sources, use_gpus=job.args.use_gpus, timeout=job.timeout,
-            started_at=self.started - self.offset,
+            augment=job.augment, started_at=self.started - self.offset,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the loop

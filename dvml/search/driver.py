@@ -125,6 +125,7 @@ def automl(
     description: str | None = None,
     custom_objects: list[str] | None = None,
     *,
+    augment: Any = None,
     progress: bool = True,
     resume: bool = False,
     registry: Registry | str | None = None,
@@ -160,6 +161,9 @@ def automl(
     metrics_compute_frequency, use_gpus, name, description, custom_objects
         As for :func:`dvml.fit_multiple` (a frequency larger than a call's iterations is
         dropped for that call, as MADlib does).
+    augment : tf-keras layer or function, optional
+        Per-epoch augmentation of every configuration's training batches, as in
+        :func:`dvml.fit`.
     progress : bool
         A line per decision, with the best configuration so far.
     resume : bool
@@ -194,7 +198,7 @@ def automl(
     started = time.time()
     args = JobArgs(
         model_output, training_set, validation_set, _most_iterations(parsed),
-        metrics_compute_frequency, use_gpus, False, custom_objects, seed, None,
+        metrics_compute_frequency, use_gpus, False, custom_objects, seed, None, augment,
     )  # fmt: skip
     # The datasets are leased for the whole search: a drop or overwrite is refused meanwhile.
     with holding([training_set, validation_set], job=f"dvml.automl {model_output!r}"):

@@ -82,7 +82,7 @@ class HopSearch:
         key = job_key(
             "automl-hop", model_output, job.train.summary["dataset_id"],
             job.valid.summary["dataset_id"] if job.valid else None, header,
-            [w.name for w in job.workers], job.seed,
+            [w.name for w in job.workers], job.seed, *job.augment_key,
         )  # fmt: skip
         self.start_text = now()
         self.hopper = ModelHopper(
@@ -91,6 +91,7 @@ class HopSearch:
             seed=job.seed, job_key=key,
             checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{model_output}-hop-{key}"),
             custom_sources=job.custom_sources, use_gpus=job.args.use_gpus, timeout=job.timeout,
+            augment=job.augment,
         )  # fmt: skip
         self.configs: dict[int, tuple[int, dict[str, Any]]] = {}  # mst_key -> arch, spec
         self.iterations: dict[int, int] = {}  # mst_key -> iterations trained

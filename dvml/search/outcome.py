@@ -19,6 +19,7 @@ from dvml._version import __version__
 from dvml.registry.weights import weights_from_bytes
 from dvml.train.hop_schedule import History, build_info, iteration_rows
 from dvml.train.params import format_params
+from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.plan import Job
 from dvml.train.summary import build_summary, weights_size_kb
 
@@ -108,7 +109,7 @@ def _model_summary(
     )  # fmt: skip
     summary.update(
         custom_objects=sorted(job.custom_sources), sync="model_hopper", mst_key=c.mst_key,
-        model_selection=model_output, **c.summary,
+        model_selection=model_output, augment=describe_augment(job.augment), **c.summary,
     )  # fmt: skip
     return summary
 

@@ -19,8 +19,6 @@ from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.params import format_params
 from dvml.train.runtime.augment import describe as describe_augment
-from dvml.train.runtime.augment import encode as encode_augment
-from dvml.train.runtime.augment import job_key_part
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
 from dvml.train.runtime.plan import Job, JobArgs, batch_split, job_key, model_spec, now, place_job
 from dvml.train.summary import build_summary, iteration_record, weights_size_kb
@@ -134,12 +132,11 @@ def fit(
     with holding([training_set, validation_set], job=f"dvml.fit of model {model!r}"):
         args = JobArgs(
             model, training_set, validation_set, num_iterations, metrics_compute_frequency,
-            use_gpus, warm_start, custom_objects, seed, timeout,
+            use_gpus, warm_start, custom_objects, seed, timeout, augment,
         )  # fmt: skip
         plan = _plan(
             reg, client, args, arch_id=arch_id, compile_params=compile_params,
             fit_params=fit_params, tensorboard_dir=tensorboard_dir, sync=requested_sync,
-            augment=encode_augment(augment),
         )  # fmt: skip
         # One fit per model at a time: a second one would share (and resume from) this one's
         # checkpoints. Held until the model is saved; refused with the running job's name.
@@ -178,7 +175,6 @@ class _Plan:
     weights: Any
     tensorboard_dir: str | None
     sync: str | int
-    augment: dict[str, Any] | None  # dvml.train.runtime.augment's job-file form
     key: str
     checkpoint_dir: str
 
@@ -193,7 +189,6 @@ def _plan(
     fit_params: str | dict[str, Any] | None,
     tensorboard_dir: str | None,
     sync: str | int | None,
-    augment: dict[str, Any] | None,
 ) -> _Plan:
     """Check every argument and decide the trainers, batches and job key (starts nothing)."""
     job = place_job(reg, client, args)
@@ -218,7 +213,7 @@ def _plan(
         args.warm_start,
         len(workers),
         sync_mode,
-        *([job_key_part(augment)] if augment is not None else []),  # others' keys unchanged
+        *job.augment_key,
     )
     return _Plan(
         job=job,
@@ -232,7 +227,6 @@ def _plan(
         weights=spec.weights,
         tensorboard_dir=tensorboard_dir,
         sync=sync_mode,
-        augment=augment,
         key=key,
         checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{args.output}-{key}"),
     )
@@ -275,7 +269,7 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
         "tensorboard_dir": plan.tensorboard_dir,
         "use_gpus": plan.job.args.use_gpus,
         "sync": plan.sync,
-        "augment": plan.augment,
+        "augment": plan.job.augment,
         "peer_timeout": config.get("train.peer-timeout"),
         # Trainers stop when this client is gone this long (the runtime's ClientLease).
         "client_timeout": config.get("train.client-timeout"),
@@ -333,7 +327,7 @@ def _summary(
     )
     summary["custom_objects"] = sorted(plan.job.custom_sources)
     summary["sync"] = plan.sync
-    summary["augment"] = describe_augment(plan.augment)
+    summary["augment"] = describe_augment(plan.job.augment)
     summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None
     # What each trainer read: its vineyard instance and the buffers it resolved locally.
     summary["trainer_partitions"] = {

@@ -45,6 +45,7 @@ from dvml.train.hop_schedule import (
 from dvml.train.model import Model
 from dvml.train.model_selection import resolve_model_configs
 from dvml.train.params import format_params
+from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
@@ -166,6 +167,7 @@ def fit_multiple(
     resume: bool = True,
     seed: int | None = None,
     timeout: float | None = None,
+    augment: Any = None,
     progress: bool = True,
     registry: Registry | str | None = None,
     client: Client | None = None,
@@ -215,6 +217,9 @@ def fit_multiple(
     timeout : float, optional
         Seconds one hop may take before its trainer is stopped (config
         ``dvml.train.trainer-timeout``).
+    augment : tf-keras layer or function, optional
+        Per-epoch augmentation of every model's training batches in the trainers, as in
+        :func:`dvml.fit`.
     progress : bool
         Log one line per iteration.
 
@@ -236,7 +241,7 @@ def fit_multiple(
     with holding([training_set, validation_set], job=f"dvml.fit_multiple {model_output!r}"):
         args = JobArgs(
             model_output, training_set, validation_set, num_iterations, metrics_compute_frequency,
-            use_gpus, warm_start, custom_objects, seed, timeout,
+            use_gpus, warm_start, custom_objects, seed, timeout, augment,
         )  # fmt: skip
         plan = _plan(reg, client, args, configs)
         start = now()
@@ -282,6 +287,7 @@ def _plan(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
         job.seed,
         args.warm_start,
         [w.name for w in job.workers],
+        *job.augment_key,
     )
     return _Plan(
         job=job,
@@ -308,6 +314,7 @@ def _hopper(client: Client, plan: _Plan, started: float) -> ModelHopper:
         custom_sources=plan.job.custom_sources,
         use_gpus=plan.job.args.use_gpus,
         timeout=plan.job.timeout,
+        augment=plan.job.augment,
         started_at=started,
     )
 
@@ -441,6 +448,7 @@ def _model_summary(
     )
     summary.update(
         custom_objects=sorted(plan.job.custom_sources),
+        augment=describe_augment(plan.job.augment),
         sync="model_hopper",
         mst_key=c["mst_key"],
         model_selection=plan.model_output,

@@ -70,6 +70,9 @@ class ModelHopper:
         The key a rerun resumes by, and where checkpoints go.
     custom_sources : dict, use_gpus : bool, timeout : float
         Custom objects' sources; GPUs; seconds one task may take.
+    augment : dict, optional
+        Per-epoch augmentation of the training batches, in its job-file form
+        (:func:`dvml.train.runtime.augment.encode`).
     started_at : float, optional
         Wall clock the job's records are timed from (an earlier run's, once resumed).
     """
@@ -88,6 +91,7 @@ class ModelHopper:
         custom_sources: dict[str, str],
         use_gpus: bool,
         timeout: float,
+        augment: dict[str, Any] | None = None,
         started_at: float | None = None,
     ) -> None:
         self.client, self.workers, self.name = client, workers, name
@@ -103,6 +107,7 @@ class ModelHopper:
             "custom_objects": custom_sources,
             "use_gpus": use_gpus,
             "timeout": timeout,
+            "augment": augment,
             "workers": [w.name for w in workers],
             "trainers_on_host": [
                 sum(1 for o in workers if machine(o) == machine(w)) for w in workers

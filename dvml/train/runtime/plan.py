@@ -30,6 +30,8 @@ from dvml.names import check_name
 from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train.params import parse_compile_params, parse_fit_params
+from dvml.train.runtime.augment import encode as encode_augment
+from dvml.train.runtime.augment import job_key_part as augment_key_part
 from dvml.train.summary import check_shapes
 
 if TYPE_CHECKING:
@@ -77,6 +79,7 @@ class JobArgs:
     custom_objects: list[str] | None
     seed: int | None
     timeout: float | None
+    augment: Any = None  # a tf-keras layer or a function (dvml.train.runtime.augment)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +94,13 @@ class Job:
     seed: int
     timeout: float
     custom_sources: dict[str, str]
+    augment: dict[str, Any] | None  # its job-file form (dvml.train.runtime.augment.encode)
+
+    @property
+    def augment_key(self) -> list[Any]:
+        """What of the augmentation goes into the job's key (:func:`job_key`): nothing
+        without one, so the keys (and checkpoints) of jobs without one do not change."""
+        return [] if self.augment is None else [augment_key_part(self.augment)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +162,7 @@ def place_job(reg: Registry, client: Client, args: JobArgs) -> Job:
         seed=int(config.get("preprocess.seed", args.seed)),
         timeout=float(config.get("train.trainer-timeout", args.timeout)),
         custom_sources=reg.custom_function_sources(args.custom_objects or []),
+        augment=encode_augment(args.augment),
     )
 
 

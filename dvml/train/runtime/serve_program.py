@@ -34,6 +34,7 @@ from dvml import tf_runtime
 from dvml.exceptions import TrainingError
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import training_dataset
+from dvml.train.runtime.augment import decode as decode_augment
 from dvml.train.runtime.local_model import compile_model, fit_kwargs, local_metrics
 from dvml.train.runtime.model_state import read_state, weights_digest, write_state
 from dvml.train.runtime.protocol import (
@@ -135,6 +136,7 @@ def serve(job: dict[str, Any]) -> None:
     train = open_local(job["training"]) if job.get("training") else None
     valid = open_local(job["validation"], require=False) if job.get("validation") else None
     models = Models(job)
+    augment = decode_augment(job.get("augment"))
     served = ServedModels()
     emit(Ready(rows=train.rows if train else 0, validation_rows=valid.rows if valid else 0))
     for text in sys.stdin:
@@ -145,7 +147,7 @@ def serve(job: dict[str, Any]) -> None:
             elif isinstance(command, Predict):
                 emit(served.predict(command))
             elif isinstance(command, Train) and train is not None:
-                emit(_train(job, models, train, command))
+                emit(_train(job, models, train, command, augment))
             elif isinstance(command, Evaluate) and train is not None:
                 emit(_evaluate(models, train, valid, command))
             else:
@@ -154,7 +156,9 @@ def serve(job: dict[str, Any]) -> None:
             emit(Failed(type=type(exc).__name__, message=str(exc)))
 
 
-def _train(job: dict[str, Any], models: Models, train: Any, command: Train) -> Trained:
+def _train(
+    job: dict[str, Any], models: Models, train: Any, command: Train, augment: Any
+) -> Trained:
     key = command.mst_key
     models.add(key, command.config)
     fit_params = models.config(key)["fit_params"]
@@ -168,7 +172,8 @@ def _train(job: dict[str, Any], models: Models, train: Any, command: Train) -> T
     seed = shuffle_seed(
         int(job["seed"]), iteration=command.iteration, model=key, worker=int(job["worker_index"])
     )
-    data = training_dataset(train, batch, steps, seed, shuffle=fit_params.get("shuffle", True))
+    shuffle = fit_params.get("shuffle", True)
+    data = training_dataset(train, batch, steps, seed, shuffle=shuffle, augment=augment)
     history = model.fit(data, steps_per_epoch=steps, **fit_kwargs(fit_params))
     trained = time.perf_counter()
     save_state(model, command.state_out)
