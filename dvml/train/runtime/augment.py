@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from typing import Any
 
 from dvml.exceptions import ArgumentTypeError
@@ -60,9 +61,8 @@ def encode(augment: Any) -> dict[str, Any] | None:
             "import tf_keras; tf_keras.Sequential([tf_keras.layers.RandomFlip('horizontal')])."
         )
     if package == "tf_keras":
-        import tf_keras
-
-        config = json.dumps(tf_keras.layers.serialize(augment))
+        # the user built the layer, so tf-keras is loaded: serialize with it, start nothing
+        config = json.dumps(sys.modules["tf_keras"].layers.serialize(augment))
         return {"kind": "keras", "config": config, "name": describe_layer(augment)}
     if callable(augment):
         payload = base64.b64encode(pickle_by_value(augment)).decode("ascii")
@@ -100,9 +100,9 @@ def decode(spec: dict[str, Any] | None) -> Any:
     if spec is None:
         return None
     if spec["kind"] == "keras":
-        import tf_keras
+        from dvml import tf_runtime
 
-        layer = tf_keras.layers.deserialize(json.loads(spec["config"]))
+        layer = tf_runtime.keras().layers.deserialize(json.loads(spec["config"]))
 
         def keras_augment(x: Any) -> Any:
             return layer(x, training=True)
