@@ -35,9 +35,9 @@ MAX_GROUP = 64
 
 def _stored(parts: LocalPartitions) -> dict[str, Any]:
     """The packed format of ``parts``: each field's dtype and whether y holds indices."""
-    storage = parts.summary.get("storage") or {}
-    if not storage.get("compact"):
+    if not parts.compact:
         return {"x": ["float32"] * len(parts.x_fields), "y": "float32", "indices": False}
+    storage = parts.summary["storage"]
     return {"x": list(storage["x_dtypes"]), "y": storage["y_dtype"], "indices": True}
 
 

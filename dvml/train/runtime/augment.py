@@ -63,7 +63,7 @@ def encode(augment: Any) -> dict[str, Any] | None:
     if package == "tf_keras":
         # the user built the layer, so tf-keras is loaded: serialize with it, start nothing
         config = json.dumps(sys.modules["tf_keras"].layers.serialize(augment))
-        return {"kind": "keras", "config": config, "name": describe_layer(augment)}
+        return {"kind": "keras", "config": config, "name": _describe_layer(augment)}
     if callable(augment):
         payload = base64.b64encode(pickle_by_value(augment)).decode("ascii")
         name = getattr(augment, "__qualname__", type(augment).__name__)
@@ -74,7 +74,7 @@ def encode(augment: Any) -> dict[str, Any] | None:
     )
 
 
-def describe_layer(layer: Any) -> str:
+def _describe_layer(layer: Any) -> str:
     """``Sequential(random_flip, random_rotation)`` or ``RandomFlip``: for the summary."""
     inner = getattr(layer, "layers", None)
     if inner:
