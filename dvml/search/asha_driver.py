@@ -174,16 +174,13 @@ class AshaDriver:
             # other, so one job alone would leave its trainer idle between its tasks)
             self.idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
             while True:
-                batch: list[Running] = []
                 try:
                     self._ask(self.idle, kept)
                     if not self.running:
                         break
-                    batch = self._next_done(kept)
-                    for n, done in enumerate(batch):
+                    for done in self._next_done(kept):
                         gone = self._finish(done)
                         if gone:  # this job and the rest of the batch were interrupted too
-                            self.running.update({r.trial_id: r for r in batch[n:]})
                             self._departed(gone, kept)
                             break
                         if done.trial_id not in self.running:  # not sent again
@@ -195,7 +192,6 @@ class AshaDriver:
                     gone = departed_workers(self.client, self.workers)
                     if not gone:
                         raise
-                    self.running.update({r.trial_id: r for r in batch})
                     self._departed(gone, kept)
                 # not those whose trainer died or that left the cluster
                 self.idle[:] = [w for w in self.idle if w in self.workers]
@@ -362,7 +358,10 @@ class AshaDriver:
         names = [w.name for w in gone]
         self._line(f"{describe_departure(gone)}: the search goes on without it")
         self.departed.extend(names)
-        interrupted = set(self.running)
+        # the search's own view: every model given out and not reported yet (in flight, in
+        # the batch being reported, or given out while the job was being sent); a model
+        # already reported (parked, finished, failed) is not interrupted
+        interrupted = set(self.search.running)
         self.running.clear()
         lost = set(self.hopper.lose(gone))
         # the state of an interrupted job is some hop of it: start again from a checkpoint

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -52,3 +54,8 @@ class Background:
         if error is not None:
             raise error
         return self.outcome["result"]
+
+    def stack(self) -> str:
+        """Where the call is now (its thread's stack), for a failed wait's message."""
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        return "".join(traceback.format_stack(frame)[-12:]) if frame is not None else "(ended)"

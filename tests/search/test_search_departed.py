@@ -122,6 +122,7 @@ def test_asha_goes_on_without_a_departed_worker(env: dict[str, Any]) -> None:
     assert poll_for(lambda: bool(_events(env, "dep_asha", j.Departed)), BOUND_S), (
         f"no departure journaled within {BOUND_S:.0f}s",
         search.outcome,
+        search.stack(),
     )
     noticed = time.monotonic() - killed
     result = search.result(600)
