@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "dvml"
 # Lowest first. Units within one layer do not import each other.
 LAYERS: list[set[str]] = [
     {"dvml._version", "dvml.exceptions"},
-    {"dvml.tf_runtime"},
+    {"dvml.tf_runtime", "dvml.vineyard_runtime"},
     {"dvml.config", "dvml.names", "dvml.limits", "dvml.examples"},
     {"dvml.cluster", "dvml.registry"},
     {"dvml.placement", "dvml.store"},

@@ -104,8 +104,9 @@ def local_client(socket: str | None = None) -> Any:
 
 
 def _connect(sock: str, who: str) -> Any:
-    import vineyard
+    from dvml.vineyard_runtime import import_vineyard
 
+    vineyard = import_vineyard()
     # A dead daemon must fail at once rather than after vineyard's ten 1-second retries.
     os.environ.setdefault("VINEYARD_IPC_SKIP_RETRY", "1")
     try:

@@ -101,8 +101,9 @@ def vineyard_instance_id(socket_path: str) -> int | None:
     """
     if not unix_socket_answers(socket_path):  # no file yet, or a dead daemon's: never
         return None  # ask vineyard's client, which prints a retry line on fd 2 for it
-    import vineyard
+    from dvml.vineyard_runtime import import_vineyard
 
+    vineyard = import_vineyard()
     os.environ.setdefault("VINEYARD_IPC_SKIP_RETRY", "1")
     try:
         client = vineyard.connect(socket_path)

@@ -50,8 +50,9 @@ def read_buffer(object_id: int, socket: str | None = None) -> np.ndarray:
         The object lives on another vineyard instance (names that instance, its worker and
         host, and the dataset's buffer), or exists nowhere.
     """
-    import vineyard
+    from dvml.vineyard_runtime import import_vineyard
 
+    vineyard = import_vineyard()
     client = local_client(socket)
     ipc = client.ipc_client
     oid = vineyard.ObjectID(int(object_id))

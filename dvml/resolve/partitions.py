@@ -144,8 +144,9 @@ def open_local(name: str, require: bool = True, socket: str | None = None) -> Lo
     hold one too (``with holding([name], job="my reader"): ...``) for as long as it uses the
     views; a drop or overwrite is then refused unless forced.
     """
-    import vineyard
+    from dvml.vineyard_runtime import import_vineyard
 
+    vineyard = import_vineyard()
     client = local_client(socket)
     try:
         root = client.get_meta(client.get_name(name))

@@ -111,8 +111,9 @@ def publish(
     lost on its way back. Writes through etcd: one persist per field and one for the root,
     then the name; none per buffer.
     """
-    import vineyard
+    from dvml.vineyard_runtime import import_vineyard
 
+    vineyard = import_vineyard()
     client = local_client()
     old = _lookup(client, name)
     replaced = None
@@ -160,8 +161,9 @@ def publish(
 
 def drop_metadata(record: dict[str, Any], drop_name: bool) -> None:
     """Delete the global metadata of a dataset (its tensors are deleted by their owners)."""
-    import vineyard
+    from dvml.vineyard_runtime import import_vineyard
 
+    vineyard = import_vineyard()
     client = local_client()
     if drop_name:
         current = _lookup(client, record["name"])

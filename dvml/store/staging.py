@@ -89,8 +89,9 @@ def persist_staged(run_id: str, ids: list[int]) -> int:
     Returns the id of the (persisted) object that carried them, tagged with the run; the
     run's :func:`discard_staged` deletes it.
     """
-    import vineyard
+    from dvml.vineyard_runtime import import_vineyard
 
+    vineyard = import_vineyard()
     client = local_client()
     if not ids:
         return 0
@@ -134,8 +135,9 @@ def discard_staged(run_id: str, keep: list[int]) -> int:
 
 
 def _discard(client: Any, run_id: str, keep: list[int]) -> int:
-    import vineyard
+    from dvml.vineyard_runtime import import_vineyard
 
+    vineyard = import_vineyard()
     staged = _local_staged(client, run_id)
     found = len(staged)
     if not found:

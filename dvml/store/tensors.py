@@ -456,8 +456,9 @@ def release_views(ids: list[int]) -> int:
 
 
 def _delete_existing(client: Any, ids: list[int]) -> int:
-    import vineyard
+    from dvml.vineyard_runtime import import_vineyard
 
+    vineyard = import_vineyard()
     # Which exist, from this vineyardd's own metadata: Client.exists asks etcd each time.
     ipc = client.ipc_client
     oids = []

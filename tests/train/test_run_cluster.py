@@ -119,6 +119,15 @@ def subclassed_fit(context: Any) -> float:
     return float(evaluated["accuracy"])
 
 
+def vineyard_modules(context: Any) -> dict[str, Any]:
+    """What the trainer holds of vineyard's command-line wrapper (dvml.vineyard_runtime)."""
+    import sys
+
+    context.dataset("train")  # reads through vineyard (a fresh trainer imports it here)
+    context.report({"rows": 1.0})
+    return {"ctl": type(sys.modules["vineyard.deploy.ctl"]).__name__, "rank": context.rank}
+
+
 def raising(context: Any) -> None:
     import tensorflow as tf
 
@@ -182,6 +191,13 @@ def test_a_subclassed_model_with_model_fit(env: dict[str, Any]) -> None:
     result = run(env, subclassed_fit, batch_size=64)
     assert 0.5 < result.value <= 1.0, result.value  # accuracy on the chief's local val rows
     assert result.history["loss"].iloc[-1] < result.history["loss"].iloc[0]
+
+
+def test_trainers_import_vineyard_without_its_vineyardctl_subprocess(env: dict[str, Any]) -> None:
+    """A trainer (a standby's import, or a fresh one's) goes through dvml.vineyard_runtime: the
+    placeholder is what it holds, so vineyard's import ran no vineyardctl."""
+    result = run(env, vineyard_modules, sync="none")
+    assert result.value == {"ctl": "_LazyCtl", "rank": 0}, result.value
 
 
 def test_a_raising_train_fn_stops_every_trainer_with_its_traceback(

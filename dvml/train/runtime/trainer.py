@@ -83,10 +83,12 @@ def _standby_imports(imports: dict[str, float]) -> None:
     imports["nice"] = float(os.getpriority(os.PRIO_PROCESS, 0))  # this thread's
     imports.update(tf_runtime.preimport())
     t0 = time.perf_counter()
-    # What every job reads with (this module imported dvml's resolvers already): vineyard,
-    # the weights codec and the model averaging, imported while waiting.
-    import vineyard  # noqa: F401
+    # What every job reads with (this module imported dvml's resolvers already): vineyard
+    # (first: without its vineyardctl subprocess), the weights codec and the model averaging,
+    # imported while waiting.
+    from dvml.vineyard_runtime import import_vineyard
 
+    import_vineyard()
     import dvml.registry.weights
     import dvml.train.runtime.averaging
     import dvml.train.runtime.sync_program  # noqa: F401
