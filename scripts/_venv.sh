@@ -25,4 +25,9 @@ if [ -n "${DVML_EXTRAS:-}" ]; then
 else
   .venv/bin/python -m pip install --quiet -e .
 fi
+# An editable install leaves dvml's bytecode to the first import, and where
+# PYTHONDONTWRITEBYTECODE is set (as on our CI machines) no process ever writes it: every Dask
+# worker and trainer would compile dvml's modules again (~0.25 s of CPU each). Compile it
+# once, as pip does for an installed wheel; a changed file is still compiled afresh.
+.venv/bin/python -m compileall -q -j 0 dvml >/dev/null
 export PATH="$ROOT/.venv/bin:$PATH"
