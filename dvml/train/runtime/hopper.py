@@ -153,14 +153,63 @@ class ModelHopper:
             )
         self.job["configs"][str(mst_key)] = model
         if isinstance(state, bytes):
-            # A list of one: scattering a dict would scatter each of its values on its own.
-            first = [{"state": state, "record": None}]
+            state = self._place(state, worker)
+        self.states[mst_key] = state
+
+    def _place(self, state: bytes, worker: WorkerInfo) -> Future:
+        """Scatter a starting state to ``worker``, else to another worker of the job.
+
+        A worker that dies under the scatter fails it at once (CommClosedError, or the
+        scheduler no longer knows it), but one that dies just before the scheduler connects
+        to it can hold the scatter for the scheduler's connect timeout (30 s by default): the
+        scatter is watched, and given up once the watcher names the worker gone. The watcher
+        of the job's tasks reports the departure itself.
+        """
+        # A list of one: scattering a dict would scatter each of its values on its own.
+        first = [{"state": state, "record": None}]
+        others = [w for w in self.workers if w != worker]
+        for targets in ([worker], others) if others else ([worker],):
+            addresses = [w.address for w in targets]
             try:
-                state = self.client.scatter(first, workers=[worker.address], hash=False)[0]
-            except (OSError, KeyError):  # the worker just died (CommClosedError, or the
-                # scheduler no longer knows it): the watcher names that; the state goes elsewhere
-                state = self.client.scatter(first, hash=False)[0]
-        self.states[mst_key] = state  # type: ignore[assignment]
+                placed, gone = self._watched(
+                    lambda a=addresses: self.client.scatter(first, workers=a, hash=False),
+                    targets,
+                )
+            except (OSError, KeyError):
+                continue
+            if not gone:
+                return placed[0]
+        raise TrainerFailedError(
+            f"The starting state of a model of job {self.name!r} could not be placed on any "
+            f"of its workers: {[w.name for w in [worker, *others]]} are gone or unreachable. "
+            "Check `dvml cluster status`, bring the workers back and run the job again."
+        )
+
+    def _watched(
+        self, call: Any, workers: list[WorkerInfo], probe_every: float = 2.0
+    ) -> tuple[Any, list[WorkerInfo]]:
+        """``call()``'s value and no departed worker; or None and the departed ones, when one
+        of ``workers`` leaves while the call waits (the call is left to end on its own: Dask
+        can wait on a departed worker for a connect timeout, or for ever)."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as exc:  # re-raised in the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name="dvml-hopper-call", daemon=True)
+        thread.start()
+        thread.join(probe_every)
+        while thread.is_alive():
+            gone = departed_workers(self.client, workers, wait=0.0)
+            if gone:
+                return None, gone
+            thread.join(probe_every)
+        if "error" in box:
+            raise box["error"]
+        return box["value"], []
 
     def train(self, mst_key: int, worker: WorkerInfo, iteration: int) -> tuple[Future, Future]:
         """Train model ``mst_key`` once more (its ``epochs``) on ``worker``'s local rows, from
@@ -265,27 +314,12 @@ class ModelHopper:
         """The results of ``futures`` (tasks that finished), and no departed worker; or none
         and the departed workers, when a worker that held a result leaves meanwhile (Dask would
         wait for ever to compute it again on a worker that is gone)."""
-        box: dict[str, Any] = {}
-
-        def get() -> None:
-            try:
-                box["values"] = self.client.gather(futures)
-            except BaseException as exc:  # re-raised in the caller's thread
-                box["error"] = exc
-
-        thread = threading.Thread(target=get, name="dvml-hopper-fetch", daemon=True)
-        thread.start()
-        thread.join(probe_every)
-        while thread.is_alive():
-            gone = departed_workers(self.client, self.workers, wait=0.0)
-            if gone:
-                self.client.cancel(futures)  # ends the gather
-                thread.join(30)
-                return [], gone
-            thread.join(probe_every)
-        if "error" in box:
-            raise box["error"]
-        return list(box["values"]), []
+        values, gone = self._watched(lambda: self.client.gather(futures), self.workers,
+                                     probe_every)  # fmt: skip
+        if gone:
+            self.client.cancel(futures)  # ends the gather
+            return [], gone
+        return list(values), []
 
     def all_weights(self) -> tuple[dict[int, bytes], list[WorkerInfo]]:
         """The weights of every model (those whose task fails are left out), watched: when
