@@ -20,6 +20,9 @@ vineyard = import_vineyard()
 ctl = sys.modules["vineyard.deploy.ctl"]
 out = {"children_cpu": children_cpu(), "placeholder": type(ctl).__name__,
        "same": import_vineyard() is vineyard, "client": hasattr(vineyard, "connect")}
+import inspect
+inspect.getmodule(children_cpu)  # reads every module's __file__: must not build the wrapper
+out["after_probe"] = type(sys.modules["vineyard.deploy.ctl"]).__name__
 deploy_subcommand = vineyard.deploy.vineyardctl.deploy  # first use: the real wrapper is built
 out.update(after_cpu=children_cpu(), after=type(sys.modules["vineyard.deploy.ctl"]).__name__,
            subcommand=callable(deploy_subcommand),
@@ -40,6 +43,7 @@ def test_import_runs_no_subprocess_and_the_wrapper_is_built_on_first_use() -> No
     found = _probe(PROBE)
     assert found["children_cpu"] == 0.0, found  # no vineyardctl ran
     assert found["placeholder"] == "_LazyCtl" and found["same"] and found["client"], found
+    assert found["after_probe"] == "_LazyCtl", found
     # vineyardctl's wrapper: built (the binary ran) when a subcommand is first read
     assert found["after_cpu"] > 0.0 and found["after"] == "module", found
     assert found["subcommand"] and found["real"], found

@@ -168,7 +168,9 @@ class ModelHopper:
         # A list of one: scattering a dict would scatter each of its values on its own.
         first = [{"state": state, "record": None}]
         others = [w for w in self.workers if w != worker]
-        for targets in ([worker], others) if others else ([worker],):
+        for targets in ([worker], others):
+            if not targets:
+                continue
             addresses = [w.address for w in targets]
             try:
                 placed, gone = self._watched(
