@@ -259,6 +259,7 @@ class HopSearch:
         outcome = build_outcome(self.job, self.model_output, configurations, self.history,
                                 weights, times=times, journal=journal, best=best)  # fmt: skip
         outcome.summary["departed"] = self.departed
+        outcome.summary["failed"] = sorted(self.failed)  # their state went with a departed worker
         self.hopper.clear_checkpoints()
         return outcome
 

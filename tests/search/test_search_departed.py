@@ -153,7 +153,10 @@ def test_hyperband_goes_on_without_a_departed_worker(env: dict[str, Any]) -> Non
     """Killed during the last diagonal: the diagonal goes on on worker-0 from the last
     iteration all of its configurations checkpointed (else from the states they began it
     with); MADlib's .info is whole (15 configurations, each one's metrics_iters as without the
-    departure) and every configuration is registered."""
+    departure) and every configuration is registered. A configuration carried into the last
+    diagonal whose state and checkpoints were all on worker-1 is failed (summary["failed"]);
+    whether Dask still held a copy of its state on worker-0 at the kill varies from run to run
+    (its evaluation copied it there; the active memory manager drops such copies)."""
 
     def run(seen: Any) -> Any:
         with dask.config.set(env["settings"]):
@@ -180,12 +183,19 @@ def test_hyperband_goes_on_without_a_departed_worker(env: dict[str, Any]) -> Non
     # MADlib's schedule as without the departure: bracket 2 (keys 1..9), 1 (10..12), 0 (13..15)
     assert list(info["s"]) == [2] * 9 + [1] * 3 + [0] * 3
     # bracket 2: 6 dropped after [1], 2 after [1, 4], 1 to [1, 4, 13]; bracket 1: 2 after [4],
-    # 1 to [4, 13]; bracket 0: 3 at [13]
-    lengths = sorted(len(m) for m in info["metrics_iters"])
-    assert lengths == [1] * 11 + [2] * 3 + [3], lengths
+    # 1 to [4, 13]; bracket 0: 3 at [13]. A configuration whose state and checkpoints were all
+    # on worker-1 is failed (one that had stopped keeps its metrics; one carried into the last
+    # diagonal stops where the diagonal began); bracket 0's start in the client's memory.
+    (top,) = info.index[info["i"] == 2]
+    (second,) = info.index[(info["s"] == 1) & (info["i"] == 1)]
+    failed = set(summary["failed"])
+    assert failed <= set(range(1, 13)), failed
+    expected = {top: [1, 4, 13], second: [4, 13]}
+    for k, iters in expected.items():
+        assert info.loc[k, "metrics_iters"] == (iters[:-1] if k in failed else iters), k
     for k in range(13, 16):  # bracket 0 starts in the last diagonal: one evaluation, at 13
         assert info.loc[k, "metrics_iters"] == [13]
-    top = info[info["i"] == 2]
-    assert len(top) == 1 and top["metrics_iters"].iloc[0] == [1, 4, 13]
+    dropped = sorted(len(m) for k, m in info["metrics_iters"].items() if k not in expected)
+    assert dropped == [1] * 11 + [2] * 2, dropped  # bracket 2: 6 + 2, bracket 1: 2, bracket 0: 3
     models = set(env["registry"].list_models()["name"])
     assert {f"dep_hb_{k}" for k in range(1, 16)} <= models
