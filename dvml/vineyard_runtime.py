@@ -61,7 +61,8 @@ class _LazyCommand:
         return _real_ctl().vineyardctl(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        _not_dunder(name)
+        if _is_dunder(name):
+            raise AttributeError(name)
         return getattr(_real_ctl().vineyardctl, name)
 
     def __repr__(self) -> str:
@@ -78,12 +79,12 @@ class _LazyCtl(types.ModuleType):
         """vineyard.deploy calls it at import; the real one runs on first use."""
 
     def __getattr__(self, name: str) -> Any:  # anything else: the real module's
-        _not_dunder(name)
+        if _is_dunder(name):
+            raise AttributeError(name)
         return getattr(_real_ctl(), name)
 
 
-def _not_dunder(name: str) -> None:
+def _is_dunder(name: str) -> bool:
     """Probes of a module's or object's dunders (``inspect.getmodule`` reads every module's
     ``__file__``; pickling and copying look for theirs) must not build the wrapper."""
-    if name.startswith("__") and name.endswith("__"):
-        raise AttributeError(name)
+    return name.startswith("__") and name.endswith("__")
