@@ -3,9 +3,9 @@
 Importing vineyard imports ``vineyard.deploy.ctl``, which runs the bundled ``vineyardctl``
 binary (``vineyardctl -j``, its whole command line as JSON) to build a Python wrapper of it,
 ``vineyard.deploy.vineyardctl``. dvml never calls that wrapper, but every dvml process imports
-vineyard: the client, each Dask worker, each trainer. The binary costs about 0.3 CPU-seconds
-and 0.35 s of wall time per process, which on a short job's two cores is part of its fixed
-costs (issue 29, B20).
+vineyard: the client, each Dask worker, each trainer. The binary costs about 0.28 s of wall
+time and as much CPU per process (measured: ``import vineyard`` 1.25 s against 0.98 s here),
+which on a short job's two cores is part of its fixed costs (issue 29, B20).
 
 :func:`import_vineyard` imports vineyard with a placeholder for ``vineyard.deploy.ctl`` whose
 ``vineyardctl`` builds the real wrapper on first use, and whose other attributes load the
