@@ -36,6 +36,7 @@ from dvml.cluster.processes import ManagedProcess, free_port, poll_for, port_is_
 from dvml.cluster.security import cluster_security, create_certificates, tls_enabled
 from dvml.cluster.spec import LocalWorkerSpec, check_shared_memory, parse_memory, plan_workers
 from dvml.cluster.workers import GPUS_ENV, HOST_ENV, SOCKET_ENV
+from dvml.cluster.zygote import ZYGOTE_DIR_ENV
 from dvml.exceptions import (
     ArgumentError,
     ClusterStartError,
@@ -297,6 +298,8 @@ class LocalCluster(Cluster):
             # The Dask workers of this machine share its cores (dvml.tf_runtime's budget);
             # simulated hosts are still one machine.
             tf_runtime.WORKERS_ON_HOST_ENV: str(len(self.specs)),
+            # The workers' trainers are forked by one zygote, whose socket is the cluster's.
+            ZYGOTE_DIR_ENV: os.path.join(self.directory, "sockets"),
         }
         if self._namespace is not None and self.etcd is not None:
             # Trainers run in etcd's namespace: their gRPC servers bind every interface.

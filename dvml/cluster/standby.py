@@ -22,7 +22,12 @@ runs one job and exits. When the standby starts matters, as its import takes a c
 Either way the standby imports at a lower CPU priority (``nice`` +10 for its import thread,
 :mod:`dvml.train.runtime.trainer`), so it takes the cores only when nothing else wants them; the job
 itself runs at normal priority. GPU jobs always get a fresh process (see
-:mod:`dvml.train.runtime.launch`): a standby hides every GPU. A standby is stopped when its worker
+:mod:`dvml.train.runtime.launch`): a standby hides every GPU.
+
+Where it can (Linux, ``dvml.train.fork-trainers``, the default), a standby is not a process of
+its own but forked from its machine's *zygote* (:mod:`dvml.cluster.zygote`), which imported
+TensorFlow once for every worker of the machine: a standby then starts in milliseconds, and a
+CPU job that finds none forks one as quickly. A standby is stopped when its worker
 closes (a WorkerPlugin's teardown, and ``atexit``) and exits by itself when its stdin closes,
 so a killed worker leaves none behind. ``dvml.train.standby-trainer: false`` turns it off.
 """
@@ -30,6 +35,7 @@ so a killed worker leaves none behind. ``dvml.train.standby-trainer: false`` tur
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -41,7 +47,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from dvml import config, tf_runtime
-from dvml.cluster.isolation import trainer_prefix
+from dvml.cluster import zygote
+from dvml.cluster.isolation import TRAINER_NAMESPACE_ENV, trainer_prefix
+from dvml.cluster.zygote import ForkedProcess
+from dvml.exceptions import ClusterError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -52,7 +61,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "QUIET_SECONDS",
+    "Trainer",
     "add_busy_probe",
+    "forked_standby",
     "popen_trainer",
     "standby_pid",
     "start_standby",
@@ -77,6 +88,14 @@ _LOCK = threading.Lock()
 # "registered": the teardown is in place.
 _STANDBY: dict[str, Any] = {}
 _PLUGIN_NAME = "dvml-standby-trainer"
+logger = logging.getLogger("dvml.cluster")
+
+Trainer = subprocess.Popen[str] | ForkedProcess
+"""A trainer process: a subprocess of the worker, or forked by its machine's zygote."""
+
+# This worker process's connections to its machine's zygote, by socket path.
+_ZYGOTES: dict[str, zygote.Zygote] = {}
+_ZYGOTES_LOCK = threading.Lock()
 
 # pid of a trainer → the file that receives its fd 2 (TensorFlow's C++ output goes there
 # before Python's logging exists); its tail goes into the error when the trainer fails.
@@ -90,20 +109,18 @@ def _trainer_command(arg: str) -> list[str]:
     return [*prefix, sys.executable, "-m", "dvml.train.runtime.trainer", arg]
 
 
-def popen_trainer(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subprocess.Popen[str]:
-    """Start ``python -m dvml.train.runtime.trainer ARG`` in its own session, stdout piped."""
-    if tf_runtime.show_startup_log():
-        stderr: Any = subprocess.STDOUT  # into the output pipe, as before
-        path = None
-    else:
-        fd, path = tempfile.mkstemp(prefix="dvml-trainer-", suffix=".stderr", dir=cwd)
-        stderr = fd
-        env = {**env, tf_runtime.STDERR_CAPTURED_ENV: "1"}
+def popen_trainer(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> Trainer:
+    """Start ``python -m dvml.train.runtime.trainer ARG`` in its own session, stdout piped
+    (a standby, ``--standby``, is forked from this machine's zygote where it can be)."""
+    proc = forked_standby(env, cwd) if arg == "--standby" else None
+    if proc is not None:
+        return proc
+    stderr, path, env = _stderr_file(env, cwd)
     try:
-        proc = subprocess.Popen(
+        popen = subprocess.Popen(
             _trainer_command(arg),
             stdout=subprocess.PIPE,
-            stderr=stderr,
+            stderr=subprocess.STDOUT if stderr is None else stderr,
             stdin=stdin,
             env=env,
             text=True,
@@ -111,14 +128,51 @@ def popen_trainer(arg: str, env: dict[str, str], cwd: str, stdin: Any) -> subpro
             cwd=cwd,
         )
     finally:
+        if stderr is not None:
+            os.close(stderr)
+    if path is not None:
+        _STDERR_LOGS[popen.pid] = path
+    return popen
+
+
+def _stderr_file(env: dict[str, str], cwd: str) -> tuple[int | None, str | None, dict[str, str]]:
+    """The trainer's fd 2: a new file in ``cwd`` (its descriptor and path), or None for its
+    stdout pipe where ``dvml.tf.show-startup-log`` lets TensorFlow's start-up output through."""
+    if tf_runtime.show_startup_log():
+        return None, None, env
+    fd, path = tempfile.mkstemp(prefix="dvml-trainer-", suffix=".stderr", dir=cwd)
+    return fd, path, {**env, tf_runtime.STDERR_CAPTURED_ENV: "1"}
+
+
+def forked_standby(env: dict[str, str], cwd: str) -> ForkedProcess | None:
+    """A standby trainer forked from this machine's zygote (:mod:`dvml.cluster.zygote`);
+    None when ``dvml.train.fork-trainers`` is off or no zygote answers (the caller then
+    starts a process of its own)."""
+    if not config.get("train.fork-trainers") or not sys.platform.startswith("linux"):
+        return None
+    stderr, path, env = _stderr_file(env, cwd)
+    try:
+        socket_path = zygote.socket_path(env, os.environ.get(TRAINER_NAMESPACE_ENV, ""))
+        with _ZYGOTES_LOCK:
+            machine = _ZYGOTES.get(socket_path)
+            if machine is None:
+                command = _trainer_command("--zygote")
+                machine = _ZYGOTES[socket_path] = zygote.Zygote(socket_path, command, env)
+        proc = machine.fork(env, cwd, stderr)
+    except (OSError, ClusterError) as exc:
+        logger.warning("Starting a trainer as a process of its own: %s", exc)
         if path is not None:
+            os.unlink(path)
+        return None
+    finally:
+        if stderr is not None:
             os.close(stderr)
     if path is not None:
         _STDERR_LOGS[proc.pid] = path
     return proc
 
 
-def stderr_tail(proc: subprocess.Popen[str], said: str = "", lines: int = 20) -> str:
+def stderr_tail(proc: Trainer, said: str = "", lines: int = 20) -> str:
     """The last ``lines`` lines the trainer wrote to fd 2 before the traceback of the error it
     reported (``said`` holds that error already); its file is removed."""
     path = _STDERR_LOGS.pop(proc.pid, None)
@@ -139,7 +193,7 @@ def stderr_tail(proc: subprocess.Popen[str], said: str = "", lines: int = 20) ->
     return "\n".join(deque((x for x in written if x.strip() and x.strip() not in known), lines))
 
 
-def stop_trainer(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
+def stop_trainer(proc: Trainer, grace: float = 10.0) -> None:
     """SIGTERM the trainer's process group, then SIGKILL after ``grace`` seconds; always reap
     it."""
     if proc.poll() is not None:
@@ -154,7 +208,7 @@ def stop_trainer(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
         proc.wait(10)
 
 
-def _discard(proc: subprocess.Popen[str]) -> None:
+def _discard(proc: Trainer) -> None:
     if proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()
@@ -174,6 +228,12 @@ def stop_standby(final: bool = False) -> None:
             _STANDBY["closed"] = True
     if proc is not None:
         _discard(proc)
+    if final:
+        with _ZYGOTES_LOCK:
+            machines = list(_ZYGOTES.values())
+            _ZYGOTES.clear()
+        for machine in machines:
+            machine.close()
 
 
 class _StandbyPlugin:
@@ -218,19 +278,45 @@ def start_standby(dask_worker: Any = None) -> None:
         proc = _STANDBY.get("proc")
         if (proc is not None and proc.poll() is None) or _STANDBY.get("closed"):
             return
-        if not _running(worker):  # closing: its teardown may have run already
+        if not _running(worker) or _STANDBY.get("starting"):  # closing, or on its way
             return
-        env = tf_runtime.trainer_environment(os.environ, None, use_gpus=False)
-        _STANDBY["proc"] = popen_trainer("--standby", env, worker.local_directory, subprocess.PIPE)
+        # In a thread: a fork waits for the zygote's import the first time (seconds), and
+        # the caller (a pack's warm-up) must not.
+        starting = threading.Thread(
+            target=_start, args=(worker.local_directory,), name="dvml-standby-start", daemon=True
+        )
+        _STANDBY["starting"] = starting
+        starting.start()
     _register_teardown(worker)
 
 
-def take_standby() -> subprocess.Popen[str] | None:
+def _start(cwd: str) -> None:
+    """(A thread of :func:`start_standby`.) Start the standby and keep it, unless the worker
+    closed meanwhile."""
+    proc = None
+    try:
+        env = tf_runtime.trainer_environment(os.environ, None, use_gpus=False)
+        proc = popen_trainer("--standby", env, cwd, subprocess.PIPE)
+    finally:
+        with _LOCK:
+            _STANDBY.pop("starting", None)
+            keep = proc is not None and not _STANDBY.get("closed") and "proc" not in _STANDBY
+            if keep:
+                _STANDBY["proc"] = proc
+        if proc is not None and not keep:
+            _discard(proc)
+
+
+def take_standby() -> Trainer | None:
     """This worker's live standby, now owned by the caller (None when there is none).
 
     A deferred start still pending is dropped: the caller runs a job now and asks again
     (:func:`start_standby_when_idle`) when it ends.
     """
+    with _LOCK:
+        starting = _STANDBY.get("starting")
+    if starting is not None:  # on its way: the job would wait for a fresh one as long
+        starting.join(zygote.START_TIMEOUT)
     with _LOCK:
         proc = _STANDBY.pop("proc", None)
         _STANDBY["wanted"] = False

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from tests.helpers.polling import poll_for
-from tests.helpers.trainers import inference_trainers, standby_trainers
+from tests.helpers.trainers import inference_trainers, standby_trainers, zygotes
 
 if TYPE_CHECKING:
     import dvml
@@ -48,6 +48,7 @@ def _excluded_pids() -> set[int]:
         except psutil.NoSuchProcess:
             continue
         pids.update(standby_trainers(children, idle=False))
+        pids.update(zygotes(children))  # the machine's, started by a worker: it goes with them
         # ... and so does a client's inference session (evaluate/predict), kept between calls.
         pids.update(inference_trainers(children))
     return pids
@@ -90,9 +91,10 @@ def assert_no_new_processes(before: dict[int, str], timeout: float = 10.0) -> No
         new = {p: c for p, c in child_processes().items() if p not in before}
         # A standby trainer that a worker from before started (a pack warms one, a fit leaves
         # one) belongs to that worker and is stopped with it, like the worker itself.
-        for pid in {*standby_trainers(new, idle=False), *inference_trainers(new)}:
-            if _parent(pid) in before:
-                del new[pid]
+        owned = {pid for pid in zygotes(new) if _parent(pid) in before}  # and their forks
+        for pid in {*standby_trainers(new, idle=False), *inference_trainers(new), *owned}:
+            if _parent(pid) in before or _parent(pid) in owned:
+                new.pop(pid, None)
         return not new
 
     if not poll_for(none_new, timeout, interval=0.1):

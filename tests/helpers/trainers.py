@@ -8,6 +8,11 @@ file. What identifies a job's trainer is its job file: every trainer (fit's, a s
 was handed a job, fit_multiple's serving trainer) works in the job's directory, which holds
 ``job.json``. :func:`job_trainers` reads it and keeps the trainers whose job has the given
 values (``training="digits"``, ``model_output="mop"``, ``job_key=...``).
+
+Standby trainers are usually forked from their machine's zygote (``python -m
+dvml.train.runtime.trainer --zygote SOCKET``, dvml.cluster.zygote): such a trainer has the
+zygote's command line and is the zygote's child, not its worker's; it works in its worker's
+local directory (a standby) or in a job directory below it.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import psutil
 __all__ = [
     "STANDBY",
     "TRAINER_MODULES",
+    "forked_trainers",
     "inference_trainers",
     "job_trainers",
     "standby_trainers",
     "worker_descendants",
     "worker_trainers",
+    "zygotes",
 ]
 
 # What a trainer's command line runs: fit's trainer (fresh or standby) and the hop trainer.
@@ -34,6 +41,41 @@ TRAINER_MODULES = ("dvml.train.runtime.trainer",)
 STANDBY = (
     "dvml.train.runtime.trainer --standby"  # a standby's command line, also once it runs a job
 )
+ZYGOTE = "dvml.train.runtime.trainer --zygote"  # the zygote's, and so its forked trainers'
+
+
+def _forked(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is a trainer forked by a zygote (the zygote's child, its command line)."""
+    cmdline = proc.cmdline()
+    if ZYGOTE not in " ".join(cmdline):
+        return False
+    parent = proc.parent()
+    return parent is not None and parent.cmdline() == cmdline
+
+
+def zygotes(pids: Iterable[int]) -> list[int]:
+    """The pids among ``pids`` of zygotes (not the trainers they forked)."""
+    found = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if ZYGOTE in " ".join(proc.cmdline()) and not _forked(proc):
+                found.append(pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def forked_trainers() -> dict[int, str]:
+    """Every live trainer forked by a zygote of this user: ``{pid: working directory}``."""
+    found = {}
+    for proc in psutil.process_iter():
+        try:
+            if _forked(proc) and proc.status() != psutil.STATUS_ZOMBIE:
+                found[proc.pid] = proc.cwd()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
 
 
 def _job_of(proc: psutil.Process) -> dict[str, Any] | None:
@@ -90,7 +132,8 @@ def standby_trainers(pids: Iterable[int], idle: bool = True) -> list[int]:
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            if STANDBY in " ".join(proc.cmdline()) and not (idle and _job_of(proc)):
+            started = STANDBY in " ".join(proc.cmdline()) or _forked(proc)
+            if started and not (idle and _job_of(proc)):
                 found.append(pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -98,16 +141,24 @@ def standby_trainers(pids: Iterable[int], idle: bool = True) -> list[int]:
 
 
 def worker_descendants(cluster: Any, worker: str | None = None) -> list[int]:
-    """Pids of every process below the cluster's Dask worker processes (or below ``worker``)."""
-    pids = []
+    """Pids of every process of the cluster's Dask workers (or of ``worker``): below their
+    processes, and the trainers forked for them, which work in their local directories."""
+    pids, directories = [], []
     for name, pid in cluster.processes().items():
         if not name.startswith("dask worker ") or worker not in (None, name[len("dask worker ") :]):
             continue
+        directories.append(os.path.join(cluster.directory, "dask", name[len("dask worker ") :]))
         try:
             pids.extend(child.pid for child in psutil.Process(pid).children(recursive=True))
         except psutil.NoSuchProcess:
             continue
-    return pids
+    forked = forked_trainers()  # below the worker that started the zygote, whoever's they are
+    mine = [p for p, cwd in forked.items() if any(_below(cwd, d) for d in directories)]
+    return [p for p in pids if p not in forked] + mine
+
+
+def _below(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory + os.sep)
 
 
 def worker_trainers(cluster: Any, worker: str | None = None, **fields: Any) -> list[int]:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from dvml import tf_runtime
 
 
@@ -30,10 +32,12 @@ def test_standby_exits_when_its_stdin_closes() -> None:
             proc.wait()
 
 
-def test_standby_goes_with_its_worker(tmp_path: object) -> None:
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "own-process"])
+def test_standby_goes_with_its_worker(tmp_path: object, forked: bool) -> None:
     import signal
 
     import dask.config
+    import psutil
 
     import dvml
     from dvml import config
@@ -42,8 +46,9 @@ def test_standby_goes_with_its_worker(tmp_path: object) -> None:
 
     # Load dvml's defaults first: dask.config.set would otherwise drop them on exit.
     config.defaults()
+    settings = {"dvml.cluster.state-dir": str(tmp_path), "dvml.train.fork-trainers": forked}
     with (
-        dask.config.set({"dvml.cluster.state-dir": str(tmp_path)}),
+        dask.config.set(settings),
         dvml.LocalCluster(n_workers=2, set_as_default=False) as cluster,
     ):
         cluster.client.run(standby.start_standby)
@@ -55,11 +60,23 @@ def test_standby_goes_with_its_worker(tmp_path: object) -> None:
 
         assert poll_for(lambda: len(standbys("worker-0")) == len(standbys("worker-1")) == 1, 30)
         killed, kept = standbys("worker-0")[0], standbys("worker-1")[0]
+        parents = {psutil.Process(pid).ppid() for pid in (killed, kept)}
+        if forked:  # both forked by the machine's one zygote, a child of neither worker
+            (zygote,) = parents
+            assert "--zygote" in psutil.Process(zygote).cmdline()
+        else:
+            assert parents == set(
+                cluster.processes()[f"dask worker {w}"] for w in ("worker-0", "worker-1")
+            )
         # A worker killed outright: its standby reads EOF on stdin and exits by itself.
         os.kill(first, signal.SIGKILL)
         assert poll_for(lambda: pid_gone(killed), 120)
-    # A worker closed normally stops its standby (WorkerPlugin teardown).
+        assert not pid_gone(kept)
+    # A worker closed normally stops its standby (WorkerPlugin teardown), and the zygote ends
+    # once no worker holds it.
     assert poll_for(lambda: pid_gone(kept), 30)
+    if forked:
+        assert poll_for(lambda: pid_gone(zygote), 30)
 
 
 # -- when a standby starts: not while its worker works, and before the first fit ----------------
@@ -131,6 +148,7 @@ def test_the_first_fit_finds_warm_trainers(local_cluster: Any, tmp_path: Any) ->
     import dask.config
     import numpy as np
     import pandas as pd
+    import psutil
     from sklearn.datasets import load_digits
 
     import dvml
@@ -159,6 +177,9 @@ def test_the_first_fit_finds_warm_trainers(local_cluster: Any, tmp_path: Any) ->
         )  # fmt: skip
         assert poll_for(lambda: all(_standby_pid_on(client, a) for a in addresses), 30)
         warmed = {a: _standby_pid_on(client, a) for a in addresses}
+        # Forked by one zygote: TensorFlow imported once for both workers.
+        zygotes = {psutil.Process(pid).ppid() for pid in warmed.values()}
+        assert len(zygotes) == 1
 
         registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
         try:
@@ -179,11 +200,13 @@ def test_the_first_fit_finds_warm_trainers(local_cluster: Any, tmp_path: Any) ->
             base = os.getpriority(os.PRIO_PROCESS, 0)
             assert startup["standby_imports"]["nice"] == min(19, base + 10)
             assert startup["exit_seconds"] >= 0.0  # the trainer's exit after its "done"
-        # Each worker starts its next standby once idle: a new process, not the one used.
+        # Each worker starts its next standby once idle: a new process, not the one used,
+        # forked by the same zygote (no second import).
         assert poll_for(
             lambda: all(_standby_pid_on(client, a) not in (None, warmed[a]) for a in addresses),
             60,
         )
+        assert {psutil.Process(_standby_pid_on(client, a)).ppid() for a in addresses} == zygotes
         dvml.datasets.drop("warm_digits", client=client)
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 from dvml import config, tf_runtime
 from dvml.cluster.standby import (
+    Trainer,
+    forked_standby,
     popen_trainer,
     start_standby_when_idle,
     stderr_tail,
@@ -57,7 +59,7 @@ def private_workdir(worker: Any, prefix: str) -> str:
     return workdir
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
+def _stop(proc: Trainer) -> None:
     """Close the trainer's stdin and stop its process group (SIGKILL after :data:`STOP_GRACE`)."""
     if proc.stdin is not None:
         with contextlib.suppress(OSError, ValueError):
@@ -71,7 +73,7 @@ class TrainerProcess:
     Use :meth:`start`. ``name`` says which trainer it is in errors (``"trainer on worker w0"``).
     """
 
-    def __init__(self, proc: subprocess.Popen[str], name: str, workdir: str) -> None:
+    def __init__(self, proc: Trainer, name: str, workdir: str) -> None:
         self.proc, self.name, self.workdir = proc, name, workdir
         self.messages: queue.Queue[Line | None] = queue.Queue()
         self.tail: deque[str] = deque(maxlen=30)
@@ -196,9 +198,10 @@ class TrainerProcess:
             start_standby_when_idle(standby_worker)
 
 
-def _handover(job_path: str, workdir: str, env: dict[str, str]) -> subprocess.Popen[str] | None:
-    """Hand the job to this worker's standby trainer; None when there is none alive."""
-    proc = take_standby()
+def _handover(job_path: str, workdir: str, env: dict[str, str]) -> Trainer | None:
+    """Hand the job to this worker's standby trainer, or to a new one forked from the
+    machine's zygote; None when there is neither."""
+    proc = take_standby() or forked_standby(env, workdir)
     if proc is None or proc.stdin is None:
         return None
     keys = ("TF_CONFIG", "TMPDIR", *tf_runtime.ThreadBudget(1, 1, 1).environment())

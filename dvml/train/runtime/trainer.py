@@ -8,8 +8,11 @@ model it is sent, one command at a time, until stdin closes) or ``"user"``
 program ends, so GPU memory is released after every job, and when its worker dies
 (:func:`~dvml.train.runtime.orphan.exit_with_parent`).
 
-A trainer is started fresh or as a *standby* (``--standby``): a standby imports TensorFlow and
-tf-keras at once, without starting TensorFlow's runtime, and then waits on stdin for one
+A trainer is started fresh or as a *standby* (``--standby``), usually forked from its
+machine's *zygote* (``--zygote SOCKET``, :mod:`dvml.cluster.zygote`), which imported what
+every job needs once for all the trainers of the machine. A standby imports TensorFlow and
+tf-keras at once (forked: has them already), without starting TensorFlow's runtime, and then
+waits on stdin for one
 :class:`~dvml.train.runtime.protocol.Handover` line. ``TF_CONFIG``, the thread budget,
 device visibility and the temporary directory are still open then, so they are set per job;
 the standby runs that one job and exits like a fresh trainer. It exits without running
@@ -154,10 +157,27 @@ def _job_environment(env: dict[str, str]) -> None:
         tempfile.tempdir = env["TMPDIR"]
 
 
+def _zygote_imports() -> None:
+    """(The zygote, before it forks.) The standby's imports, in a niced thread: the forks
+    come from the main thread, which keeps its priority."""
+    imports: dict[str, float] = {}
+    loader = threading.Thread(target=_standby_imports, args=(imports,), name="dvml-zygote-imports")
+    loader.start()
+    loader.join()
+    print(f"dvml zygote {os.getpid()}: imported {imports}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--zygote":
+        from dvml.cluster.zygote import serve
+
+        return serve(argv[1], _zygote_imports, lambda: main(["--standby"]))
     if len(argv) != 1:
-        print("usage: python -m dvml.train.runtime.trainer JOB.json | --standby", file=sys.stderr)
+        print(
+            "usage: python -m dvml.train.runtime.trainer JOB.json | --standby | --zygote SOCKET",
+            file=sys.stderr,
+        )
         return 2
     exit_with_parent()  # never outlive the worker that started this trainer (or standby)
     if argv[0] == "--standby":

@@ -1,0 +1,176 @@
+"""The zygote (dvml.cluster.zygote) with a child of its own instead of a trainer: forks with the
+requester's stdio, environment and directory, exit statuses through the zygote, one zygote
+for concurrent starters, its end once nobody holds it, and a private socket directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dvml.cluster import zygote
+from dvml.exceptions import ClusterError
+from tests.helpers import pid_gone, poll_for
+
+# The zygote under test: prepare() marks that it ran (once per zygote); each child echoes
+# what it is, then the lines of its stdin, and exits with the number on the line "exit N".
+_SERVER = """
+import os, sys
+from dvml.cluster import zygote
+
+def prepare():
+    with open(sys.argv[1] + ".prepared", "a") as f:
+        f.write(f"{os.getpid()}\\n")
+
+def child():
+    print(os.getcwd(), os.environ.get("ECHO"), os.environ[zygote.PARENT_ENV], os.getsid(0),
+          flush=True)
+    print("to stderr", file=sys.stderr, flush=True)
+    for line in sys.stdin:
+        if line.startswith("exit "):
+            return int(line.split()[1])
+        print("echo", line.strip(), flush=True)
+    return 0
+
+sys.exit(zygote.serve(sys.argv[1], prepare, child))
+"""
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Any:
+    """A Zygote handle on a private directory; the zygote it starts is stopped afterwards."""
+    directory = tmp_path / "z"
+    directory.mkdir(mode=0o700)
+    path = zygote.socket_path({zygote.ZYGOTE_DIR_ENV: str(directory)})
+    handle = zygote.Zygote(path, [sys.executable, "-c", _SERVER], dict(os.environ))
+    yield handle
+    handle.close()
+    for pid in _zygote_pids(path):
+        assert poll_for(lambda pid=pid: pid_gone(pid), 10), "the zygote outlived its holders"
+
+
+def _zygote_pids(path: str) -> list[int]:
+    try:
+        with open(path + ".prepared") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(") ", 1)[1].split()[1])
+
+
+def _fork(handle: Any, cwd: Path, stderr: int | None = None, **env: str) -> Any:
+    return handle.fork({**os.environ, **env}, str(cwd), stderr, timeout=60)
+
+
+def test_a_fork_gets_the_requesters_stdio_environment_and_directory(
+    machine: Any, tmp_path: Path
+) -> None:
+    errors = tmp_path / "stderr"
+    with open(errors, "w") as f:
+        proc = _fork(machine, tmp_path, f.fileno(), ECHO="hello")
+    try:
+        cwd, echo, parent, session = proc.stdout.readline().split()
+        assert (cwd, echo, int(parent)) == (str(tmp_path), "hello", os.getpid())
+        assert int(session) == proc.pid  # its own session: stopped as a process group
+        proc.stdin.write("one\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "echo one\n"
+        assert proc.poll() is None
+        proc.stdin.write("exit 3\n")
+        proc.stdin.flush()
+        assert proc.wait(30) == 3  # its exit status, from the zygote that reaped it
+        assert proc.poll() == 3
+        assert errors.read_text() == "to stderr\n"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_killed_fork_reports_its_signal_and_a_closed_stdin_ends_it(
+    machine: Any, tmp_path: Path
+) -> None:
+    killed = _fork(machine, tmp_path)
+    ended = _fork(machine, tmp_path)
+    assert killed.stdout.readline() and ended.stdout.readline()
+    with pytest.raises(subprocess.TimeoutExpired):
+        killed.wait(0.2)
+    os.killpg(killed.pid, signal.SIGKILL)
+    assert killed.wait(30) == -signal.SIGKILL  # as subprocess.Popen says it
+    ended.stdin.close()  # what a killed worker's pipes do
+    assert ended.wait(30) == 0
+    # Both came from one zygote, which prepared once.
+    assert len(_zygote_pids(machine.path)) == 1
+
+
+def test_concurrent_starters_share_one_zygote(machine: Any, tmp_path: Path) -> None:
+    other = zygote.Zygote(machine.path, machine.command, machine.env)  # a second worker
+    procs: list[Any] = []
+
+    def fork(handle: Any) -> None:
+        procs.append(_fork(handle, tmp_path))
+
+    threads = [threading.Thread(target=fork, args=(h,)) for h in (machine, other)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    try:
+        assert len(procs) == 2
+        parents = {_parent(p.pid) for p in procs}
+        assert len(parents) == 1  # one zygote forked both
+        assert len(_zygote_pids(machine.path)) == 1  # and only one imported
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(30)
+        other.close()
+
+
+def test_the_zygote_ends_once_nobody_holds_it_and_its_forks_ended(
+    machine: Any, tmp_path: Path
+) -> None:
+    proc = _fork(machine, tmp_path)
+    proc.stdout.readline()
+    (pid,) = _zygote_pids(machine.path)
+    machine.close()  # the worker lets go, but a fork still runs: the zygote stays
+    assert not poll_for(lambda: pid_gone(pid), 1.5)
+    proc.stdin.close()
+    assert proc.wait(30) == 0
+    assert poll_for(lambda: pid_gone(pid), 10)
+    assert not os.path.exists(machine.path)  # its socket went with it
+
+
+def test_a_fork_outliving_its_zygote_still_ends_and_says_its_status_is_lost(
+    machine: Any, tmp_path: Path
+) -> None:
+    proc = _fork(machine, tmp_path)
+    proc.stdout.readline()
+    (pid,) = _zygote_pids(machine.path)
+    os.kill(pid, signal.SIGKILL)
+    assert poll_for(lambda: pid_gone(pid), 10)
+    assert proc.poll() is None  # still runs
+    proc.stdin.close()
+    assert proc.wait(30) == zygote.EXIT_UNKNOWN
+
+
+def test_the_socket_directory_must_be_private(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    with pytest.raises(ClusterError, match="accessible only to it"):
+        zygote.socket_path({zygote.ZYGOTE_DIR_ENV: str(shared)})
+    # The name depends on the trainers' network namespace: one zygote per namespace.
+    private = tmp_path / "private"
+    environ = {zygote.ZYGOTE_DIR_ENV: str(private)}
+    assert zygote.socket_path(environ, "root:1") != zygote.socket_path(environ, "root:2")
+    assert oct(private.stat().st_mode & 0o777) == "0o700"
