@@ -95,7 +95,9 @@ def socket_path(environ: dict[str, str] | os._Environ[str], namespace: str = "")
             namespace = os.readlink("/proc/self/ns/net")
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this dvml's
     key = "\0".join([sys.executable, package, namespace])
-    return os.path.join(directory, f"zygote-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+    # Short: a Unix socket's path has 107 bytes at most; no longer than a vineyardd's socket
+    # name in the same directory (vineyard-N.sock).
+    return os.path.join(directory, f"z-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
 
 
 def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
@@ -259,7 +261,7 @@ class Zygote:
 
     def _open(self, timeout: float) -> socket.socket:
         deadline = time.monotonic() + timeout
-        started = -float("inf")
+        started, starter = -float("inf"), None
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
@@ -269,8 +271,13 @@ class Zygote:
                 sock.close()
             # None listens: start one (again after a while: the one started may have found
             # another that ended just then). A zygote binds before it imports.
+            if starter is not None and starter.poll():  # it failed (not: found another)
+                raise ClusterError(
+                    f"The trainer zygote exited with code {starter.returncode} before it "
+                    f"listened at {self.path}:\n{_tail(self.path + '.log')}"
+                )
             if time.monotonic() - started > 2.0:
-                self._start()
+                starter = self._start()
                 started = time.monotonic()
             if time.monotonic() > deadline:
                 raise ClusterError(
@@ -279,10 +286,10 @@ class Zygote:
                 )
             time.sleep(0.02)
 
-    def _start(self) -> None:
-        """Start a zygote (it exits at once when another one already listens)."""
+    def _start(self) -> subprocess.Popen[bytes]:
+        """Start a zygote (it exits at once, with 0, when another one already listens)."""
         with open(self.path + ".log", "ab", opener=lambda p, f: os.open(p, f, 0o600)) as log:
-            subprocess.Popen(
+            return subprocess.Popen(
                 [*self.command, self.path],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -298,6 +305,14 @@ class Zygote:
             if self._hold is not None:
                 self._hold.close()
                 self._hold = None
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
 
 
 # ------------------------------------------------------------------------------ zygote side

@@ -174,3 +174,17 @@ def test_the_socket_directory_must_be_private(tmp_path: Path) -> None:
     environ = {zygote.ZYGOTE_DIR_ENV: str(private)}
     assert zygote.socket_path(environ, "root:1") != zygote.socket_path(environ, "root:2")
     assert oct(private.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_zygote_that_cannot_start_fails_the_request_at_once(tmp_path: Path) -> None:
+    import time
+
+    directory = tmp_path / "z"
+    directory.mkdir(mode=0o700)
+    path = zygote.socket_path({zygote.ZYGOTE_DIR_ENV: str(directory)})
+    broken = [sys.executable, "-c", "import sys; print('no TensorFlow here'); sys.exit(3)"]
+    handle = zygote.Zygote(path, broken, dict(os.environ))
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=r"exited with code 3[\s\S]*no TensorFlow here"):
+        handle.fork(dict(os.environ), str(tmp_path), None, timeout=60)
+    assert time.monotonic() - started < 30  # not after the whole timeout

@@ -28,6 +28,23 @@ def _frame(n: int = 103) -> pd.DataFrame:
     return pd.DataFrame({"pixels": cells, "digit": rng.choice([7, 3, 5], size=n)})
 
 
+def test_the_client_does_not_import_dask_dataframe_for_it() -> None:
+    """Importing dask.dataframe took ~0.5 s of the first pack's client time (issue 29's B20d);
+    a frame of array cells is stacked without it. In a fresh interpreter: this one has it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, pandas as pd\n"
+        "from dvml.preprocess.sources import source_parts\n"
+        "frame = pd.DataFrame({'x': list(np.ones((8, 2, 2), 'float32')), 'y': [0, 1] * 4})\n"
+        "assert len(source_parts(frame, 'y', 'x', 2, 'raise', None, 1).parts) == 4\n"
+        "print('dask.dataframe' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_same_prepared_rows_as_the_table_path() -> None:
     frame = _frame()
     src = source_parts(frame, "digit", "pixels", 4, "drop", None, 3, 255.0)
