@@ -352,7 +352,13 @@ def serve(path: str, prepare: Callable[[], None], child: Callable[[], int]) -> i
     listener = _bind(path)
     if listener is None:
         return 0
-    prepare()  # requests wait in the backlog meanwhile
+    try:
+        prepare()  # requests wait in the backlog meanwhile
+    except BaseException:
+        listener.close()  # a starter's next try starts afresh rather than finding a corpse
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
     gc.collect()
     gc.freeze()  # the collector would otherwise touch, and so copy, every shared object
     return _Server(path, listener, os.stat(path).st_ino).run(child)

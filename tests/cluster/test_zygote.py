@@ -188,3 +188,22 @@ def test_a_zygote_that_cannot_start_fails_the_request_at_once(tmp_path: Path) ->
     with pytest.raises(ClusterError, match=r"exited with code 3[\s\S]*no TensorFlow here"):
         handle.fork(dict(os.environ), str(tmp_path), None, timeout=60)
     assert time.monotonic() - started < 30  # not after the whole timeout
+
+
+def test_a_zygote_whose_import_fails_fails_the_request(tmp_path: Path) -> None:
+    import time
+
+    directory = tmp_path / "z"
+    directory.mkdir(mode=0o700)
+    path = zygote.socket_path({zygote.ZYGOTE_DIR_ENV: str(directory)})
+    failing = _SERVER.replace("def prepare():", "def prepare():\n    raise ImportError('no tf')")
+    handle = zygote.Zygote(path, [sys.executable, "-c", failing], dict(os.environ))
+    started = time.monotonic()
+    try:
+        with pytest.raises(ClusterError, match="zygote"):
+            handle.fork(dict(os.environ), str(tmp_path), None, timeout=60)
+    finally:
+        handle.close()
+    assert time.monotonic() - started < 30
+    assert "ImportError: no tf" in (directory / (os.path.basename(path) + ".log")).read_text()
+    assert not os.path.exists(path)  # no dead socket left for the next starter
