@@ -228,12 +228,15 @@ class Zygote:
         connection = self._connect(timeout)
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
+        late = False
         try:
             request = {"env": env, "cwd": cwd, "parent": os.getpid()}
             _send(connection, request, [stdin_r, stdout_w, stdout_w if stderr is None else stderr])
             connection.settimeout(timeout)
             reply, _fds = _receive(connection)
             connection.settimeout(None)
+        except TimeoutError:  # alive, but still importing (a loaded machine)
+            reply, late = None, True
         except (OSError, ValueError):
             reply = None
         finally:
@@ -243,6 +246,11 @@ class Zygote:
             os.close(stdin_w)
             os.close(stdout_r)
             connection.close()
+            if late:
+                raise ClusterError(
+                    f"The trainer zygote at {self.path} did not fork a trainer within "
+                    f"{timeout:.0f}s; see {self.path}.log."
+                )
             return None
         return ForkedProcess(
             int(reply["pid"]), os.fdopen(stdin_w, "w"), os.fdopen(stdout_r), connection
