@@ -47,12 +47,6 @@ class Startup:
         class FirstStep(keras.callbacks.Callback):
             done = False
 
-            def __init__(self) -> None:
-                super().__init__()
-                # It reads no logs: else tf-keras turns every step's logs into numpy for it
-                # (a wait for the step and a conversion, per step).
-                self._supports_tf_logs = True
-
             def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
                 if not self.done:
                     self.done = True
