@@ -192,6 +192,36 @@ def test_a_killed_trainer_is_named_with_its_signal(env: dict[str, Any], cluster2
     assert poll_for(lambda: all(pid_gone(p) for p in victims + survivors), 60)
 
 
+def test_a_killed_zygote_stops_no_fit_and_a_new_one_forks_the_next_trainers(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    """The trainers forked by the machine's zygote (dvml.cluster.zygote) need it only to
+    start: killed mid-fit, the fit still ends, and the workers' next standbys come from a new
+    zygote."""
+    import psutil
+
+    from dvml.cluster import standby
+
+    with dask.config.set(env["settings"]):
+        fit = Background(lambda seen: run_fit(env, "rel_zygote", num_iterations=4,
+                                              on_iteration=seen))  # fmt: skip
+        assert fit.first.wait(300), "the first iteration never finished"
+        trainers = worker_trainers(cluster2, model="rel_zygote")
+        assert len(trainers) == 2
+        (zygote,) = {psutil.Process(pid).ppid() for pid in trainers}
+        assert "--zygote" in " ".join(psutil.Process(zygote).cmdline())
+        os.kill(zygote, signal.SIGKILL)
+        model = fit.result(timeout=300)
+    assert model.summary["num_iterations"] == 4 and model.summary["metrics_iters"] == [4]
+
+    def new_standbys() -> bool:
+        pids = [p for p in env["client"].run(standby.standby_pid).values() if p]
+        parents = {psutil.Process(p).ppid() for p in pids if not pid_gone(p)}
+        return len(pids) == 2 and len(parents) == 1 and zygote not in parents
+
+    assert poll_for(new_standbys, 60), "the workers' next standbys did not come from a new zygote"
+
+
 def test_exit_description_drops_the_tensorflow_banner() -> None:
     from dvml.train.runtime.exits import describe_exit
 
