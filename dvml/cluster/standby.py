@@ -217,13 +217,15 @@ def _discard(proc: Trainer) -> None:
 
 
 def stop_standby(final: bool = False) -> None:
-    """Stop this worker process's standby trainer, if any, and any deferred start.
+    """Stop this worker process's standby trainer, if any, and any deferred start (one on
+    its way is stopped once it arrives).
 
     ``final`` (the worker closes): no standby starts in this process any more.
     """
     with _LOCK:
         proc = _STANDBY.pop("proc", None)
         _STANDBY["wanted"] = False
+        _STANDBY["discard"] = _STANDBY.get("starting")
         if final:
             _STANDBY["closed"] = True
     if proc is not None:
@@ -300,7 +302,9 @@ def _start(cwd: str) -> None:
     finally:
         with _LOCK:
             _STANDBY.pop("starting", None)
-            keep = proc is not None and not _STANDBY.get("closed") and "proc" not in _STANDBY
+            stopped = _STANDBY.pop("discard", None) is threading.current_thread()
+            stopped = stopped or bool(_STANDBY.get("closed"))
+            keep = proc is not None and not stopped and "proc" not in _STANDBY
             if keep:
                 _STANDBY["proc"] = proc
         if proc is not None and not keep:
