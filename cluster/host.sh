@@ -186,9 +186,10 @@ for ((i = 0; i < WORKERS; i++)); do
         devices="$(seq -s, $((i * GPUS)) $((i * GPUS + GPUS - 1)))"
         gpu_env=("CUDA_VISIBLE_DEVICES=$devices")
     fi
-    # `python -m dask worker` is `dask worker` run by the chosen interpreter.
+    # `python -m dask worker` is `dask worker` run by the chosen interpreter. The host's
+    # trainer zygote (dvml.cluster.zygote) puts its socket beside vineyardd's.
     env VINEYARD_IPC_SOCKET="$SOCKET" DVML_HOST="$HOST_NAME" VINEYARD_IPC_SKIP_RETRY=1 \
-        DVML_ETCD_ENDPOINT="$ETCD" \
+        DVML_ETCD_ENDPOINT="$ETCD" DVML_ZYGOTE_DIR="$SOCKET_DIR" \
         "${gpu_env[@]}" \
         setsid "$PYTHON" -m dask worker "$SCHEDULER" "${args[@]}" >"$log" 2>&1 </dev/null &
     WPIDS+=("$!")
