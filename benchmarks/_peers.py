@@ -164,7 +164,11 @@ def run_side(
     log_path = os.path.join(directory, f"{side}.log")
     peak, breakdown = 0, {}
     with open(log_path, "w") as log:
-        env = {**os.environ, "PYTHONPATH": ROOT, SPAWNED: repr(time.time())}
+        # Its temporary files (TensorFlow's autograph modules, which a process that leaves
+        # with os._exit never deletes) go with the benchmark's directory (cleanup()).
+        tmp = os.path.join(directory, f"tmp-{side}")
+        os.makedirs(tmp, exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": ROOT, SPAWNED: repr(time.time()), "TMPDIR": tmp}
         start = time.perf_counter()
         process = subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=log)
         try:

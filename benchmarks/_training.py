@@ -34,6 +34,7 @@ __all__ = [
     "start_cluster",
     "stop_process",
     "synthetic_arrays",
+    "tf_child_env",
     "worker_socket",
 ]
 
@@ -143,6 +144,20 @@ def drop_dataset(cluster: dvml.LocalCluster, name: str) -> None:
         dvml.datasets.drop(name, client=cluster.client)
     except DatasetNotFoundError:
         pass
+
+
+def tf_child_env() -> dict[str, str]:
+    """The environment of a TensorFlow child process of a benchmark (a plain runner): CPU
+    only, tf-keras, quiet, and a temporary directory of its own, removed when this process
+    exits (TensorFlow's autograph modules stay behind in a child stopped by a signal)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="dvml-bench-tmp-")
+    atexit.register(shutil.rmtree, tmp, True)
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
+                CUDA_VISIBLE_DEVICES="-1", TMPDIR=tmp)  # fmt: skip
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:

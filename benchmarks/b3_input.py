@@ -65,8 +65,7 @@ def prepare(quick: bool) -> dict[str, Any]:
     runner = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.b3_input", "runner"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=t.ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
-                 CUDA_VISIBLE_DEVICES="-1"),
+        env=t.tf_child_env(),
     )  # fmt: skip
     context: dict[str, Any] = {
         "runner": runner, "log": log, "cluster": None,

@@ -99,8 +99,7 @@ def start_plain_runner(copies: int, epochs: int) -> tuple[subprocess.Popen[str],
     plain = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.b4_end_to_end", "plain", str(copies), str(epochs)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=t.ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
-                 CUDA_VISIBLE_DEVICES="-1"),
+        env=t.tf_child_env(),
     )  # fmt: skip
     return plain, log
 
