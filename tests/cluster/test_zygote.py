@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,27 @@ sys.exit(zygote.serve(sys.argv[1], prepare, child))
 @pytest.fixture
 def machine(tmp_path: Path) -> Any:
     """A Zygote handle on a private directory; the zygote it starts is stopped afterwards."""
-    directory = tmp_path / "z"
-    directory.mkdir(mode=0o700)
-    path = zygote.socket_path({zygote.ZYGOTE_DIR_ENV: str(directory)})
+    path = _private_socket(tmp_path)
     handle = zygote.Zygote(path, [sys.executable, "-c", _SERVER], dict(os.environ))
     yield handle
     handle.close()
     for pid in _zygote_pids(path):
         assert poll_for(lambda pid=pid: pid_gone(pid), 10), "the zygote outlived its holders"
+
+
+def _private_socket(tmp_path: Path) -> str:
+    """A zygote socket path in a new owner-only directory."""
+    directory = tmp_path / "z"
+    directory.mkdir(mode=0o700)
+    return zygote.socket_path({zygote.ZYGOTE_DIR_ENV: str(directory)})
+
+
+def _running_fork(handle: Any, cwd: Path) -> tuple[Any, int]:
+    """A fork that has started (it said who it is), and the pid of its zygote."""
+    proc = _fork(handle, cwd)
+    proc.stdout.readline()
+    (pid,) = _zygote_pids(handle.path)
+    return proc, pid
 
 
 def _zygote_pids(path: str) -> list[int]:
@@ -139,9 +153,7 @@ def test_concurrent_starters_share_one_zygote(machine: Any, tmp_path: Path) -> N
 def test_the_zygote_ends_once_nobody_holds_it_and_its_forks_ended(
     machine: Any, tmp_path: Path
 ) -> None:
-    proc = _fork(machine, tmp_path)
-    proc.stdout.readline()
-    (pid,) = _zygote_pids(machine.path)
+    proc, pid = _running_fork(machine, tmp_path)
     machine.close()  # the worker lets go, but a fork still runs: the zygote stays
     assert not poll_for(lambda: pid_gone(pid), 1.5)
     proc.stdin.close()
@@ -153,9 +165,7 @@ def test_the_zygote_ends_once_nobody_holds_it_and_its_forks_ended(
 def test_a_fork_outliving_its_zygote_still_ends_and_says_its_status_is_lost(
     machine: Any, tmp_path: Path
 ) -> None:
-    proc = _fork(machine, tmp_path)
-    proc.stdout.readline()
-    (pid,) = _zygote_pids(machine.path)
+    proc, pid = _running_fork(machine, tmp_path)
     os.kill(pid, signal.SIGKILL)
     assert poll_for(lambda: pid_gone(pid), 10)
     assert proc.poll() is None  # still runs
@@ -177,11 +187,7 @@ def test_the_socket_directory_must_be_private(tmp_path: Path) -> None:
 
 
 def test_a_zygote_that_cannot_start_fails_the_request_at_once(tmp_path: Path) -> None:
-    import time
-
-    directory = tmp_path / "z"
-    directory.mkdir(mode=0o700)
-    path = zygote.socket_path({zygote.ZYGOTE_DIR_ENV: str(directory)})
+    path = _private_socket(tmp_path)
     broken = [sys.executable, "-c", "import sys; print('no TensorFlow here'); sys.exit(3)"]
     handle = zygote.Zygote(path, broken, dict(os.environ))
     started = time.monotonic()
@@ -191,11 +197,7 @@ def test_a_zygote_that_cannot_start_fails_the_request_at_once(tmp_path: Path) ->
 
 
 def test_a_zygote_whose_import_fails_fails_the_request(tmp_path: Path) -> None:
-    import time
-
-    directory = tmp_path / "z"
-    directory.mkdir(mode=0o700)
-    path = zygote.socket_path({zygote.ZYGOTE_DIR_ENV: str(directory)})
+    path = _private_socket(tmp_path)
     failing = _SERVER.replace("def prepare():", "def prepare():\n    raise ImportError('no tf')")
     handle = zygote.Zygote(path, [sys.executable, "-c", failing], dict(os.environ))
     started = time.monotonic()
@@ -205,5 +207,5 @@ def test_a_zygote_whose_import_fails_fails_the_request(tmp_path: Path) -> None:
     finally:
         handle.close()
     assert time.monotonic() - started < 30
-    assert "ImportError: no tf" in (directory / (os.path.basename(path) + ".log")).read_text()
+    assert "ImportError: no tf" in Path(path + ".log").read_text()
     assert not os.path.exists(path)  # no dead socket left for the next starter
