@@ -64,6 +64,27 @@ def test_the_training_dataset_says_it_is_endless() -> None:
     assert len(list(dataset.take(12))) == 12  # and it is: more than two epochs of 5 steps
 
 
+def test_trainer_pipelines_neither_shard_again_nor_autotune() -> None:
+    # Each trainer reads only its own partitions (sharding again would drop rows), and tf.data's
+    # autotuning thread slowed one of two single-core trainers by ~60 % (tfdata._trainer_options).
+    from dvml import tf_runtime
+
+    tf = tf_runtime.tensorflow()
+    parts = _parts((20,))
+    for dataset in (
+        tfdata.training_dataset(parts, 4, 5, seed=1),
+        tfdata.evaluation_dataset(parts, 4),
+    ):
+        options = dataset.options()
+        assert options.autotune.enabled is False
+        assert options.experimental_distribute.auto_shard_policy == (
+            tf.data.experimental.AutoShardPolicy.OFF
+        )
+    mine = tf.data.Options()
+    mine.autotune.enabled = True
+    assert tfdata.evaluation_dataset(parts, 4).with_options(mine).options().autotune.enabled
+
+
 def test_evaluation_steps_count_every_batch_of_every_buffer() -> None:
     from types import SimpleNamespace
 
