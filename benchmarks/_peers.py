@@ -3,10 +3,10 @@
 Each side is ONE fresh process (``python -m MODULE SIDE DIR`` in dvml's environment, or
 ``benchmarks/ray_peer.py MODE DIR`` in Ray's own, ``./scripts/peer-ray``) that reads the shared
 inputs from ``DIR`` and writes ``DIR/result-SIDE.json``. The parent measures its wall time from
-spawn to exit and samples the proportional set size (PSS) of its whole process tree every
-:data:`SAMPLE_S` seconds (``/proc/PID/smaps_rollup``: a LocalCluster's workers, vineyardd,
-etcd and trainers, or Ray's raylet and workers, are all descendants). Several rows of one
-benchmark read their figures from the same runs (:func:`take`).
+spawn to exit; a run for a memory row (``run_side(..., memory=True)``) also samples the memory
+of its whole process tree (a LocalCluster's workers, vineyardd, etcd and trainers, or Ray's
+raylet and workers, are all descendants) as if the tree ran alone (:func:`tree_memory`).
+Several rows of one benchmark read their figures from the same runs (:func:`take`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = [
     "run_side",
     "since_spawn",
     "take",
-    "tree_pss",
+    "tree_memory",
     "write_inputs",
 ]
 
@@ -85,30 +85,72 @@ def cleanup(context: dict[str, Any]) -> None:
     shutil.rmtree(context["directory"], ignore_errors=True)
 
 
-def _pss(pid: int) -> int:
+def _resident_frames(pid: int) -> Any:
+    """The physical page frames resident in process ``pid`` (``/proc/PID/pagemap``; the frame
+    numbers read as 0 without CAP_SYS_ADMIN), each once."""
+    import numpy as np
+
+    present, frame = np.uint64(1 << 63), np.uint64((1 << 55) - 1)
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open(f"/proc/{pid}/maps") as f:
+        ranges = [[int(a, 16) for a in line.split(None, 1)[0].split("-")] for line in f]
+    chunks = []
+    fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # gone between the listing and the read
-        pass
-    return 0
+        for start, end in ranges:
+            if start >= 1 << 47:  # [vsyscall]: not in the page tables
+                continue
+            raw = os.pread(fd, (end - start) // page * 8, start // page * 8)
+            entries = np.frombuffer(raw, dtype=np.uint64)
+            chunks.append(entries[(entries & present) != 0] & frame)
+    finally:
+        os.close(fd)
+    return np.unique(np.concatenate(chunks)) if chunks else np.zeros(0, np.uint64)
 
 
-def tree_pss(pid: int) -> dict[str, int]:
-    """The PSS in bytes of process ``pid`` and each of its descendants, by a short name
-    (:func:`_kind`; processes of one kind are added up)."""
+def tree_memory(pid: int) -> dict[str, int]:
+    """The memory of process ``pid`` and its descendants AS IF THEY RAN ALONE, in bytes by a
+    short name (:func:`_kind`; processes of one kind are added up).
+
+    Every physical page resident in the tree counts once, split evenly among the tree's
+    processes that map it: the PSS each process would have with no process outside the tree.
+    The kernel's PSS (``smaps_rollup``) also splits a page with processes OUTSIDE the tree, so
+    a tree's PSS drops when an unrelated process maps the same pages: the benchmark harness,
+    which has imported TensorFlow for other rows, took ~280 MiB of TensorFlow's library pages
+    off a plain tf-keras process (507 MiB of PSS in the harness, 786 MiB alone) and less off
+    dvml's tree, whose processes share those pages among themselves. Reads
+    ``/proc/PID/pagemap``, which gives frame numbers only to a privileged (root) reader.
+    """
+    import numpy as np
     import psutil
 
     try:
         tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return {}
-    found: dict[str, int] = {}
+    kinds, frames = [], []
     for proc in tree:
-        kind = _kind(proc, pid)
-        found[kind] = found.get(kind, 0) + _pss(proc.pid)
+        try:
+            frames.append(_resident_frames(proc.pid))
+        except (FileNotFoundError, ProcessLookupError):  # gone between the listing and the read
+            continue
+        kinds.append(_kind(proc, pid))
+    if not frames:
+        return {}
+    every = np.concatenate(frames)
+    if every.size and not every.any():
+        raise RuntimeError(
+            "Cannot read physical page numbers from /proc/PID/pagemap (they read as 0 without "
+            "CAP_SYS_ADMIN): run the memory benchmarks as root."
+        )
+    _, inverse, mapped_by = np.unique(every, return_inverse=True, return_counts=True)
+    shares = 1.0 / mapped_by[inverse]
+    bounds = np.cumsum([0, *(len(f) for f in frames)])
+    page = os.sysconf("SC_PAGE_SIZE")
+    found: dict[str, int] = {}
+    for k, kind in enumerate(kinds):
+        own = float(shares[bounds[k] : bounds[k + 1]].sum())
+        found[kind] = found.get(kind, 0) + round(own * page)
     return found
 
 
@@ -152,12 +194,15 @@ def _kill_tree(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_side(
-    command: list[str], directory: str, side: str, timeout: float = 1800
+    command: list[str], directory: str, side: str, timeout: float = 1800, memory: bool = False
 ) -> dict[str, Any]:
     """Run ``command`` as a fresh process; its ``result-SIDE.json`` plus ``wall_s`` (spawn to
-    exit), ``to_model_s`` (spawn to its ``phases["model"]``: the trained or evaluated model),
-    ``peak_pss_bytes`` (its process tree's, sampled) and ``peak_pss_by_kind`` (that sample by
-    kind of process)."""
+    exit) and ``to_model_s`` (spawn to its ``phases["model"]``: the trained or evaluated model).
+
+    With ``memory``, its process tree's memory is sampled (:func:`tree_memory`, about 0.1
+    CPU-s per TensorFlow process and sample: keep those runs apart from the timed ones) and
+    the result has ``peak_memory_bytes`` and ``peak_memory_by_kind`` (that sample by kind of
+    process)."""
     result_path = os.path.join(directory, f"result-{side}.json")
     if os.path.exists(result_path):
         os.remove(result_path)
@@ -173,7 +218,7 @@ def run_side(
         process = subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=log)
         try:
             while process.poll() is None:
-                sample = tree_pss(process.pid)
+                sample = tree_memory(process.pid) if memory else {}
                 if sum(sample.values()) > peak:
                     peak, breakdown = sum(sample.values()), sample
                 if time.perf_counter() - start > timeout:
@@ -192,8 +237,9 @@ def run_side(
         )
     with open(result_path) as f:
         result = dict(json.load(f))
-    result.update(wall_s=wall, peak_pss_bytes=peak, to_model_s=result["phases"]["model"],
-                  peak_pss_by_kind=breakdown)  # fmt: skip
+    result.update(wall_s=wall, to_model_s=result["phases"]["model"])
+    if memory:
+        result.update(peak_memory_bytes=peak, peak_memory_by_kind=breakdown)
     return result
 
 

@@ -9,7 +9,9 @@ tests/train/test_run_cluster.py runs on real clusters.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
 import sys
 
 import numpy as np
@@ -87,10 +89,69 @@ def test_the_plain_side_runs_as_a_fresh_process_with_its_phases_and_memory(
 
     _peers.write_inputs(str(tmp_path), copies=1, epochs=1, batch=256, workers=2)
     command = _peers.dvml_command(b20.__name__, "plain", str(tmp_path))
-    result = _peers.run_side(command, str(tmp_path), "plain", timeout=300)
+    result = _peers.run_side(command, str(tmp_path), "plain", timeout=300, memory=True)
     phases = result["phases"]
     assert 0 < phases["import tf_keras"] < phases["ingest"] < phases["fit"] < phases["model"]
     assert result["to_model_s"] == phases["model"] <= result["wall_s"]
     assert result["training_s"] > 0 and 0.1 < result["valid_accuracy"] <= 1.0
-    assert result["peak_pss_bytes"] > 100 * (1 << 20)  # TensorFlow alone is more
-    assert result["peak_pss_by_kind"]["side process"] == result["peak_pss_bytes"]
+    assert result["peak_memory_bytes"] > 100 * (1 << 20)  # TensorFlow alone is more
+    assert result["peak_memory_by_kind"]["side process"] == result["peak_memory_bytes"]
+
+
+_HOLDER = """
+import mmap, os, sys, time
+path, size = sys.argv[1], int(sys.argv[2])
+with open(path, "rb") as f:
+    file_pages = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+sum(file_pages[i] for i in range(0, size, 4096))  # resident: page cache, shared with the child
+anon = bytearray(os.urandom(size))  # private pages, shared with the child below (COW)
+child = os.fork()
+if child == 0:
+    time.sleep(120)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(120)
+"""
+
+
+def _status_mib(pid: int, field: str) -> float:
+    name = "smaps_rollup" if field == "Pss:" else "status"
+    with open(f"/proc/{pid}/{name}") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field)) / 1024
+
+
+def test_tree_memory_counts_each_page_once_whoever_else_maps_it(tmp_path: pathlib.Path) -> None:
+    # A parent and its forked child share 64 MiB of anonymous pages and map a 64 MiB file: the
+    # tree holds ~128 MiB (+ its interpreter). A process OUTSIDE the tree (this one) mapping
+    # the same file lowers the tree's kernel PSS by half the file, not what the tree costs.
+    import mmap
+    import subprocess
+
+    size = 64 << 20
+    data = tmp_path / "pages.bin"
+    data.write_bytes(np.random.default_rng(0).bytes(size))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(data), str(size)], stdout=subprocess.PIPE, text=True
+    )
+    child = None
+    try:
+        assert holder.stdout is not None
+        child = int(holder.stdout.readline())
+        pids = (holder.pid, child)
+        alone = _peers.tree_memory(holder.pid)
+        total = sum(alone.values()) / (1 << 20)
+        rss = sum(_status_mib(p, "VmRSS:") for p in pids)
+        assert len(alone) == 2 and "side process" in alone  # the parent and the child, by kind
+        assert 128 <= total < rss - 50  # the child's 64 MiB of copy-on-write pages count once
+        pss_alone = sum(_status_mib(p, "Pss:") for p in pids)
+        with open(data, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mine:
+            sum(mine[i] for i in range(0, size, 4096))
+            pss_shared = sum(_status_mib(p, "Pss:") for p in pids)
+            still = sum(_peers.tree_memory(holder.pid).values()) / (1 << 20)
+        assert pss_alone - pss_shared > 25  # the kernel's PSS gave half the file away
+        assert abs(still - total) < 4  # the tree's own figure did not move
+    finally:
+        for pid in (holder.pid, child):
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+        holder.wait()
