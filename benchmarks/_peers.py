@@ -37,6 +37,7 @@ __all__ = [
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_S = 0.2
+PAGEMAP_READ = 1 << 20  # pages per read of /proc/PID/pagemap
 SPAWNED = "DVML_BENCH_SPAWNED"  # the parent's time.time() at spawn: every side's phase clock
 
 
@@ -100,9 +101,11 @@ def _resident_frames(pid: int) -> Any:
         for start, end in ranges:
             if start >= 1 << 47:  # [vsyscall]: not in the page tables
                 continue
-            raw = os.pread(fd, (end - start) // page * 8, start // page * 8)
-            entries = np.frombuffer(raw, dtype=np.uint64)
-            chunks.append(entries[(entries & present) != 0] & frame)
+            # 8 bytes per page; at most 8 MiB per read (a vineyardd maps its whole arena)
+            for first in range(start // page, end // page, PAGEMAP_READ):
+                count = min(PAGEMAP_READ, end // page - first)
+                entries = np.frombuffer(os.pread(fd, count * 8, first * 8), dtype=np.uint64)
+                chunks.append(entries[(entries & present) != 0] & frame)
     finally:
         os.close(fd)
     return np.unique(np.concatenate(chunks)) if chunks else np.zeros(0, np.uint64)
