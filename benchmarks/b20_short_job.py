@@ -260,7 +260,7 @@ B20A = _register("B20a", "short job, spawn to evaluated model vs plain tf-keras"
 B20B = _register("B20b", "short job, spawn to evaluated model vs Ray Train + Ray Data", "s", 0.5)
 B20C = _register("B20c", "short job, training alone vs plain tf-keras", "s", 1.0)
 B20D = _register("B20d", "short job, ingest of the training frame vs Ray Data", "s", 1.0)
-B20E = _register("B20e", "short job, peak PSS of the process tree vs plain tf-keras", "MiB", 2.0)
+B20E = _register("B20e", "short job, peak memory of the process tree vs plain tf-keras", "MiB", 2.0)
 
 
 if __name__ == "__main__":
