@@ -116,6 +116,9 @@ if [[ -z "$SOCKET_DIR" ]]; then
 fi
 mkdir -p "$SOCKET_DIR"
 chmod 700 "$SOCKET_DIR"  # vineyardd creates its socket 0777: the directory keeps others out
+# The workers' and their trainers' temporary files (TensorFlow's autograph modules, which a
+# killed process never deletes) stay in the host's directory, as a LocalCluster's do.
+mkdir -p "$SOCKET_DIR/tmp"
 SOCKET="$SOCKET_DIR/vineyard.sock"
 
 STARTED=()
@@ -189,7 +192,7 @@ for ((i = 0; i < WORKERS; i++)); do
     # `python -m dask worker` is `dask worker` run by the chosen interpreter. The host's
     # trainer zygote (dvml.cluster.zygote) puts its socket beside vineyardd's.
     env VINEYARD_IPC_SOCKET="$SOCKET" DVML_HOST="$HOST_NAME" VINEYARD_IPC_SKIP_RETRY=1 \
-        DVML_ETCD_ENDPOINT="$ETCD" DVML_ZYGOTE_DIR="$SOCKET_DIR" \
+        DVML_ETCD_ENDPOINT="$ETCD" DVML_ZYGOTE_DIR="$SOCKET_DIR" TMPDIR="$SOCKET_DIR/tmp" \
         "${gpu_env[@]}" \
         setsid "$PYTHON" -m dask worker "$SCHEDULER" "${args[@]}" >"$log" 2>&1 </dev/null &
     WPIDS+=("$!")
