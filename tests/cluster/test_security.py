@@ -108,16 +108,18 @@ for address in [] if os.environ.get("RAW_ONLY") else sorted({scheduler, plain}):
     accepted.append(f"Client({address}) ran a task as uid {client.run(os.getuid)}")
     client.close()
 cert, key = os.environ.get("CERT"), os.environ.get("KEY")
-if not cert:
-    own = tempfile.mkdtemp()
-    cert, key = os.path.join(own, "cert.pem"), os.path.join(own, "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-        "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=intruder",
-        "-keyout", key, "-out", cert], check=True, capture_output=True)
 context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 context.check_hostname = False
 context.verify_mode = ssl.CERT_NONE
-context.load_cert_chain(cert, key)
+if cert:
+    context.load_cert_chain(cert, key)
+else:  # a certificate of its own, in a directory that goes once the context has read it
+    with tempfile.TemporaryDirectory() as own:
+        cert, key = os.path.join(own, "cert.pem"), os.path.join(own, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=intruder",
+            "-keyout", key, "-out", cert], check=True, capture_output=True)
+        context.load_cert_chain(cert, key)
 for address in [scheduler, *workers]:
     host, port = address.split("://")[1].rsplit(":", 1)
     try:
