@@ -269,23 +269,26 @@ class Zygote:
 
     def _open(self, timeout: float) -> socket.socket:
         deadline = time.monotonic() + timeout
-        started, starter = -float("inf"), None
+        started = -float("inf")
+        starters: list[subprocess.Popen[bytes]] = []
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 sock.connect(self.path)
-                return sock
             except (FileNotFoundError, ConnectionRefusedError):
                 sock.close()
+            else:
+                _stop_unneeded(starters, sock)
+                return sock
             # None listens: start one (again after a while: the one started may have found
             # another that ended just then). A zygote binds before it imports.
-            if starter is not None and starter.poll():  # it failed (not: found another)
+            if starters and starters[-1].poll():  # it failed (not: found another)
                 raise ClusterError(
-                    f"The trainer zygote exited with code {starter.returncode} before it "
+                    f"The trainer zygote exited with code {starters[-1].returncode} before it "
                     f"listened at {self.path}:\n{_tail(self.path + '.log')}"
                 )
             if time.monotonic() - started > 2.0:
-                starter = self._start()
+                starters.append(self._start())
                 started = time.monotonic()
             if time.monotonic() > deadline:
                 raise ClusterError(
@@ -313,6 +316,21 @@ class Zygote:
             if self._hold is not None:
                 self._hold.close()
                 self._hold = None
+
+
+def _stop_unneeded(starters: list[subprocess.Popen[bytes]], connection: socket.socket) -> None:
+    """Stop the zygotes started here that ``connection``'s zygote makes unneeded.
+
+    A zygote started again while the first was still on its way (a loaded machine) would
+    otherwise wait, bind once the one that served us has ended, and import for nothing until
+    its unused timeout. None of them can bind while the one we are connected to lives.
+    """
+    creds = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _SO_PEERCRED.size)
+    serving, _uid, _gid = _SO_PEERCRED.unpack(creds)
+    for starter in starters:
+        if starter.pid != serving and starter.poll() is None:
+            starter.kill()
+            starter.wait()
 
 
 def _tail(path: str, lines: int = 15) -> str:

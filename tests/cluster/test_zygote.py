@@ -17,13 +17,15 @@ import pytest
 
 from dvml.cluster import zygote
 from dvml.exceptions import ClusterError
-from tests.helpers import pid_gone, poll_for
+from tests.helpers import child_processes, pid_gone, poll_for
 
 # The zygote under test: prepare() marks that it ran (once per zygote); each child echoes
 # what it is, then the lines of its stdin, and exits with the number on the line "exit N".
 _SERVER = """
-import os, sys
+import os, sys, time
 from dvml.cluster import zygote
+
+time.sleep(float(os.environ.get("BIND_DELAY", "0")))  # a loaded machine's slow start
 
 def prepare():
     with open(sys.argv[1] + ".prepared", "a") as f:
@@ -148,6 +150,27 @@ def test_concurrent_starters_share_one_zygote(machine: Any, tmp_path: Path) -> N
             proc.stdin.close()
             proc.wait(30)
         other.close()
+
+
+def test_a_zygote_started_again_while_the_first_was_slow_does_not_linger(
+    tmp_path: Path,
+) -> None:
+    # The starter tries again after 2 s without a listener; the first then binds and serves.
+    path = _private_socket(tmp_path)
+    env = {**os.environ, "BIND_DELAY": "3"}
+    handle = zygote.Zygote(path, [sys.executable, "-c", _SERVER], env)
+    try:
+        proc, pid = _running_fork(handle, tmp_path)
+        # The second starter was stopped: no zygote but the one that serves waits to bind
+        # once it has ended (and would then run, unused, for a minute).
+        zygotes = [p for p, cmd in child_processes().items() if "zygote.serve" in cmd]
+        assert [p for p in zygotes if _parent(p) == os.getpid()] == [pid]
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        handle.close()
+    assert poll_for(lambda: pid_gone(pid), 10)
+    assert _zygote_pids(path) == [pid]
 
 
 def test_the_zygote_ends_once_nobody_holds_it_and_its_forks_ended(
