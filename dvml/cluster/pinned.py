@@ -7,6 +7,11 @@ Resubmitting is safe because every attempt puts its objects under its own stagin
 the caller deletes every staged object that is not published. The pack graph (a task per
 thread of each target) and the feature cache (build, save, load: a task per buffer) both run
 their tasks through :func:`run_pinned`.
+
+A worker whose Nanny is gone too (its host died or was cut off, or its ``dask worker``
+process was killed) will not come back: :class:`NannyWatch` probes the Nanny and fails the
+call once it has not answered for :data:`NANNY_GONE_AFTER` seconds, instead of waiting out
+the restart timeout.
 """
 
 from __future__ import annotations
@@ -17,17 +22,32 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.health import require_daemons
+from dvml.cluster.probe import probe_context, reachable
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ClusterError, DaemonDiedError
 
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-__all__ = ["ATTEMPTS", "live_identities", "live_workers", "pinned_step", "run_pinned"]
+__all__ = [
+    "ATTEMPTS",
+    "NANNY_GONE_AFTER",
+    "NannyWatch",
+    "live_identities",
+    "live_workers",
+    "pinned_step",
+    "run_pinned",
+    "wait_while_targets_live",
+]
 
 logger = logging.getLogger("dvml.cluster")
 
 ATTEMPTS = 3
+
+# Seconds a departed worker's Nanny may not answer before the worker counts as gone for good.
+# A Nanny restarts its worker in seconds; a whole `dask worker` restarted by a supervisor
+# (systemd, a pod) registers its worker of the same name within this too.
+NANNY_GONE_AFTER = 10.0
 
 # A worker process as the scheduler knows it: (address, server id). The server id is new for
 # every worker process, so a restart is seen even when the new process got the same address.
@@ -79,12 +99,106 @@ def pinned_step(status: str, pinned: Identity, now: Identity | None) -> str:
     return "gone" if now is None else "restarted"
 
 
-def _wait_for_worker(client: Client, name: str, what: str, timeout: float) -> Identity:
+class NannyWatch:
+    """Whether the departed workers among a call's targets can still come back.
+
+    A worker killed alone is restarted by its Nanny; when the Nanny does not answer either
+    for :data:`NANNY_GONE_AFTER` seconds (a refused or a timed-out connection), its host is
+    down or cut off, or its ``dask worker`` process died, and the worker will not come back.
+    A worker without a Nanny, or one that had left before the watch began, is waited for as
+    before (the caller's restart timeout).
+
+    Parameters
+    ----------
+    client : distributed.Client
+    targets : sequence of WorkerInfo
+        The workers the call writes to.
+    answers : callable, optional
+        ``answers(nanny_address) -> bool``; the default is a TCP probe (1 s) with the client's
+        TLS context (:func:`dvml.cluster.probe.reachable`).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        targets: Sequence[WorkerInfo],
+        answers: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.client = client
+        self.names = sorted({t.name for t in targets})
+        nannies = worker_nannies(client)
+        self.nannies = {name: nannies[name] for name in self.names if name in nannies}
+        tls = probe_context(client)
+        self.answers = answers or (lambda address: reachable(address, 1.0, tls))
+        self.silent_since: dict[str, float] = {}
+
+    def check(self, name: str, what: str) -> None:
+        """Raise :class:`ClusterError` when worker ``name``, not connected now, will not come
+        back (see the class doc); ``what`` names the call in the message."""
+        nanny = self.nannies.get(name)
+        if nanny is None:
+            return
+        if self.answers(nanny):
+            self.silent_since.pop(name, None)
+            return
+        since = self.silent_since.setdefault(name, time.monotonic())
+        if time.monotonic() - since >= NANNY_GONE_AFTER:
+            raise ClusterError(
+                f"Worker {name} left the cluster during {what}, and its Nanny at {nanny} has "
+                f"not answered for {NANNY_GONE_AFTER:.0f}s: its host is down or cut off, or "
+                "its `dask worker` process died, so the worker will not come back. Check the "
+                "host, restart its worker (same name), then run the call again."
+            )
+
+    def check_targets(self, what: str) -> None:
+        """:meth:`check` every target that is not connected now."""
+        live = live_workers(self.client)
+        for name in self.names:
+            if name not in live:
+                self.check(name, what)
+
+
+def worker_nannies(client: Client) -> dict[str, str]:
+    """Worker name → its Nanny's address, for the workers connected now that have one."""
+
+    # Defined here so that it is pickled by value: the scheduler need not import dvml.
+    def nannies(dask_scheduler: Any) -> dict[str, str]:
+        return {str(ws.name): str(ws.nanny)
+                for ws in dask_scheduler.workers.values() if ws.nanny}  # fmt: skip
+
+    return dict(client.run_on_scheduler(nannies))
+
+
+def wait_while_targets_live(
+    client: Client, futures: Sequence[Future], what: str, watch: NannyWatch | None
+) -> None:
+    """Wait for ``futures``, failing as soon as one of ``watch``'s targets has left for good.
+
+    For the work before a call's pinned tasks (a pack's reading and splitting): Dask
+    recomputes elsewhere what a departed worker held, which only delays the error when that
+    worker's buffers are to be written next. Without ``watch``, a plain wait.
+    """
+    from distributed import wait
+
+    while True:
+        try:
+            with client.as_current():  # distributed.wait looks up the default client
+                wait(list(futures), timeout=None if watch is None else 1)
+            return
+        except TimeoutError:
+            if watch is not None:
+                watch.check_targets(what)
+
+
+def _wait_for_worker(
+    client: Client, name: str, what: str, timeout: float, watch: NannyWatch
+) -> Identity:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         identity = live_identities(client).get(name)
         if identity is not None:
             return identity
+        watch.check(name, what)
         time.sleep(0.5)
     raise ClusterError(
         f"Worker {name} left the cluster during {what} and did not come back within "
@@ -101,6 +215,7 @@ def run_pinned(
     restart_timeout: float = 60.0,
     abort: Callable[[], None] | None = None,
     drain_timeout: float = 120.0,
+    watch: NannyWatch | None = None,
 ) -> list[Any]:
     """Run ``submit(i, address, attempt)`` for every target ``i``; return results in order.
 
@@ -117,6 +232,8 @@ def run_pinned(
         tasks still running: Dask cannot interrupt a running task, and one that finished
         after the caller's clean-up would leave its objects behind. Tasks should watch for
         what ``abort`` signals and stop early.
+    watch : NannyWatch, optional
+        The targets' Nannies, recorded before (a caller's earlier phase); else now.
 
     Raises
     ------
@@ -127,6 +244,7 @@ def run_pinned(
     from distributed import wait
 
     addresses = [t.address for t in targets]
+    watch = watch or NannyWatch(client, targets)
     live = live_identities(client)
     # The process each task is pinned to; a target whose address is no longer its name's
     # (restarted since it was discovered) counts as restarted at once.
@@ -173,7 +291,9 @@ def run_pinned(
                         f"{name} left the cluster. Check the worker's logs and memory, then "
                         "run the call again."
                     )
-                identity = live.get(name) or _wait_for_worker(client, name, what, restart_timeout)
+                identity = live.get(name) or _wait_for_worker(
+                    client, name, what, restart_timeout, watch
+                )
                 if identity == pinned[i]:  # it was only missing from one listing
                     continue
                 futures[i].cancel()

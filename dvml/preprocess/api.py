@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml import config
 from dvml._version import __version__
+from dvml.cluster.pinned import NannyWatch
 from dvml.cluster.spec import parse_memory
 from dvml.cluster.standby import warm_trainers
 from dvml.cluster.workers import current_client, discover_workers
@@ -290,7 +291,10 @@ def _preprocess(
     )  # fmt: skip
     if not src.parts:
         raise DataError("The source has no partitions: there is nothing to preprocess.")
-    prepared, stats, sizes = compute_stats(client, src.parts, progress)
+    # A target whose host dies while the data packs fails the call in seconds, not after
+    # the restart timeout (dvml.cluster.pinned).
+    watch = NannyWatch(client, targets)
+    prepared, stats, sizes = compute_stats(client, src.parts, progress, watch)
     try:
         return _plan_and_pack(
             kind=kind,
@@ -313,6 +317,7 @@ def _preprocess(
             training=training,
             shard_exts=(files["image_ext"], files["label_ext"]) if src.shards else None,
             compact=compact,
+            watch=watch,
         )
     finally:
         # Parts not yet handed to the pack graph (which empties the list) are freed here.
@@ -341,6 +346,7 @@ def _plan_and_pack(
     training: Dataset | None,
     shard_exts: tuple[Any, Any] | None = None,
     compact: bool = False,
+    watch: NannyWatch | None = None,
 ) -> Dataset:
     if on_invalid == "raise":
         _raise_if_not_finite(stats)
@@ -429,6 +435,7 @@ def _plan_and_pack(
         summary,
         overwrite,
         force,
+        watch,
     )
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dvml.cluster.pinned import run_pinned
+from dvml.cluster.pinned import NannyWatch, run_pinned, wait_while_targets_live
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ClusterError
 from dvml.placement.planner import partition_seed
@@ -106,18 +106,18 @@ def _scatter_parts(client: Client, parts: Sequence[tasks.ClientPart]) -> list[Fu
     ]
 
 
-def _wait_for_parts(client: Client, parts: Sequence[Any], futures: list[Future]) -> None:
+def _wait_for_parts(
+    client: Client, parts: Sequence[Any], futures: list[Future], watch: NannyWatch | None
+) -> None:
     """Wait until every part is prepared. A worker that dies holding a part of an in-memory
     frame takes the only copy of its inputs with it (Dask cannot recompute scattered data):
     the client still has the rows and sends them again, to the workers alive, up to
-    :data:`RESEND_TRIES` times."""
-    from distributed import wait
+    :data:`RESEND_TRIES` times. A target that left for good fails the wait (``watch``)."""
     from distributed.client import FuturesCancelledError
 
     for attempt in range(RESEND_TRIES + 1):
         try:
-            with client.as_current():  # distributed.wait looks up the default client
-                wait(futures)
+            wait_while_targets_live(client, futures, "packing", watch)
             return
         except FuturesCancelledError as exc:
             lost = [
@@ -138,7 +138,7 @@ def _wait_for_parts(client: Client, parts: Sequence[Any], futures: list[Future])
 
 
 def compute_stats(
-    client: Client, parts: Sequence[Any], progress: bool = False
+    client: Client, parts: Sequence[Any], progress: bool = False, watch: NannyWatch | None = None
 ) -> tuple[list[Future], list[dict], list[int]]:
     """Prepare every part on the workers.
 
@@ -147,7 +147,8 @@ def compute_stats(
     the number of parts in each batch. With ``progress``, Dask's text progress bar follows the
     read/decode/validate tasks (they are not pinned, so Dask reruns them elsewhere if a worker
     dies and the bar always ends). The stats are computed by one task per group of batches
-    that live on the same worker.
+    that live on the same worker. ``watch``: the pack's targets (a target that left for good
+    fails the wait at once).
     """
 
     futures = _submit_parts(client, parts)
@@ -159,7 +160,7 @@ def compute_stats(
             with client.as_current():
                 progress_bar(futures, notebook=False)
             print(flush=True)
-        _wait_for_parts(client, parts, futures)
+        _wait_for_parts(client, parts, futures, watch)
         _raise_first_error(futures)
         groups = _holder_groups(client, futures)
         stats_futures = _submit_groups(client, tasks.group_stats, futures, groups)
@@ -187,6 +188,7 @@ def pack_and_publish(
     summary: dict[str, Any],
     overwrite: bool,
     force: bool = False,
+    watch: NannyWatch | None = None,
 ) -> Dataset:
     """Split, pack and publish; on any failure delete every object this run put.
 
@@ -194,11 +196,14 @@ def pack_and_publish(
     Takes ownership of ``prepared``: the list is emptied once every batch has its split task,
     so that each prepared part is freed on its worker as soon as its group is split, not when
     the whole run ends. Should a split result be lost with a worker, Dask recomputes it (and
-    the parts, from their source).
+    the parts, from their source). ``watch`` follows the targets (:class:`~dvml.cluster.
+    pinned.NannyWatch`): one that left for good fails the pack at once.
     """
 
     def produce(run_id: str) -> list[dict[str, Any]]:
-        return _pack(client, prepared, sizes, counts, buffer_targets, split_args, seed, run_id)
+        return _pack(
+            client, prepared, sizes, counts, buffer_targets, split_args, seed, run_id, watch
+        )
 
     return publish_run(client, name, kind, summary, produce, overwrite=overwrite, force=force)
 
@@ -212,8 +217,9 @@ def _pack(
     split_args: dict[str, Any],
     seed: int,
     run_id: str,
+    watch: NannyWatch | None,
 ) -> list[dict[str, Any]]:
-    from distributed import Event, wait
+    from distributed import Event
 
     counts = np.asarray(counts)
     groups = _holder_groups(client, prepared)  # of batches
@@ -230,8 +236,9 @@ def _pack(
     prepared.clear()  # the splits hold the parts now (see pack_and_publish)
     try:
         # The packs read the splits' results outside the graph: they start once all exist.
-        with client.as_current():
-            wait(splits)
+        # A target whose host died meanwhile fails the pack now, not after its share of the
+        # splits was recomputed elsewhere.
+        wait_while_targets_live(client, splits, "packing", watch)
         _raise_first_error(splits)
         fields = {f"x_{i}": list(s) for i, s in enumerate(split_args["x_shapes"])}
         dtypes = split_args.get("field_dtypes")
@@ -261,7 +268,7 @@ def _pack(
             # A pack whose worker died is resubmitted to the restarted worker of the same
             # name: its vineyardd, and so the placement, is unchanged.
             targets = [buffer_targets[chunk[0]] for chunk in chunks]
-            packed = run_pinned(client, submit, targets, "packing", abort=abort.set)
+            packed = run_pinned(client, submit, targets, "packing", abort=abort.set, watch=watch)
             return sorted((r for records in packed for r in records), key=lambda r: r["index"])
         finally:
             abort.clear()  # events live on the scheduler until cleared

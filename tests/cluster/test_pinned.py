@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 import dvml
-from dvml.cluster.pinned import live_identities, pinned_step, run_pinned
+from dvml.cluster import pinned
+from dvml.cluster.pinned import NannyWatch, live_identities, pinned_step, run_pinned
+from dvml.exceptions import ClusterError
 from tests.helpers import poll_for
 
 A = ("tcp://127.0.0.1:4000", "worker-id-a")
@@ -92,3 +94,35 @@ def test_only_a_real_restart_redoes_a_task(
     assert after != before
     warned = [r.getMessage() for r in caplog.records if "restarted" in r.getMessage()]
     assert warned == [f"worker worker-1 restarted as {after[0]}: redoing checking task 1"]
+
+
+@pytest.mark.cluster
+def test_a_departed_worker_whose_nanny_stays_silent_fails_after_the_grace(
+    local_cluster: Callable[..., dvml.LocalCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = local_cluster(n_workers=2, vineyard_memory="64MiB")
+    client = cluster.client
+    targets = cluster.refresh()
+    # The watch knows every target's Nanny, and the probe (TLS) finds them all.
+    watch = NannyWatch(client, targets)
+    assert sorted(watch.nannies) == sorted(t.name for t in targets)
+    assert all(watch.answers(address) for address in watch.nannies.values())
+    watch.check_targets("checking")  # every target connected: nothing to ask
+
+    # A Nanny that stops answering fails the call once the grace has passed, not before; one
+    # answer in between starts the grace again (a supervisor restarting the worker).
+    monkeypatch.setattr(pinned, "NANNY_GONE_AFTER", 0.5)
+    answering = {"now": False}
+    silent = NannyWatch(client, targets, answers=lambda address: answering["now"])
+    silent.check("worker-1", "checking")
+    time.sleep(0.6)
+    answering["now"] = True
+    silent.check("worker-1", "checking")
+    answering["now"] = False
+    silent.check("worker-1", "checking")
+    time.sleep(0.6)
+    with pytest.raises(ClusterError, match="left the cluster during checking") as info:
+        silent.check("worker-1", "checking")
+    assert watch.nannies["worker-1"] in str(info.value)
+    assert "will not come back" in str(info.value)
+    silent.check("not-a-target", "checking")  # no Nanny known: waited for as before

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from dvml.cluster.probe import probe_context, reachable
 from dvml.cluster.workers import discover_workers
-from dvml.train.runtime.watcher import departed_workers, probe_context, reachable
+from dvml.train.runtime.watcher import departed_workers
 
 
 def test_a_probe_of_a_tls_listener_completes_the_handshake(

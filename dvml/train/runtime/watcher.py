@@ -10,12 +10,11 @@ asks the scheduler and a TCP probe which of the job's workers are gone, every fe
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import socket
-import ssl
 import time
 from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.probe import probe_context, reachable
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -28,8 +27,6 @@ __all__ = [
     "departed_workers",
     "describe_departure",
     "looks_like_peer_failure",
-    "probe_context",
-    "reachable",
     "watch",
 ]
 
@@ -68,43 +65,6 @@ def departed_workers(
         if gone or time.monotonic() >= deadline:
             return gone
         time.sleep(0.25)
-
-
-HANDSHAKE_S = 0.5
-"""How long the probe waits for a TLS handshake (a live worker answers in milliseconds)."""
-
-
-def probe_context(client: Client) -> ssl.SSLContext | None:
-    """The client's TLS context (a ``tls://`` cluster's), for :func:`reachable`."""
-    security = getattr(client, "security", None)
-    if security is None:
-        return None
-    context = security.get_connection_args("client").get("ssl_context")
-    return context if isinstance(context, ssl.SSLContext) else None
-
-
-def reachable(address: str, timeout: float, tls: ssl.SSLContext | None = None) -> bool:
-    """Whether a worker's ``tcp://host:port`` (or ``tls://``) accepts a connection.
-
-    On ``tls://`` the probe completes the TLS handshake with the client's certificate before
-    it closes: a bare TCP connect and close makes every worker log "TLS handshake failed"
-    at each probe.
-    """
-    host, _, port = address.split("://")[-1].rpartition(":")
-    try:
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-    except (OSError, ValueError):
-        return False
-    try:
-        if tls is not None and address.startswith("tls://"):
-            # Politeness only: the connection answered, which is what the probe asks. A
-            # frozen worker accepts but never answers the handshake: do not wait long for it.
-            sock.settimeout(min(timeout, HANDSHAKE_S))
-            with contextlib.suppress(OSError, ValueError):
-                sock = tls.wrap_socket(sock, server_hostname=None)
-    finally:
-        sock.close()
-    return True
 
 
 def describe_departure(gone: list[WorkerInfo]) -> str:
