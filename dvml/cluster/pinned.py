@@ -16,6 +16,7 @@ the restart timeout.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -128,9 +129,17 @@ class NannyWatch:
         self.names = sorted({t.name for t in targets})
         nannies = worker_nannies(client)
         self.nannies = {name: nannies[name] for name in self.names if name in nannies}
-        tls = probe_context(client)
-        self.answers = answers or (lambda address: reachable(address, 1.0, tls))
+        self.answers = answers or self._probe
         self.silent_since: dict[str, float] = {}
+
+    @functools.cached_property
+    def _tls(self) -> Any:
+        # Built on first use only: a TLS context loads the certificates (tens of ms), which
+        # a call whose workers all stay pays for nothing.
+        return probe_context(self.client)
+
+    def _probe(self, address: str) -> bool:
+        return reachable(address, 1.0, self._tls)
 
     def check(self, name: str, what: str) -> None:
         """Raise :class:`ClusterError` when worker ``name``, not connected now, will not come
