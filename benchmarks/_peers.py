@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.harness import Skipped
+
 __all__ = [
     "ROOT",
     "SAMPLE_S",
@@ -48,10 +50,13 @@ def since_spawn() -> Callable[[], float]:
 
 
 def ray_python() -> str:
-    """The Python of Ray's own environment: ``$DVML_RAY_PYTHON`` or ``.venv-ray``."""
+    """The Python of Ray's own environment: ``$DVML_RAY_PYTHON`` or ``.venv-ray``.
+
+    Raises :class:`benchmarks.harness.Skipped` (a RuntimeError) when it is not installed: the
+    rows that need Ray are then skipped, with the command that installs it."""
     path = os.environ.get("DVML_RAY_PYTHON") or os.path.join(ROOT, ".venv-ray", "bin", "python")
     if not os.access(path, os.X_OK):
-        raise RuntimeError(
+        raise Skipped(
             f"The Ray peer is not installed: no executable {path!r}. Run ./scripts/peer-ray "
             "(Ray Train + Ray Data in their own environment, .venv-ray) or set DVML_RAY_PYTHON "
             "to the Python of an environment that has ray[data,train], tensorflow and tf_keras."
@@ -261,11 +266,16 @@ def take(
 ) -> dict[str, Any]:
     """Row ``row``'s next run of ``side``: the runs earlier rows of the same benchmark made,
     in order (so that every row's figures come from the same processes), then new ones
-    (``run()``) where those are used up."""
+    (``run()``) where those are used up. A run that raises is not counted: the row's next call
+    tries again, and ``context["runs"]`` lists only the runs that succeeded."""
     runs = context.setdefault("runs", {}).setdefault(side, [])
     taken = context.setdefault("taken", {})
     index = taken.get((row, side), 0)
-    taken[(row, side)] = index + 1
     if index == len(runs):
-        runs.append(run())
+        try:
+            runs.append(run())
+        finally:
+            if not runs:  # no side's run has succeeded: details() must not see an empty list
+                del context["runs"][side]
+    taken[(row, side)] = index + 1
     return dict(runs[index])

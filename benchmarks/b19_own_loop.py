@@ -24,7 +24,8 @@ figures from B19a's runs (the same processes, in the same alternating order); on
 B19a did not run (``--only B19b``) does it start its own. Details: each side's phases
 (seconds since its process started) and per-epoch times.
 
-Without the Ray environment the rows fail with the command that installs it.
+Without the Ray environment both rows are skipped (:class:`benchmarks.harness.Skipped`),
+with the command that installs it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ A benchmark is one module listed in :data:`MODULES` that calls :func:`register` 
 and a target on the ratio ``dvml / baseline``. The sides alternate, and the side that goes first
 alternates too, so that drift (a warming cache, another process) hits both alike. Everything
 except :func:`run_benchmark`, :func:`run_all` and :func:`load` is a pure function of its arguments.
+
+A benchmark whose baseline is an optional peer that is not installed (Ray's, ``./scripts/peer-ray``)
+raises :class:`Skipped` from its ``prepare`` or a side: its rows are reported as skipped, with the
+command that installs the peer, never as errors, and the other rows still run.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ __all__ = [
     "REGISTRY",
     "Benchmark",
     "Measurement",
+    "Skipped",
     "load",
     "register",
     "render_table",
@@ -57,6 +62,12 @@ MODULES: tuple[str, ...] = (
 )
 
 SIDES = ("dvml", "baseline")
+
+
+class Skipped(RuntimeError):
+    """A row cannot run here because an optional peer is not installed; the message says which
+    and the command that installs it. Raised by ``prepare`` (every row of its group is skipped)
+    or by a side (that row only): the row is reported as skipped, not as an error."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,11 +119,13 @@ class Benchmark:
 
 @dataclasses.dataclass
 class Measurement:
-    """The figures of both sides, in the order they were taken, or the error that stopped it."""
+    """The figures of both sides, in the order they were taken, or the error that stopped it,
+    or why it was skipped (:class:`Skipped`: an optional peer is missing)."""
 
     dvml: list[float] = dataclasses.field(default_factory=list)
     baseline: list[float] = dataclasses.field(default_factory=list)
     error: str | None = None
+    skipped: str | None = None
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -229,6 +242,11 @@ def _run_group(
     try:
         first = group[0]
         context = first.prepare(quick) if first.prepare is not None else None
+    except Skipped as exc:  # an optional peer is missing: every row of the group is skipped
+        for benchmark, measurement in zip(group, measurements, strict=True):
+            measurement.skipped = str(exc)
+            log(f"{benchmark.key} skipped: {exc}")
+        return measurements
     except Exception as exc:  # every row of the group reports it; the others still run
         for benchmark, measurement in zip(group, measurements, strict=True):
             measurement.error = f"{type(exc).__name__}: {exc}"
@@ -265,6 +283,11 @@ def _measure(
                 log(f"{label}: {figure:.4g} {benchmark.unit}")
         if benchmark.details is not None:
             measurement.details = dict(benchmark.details(context))
+    except Skipped as exc:  # an optional peer is missing: this row only, not an error
+        measurement.dvml.clear()
+        measurement.baseline.clear()
+        measurement.skipped = str(exc)
+        log(f"{benchmark.key} skipped: {exc}")
     except Exception as exc:  # reported in the table; the other benchmarks still run
         measurement.error = f"{type(exc).__name__}: {exc}"
         log(f"{benchmark.key} failed: {measurement.error}")
@@ -282,6 +305,7 @@ def summarize(benchmark: Benchmark, measurement: Measurement) -> dict[str, Any]:
         "baseline_figures": list(measurement.baseline),
         "target": f"ratio {benchmark.target_op} {benchmark.target:g}",
         "error": measurement.error,
+        "skipped": measurement.skipped,
         "details": dict(measurement.details),
     }
     pairs = list(zip(measurement.dvml, measurement.baseline, strict=False))
@@ -317,7 +341,10 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
             ratio = "-"
         else:
             ratio = f"{row['ratio_median']:.2f} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})"
-        met = "yes" if row["met"] else ("error" if row.get("error") else "no")
+        if row.get("skipped"):
+            met = "skipped"
+        else:
+            met = "yes" if row["met"] else ("error" if row.get("error") else "no")
         cells = [
             f"{row['benchmark']}: {row['title']}",
             _figure(row["dvml"], row["unit"]),
@@ -332,8 +359,11 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
         for row in rows
         if row.get("details")
     ]
+    skipped = [f"{r['benchmark']} skipped: {r['skipped']}" for r in rows if r.get("skipped")]
     if notes:
         lines += ["", *notes]
+    if skipped:
+        lines += ["", *skipped]
     return "\n".join(lines)
 
 

@@ -127,3 +127,29 @@ def test_quick_b12_runs_partition_and_buffer_rows(tmp_path: pathlib.Path) -> Non
         assert row["dvml"] > 0 and row["baseline"] > 0
     assert rows["B12a"]["details"]["partitions"] == 4
     assert rows["B12g"]["details"]["buffers"] == 4  # quick: 2, 4, 8, 16 buffers
+
+
+def test_a_missing_optional_peer_skips_rows_and_the_others_still_run() -> None:
+    # Issue 42 item 9: a peer that is not installed is a skipped row (with the command that
+    # installs it), never an error; rows that do not need it still run.
+    def missing(context: object) -> float:
+        raise harness.Skipped("The peer is not installed. Run ./scripts/peer-x.")
+
+    def no_peer(quick: bool) -> object:
+        raise harness.Skipped("Run ./scripts/peer-y.")
+
+    fine = harness.Benchmark("BA", "t", "s", lambda c: 2.0, lambda c: 1.0, target=3.0)
+    row_skip = harness.Benchmark("BB", "t", "s", lambda c: 2.0, missing, target=1.0)
+    group_skip = harness.Benchmark("BC", "t", "s", lambda c: 1.0, lambda c: 1.0, 1.0,
+                                   prepare=no_peer)  # fmt: skip
+    benches = [fine, row_skip, group_skip]
+    measurements = harness.run_all(benches, repeats=2, quick=True, log=lambda s: None)
+    rows = [harness.summarize(b, m) for b, m in zip(benches, measurements, strict=True)]
+    assert [r["error"] for r in rows] == [None, None, None]
+    missing_peer = "The peer is not installed. Run ./scripts/peer-x."
+    assert [r["skipped"] for r in rows] == [None, missing_peer, "Run ./scripts/peer-y."]
+    assert rows[0]["met"] is True and rows[0]["dvml_figures"] == [2.0, 2.0]
+    assert rows[1]["dvml_figures"] == [] and rows[1]["ratio_median"] is None  # no half row
+    table = harness.render_table(rows)
+    assert "| BB: t | - | - | - | ratio <= 1 | skipped |" in table
+    assert "BC skipped: Run ./scripts/peer-y." in table.splitlines()

@@ -13,6 +13,7 @@ import os
 import pathlib
 import signal
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -155,3 +156,47 @@ def test_tree_memory_counts_each_page_once_whoever_else_maps_it(tmp_path: pathli
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
         holder.wait()
+
+
+def test_without_ray_the_ray_rows_are_skipped_and_the_run_exits_0(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 42 item 9: `python -m benchmarks --quick` exited 1 without ./scripts/peer-ray.
+    # B19 needs Ray in every row; B20b and B20d compare with Ray (B20's other rows do not, and
+    # they are not run here: they train). Skipped before dvml's side runs: this takes seconds.
+    from benchmarks.__main__ import main
+
+    monkeypatch.setenv("DVML_RAY_PYTHON", str(tmp_path / "no-python"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # B20's inputs: removed after
+    out = tmp_path / "out"
+    argv = ["--quick", "--repeats", "1", "--only", "B19,B20b,B20d", "--out", str(out)]
+    assert main(argv) == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [r["benchmark"] for r in rows] == ["B19a", "B19b", "B20b", "B20d"]
+    for row in rows:
+        assert row["error"] is None and "./scripts/peer-ray" in row["skipped"], row
+        assert row["dvml_figures"] == [] and row["baseline_figures"] == []
+    listed = (out / "results.md").read_text()
+    assert all(f"{key} skipped: The Ray peer is not installed" in listed
+               for key in ("B19a", "B19b", "B20b", "B20d"))  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # B20's inputs were removed
+
+
+def test_a_peer_run_that_failed_leaves_the_other_rows_details_whole() -> None:
+    # Issue 42 item 9: after a Ray run failed, B20c's and B20e's details() raised IndexError
+    # (an empty list of Ray runs). A failed run is not counted, and the row may try again.
+    from benchmarks import b20_short_job as b20
+
+    def fail() -> dict[str, object]:
+        raise RuntimeError("the ray side failed")
+
+    plain = {"to_model_s": 3.0, "valid_accuracy": 0.9, "phases": {"model": 3.0}}
+    context: dict[str, object] = {"rows": 10}
+    with pytest.raises(RuntimeError, match="the ray side failed"):
+        _peers.take(context, "B20b", "ray", fail)
+    assert _peers.take(context, "B20c", "plain", lambda: plain)["to_model_s"] == 3.0
+    assert set(b20.details(context)) == {
+        "training rows", "dvml sync", "plain: to evaluated model s (median)",
+        "plain: validation accuracy (last run)", "plain: phases (s since spawn, last run)",
+    }  # fmt: skip
+    assert _peers.take(context, "B20b", "ray", lambda: {"n": 1}) == {"n": 1}  # tries again
