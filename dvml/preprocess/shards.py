@@ -31,7 +31,9 @@ __all__ = [
     "SHARD_SUFFIXES",
     "expand_braces",
     "read_tar_samples",
+    "sample_ids",
     "samples_to_images_labels",
+    "shard_names",
 ]
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -101,6 +103,38 @@ def _matching_brace(text: str, start: int, pattern: str) -> int:
             if depth == 0:
                 return j
     raise ArgumentError(_brace_error(pattern, "a '{' without its '}'"))
+
+
+def shard_names(paths: Sequence[str]) -> list[str]:
+    """The file names of ``paths`` (local paths or URLs), which prefix the ids of their samples
+    (:func:`sample_ids`), checked to be distinct.
+
+    Raises
+    ------
+    ArgumentError
+        Two shards share a file name (``a/shard-0.tar`` and ``b/shard-0.tar``): the ids of
+        their samples could repeat.
+    """
+    names = [posixpath.basename(str(p).rstrip("/")) for p in paths]
+    seen: dict[str, str] = {}
+    for path, name in zip(paths, names, strict=True):
+        if name in seen:
+            raise ArgumentError(
+                "Two shards share a file name, so the ids of their samples (file name/key) "
+                f"could repeat. Received: {seen[name]!r} and {path!r}. Predict them in separate "
+                "calls, or rename one of them."
+            )
+        seen[name] = path
+    return names
+
+
+def sample_ids(shard_name: str, keys: Sequence[str]) -> list[str]:
+    """The ids of a shard's samples: ``"<shard file name>/<key>"`` (``"shard-000003.tar/0042"``).
+
+    webdataset's keys are per shard (``ShardWriter`` numbers samples from 0 in every shard,
+    and the same key in two shards is two samples), so the key alone is not an id; the file
+    name makes it unique across the shards of one call and stable from call to call."""
+    return [f"{shard_name}/{key}" for key in keys]
 
 
 def _split_top_level(body: str) -> list[str]:

@@ -24,6 +24,7 @@ import numpy as np
 
 from dvml.exceptions import DataError
 from dvml.preprocess.encode import normalize, x_to_array
+from dvml.preprocess.shards import sample_ids, shard_names
 from dvml.preprocess.tasks import decode_tar_shard, prepare_image_files
 from dvml.train.runtime.protocol import Predict, Predicted, Score, Scored
 from dvml.train.runtime.sessions import infer
@@ -164,16 +165,19 @@ def predict_files(
     they are (``image``: ``size``, ``channels``, ``image_ext``, ``label_ext``,
     ``storage_options``).
 
-    The id of an image file is its path; the id of a shard's sample is its key (webdataset's
-    ``__key__``). Labels are not needed.
+    The id of an image file is its path; the id of a shard's sample is the shard's file name
+    and its key (webdataset's ``__key__``), ``"shard-000003.tar/0042"``
+    (:func:`dvml.preprocess.shards.sample_ids`: keys repeat from shard to shard). Labels are
+    not needed.
     """
     size, channels = tuple(image["size"]), int(image["channels"])
     options = image.get("storage_options")
     if kind == "shards":
-        ids, images, _ = decode_tar_shard(
+        keys, images, _ = decode_tar_shard(
             paths[0], size, channels, image.get("image_ext"), image.get("label_ext") or "cls",
             options, require_labels=False,
         )  # fmt: skip
+        ids = sample_ids(shard_names(paths[:1])[0], keys)
     else:
         ids = list(paths)
         images = prepare_image_files(paths, [""] * len(paths), size, channels, options)["x"][0]

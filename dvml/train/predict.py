@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dvml.cluster.workers import current_client
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, TrainingError
 from dvml.preprocess.locations import locate, read_table
+from dvml.preprocess.shards import shard_names
 from dvml.preprocess.sources import is_file_source, normalize_x
 from dvml.preprocess.string_cells import restore_array_cells
 from dvml.registry.database import TRAINED_SUMMARY_KEYS, Registry, opened_registry
@@ -230,7 +231,7 @@ def _predict_files(
     files: dict[str, Any],
 ) -> Any:
     """Predictions of image files or tar shards: one task per shard or per 256 images, each
-    reading its files from where they are (ids: paths, or the samples' keys)."""
+    reading its files from where they are (ids: paths, or "<shard file name>/<key>")."""
     import dask.dataframe as dd
     import numpy as np
 
@@ -246,6 +247,7 @@ def _predict_files(
         "storage_options": files["storage_options"] or None,
     }  # fmt: skip
     if where.kind == "shards":
+        shard_names(where.paths)  # ids are "<shard file name>/<key>": the names must differ
         chunks = [[p] for p in where.paths]
     else:
         chunks = [where.paths[i : i + _IMAGES_PER_TASK]
@@ -324,7 +326,10 @@ def predict(
         images, WebDataset tar shards), read by the workers.
     id_col, x : str
         The id column and the feature columns of a table. Images need neither: the id of
-        an image file is its path, the id of a shard's sample its key.
+        an image file is its path; the id of a shard's sample is the shard's file name and
+        the sample's key, ``"shard-000003.tar/0042"`` (webdataset's keys repeat from shard to
+        shard: the key alone would pair the wrong rows). Two shards of one call with the same
+        file name are refused (ArgumentError).
     pred_type : {"response", "prob"}, int or float
         ``"response"`` (the top class), ``"prob"`` (every class with its probability), an
         int k (the top k) or a float p (classes with probability >= p). Probabilities are

@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dvml.exceptions import DataError
-from dvml.preprocess.shards import expand_braces, read_tar_samples, samples_to_images_labels
+from dvml.exceptions import ArgumentError, DataError
+from dvml.preprocess.shards import (
+    expand_braces,
+    read_tar_samples,
+    sample_ids,
+    samples_to_images_labels,
+    shard_names,
+)
 
 
 @pytest.mark.parametrize(
@@ -218,3 +224,15 @@ def test_dotted_keys_are_grouped_as_webdataset_does_with_a_short_message(
     with pytest.raises(DataError, match=r"keys seem to hold dots.*FIRST dot.*1000 files") as e:
         samples_to_images_labels(samples, (4, 4), source=str(shard))
     assert len(str(e.value)) < 700
+
+
+def test_sample_ids_are_the_shard_file_name_and_the_key() -> None:
+    # Issue 42 item 3: keys repeat from shard to shard; the file name makes the ids unique.
+    paths = ["s3://bucket/test/shard-000000.tar", "/data/test/shard-000001.tar"]
+    names = shard_names(paths)
+    assert names == ["shard-000000.tar", "shard-000001.tar"]
+    ids = [i for name in names for i in sample_ids(name, ["0010", "0011"])]
+    assert ids == ["shard-000000.tar/0010", "shard-000000.tar/0011",
+                   "shard-000001.tar/0010", "shard-000001.tar/0011"]  # fmt: skip
+    with pytest.raises(ArgumentError, match=r"share a file name.*'/b/shard-0.tar'.*separate"):
+        shard_names(["s3://a/shard-0.tar", "/b/shard-0.tar"])

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import dvml
+from dvml.exceptions import ArgumentError
 from dvml.train.inference import output_probabilities
 from dvml.train.params import parse_compile_params
 from dvml.train.predict import output_activation
@@ -135,7 +136,8 @@ def test_predict_files_and_logits(
             arch, str(tmp_path / "shards" / "part-%04d.tar"), from_logits=True,
             normalizing_const=255.0, registry=registry, client=cluster2.client,
         ).compute(scheduler=cluster2.client)  # fmt: skip
-        top = out.set_index("id").loc[expected["keys"]]
+        ids = [f"part-{i // 5:04d}.tar/{key}" for i, key in enumerate(expected["keys"])]
+        top = out.set_index("id").loc[ids]  # ShardWriter's maxcount=5: 3 shards
         np.testing.assert_allclose(top["prob"], expected["probs"].max(axis=1), rtol=1e-5)
         assert top["class_value"].tolist() == expected["probs"].argmax(axis=1).tolist()
     finally:
@@ -191,5 +193,45 @@ def test_predict_tables_from_files_and_urls(
             got = out.pivot(index="id", columns="class_value", values="prob").sort_index()
             assert got.index.tolist() == list(range(60)), source
             np.testing.assert_allclose(got.to_numpy(), expected, rtol=1e-5, err_msg=source)
+    finally:
+        registry.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.tf
+def test_predicted_shard_ids_are_unique_when_keys_repeat_across_shards(
+    cluster2: dvml.LocalCluster, tmp_path: pathlib.Path
+) -> None:
+    """Issue 42 item 3: webdataset's keys are per shard (two shards with keys s000..s002 give
+    6 samples and 3 distinct keys); the ids are "<shard file name>/<key>", each paired with
+    its own sample's prediction. Two shards with one file name are refused."""
+    import webdataset as wds
+
+    rng = np.random.default_rng(11)
+    pixels = rng.integers(0, 256, size=(2, 3, 4, 3, 3), dtype=np.uint8)
+    expected = {}
+    for s in range(2):
+        with wds.TarWriter(str(tmp_path / f"part-{s}.tar")) as sink:
+            for k in range(3):
+                sink.write({"__key__": f"s{k:03d}", "png": _png(pixels[s, k])})
+                logits = 10 * pixels[s, k].reshape(-1, 3).mean(axis=0) / 255.0
+                expected[f"part-{s}.tar/s{k:03d}"] = int(np.argmax(logits))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "part-0.tar").write_bytes((tmp_path / "part-0.tar").read_bytes())
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    try:
+        model_json, weights = _mean_color_model()
+        arch = dvml.load_keras_model(model_json, weights=weights, registry=registry)
+        out = dvml.predict_byom(
+            arch, str(tmp_path / "part-{0..1}.tar"), normalizing_const=255.0,
+            registry=registry, client=cluster2.client,
+        ).compute(scheduler=cluster2.client)  # fmt: skip
+        assert len(out) == 6 and out["id"].is_unique, out["id"].tolist()
+        assert dict(zip(out["id"], out["class_value"], strict=True)) == expected
+        with pytest.raises(ArgumentError, match=r"Two shards share a file name.*other"):
+            dvml.predict_byom(
+                arch, [str(tmp_path / "part-0.tar"), str(tmp_path / "other" / "part-0.tar")],
+                normalizing_const=255.0, registry=registry, client=cluster2.client,
+            )  # fmt: skip
     finally:
         registry.close()
