@@ -181,20 +181,27 @@ def worker_nannies(client: Client) -> dict[str, str]:
 def wait_while_targets_live(
     client: Client, futures: Sequence[Future], what: str, watch: NannyWatch | None
 ) -> None:
-    """Wait for ``futures``, failing as soon as one of ``watch``'s targets has left for good.
+    """Wait for ``futures``, failing as soon as one of ``watch``'s targets has left for good,
+    and returning as soon as one of them failed (the caller raises its error and cancels the
+    rest).
 
     For the work before a call's pinned tasks (a pack's reading and splitting): Dask
     recomputes elsewhere what a departed worker held, which only delays the error when that
-    worker's buffers are to be written next. Without ``watch``, a plain wait.
+    worker's buffers are to be written next. One failed task fails the call: waiting for the
+    others only repeats the failure (an object store that died makes every read task wait
+    out its own timeout, and each logs a "Compute Failed" block on its worker).
     """
     from distributed import wait
 
+    futures = list(futures)
     while True:
         try:
             with client.as_current():  # distributed.wait looks up the default client
-                wait(list(futures), timeout=None if watch is None else 1)
+                wait(futures, timeout=1)
             return
         except TimeoutError:
+            if any(f.status == "error" for f in futures):
+                return
             if watch is not None:
                 watch.check_targets(what)
 

@@ -17,6 +17,11 @@ The data itself is read by the Dask tasks on the workers, each opening its own f
 same ``storage_options`` (:func:`read_bytes`, :func:`open_binary`): no bulk data passes
 through the client. Errors of the store (a wrong key, a missing bucket) become a
 :class:`~dvml.exceptions.DataError` that says which (:func:`store_error`).
+
+An S3 store that stops answering (it died, or the network to it did) is bounded by
+``dvml.storage-timeout`` (seconds, :func:`bounded_options`): each request waits that long at
+most to connect or for the next bytes, and a refused connection is not retried with
+backoff, so the first read that fails fails the call, naming the URL and the timeout.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dvml.preprocess.shards import SHARD_SUFFIXES, expand_braces
 __all__ = [
     "TABLE_KINDS",
     "Location",
+    "bounded_options",
     "is_url",
     "locate",
     "open_binary",
@@ -113,6 +119,36 @@ def _local(path: str) -> str:
     return path
 
 
+_S3_SCHEMES = ("s3", "s3a")
+# A store that does not answer: botocore's, aiohttp's and the socket's words for it.
+_UNREACHABLE = re.compile(
+    r"EndpointConnectionError|ConnectTimeout|ReadTimeout|ConnectionClosed|ConnectionRefused|"
+    r"ClientConnectorError|ServerDisconnected|Could not connect to the endpoint"
+)
+
+
+def bounded_options(
+    specs: Sequence[str], storage_options: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """``storage_options`` with the ``dvml.storage-timeout`` bound where ``specs`` name S3 URLs.
+
+    s3fs passes ``config_kwargs`` to botocore: ``connect_timeout`` and ``read_timeout`` (the
+    longest wait to connect, or for the next bytes, of one request) and ``retries`` (one
+    attempt: botocore's default retries a refused connection 4 times with backoff, s3fs
+    still retries a timed-out request). Keys the caller gave win. The options travel to the
+    workers with the read tasks, so the workers' reads are bounded too."""
+    from dvml import config
+
+    options = dict(storage_options or {})
+    if not any(str(s).partition("://")[0].lower() in _S3_SCHEMES for s in specs):
+        return options
+    timeout = float(config.get("storage-timeout"))
+    bounds = {"connect_timeout": timeout, "read_timeout": timeout,
+              "retries": {"max_attempts": 1, "mode": "standard"}}  # fmt: skip
+    options["config_kwargs"] = {**bounds, **dict(options.get("config_kwargs") or {})}
+    return options
+
+
 def _filesystem(path: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     """The fsspec file system of ``path`` and the path inside it."""
     from fsspec.core import url_to_fs
@@ -150,8 +186,18 @@ def store_error(
     keys = sorted(storage_options or {})
     cause = f"{type(exc).__name__}: {exc}"
     chained = exc.__cause__ or exc.__context__
-    text = f"{exc} {chained or ''}"
+    text = f"{type(exc).__name__} {exc} {type(chained).__name__} {chained or ''}"
     where = f"Received: {path!r} with storage_options keys {keys}"
+    if _UNREACHABLE.search(text):
+        bound = dict((storage_options or {}).get("config_kwargs") or {}).get("read_timeout")
+        within = f" within {bound:g} s (dvml.storage-timeout)" if bound else ""
+        return DataError(
+            f"The store of {path!r} did not answer{within}: {cause}. It stopped, or the "
+            f"network to it did; nothing was published. {where}. Check that the store is up "
+            "and reachable at its endpoint (storage_options={'client_kwargs': "
+            "{'endpoint_url': ...}}), then run the call again; raise dvml.storage-timeout "
+            "for a store that is slow to answer."
+        )
     if isinstance(exc, PermissionError) or re.search(
         r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|Forbidden|\b403\b", text
     ):
@@ -187,6 +233,11 @@ def _store_errors(path: str, storage_options: Mapping[str, Any] | None) -> Itera
         raise
     except OSError as e:
         raise store_error(e, path, storage_options) from e
+    except Exception as e:
+        # botocore's EndpointConnectionError is no OSError: a store that died is named too
+        if _UNREACHABLE.search(type(e).__name__):
+            raise store_error(e, path, storage_options) from None
+        raise
 
 
 def _suffix_kind(name: str) -> str | None:
@@ -279,7 +330,6 @@ def locate(
         Nothing matches; the store refuses access or has no such bucket; or the files are of
         a kind dvml cannot read (the message lists what was found).
     """
-    options = dict(storage_options or {})
     if isinstance(source, str | os.PathLike):
         specs = [os.fspath(source)]
     elif (
@@ -293,6 +343,7 @@ def locate(
             f"{key} must be a path, a URL, a pattern or a non-empty list of them. Received: "
             f"{source!r}."
         )
+    options = bounded_options(specs, storage_options)
     spec_text = ", ".join(specs)
     if len(specs) == 1:
         found = _locate_one(specs[0], options, key)

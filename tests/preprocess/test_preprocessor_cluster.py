@@ -15,6 +15,7 @@ import tarfile
 from collections.abc import Sequence
 from typing import Any
 
+import dask
 import dask.array as da
 import dask.dataframe as dd
 import numpy as np
@@ -527,6 +528,57 @@ def test_tables_and_images_from_s3(
     labels = ["cat", "cat", "dog", "dog", "eel", "eel"]
     check_dataset(cluster4, imgs, ["worker-3"], [pixels.astype(np.float32)],
                   expected_one_hot(labels, ["cat", "dog", "eel"], 3))  # fmt: skip
+
+
+def test_a_store_that_dies_during_a_pack_fails_it_once_naming_the_url(
+    cluster4: dvml.LocalCluster, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42 item 8: the S3 server is killed once the shards are listed, before they are
+    read. The pack fails at the first read that fails, with one DataError naming the URL and
+    dvml.storage-timeout (it took 141 s and raised a bare botocore error while every read
+    task logged its own "Compute Failed"); the other reads are cancelled; nothing published."""
+    import os
+    import signal
+    import time
+
+    from dvml.preprocess import sources
+    from tests.helpers.s3 import running_s3_server
+
+    _webdataset_shards(tmp_path / "wds", 7 * 24, seed=8)  # 24 shards, one read task each
+    with running_s3_server() as server:
+        bucket = server.bucket("dies")
+        server.upload(tmp_path / "wds", f"{bucket}/train")
+        located = sources.locate
+
+        def locate_then_kill(*args: Any, **kwargs: Any) -> Any:
+            where = located(*args, **kwargs)
+            os.kill(server.pid, signal.SIGKILL)  # the store dies as the reads begin
+            return where
+
+        monkeypatch.setattr(sources, "locate", locate_then_kill)
+        before = snapshot(cluster4)
+        logs = cluster4.client.get_worker_logs()
+        failed_before = sum("Compute Failed" in m for w in logs.values() for _, m in w)
+        start = time.monotonic()
+        with (
+            dask.config.set({"dvml.storage-timeout": 5}),
+            pytest.raises(DataError) as e,
+        ):
+            dvml.training_preprocessor(
+                f"{bucket}/train/shard-%06d.tar", image_size=(5, 4), image_ext="png",
+                name="pp_store_dies", storage_options=server.storage_options,
+                client=cluster4.client,
+            )  # fmt: skip
+        elapsed = time.monotonic() - start
+    message = str(e.value)
+    assert f"{bucket}/train/shard-0000" in message and "did not answer within 5 s" in message
+    assert "dvml.storage-timeout" in message and "nothing was published" in message
+    assert elapsed < 5 + 30, elapsed  # one read's bound plus the pack's own start, not 24
+    assert not dvml.datasets.exists("pp_store_dies", client=cluster4.client)
+    assert snapshot(cluster4) == before  # no object of the failed pack is left
+    logs = cluster4.client.get_worker_logs()
+    failed = sum("Compute Failed" in m for w in logs.values() for _, m in w) - failed_before
+    assert failed <= 4, failed  # the reads running when the first failed (4 threads), at most
 
 
 def test_store_errors_name_the_cause(cluster4: dvml.LocalCluster, s3_server: Any) -> None:
