@@ -244,7 +244,7 @@ def _predict_files(
     image = {
         "size": [int(v) for v in size], "channels": int(files.get("channels") or 3),
         "image_ext": files.get("image_ext"), "label_ext": files.get("label_ext"),
-        "storage_options": files["storage_options"] or None,
+        "storage_options": where.storage_options or None,  # with dvml.storage-timeout
     }  # fmt: skip
     if where.kind == "shards":
         shard_names(where.paths)  # ids are "<shard file name>/<key>": the names must differ
