@@ -280,6 +280,7 @@ def test_cli_check_catches_a_wrong_line() -> None:
 def test_not_run_blocks_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
     """Every block that is not run says why, right before it; the list is printed (run with
     ``-s`` or read the captured output) so that no block is skipped silently."""
+    blocks_to_run()  # prints the pages whose blocks are copies, run on the first page only
     marked = [b for p in doc_pages() for b in page_blocks(p) if b.not_run is not None]
     for block in marked:
         print(f"not run: {block.page}:{block.line}: {block.not_run}")
@@ -303,17 +304,17 @@ class PageContext:
 
 
 def _digits(ctx: PageContext) -> None:
-    """``frame`` (600 rows), ``val_frame`` (200) and ``raw_frame`` (5, with ``id``) of
+    """``frame`` (400 rows), ``val_frame`` (200) and ``raw_frame`` (5, with ``id``) of
     scikit-learn's digits; ``model``: the digits CNN, a tf-keras model."""
     from dvml.examples import digits_frame
     from tests.helpers.models import cnn
 
     data = digits_frame(seed=0)
     ctx.namespace.update(
-        frame=data.iloc[:600].reset_index(drop=True),
-        val_frame=data.iloc[600:800].reset_index(drop=True),
-        raw_frame=data.iloc[800:805].reset_index(drop=True),
-        test=data.iloc[800:805].reset_index(drop=True),
+        frame=data.iloc[:400].reset_index(drop=True),
+        val_frame=data.iloc[400:600].reset_index(drop=True),
+        raw_frame=data.iloc[600:605].reset_index(drop=True),
+        test=data.iloc[600:605].reset_index(drop=True),
         model=cnn(),
     )
 
@@ -382,12 +383,25 @@ SETUP: dict[str, list[Callable[[PageContext], None]]] = {
 }
 
 
+def blocks_to_run() -> dict[pathlib.Path, list[Block]]:
+    """Per page, its python blocks to run (all of them, or none). A page whose every block is
+    the same, character for character, as a block of an earlier page (getting-started's tour
+    is README's) runs there only; an edit to one copy makes them differ, and both run."""
+    seen: dict[str, str] = {}
+    pages: dict[pathlib.Path, list[Block]] = {}
+    for path in doc_pages():
+        blocks = [b for b in page_blocks(path) if b.language == "python" and b.not_run is None]
+        copies = all(b.source in seen for b in blocks)
+        pages[path] = [] if copies else blocks
+        for b in blocks:
+            seen.setdefault(b.source, f"{b.page}:{b.line}")
+        if copies and blocks:
+            print(f"run once: {page_id(path)}: same code as {[seen[b.source] for b in blocks]}")
+    return pages
+
+
 def runnable_pages() -> list[pathlib.Path]:
-    return [
-        p
-        for p in doc_pages()
-        if any(b.language == "python" and b.not_run is None for b in page_blocks(p))
-    ]
+    return [path for path, blocks in blocks_to_run().items() if blocks]
 
 
 class SharedCluster:
@@ -474,7 +488,7 @@ def test_page_runs(
         "dvml.cluster.state-dir": str(tmp_path / "state"),
         "dvml.registry.url": f"sqlite:///{tmp_path / 'registry.db'}",
     }
-    blocks = [b for b in page_blocks(path) if b.language == "python"]
+    blocks = blocks_to_run()[path]
     ran = []
     with (
         dask.config.set(settings),
@@ -486,8 +500,6 @@ def test_page_runs(
         for step in SETUP.get(page_id(path), []):
             step(ctx)
         for block in blocks:
-            if block.not_run is not None:
-                continue
             block.example.namespace.update(ctx.namespace)
             try:
                 block.example.evaluate()
