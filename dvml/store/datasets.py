@@ -307,7 +307,7 @@ def drop(name: str, client: Client | None = None, force: bool = False) -> None:
         memory.
     """
     client = current_client(client)
-    with unleased(name, "drop", force):
+    with unleased(name, "drop", force, client):
         record = read_record(client, name)
         delete_layout(client, record["layout"])
         run_on(client, None, catalog.drop_metadata, record, True)
