@@ -26,7 +26,7 @@ A lease belongs to the holder's Dask client (``client.id``). It ends when the jo
 closes its connections; the scheduler forgets the client), or when the scheduler has not
 heard from it for ``dvml.train.client-timeout`` seconds plus :data:`GRACE` (a host cut off
 or frozen: the client's heartbeats stop). That is when the job's trainers stop themselves
-for the same reason (:class:`dvml.train.runtime.supervisor.ClientLease`), so an expired lease
+for the same reason (``ClientLease`` in ``dvml.train.runtime.supervisor``), so an expired lease
 has no readers left. A dead holder blocks nothing for longer than that.
 
 A drop or overwrite *claims* the name while it frees the memory: a job starting meanwhile
@@ -367,12 +367,12 @@ def holding(datasets: Iterable[Any], job: str, client: Any = None) -> Iterator[L
     lease = Lease(client, record)
     try:
         yield lease
-    except BaseException as exc:
+    except BaseException:
         current = _release_quietly(client, lease_id)
         why = lease._broken(current) if current is not _UNKNOWN else None
         if why:
             lease._raise(why)  # the real cause of whatever the job saw (freed memory)
-        raise exc
+        raise
     current = client.run_on_scheduler(_release_on_scheduler, lease_id=lease_id)
     why = lease._broken(current)
     if why:
