@@ -25,6 +25,7 @@ received, and what to do next.
     ├── StoreError                          vineyard storage failed
     │   ├── DatasetNotFoundError (LookupError)
     │   ├── DatasetExistsError
+    │   ├── LeaseBrokenError                a dataset a job read was dropped with force=True
     │   └── VineyardMemoryError             a vineyardd has no room for a buffer
     ├── ParameterError (ValueError)         a compile/fit parameter string or dict is invalid
     ├── RegistryError                       the model registry failed
@@ -56,6 +57,7 @@ __all__ = [
     "DatasetNotFoundError",
     "DvmlError",
     "FitRunningError",
+    "LeaseBrokenError",
     "LockHeldError",
     "ModelMismatchError",
     "NoClusterError",
@@ -144,6 +146,11 @@ class DatasetNotFoundError(StoreError, LookupError):
 
 class DatasetExistsError(StoreError):
     """A dataset of that name exists and ``overwrite=True`` was not given."""
+
+
+class LeaseBrokenError(StoreError):
+    """A dataset a job read was dropped or overwritten with ``force=True`` (or its lease
+    expired) while the job ran: the job fails instead of registering what it trained."""
 
 
 class VineyardMemoryError(StoreError):

@@ -183,6 +183,7 @@ def test_exception_tree() -> None:
             "DatasetNotFoundError",
             "DvmlError",
             "FitRunningError",
+            "LeaseBrokenError",
             "LockHeldError",
             "ModelMismatchError",
             "NoClusterError",

@@ -278,7 +278,7 @@ def _preprocess(
     if overwrite:
         # A fit reading it holds a lease (dvml.store.leases): refuse before packing anything;
         # the replacement itself checks again.
-        check_not_leased(name, "overwrite", force)
+        check_not_leased(name, "overwrite", force, client)
 
     if training is None:
         # A training set: its workers run the next fit's trainers. Their standby trainers

@@ -139,10 +139,11 @@ def open_local(name: str, require: bool = True, socket: str | None = None) -> Lo
     -----
     The fields are zero-copy views of vineyardd's shared memory: a drop or overwrite of the
     dataset frees it under them. What protects a reader is a *lease* on the dataset
-    (:func:`dvml.store.leases.holding`): :func:`dvml.fit` and :func:`dvml.fit_multiple` hold
-    one for their trainers, and a process of your own that reads through this function should
-    hold one too (``with holding([name], job="my reader"): ...``) for as long as it uses the
-    views; a drop or overwrite is then refused unless forced.
+    (:func:`dvml.store.leases.holding`): :func:`dvml.fit` and the other jobs hold one for
+    their trainers, and a process of your own that reads through this function should hold
+    one too (``with holding([name], job="my reader") as lease: ...``) for as long as it uses
+    the views; a drop or overwrite is then refused unless forced, and a forced one makes
+    ``lease.check()`` raise.
     """
     from dvml.vineyard_runtime import import_vineyard
 

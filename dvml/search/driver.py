@@ -201,7 +201,9 @@ def automl(
         metrics_compute_frequency, use_gpus, False, custom_objects, seed, None, augment,
     )  # fmt: skip
     # The datasets are leased for the whole search: a drop or overwrite is refused meanwhile.
-    with holding([training_set, validation_set], job=f"dvml.automl {model_output!r}"):
+    with holding(
+        [training_set, validation_set], job=f"dvml.automl {model_output!r}", client=client
+    ):
         if isinstance(parsed, AshaParams):
             outcome = _asha(reg, client, args, space, parsed, resume, progress, name, description)
         else:

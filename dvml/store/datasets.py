@@ -303,11 +303,13 @@ def drop(name: str, client: Client | None = None, force: bool = False) -> None:
     force : bool
         Drop it even while a job (a fit) reads it. Without it a leased dataset is refused
         with :class:`~dvml.exceptions.DatasetInUseError` naming the job
-        (:mod:`dvml.store.leases`); with it, stop that job first, or its trainers read freed
-        memory.
+        (:mod:`dvml.store.leases`, kept by the scheduler: every client of the cluster sees
+        them); with it, the job's lease is broken and the job fails with
+        :class:`~dvml.exceptions.LeaseBrokenError` instead of registering what it trained on
+        freed memory. Stop that job first when you can.
     """
     client = current_client(client)
-    with unleased(name, "drop", force):
+    with unleased(name, "drop", force, client):
         record = read_record(client, name)
         delete_layout(client, record["layout"])
         run_on(client, None, catalog.drop_metadata, record, True)

@@ -147,7 +147,7 @@ def publish_run(
             )
         _on_instances(client, workers, staging.persist_staged, by_instance, run_id)
         if overwrite:
-            guard.enter_context(unleased(name, "overwrite", force))
+            guard.enter_context(unleased(name, "overwrite", force, client))
         publishing = client.submit(
             catalog.publish, name, kind, summary, layout, overwrite, run_id,
             workers=[workers[min(workers)].address], allow_other_workers=False, pure=False,

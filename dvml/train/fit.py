@@ -129,7 +129,9 @@ def fit(
     client = current_client(client)
     reg = open_registry(registry)
     # The datasets it reads are leased for the whole fit: a drop or overwrite is refused.
-    with holding([training_set, validation_set], job=f"dvml.fit of model {model!r}"):
+    with holding(
+        [training_set, validation_set], job=f"dvml.fit of model {model!r}", client=client
+    ) as lease:
         args = JobArgs(
             model, training_set, validation_set, num_iterations, metrics_compute_frequency,
             use_gpus, warm_start, custom_objects, seed, timeout, augment,
@@ -155,6 +157,7 @@ def fit(
             summary = _summary(
                 plan, results, iterations, start, end, start_iteration, name, description
             )
+            lease.check()  # a dataset dropped with force=True: fail, register nothing
             _save(reg, plan, results, summary, iterations)
             clear_checkpoints(client, plan.job.workers, plan.checkpoint_dir)
     return Model(model, reg)

@@ -238,7 +238,9 @@ def fit_multiple(
     client = current_client(client)
     reg = open_registry(registry)
     # The datasets it reads are leased for the whole run: a drop or overwrite is refused.
-    with holding([training_set, validation_set], job=f"dvml.fit_multiple {model_output!r}"):
+    with holding(
+        [training_set, validation_set], job=f"dvml.fit_multiple {model_output!r}", client=client
+    ) as lease:
         args = JobArgs(
             model_output, training_set, validation_set, num_iterations, metrics_compute_frequency,
             use_gpus, warm_start, custom_objects, seed, timeout, augment,
@@ -251,6 +253,7 @@ def fit_multiple(
             records, evals = _run(hopper, plan, start_iteration, states, progress)
             weights = hopper.weights([c["mst_key"] for c in plan.configs])
         end = now()
+        lease.check()  # a dataset dropped with force=True: fail, register nothing
         _register(reg, plan, history, records, evals, weights, start, end, start_iteration, name,
                   description, started)  # fmt: skip
         hopper.clear_checkpoints()

@@ -186,7 +186,7 @@ def run(
     payload = pickle_by_value(train_fn)
     datasets_held = [d.name for d in named.values()]
     with (
-        holding(datasets_held, job=f"dvml.run {name!r}"),
+        holding(datasets_held, job=f"dvml.run {name!r}", client=client) as lease,
         holding_model(settings.state_dir(), f"run-{name}", key),
     ):
         resumed = find_checkpoint(client, workers, directory, key) if resume else None
@@ -197,6 +197,7 @@ def run(
             client, workers, job, per_worker, resumed[1] if resumed else None, collector,
             timeout, what="dvml.run", payload=payload,
         )  # fmt: skip
+        lease.check()  # a dataset dropped with force=True: fail, register nothing
         models = _register(registry, results, primary, name)
         clear_checkpoints(client, workers, directory)
     value = None

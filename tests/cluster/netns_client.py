@@ -302,7 +302,51 @@ def slow_pack(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
     return {"error": None, "ended": time.time(), "datasets": sorted(dvml.datasets.list()["name"])}
 
 
+def gated_fit(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Pack the digits and fit on them; after the first iteration, print a line and wait (the
+    trainers alive, the lease held) until the file ``args["gate"]`` exists."""
+    import pathlib
+    import time
+
+    prepared = prepare(cluster, args)
+
+    def wait_at_first(record: Any) -> None:
+        # It runs on this client's event loop: its heartbeats pause while it waits (the
+        # seconds another client takes to try a drop, far under train.client-timeout), the
+        # scheduler it talks to runs elsewhere (the head namespace) and keeps answering.
+        if record["iteration"] == 1:
+            print("FIRST-ITERATION", flush=True)
+            gate = pathlib.Path(args["gate"])
+            deadline = time.monotonic() + 300
+            while not gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    try:
+        model = dvml.fit(
+            args["name"], "lease_cnn", prepared["arch"],
+            compile_params="loss='categorical_crossentropy', optimizer='adam', "
+            "metrics=['accuracy']",
+            fit_params="batch_size=64, epochs=1", num_iterations=2, on_iteration=wait_at_first,
+        )  # fmt: skip
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None, "model": model.name, "hosts": prepared["hosts"]}
+
+
+def drop(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Try to drop dataset ``args["name"]``; report how it ended."""
+    try:
+        dvml.datasets.drop(args["name"], force=args.get("force", False))
+    except Exception as exc:
+        error: dict[str, Any] = {"error": type(exc).__name__, "message": str(exc)}
+    else:
+        error = {"error": None}
+    return {**error, "exists": dvml.datasets.exists(args["name"])}
+
+
 COMMANDS = {
+    "gated_fit": gated_fit,
+    "drop": drop,
     "slow_pack": slow_pack,
     "workers": workers,
     "placement": placement,

@@ -11,6 +11,7 @@ Needs root: without it every test here is skipped with the reason (and a warning
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from dvml.testing import netns
-from tests.helpers import netns_client, running_netns_cluster, tensors_by_instance
+from tests.helpers import netns_argv, netns_client, running_netns_cluster, tensors_by_instance
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]
 
@@ -178,3 +179,60 @@ def test_your_own_training_loop_across_two_hosts(cluster: netns.NetnsCluster) ->
     assert result["loss"][-1] < result["loss"][0], result["loss"]
     assert result["evaluate"]["rows"] == 297
     assert result["evaluate"]["metric"] > 0.5, result["evaluate"]
+
+
+@pytest.mark.tf
+def test_a_fit_on_one_host_leases_its_dataset_against_a_client_on_another(
+    cluster: netns.NetnsCluster, tmp_path: pathlib.Path
+) -> None:
+    """Issue 42, item 6: the lease lives with the cluster (its scheduler), so a client on
+    another host, with another state directory, sees it: its drop is refused while the fit
+    trains, and accepted once the fit has ended."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as k
+
+    model = k.Sequential(
+        [k.layers.InputLayer(input_shape=(8, 8, 1)), k.layers.Flatten(), k.layers.Dense(10)]
+    )
+    fitter, dropper = (h["namespace"] for h in cluster.hosts)
+    gate = tmp_path / "gate"
+    other = str(tmp_path / "dropper-state")
+    fit = subprocess.Popen(
+        netns_argv(
+            cluster, "gated_fit", fitter, name="lease_nf", gate=str(gate),
+            model_json=model.to_json(), state_dir=str(tmp_path / "fitter-state"),
+        ),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env(),
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        assert fit.stdout is not None
+        for line in fit.stdout:  # until the trainers run and the fit waits at the gate
+            lines.append(line.rstrip())
+            if line.startswith("FIRST-ITERATION"):
+                break
+        assert lines and lines[-1] == "FIRST-ITERATION", "\n".join(lines[-40:])
+        refused = netns_client(
+            cluster, "drop", 300, namespace=dropper, name="lease_nf", state_dir=other
+        )
+        assert refused["error"] == "DatasetInUseError", refused
+        assert "Cannot drop dataset 'lease_nf'" in refused["message"]
+        assert "dvml.fit of model 'lease_cnn'" in refused["message"]
+        assert "Wait for that job to end" in refused["message"] and "force" in refused["message"]
+        assert refused["exists"] is True
+        gate.touch()
+        lines += [line.rstrip() for line in fit.stdout]
+        assert fit.wait(timeout=300) == 0, "\n".join(lines[-40:])
+    finally:
+        gate.touch()
+        if fit.poll() is None:
+            fit.kill()
+            fit.wait()
+    results = [x for x in lines if x.startswith("DVML-RESULT ")]
+    assert results, "\n".join(lines[-40:])
+    fitted = json.loads(results[-1].removeprefix("DVML-RESULT "))
+    assert fitted["error"] is None and fitted["model"] == "lease_cnn", fitted
+    dropped = netns_client(
+        cluster, "drop", 300, namespace=dropper, name="lease_nf", state_dir=other
+    )
+    assert dropped == {"error": None, "exists": False}

@@ -44,6 +44,7 @@ from tests.helpers.jobs import (
 from tests.helpers.models import cnn, keras, tiny_backbone
 from tests.helpers.netns import (
     NETNS_CLIENT,
+    netns_argv,
     netns_client,
     running_netns_cluster,
     tensors_by_instance,
@@ -94,6 +95,7 @@ __all__ = [
     "inference_trainers",
     "job_trainers",
     "keras",
+    "netns_argv",
     "netns_client",
     "object_exists",
     "on_worker",

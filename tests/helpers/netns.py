@@ -3,8 +3,8 @@
 :func:`running_netns_cluster` brings a :class:`dvml.testing.netns.NetnsCluster` up and, after
 the block, down, asserting that none of its namespaces, links, files or processes is left.
 Without root it skips the test with the reason (and a warning, so that a skip is loud).
-:func:`netns_client` runs ``tests/cluster/netns_client.py`` in the head namespace and returns
-the JSON it printed.
+:func:`netns_client` runs ``tests/cluster/netns_client.py`` in the head namespace (or a host's)
+and returns the JSON it printed.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -21,7 +22,13 @@ import pytest
 
 from tests.helpers.processes import pid_gone
 
-__all__ = ["NETNS_CLIENT", "netns_client", "running_netns_cluster", "tensors_by_instance"]
+__all__ = [
+    "NETNS_CLIENT",
+    "netns_argv",
+    "netns_client",
+    "running_netns_cluster",
+    "tensors_by_instance",
+]
 
 NETNS_CLIENT = pathlib.Path(__file__).parents[1] / "cluster" / "netns_client.py"
 
@@ -47,12 +54,22 @@ def running_netns_cluster(**kwargs: Any) -> Iterator[Any]:
         assert all(pid_gone(pid) for pid in seen), [p for p in seen if not pid_gone(p)]
 
 
-def netns_client(cluster: Any, command: str, timeout: float = 600, **args: Any) -> Any:
-    """Run one command of ``netns_client.py`` in the head namespace; its JSON result."""
-    out = cluster.run_client(
-        [sys.executable, str(NETNS_CLIENT), command, cluster.scheduler_address, json.dumps(args)],
-        timeout=timeout,
-    )
+def netns_argv(cluster: Any, command: str, namespace: str | None = None, **args: Any) -> list[str]:
+    """The command line of one ``netns_client.py`` command, in ``namespace`` (default: the
+    head namespace, where a notebook would run)."""
+    argv = [sys.executable, str(NETNS_CLIENT), command, cluster.scheduler_address, json.dumps(args)]
+    return list(cluster.exec_argv(namespace or cluster.head["namespace"], argv))
+
+
+def netns_client(
+    cluster: Any, command: str, timeout: float = 600, namespace: str | None = None, **args: Any
+) -> Any:
+    """Run one command of ``netns_client.py`` in ``namespace`` (default: the head namespace);
+    its JSON result."""
+    out = subprocess.run(
+        netns_argv(cluster, command, namespace, **args), capture_output=True, text=True,
+        timeout=timeout, env=cluster.env(), check=False,
+    )  # fmt: skip
     lines = [line for line in out.stdout.splitlines() if line.startswith("DVML-RESULT ")]
     assert out.returncode == 0 and lines, f"exit {out.returncode}\n{out.stdout}\n{out.stderr}"
     return json.loads(lines[-1].removeprefix("DVML-RESULT "))

@@ -4,7 +4,10 @@ Before issue 28 the drop returned in 0.4 s, the trainers kept zero-copy views of
 a pack that followed reused the memory and the fit registered a ruined model. The fit now
 holds a lease on its datasets (dvml.store.leases) for the whole training. The attempts run
 while the trainers are alive, between the fit's two iterations (``on_iteration``), from the
-fit's own process (API) and from another (``dvml datasets drop``).
+fit's own process (API) and from another (``dvml datasets drop``) that has ANOTHER state
+directory: before issue 42 (item 6) the leases were files in the client's state directory, and
+such a client dropped the dataset in 0.18 s while the fit trained. A drop with ``--force``
+makes the fit fail instead of registering its model.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import pandas as pd
 import pytest
 
 import dvml
-from dvml.exceptions import DatasetInUseError
+from dvml.exceptions import DatasetInUseError, LeaseBrokenError
+from dvml.store.leases import read_leases
 from tests.helpers import REPO, Background, cnn, tls_environment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -49,12 +53,7 @@ def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pa
     client = cluster2.client
     state = tmp_path / "state"  # made by the fit: owner-only, with its locks and checkpoints
     frame = _digits()
-    env = {
-        **os.environ,
-        **tls_environment(cluster2),
-        "PYTHONPATH": str(REPO),
-        "DASK_DVML__CLUSTER__STATE_DIR": str(state),
-    }
+    env = _other_client_env(cluster2, tmp_path)
     attempts: dict[str, Any] = {}
 
     def attempt_all() -> None:
@@ -69,11 +68,7 @@ def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pa
                 attempts[what] = None
             except Exception as exc:
                 attempts[what] = exc
-        attempts["cli"] = subprocess.run(
-            [sys.executable, "-m", "dvml", "datasets", "drop", NAME,
-             "--scheduler", cluster2.scheduler_address],
-            capture_output=True, text=True, env=env, timeout=120,
-        )  # fmt: skip
+        attempts["cli"] = _cli_drop(cluster2, env, NAME)
 
     with dask.config.set({"dvml.cluster.state-dir": str(state)}):
         dvml.training_preprocessor(
@@ -108,15 +103,70 @@ def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pa
             assert cli.returncode == 1, (cli.stdout, cli.stderr)
             assert cli.stderr.startswith("dvml: error: Cannot drop dataset"), cli.stderr
             assert "dvml.fit of model 'lease_model'" in cli.stderr
+            assert "Wait for that job to end" in cli.stderr and "--force" in cli.stderr
             assert accuracy > 0.5  # trained on the data it was given, not on freed memory
             assert dvml.datasets.exists(NAME, client=client)
             # Item 7: the state directory and what the fit made in it are owner-only.
-            for path in (state, state / "locks", state / "checkpoints", state / "leases"):
+            for path in (state, state / "locks", state / "checkpoints"):
                 assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
-            assert list((state / "leases").glob("*.json")) == []  # released with the fit
+            # The lease ended with the fit: the other client's drop is accepted now.
+            after = _cli_drop(cluster2, env, NAME)
+            assert after.returncode == 0, (after.stdout, after.stderr)
         finally:
-            dvml.datasets.drop(NAME, client=client)  # no fit holds it now: accepted
+            if dvml.datasets.exists(NAME, client=client):
+                dvml.datasets.drop(NAME, client=client)
     assert not dvml.datasets.exists(NAME, client=client)
+
+
+def _other_client_env(cluster: Any, tmp_path: pathlib.Path) -> dict[str, str]:
+    """A `python -m dvml` client of this cluster with its own state directory."""
+    return {
+        **os.environ,
+        **tls_environment(cluster),
+        "PYTHONPATH": str(REPO),
+        "DASK_DVML__CLUSTER__STATE_DIR": str(tmp_path / "other-client-state"),
+    }
+
+
+def _cli_drop(cluster: Any, env: dict[str, str], name: str, *extra: str) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", "dvml", "datasets", "drop", name,
+         "--scheduler", cluster.scheduler_address, *extra],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_fit_whose_dataset_was_dropped_with_force_registers_nothing(
+    cluster2: Any, tmp_path: pathlib.Path
+) -> None:
+    client = cluster2.client
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
+        dvml.training_preprocessor(
+            _digits(), y="label", x="pixels", normalizing_const=16.0, name="forced_digits",
+            overwrite=True, client=client,
+        )  # fmt: skip
+        registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+        try:
+            arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+            fitting = Background(
+                lambda seen: dvml.fit(
+                    "forced_digits", "forced_model", arch, compile_params=COMPILE,
+                    fit_params="batch_size=32, epochs=1", num_iterations=6, registry=registry,
+                    client=client, on_iteration=seen, progress=False,
+                )
+            )  # fmt: skip
+            assert fitting.first.wait(300), "the fit did not reach its first iteration"
+            dvml.datasets.drop("forced_digits", client=client, force=True)  # under the trainers
+            assert not fitting.done(), "the fit ended before the forced drop: raise iterations"
+            error = fitting.error()
+            assert isinstance(error, LeaseBrokenError), error
+            assert "dvml.fit of model 'forced_model'" in str(error)
+            assert "a drop with force=True from pid" in str(error)
+            assert registry.list_models().empty  # nothing registered as if all went well
+        finally:
+            registry.close()
+    assert not dvml.datasets.exists("forced_digits", client=client)
+    assert read_leases(client) == []  # the broken lease was given back
 
 
 def test_fit_multiple_refuses_a_model_output_too_long_for_its_names(
