@@ -10,8 +10,10 @@ its ``epochs`` on worker ``(m + r) mod W``'s local rows, then its weights AND op
 variables go to the next worker. This module only decides that schedule and builds MADlib's
 tables; the runtime moves the states, checkpoints them and watches the trainers.
 
-After each iteration every model's state is checkpointed on the worker that holds it; a
-rerun of the same call resumes every model from the last iteration all of them completed.
+After each iteration every model's state (weights and optimizer variables) is checkpointed on
+the worker that holds it, with that iteration's records; a rerun of the same call resumes EACH
+model from its own last checkpoint (the models do not wait for each other, so they may resume
+from different iterations) and trains it on the workers an uninterrupted run would have.
 The models and MADlib's info and summary tables are registered at the end, in one
 transaction.
 """
@@ -41,12 +43,13 @@ from dvml.train.hop_schedule import (
     check_configs,
     iteration_rows,
     model_histories,
+    resumed_from,
 )
 from dvml.train.model import Model
 from dvml.train.model_selection import resolve_model_configs
 from dvml.train.params import format_params
 from dvml.train.runtime.augment import describe as describe_augment
-from dvml.train.runtime.checkpoints import resume_iteration
+from dvml.train.runtime.checkpoints import resume_points
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, JobArgs, job_key, model_spec, now, place_job
@@ -249,12 +252,12 @@ def fit_multiple(
         start = now()
         started = time.time()
         with _hopper(client, plan, started) as hopper:
-            start_iteration, states, history = _resume(hopper, plan, resume)
-            records, evals = _run(hopper, plan, start_iteration, states, progress)
+            points, states, history = _resume(hopper, plan, resume)
+            records, evals = _run(hopper, plan, points, states, progress)
             weights = hopper.weights([c["mst_key"] for c in plan.configs])
         end = now()
         lease.check()  # a dataset dropped with force=True: fail, register nothing
-        _register(reg, plan, history, records, evals, weights, start, end, start_iteration, name,
+        _register(reg, plan, history, records, evals, weights, start, end, points, name,
                   description, started)  # fmt: skip
         hopper.clear_checkpoints()
     return ModelSelection(model_output, reg)
@@ -324,15 +327,21 @@ def _hopper(client: Client, plan: _Plan, started: float) -> ModelHopper:
 
 def _resume(
     hopper: ModelHopper, plan: _Plan, resume: bool
-) -> tuple[int, dict[int, Any], list[dict[str, Any]]]:
-    """First iteration to run, each model's starting state (future or bytes), the history.
+) -> tuple[dict[int, int], dict[int, Any], list[dict[str, Any]]]:
+    """Each model's resume point (0: afresh), its starting state (future or bytes), and the
+    history up to its resume point.
 
-    Resumes after the last iteration that EVERY model completed and whose state is kept (the
-    runtime's one resume rule).
+    Each model resumes from its OWN last checkpoint (:func:`resume_points`: its last iteration
+    whose state is kept and whose records, and those of every iteration before it, are kept).
+    The models do not wait for each other (checkpoints come in bursts, one model can be two
+    iterations ahead of another), and a checkpoint keeps only a model's last two states: a
+    rule that needed one iteration every model still has a state of could find none, and
+    start every model over.
     """
-    fresh: dict[int, Any] = dict(plan.initial)
+    keys = [c["mst_key"] for c in plan.configs]
+    points = dict.fromkeys(keys, 0)
     if not resume:
-        return 1, fresh, []
+        return points, dict(plan.initial), []
     holders: dict[tuple[int, int], WorkerInfo] = {}
     history: dict[tuple[int, int], dict[str, Any]] = {}
     for w, meta in hopper.checkpoints():
@@ -340,33 +349,40 @@ def _resume(
         if meta["has_state"]:
             holders[at] = w
         history.setdefault(at, meta)
-    keys = [c["mst_key"] for c in plan.configs]
-    # A model's iteration counts as completed where its state is kept: each model must
-    # resume from its own state.
-    done = resume_iteration(
-        {k: [i for (m, i) in holders if m == k] for k in keys}, lambda iteration: True
+    points = resume_points(
+        {k: [i for (m, i) in history if m == k] for k in keys},
+        lambda k, iteration: (k, iteration) in holders,
     )
-    if done == 0:
-        return 1, fresh, []
-    logger.warning("resuming %s from iteration %d", plan.model_output, done)
-    states = {k: hopper.load(k, done, holders[(k, done)]) for k in keys}
-    return done + 1, states, [h for at, h in sorted(history.items()) if at[1] <= done]
+    if any(points.values()):
+        logger.warning("resuming %s: models from iterations %s", plan.model_output, points)
+    states = {
+        k: hopper.load(k, points[k], holders[(k, points[k])]) if points[k] else plan.initial[k]
+        for k in keys
+    }
+    kept = [h for (k, i), h in sorted(history.items()) if k in points and i <= points[k]]
+    return points, states, kept
 
 
 def _run(
-    hopper: ModelHopper, plan: _Plan, start_iteration: int, states: dict[int, Any], progress: bool
+    hopper: ModelHopper,
+    plan: _Plan,
+    points: dict[int, int],
+    states: dict[int, Any],
+    progress: bool,
 ) -> tuple[list[dict[str, Any]], Evaluations]:
-    """Add every model on the worker of its first hop, run every remaining iteration (the
-    shared MOP loop), and return the hops' records and the evaluations."""
+    """Add every model on the worker of its first hop (a resumed one: where its checkpoint
+    is), run every remaining iteration of each model from its own resume point (the shared
+    MOP loop), and return the hops' records and the evaluations."""
     keys = [c["mst_key"] for c in plan.configs]
     for k, worker in first_workers(keys, plan.job.workers).items():
         hopper.add(k, plan.parsed[k], states[k], worker)
     return run_iterations(
         hopper,
         keys,
-        range(start_iteration, plan.job.args.num_iterations + 1),
+        range(min(points.values()) + 1, plan.job.args.num_iterations + 1),
         plan.job.frequency,
         label=f"dvml.fit_multiple {plan.model_output}" if progress else None,
+        starts={k: points[k] + 1 for k in keys},
     )
 
 
@@ -379,14 +395,14 @@ def _register(
     weights: dict[int, bytes],
     start: str,
     end: str,
-    start_iteration: int,
+    points: dict[int, int],
     name: str | None,
     description: str | None,
     started: float,
 ) -> None:
     """Build every model's summary and the info/summary tables; register all in one go."""
     per_model = model_histories([c["mst_key"] for c in plan.configs], history, records, evals)
-    resumed = start_iteration - 1 if start_iteration > 1 else None
+    resumed = resumed_from(points)
     times = {"start": start, "end": end, "name": name, "description": description}
     models, summaries, seconds, names = [], {}, {}, {}
     for c in plan.configs:
@@ -394,7 +410,9 @@ def _register(
         names[k] = model_name(plan.model_output, k)
         iterations, seconds[k] = iteration_rows(per_model[k])
         final = weights_from_bytes(weights[k])
-        summaries[k] = _model_summary(plan, c, names[k], iterations, final, times, resumed)
+        summaries[k] = _model_summary(
+            plan, c, names[k], iterations, final, times, points[k] or None
+        )
         models.append(
             {
                 "name": names[k],
@@ -407,6 +425,7 @@ def _register(
     info = build_info(plan.configs, names, summaries, seconds)
     metrics_iters = summaries[plan.configs[0]["mst_key"]]["metrics_iters"]
     run_summary = _run_summary(plan, records, names, metrics_iters, times, resumed, started)
+    run_summary["resumed_from_iterations"] = [points[c["mst_key"]] for c in plan.configs]
     try:
         reg.save_model_selection_run(plan.model_output, models, info, run_summary)
     except RegistryError as exc:  # a full disk, a lock: the training itself is not lost

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import WorkerInfo
@@ -46,14 +47,18 @@ def run_iterations(
     *,
     offset: int = 0,
     label: str | None = None,
+    starts: Mapping[int, int] | None = None,
 ) -> tuple[list[dict[str, Any]], Evaluations]:
     """Train models ``keys`` (already in ``hopper``) for ``iterations`` of the MOP schedule on
     the hopper's workers; return every hop's record and the evaluations.
 
     Metrics are due after iteration ``t`` when ``t % frequency == 0`` and after the last one.
     Records, evaluations and checkpoints are numbered ``offset + t`` (a search's iterations
-    before this call). ``label`` prints a progress line per iteration (None: silent). Any
-    failure cancels every task of the job and raises
+    before this call). ``label`` prints a progress line per iteration (None: silent).
+    ``starts`` maps a model to the first iteration it trains (a model resumed from its own
+    checkpoint): before it, the model sits out its slots of the schedule, so every hop it
+    does train is on the worker it would have had in an uninterrupted run; a model it leaves
+    out starts at ``iterations[0]``. Any failure cancels every task of the job and raises
     (:meth:`~dvml.train.runtime.hopper.ModelHopper.wait`).
     """
     if not iterations:  # resumed after the last iteration
@@ -64,19 +69,23 @@ def run_iterations(
     eval_futures: dict[tuple[int, int], list[Future]] = {}
     checkpoints: dict[int, list[Future]] = {}
     try:
+        first = {k: iterations[0] for k in keys} | dict(starts or {})
         for t in iterations:
             at = offset + t
-            per_model: dict[int, list[Future]] = {k: [] for k in keys}
+            active = [k for k in keys if first[k] <= t]
+            per_model: dict[int, list[Future]] = {k: [] for k in active}
             holder: dict[int, WorkerInfo] = {}
             for round_ in schedule:
                 for m, w in round_:
+                    if first[keys[m]] > t:  # resumed from a later checkpoint
+                        continue
                     _, record = hopper.train(keys[m], workers[w], at)
                     per_model[keys[m]].append(record)
                     record_futures.append(record)
                     holder[keys[m]] = workers[w]
             due = t % frequency == 0 or t == iterations[-1]
             checkpoints[t] = []
-            for k in keys:
+            for k in active:
                 evals = hopper.evaluate(k) if due else []
                 if due:
                     eval_futures[(k, at)] = evals

@@ -33,6 +33,7 @@ __all__ = [
     "hop_schedule",
     "iteration_rows",
     "model_histories",
+    "resumed_from",
 ]
 
 CONFIG_COLUMNS = ("mst_key", "model_id", "compile_params", "fit_params")
@@ -216,3 +217,16 @@ def iteration_rows(
         pseudo = [{"iteration": iteration, "elapsed": elapsed, **e} for e in entry["evals"]]
         rows.append(iteration_record(pseudo or [{"iteration": iteration, "elapsed": elapsed}]))
     return rows, {"training_s": train_s, "moving_s": moving_s}
+
+
+def resumed_from(points: dict[int, int]) -> int | None:
+    """The run's ``resumed_from_iteration``: None when no model resumed (a fresh run);
+    otherwise the lowest iteration a model resumed from: every model's iterations up to it
+    come from the interrupted run (0: a model had no checkpoint and started afresh while
+    others resumed). Each model's own point is its summary's ``resumed_from_iteration`` and
+    the run summary's ``resumed_from_iterations`` (in ``mst_keys`` order).
+
+    >>> resumed_from({1: 3, 2: 1}), resumed_from({1: 0, 2: 0}), resumed_from({1: 2, 2: 0})
+    (1, None, 0)
+    """
+    return min(points.values()) if any(points.values()) else None

@@ -121,3 +121,28 @@ def test_histories_fold_checkpointed_and_new_iterations_into_madlibs_rows() -> N
     assert [r["training_loss"] for r in rows if "training_loss" in r] == [0.5, 0.25]
     assert [r["elapsed_s"] for r in rows] == [2.0, 3.5, 6.0]
     assert seconds == {"training_s": 4.0, "moving_s": 2.0}
+
+
+def test_each_model_resumes_from_its_own_last_kept_state() -> None:
+    """Issue 42: a model two iterations ahead has pruned its first state, a lagging one has
+    only its first: each resumes from its own (the old rule, one iteration every model still
+    had a state of, found none and started everyone over)."""
+    from dvml.train.runtime.checkpoints import resume_iteration, resume_points
+
+    done = {1: [1, 2, 3], 2: [1]}
+    kept = {(1, 2), (1, 3), (2, 1)}
+    # the old rule over the iterations whose state is kept: nothing in common, start over
+    assert resume_iteration({1: [2, 3], 2: [1]}, lambda i: True) == 0
+    assert resume_points(done, lambda k, i: (k, i) in kept) == {1: 3, 2: 1}
+    # a gap in a model's records (a lost record file): not beyond it, the history must be whole
+    assert resume_points({1: [1, 3]}, lambda k, i: True) == {1: 1}
+    # no record, or no state kept: afresh
+    assert resume_points({1: [], 2: [1, 2]}, lambda k, i: False) == {1: 0, 2: 0}
+
+
+def test_resumed_from_iteration_of_a_run() -> None:
+    from dvml.train.hop_schedule import resumed_from
+
+    assert resumed_from({1: 0, 2: 0}) is None  # nothing resumed
+    assert resumed_from({1: 3, 2: 1}) == 1  # every model has its iterations up to 1
+    assert resumed_from({1: 2, 2: 0}) == 0  # one model started afresh, the other resumed

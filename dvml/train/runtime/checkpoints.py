@@ -6,9 +6,13 @@ iteration reported). Both are written to a temporary file and renamed, so a read
 old checkpoint or the new one, never half of one; directories are 0700 and files 0600, since a
 state is the model itself and a rerun loads it back: nobody else may read or replace it.
 
-:func:`resume_iteration` is the one rule for where a rerun starts: the last iteration that
-every participant (a trainer of a synchronous fit, a model of the model hopper) completed and
-whose state is still kept.
+:func:`resume_iteration` is the rule for where a rerun of a job in lockstep starts: the last
+iteration that every participant (a trainer of a synchronous fit, the models of one search
+step) completed and whose state is still kept. :func:`resume_points` applies the same rule to
+each participant on its own, for participants that do not wait for each other (the models of
+``fit_multiple``'s model hopper): each resumes from its own last kept state, so a model that
+lags does not throw away the later checkpoints of the others (and a model whose older states
+were pruned does not send everyone back to the start).
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from dvml.cluster.state import private_dir
 
-__all__ = ["CheckpointStore", "resume_iteration"]
+__all__ = ["CheckpointStore", "resume_iteration", "resume_points"]
+
+K = TypeVar("K")
 
 _STATE = ".npz"
 _META = ".npz.json"
@@ -118,3 +124,28 @@ def resume_iteration(
         return 0
     common = set.intersection(*sets)
     return max((i for i in common if has_state(i)), default=0)
+
+
+def resume_points(
+    completed: Mapping[K, Iterable[int]], has_state: Callable[[K, int], bool]
+) -> dict[K, int]:
+    """Each participant's own resume point: the last iteration ``i`` such that it completed
+    every iteration ``1..i`` (its history has no gap) and its state after ``i`` is kept
+    (``has_state(participant, i)``); 0 when there is none (it starts afresh).
+
+    :func:`resume_iteration` for each participant alone, for participants that do not wait
+    for each other (the models of the model hopper).
+
+    >>> resume_points({"m1": [1, 2, 3], "m2": [1]}, lambda k, i: (k, i) in {("m1", 2),
+    ...               ("m1", 3), ("m2", 1)})
+    {'m1': 3, 'm2': 1}
+    >>> resume_points({"m1": [1, 3], "m2": []}, lambda k, i: True)
+    {'m1': 1, 'm2': 0}
+    """
+    out: dict[K, int] = {}
+    for key, done in completed.items():
+        found, last = set(done), 0
+        while last + 1 in found:  # the history is whole up to here
+            last += 1
+        out[key] = max((i for i in range(1, last + 1) if has_state(key, i)), default=0)
+    return out

@@ -306,8 +306,8 @@ class ModelHopper:
         """The error that stops the job because workers ``gone`` left the cluster."""
         return TrainerFailedError(
             f"{describe_departure(gone)}; job {self.name!r} was stopped. Bring the worker back "
-            "(or preprocess onto the remaining workers) and run it again: it resumes every "
-            "model from the last iteration all of them completed."
+            "(or preprocess onto the remaining workers) and run it again: it resumes from the "
+            "models' checkpoints."
         )
 
     def fetch(
@@ -360,15 +360,14 @@ class ModelHopper:
             if outcome.failed.status == "cancelled":
                 raise TrainerFailedError(
                     f"A task of job {self.name!r} was cancelled: an input it needed was lost. "
-                    "Run it again: it resumes every model from the last iteration all of them "
-                    "completed."
+                    "Run it again: it resumes from the models' checkpoints."
                 )
             exc = outcome.failed.exception()
             if isinstance(exc, TrainerFailedError):
                 raise exc
             raise TrainerFailedError(
                 f"A task of job {self.name!r} failed: {type(exc).__name__}: {exc}. Run it "
-                "again: it resumes every model from the last iteration all of them completed."
+                "again: it resumes from the models' checkpoints."
             ) from exc
 
     def watch(self, futures: list[Future], *, first: bool = False) -> Outcome:

@@ -84,8 +84,12 @@ class Models:
     def get(self, mst_key: int) -> Any:
         if mst_key not in self.models:
             config = self.config(mst_key)
-            tf = tf_runtime.tensorflow()
-            tf.random.set_seed(shuffle_seed(int(self.job["seed"]), model=mst_key))
+            # tf-keras draws an unseeded initializer's seed from Python's `random`: seeding TF
+            # alone gave each run its own initial weights, so a model that a rerun starts
+            # afresh did not start where the interrupted run's did. set_random_seed seeds
+            # Python, NumPy and TF.
+            seed = shuffle_seed(int(self.job["seed"]), model=mst_key)
+            tf_runtime.keras().utils.set_random_seed(seed)
             model = tf_runtime.build_model(config["model_json"], None, self.custom)
             compile_model(model, config["compile_params"], self.custom)
             # Build the optimizer's variables now, so that a state that arrives with them
