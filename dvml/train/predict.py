@@ -60,8 +60,11 @@ def _digest(weights: bytes, model_json: Any) -> str:
 def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a worker needs to rebuild a registered model, and the model's summary."""
     entry = registry.get_model(model, require=TRAINED_SUMMARY_KEYS)
-    arch = registry.get_architecture(entry["arch_id"])
     summary = entry["summary"]
+    # The model's own copy of its architecture (saved with it); older models read the row.
+    arch = {"model_json": summary.get("model_arch")}
+    if arch["model_json"] is None:
+        arch = registry.get_architecture(entry["arch_id"])
 
     blob = weights_to_bytes(entry["weights"])
     spec = {
@@ -156,6 +159,8 @@ def _predict(
     import dask.dataframe as dd
     import pandas as pd
 
+    if pred_type is None:
+        pred_type = "prob"  # MADlib's NULL: its own default, every class with its probability
     _check_pred_type(pred_type)
     if is_file_source(data):
         where = locate(data, files["storage_options"], "data")
@@ -325,9 +330,10 @@ def predict(
     id_col, x : str
         The id column and the feature columns of a table. Images need neither: the id of
         an image file is its path, the id of a shard's sample its key.
-    pred_type : {"response", "prob"}, int or float
+    pred_type : {"response", "prob"}, int, float or None
         ``"response"`` (the top class), ``"prob"`` (every class with its probability), an
-        int k (the top k) or a float p (classes with probability >= p). Probabilities are
+        int k (the top k) or a float p (classes with probability >= p). None is MADlib's
+        NULL, its default: ``"prob"``. Probabilities are
         probabilities: for a model compiled with a loss ``from_logits=True`` (recorded in its
         summary's compile_params) the softmax of its outputs (the sigmoid for
         ``BinaryCrossentropy``).
