@@ -196,7 +196,7 @@ def test_distributions_are_checked(
          FIT, "Unknown optimizer argument 'momentum' for Adam"),
         (MSE, {"batch_size": [8, 0]}, "Parameter 'batch_size' must be a positive integer"),
         ({"loss": ["mse"]}, {"batch_sise": [8]}, "Unknown parameter 'batch_sise'"),
-        ({"loss": ["mse"]}, {"callbacks": [["x"]]}, "Parameter 'callbacks' is not accepted"),
+        ({"loss": ["mse"]}, {"callbacks": [["x"]]}, "Parameter 'callbacks' must be a list of"),
         ({"loss": ["sparse_categorical_crossentropy"]}, FIT, "dvml's labels are one-hot"),
         ({"loss": ["my_loss"]}, FIT, "Unknown loss 'my_loss'"),
         ({"loss": ["mse"], "metrics": ["acuracy"]}, FIT, "Unknown metric 'acuracy'"),

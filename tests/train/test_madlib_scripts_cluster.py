@@ -185,8 +185,8 @@ def test_automl_refuses_existing_outputs_and_has_madlibs_summary(env: dict[str, 
               "registry": reg, "client": client, "progress": False}  # fmt: skip
     with pytest.raises(RegistryError, match=r"mc_auto_best.*delete_model_configs"):
         dvml.automl(*args, **kwargs)
-    assert dvml.load_model_configs("mc_auto_best", registry=reg)[cs.COLUMNS].equals(
-        mine[cs.COLUMNS]
+    assert dvml.load_model_configs("mc_auto_best", registry=reg)[list(cs.COLUMNS)].equals(
+        mine[list(cs.COLUMNS)]
     )
     dvml.delete_model_configs("mc_auto_best", registry=reg)
     result = dvml.automl(*args, **kwargs)
