@@ -98,7 +98,7 @@ def dvml_side(context: dict[str, Any], sync: str, n: int) -> float:
     model = dvml.fit(
         _dataset(n), f"bench_b10_{sync}_{n}", context["arch_id"], COMPILE_PARAMS,
         f"batch_size={BATCH}, epochs={context['epochs']}", num_iterations=1, resume=False,
-        sync=sync, on_iteration=records.append, progress=False,
+        overwrite=True, sync=sync, on_iteration=records.append, progress=False,
         registry=context["registry"], client=context["cluster"].client,
     )  # fmt: skip
     record = records[0]

@@ -113,6 +113,7 @@ def dvml_side(context: dict[str, Any]) -> float:
     start = time.perf_counter()
     selection = dvml.fit_multiple(
         TRAIN, "b11", context["configs"], ITERATIONS, validation_set=VALID, resume=False,
+        overwrite=True,
         progress=False, registry=context["registry"], client=context["cluster"].client,
     )  # fmt: skip
     elapsed = time.perf_counter() - start
@@ -134,7 +135,7 @@ def baseline_side(context: dict[str, Any]) -> float:
         model = dvml.fit(
             TRAIN, f"b11_seq_{row['mst_key']}", int(row["model_id"]), row["compile_params"],
             row["fit_params"], num_iterations=ITERATIONS, validation_set=VALID, sync="iteration",
-            resume=False, progress=False, registry=context["registry"],
+            resume=False, overwrite=True, progress=False, registry=context["registry"],
             client=context["cluster"].client,
         )  # fmt: skip
         accuracy[int(row["mst_key"])] = model.summary["validation_metrics_final"]

@@ -138,7 +138,7 @@ def client_main(command: str, scheduler: str, args: dict[str, Any]) -> dict[str,
         model = dvml.fit(
             TRAIN, MODEL, args["arch"], COMPILE_PARAMS,
             f"batch_size={BATCH}, epochs={args['epochs']}", num_iterations=1, resume=False,
-            progress=False,
+            overwrite=True, progress=False,
         )  # fmt: skip
         seconds = time.perf_counter() - start
         return {"seconds": seconds, "accuracy": model.summary["training_metrics_final"]}

@@ -110,7 +110,7 @@ def fit(context: dict[str, Any], side: str) -> float:
     start = time.perf_counter()
     dvml.fit(
         DIGITS, f"{MODEL}_{side}", context["arch_id"], COMPILE_PARAMS,
-        "batch_size=128, epochs=2", num_iterations=1, resume=False, progress=False,
+        "batch_size=128, epochs=2", num_iterations=1, resume=False, overwrite=True, progress=False,
         registry=context["registry"], client=cluster.client,
     )  # fmt: skip
     return time.perf_counter() - start

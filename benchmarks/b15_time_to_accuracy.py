@@ -145,7 +145,7 @@ def _automl(context: dict[str, Any], method: str, params: str) -> float:
     result = dvml.automl(
         TRAIN, f"b15_{method}_{context['runs']}", context["arch_ids"], compile_grid, fit_grid,
         method=method, params=params, seed=context["runs"], validation_set=VALID,
-        metrics_compute_frequency=1, progress=False, registry=context["registry"],
+        metrics_compute_frequency=1, progress=False, overwrite=True, registry=context["registry"],
         client=context["cluster"].client,
     )  # fmt: skip
     elapsed = time.perf_counter() - start
@@ -166,7 +166,7 @@ def baseline_side(context: dict[str, Any]) -> float:
     start = time.perf_counter()
     selection = dvml.fit_multiple(
         TRAIN, "b15_grid", grid(context["arch_ids"]), context["max_t"], validation_set=VALID,
-        metrics_compute_frequency=1, resume=False, progress=False,
+        metrics_compute_frequency=1, resume=False, overwrite=True, progress=False,
         registry=context["registry"], client=context["cluster"].client,
     )  # fmt: skip
     elapsed = time.perf_counter() - start

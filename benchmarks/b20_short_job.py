@@ -180,6 +180,7 @@ def dvml_job(directory: str) -> int:
             f"batch_size={BATCH}, epochs={job['epochs']}",
             num_iterations=1,
             resume=False,
+            overwrite=True,
             sync=SYNC,
             on_iteration=records.append,
             progress=False,

@@ -203,7 +203,8 @@ def dvml_side(context: dict[str, Any], sync: str) -> float:
     dvml.fit(
         train, MODEL, context["arch_id"], COMPILE_PARAMS,
         f"batch_size={BATCH}, epochs={context['epochs']}", num_iterations=1, resume=False,
-        on_iteration=on_iteration, progress=False, registry=registry, client=client, sync=sync,
+        overwrite=True, on_iteration=on_iteration, progress=False, registry=registry,
+        client=client, sync=sync,
     )  # fmt: skip
     evaluate_start = time.perf_counter()
     parts["fit (wall)"] = evaluate_start - fit_start

@@ -112,8 +112,8 @@ def _fit(context: dict[str, Any], dataset: str, model: str, arch: int) -> None:
 
     dvml.fit(
         dataset, model, arch, COMPILE, f"batch_size={BATCH}, epochs={context['epochs']}",
-        num_iterations=1, progress=False, resume=False, registry=context["registry"],
-        client=context["cluster"].client,
+        num_iterations=1, progress=False, resume=False, overwrite=True,
+        registry=context["registry"], client=context["cluster"].client,
     )  # fmt: skip
 
 

@@ -56,7 +56,7 @@ def run(
                     model = dvml.fit(
                         ds, f"convergence_{mode}", arch, COMPILE_PARAMS,
                         f"batch_size={batch}, epochs={epochs}", num_iterations=iterations,
-                        validation_set=val, metrics_compute_frequency=1, sync=mode,
+                        validation_set=val, metrics_compute_frequency=1, sync=mode, overwrite=True,
                         resume=False, progress=False, on_iteration=records.append,
                         registry=registry,
                     )  # fmt: skip

@@ -152,7 +152,7 @@ def _fit(ds: Any, arch_id: int, registry: str, client: Any) -> Any:
     from dvml.examples import COMPILE_PARAMS
 
     return dvml.fit(ds, "soak_cnn", arch_id, COMPILE_PARAMS, "batch_size=32, epochs=1",
-                    num_iterations=1, progress=False, registry=registry,
+                    num_iterations=1, progress=False, overwrite=True, registry=registry,
                     client=client)  # fmt: skip
 
 

@@ -84,6 +84,7 @@ def run_demo(
             metrics_compute_frequency=1,
             use_gpus=use_gpus,
             sync=sync,
+            overwrite=True,  # the demo trains its model again on every run
             registry=registry,
         )
         result = dvml.evaluate("demo_digits_cnn", val, registry=registry)

@@ -249,6 +249,7 @@ def _train_head(ctx: RunContext, client: Any, registry: Any, validate: bool) -> 
         **fit_arguments(head),
         validation_set=features_val if validate else None,
         warm_start=warm,
+        overwrite=True,  # the job retrains its model on every run
         name=name,
         description=ctx.job["description"],
         progress=False,

@@ -269,6 +269,7 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
         **fit_arguments(model),
         validation_set=val_name,
         warm_start=warm,
+        overwrite=True,  # the job retrains its candidate on every run
         name=name,
         description=job["description"],
         on_iteration=on_iteration,

@@ -125,6 +125,7 @@ def _automl(args: argparse.Namespace) -> int:
             metrics_compute_frequency=settings["metrics_compute_frequency"],
             use_gpus=settings["use_gpus"], name=job["name"], description=job["description"],
             custom_objects=section["custom_objects"] or None, resume=args.resume,
+            overwrite=True,  # a job names its outputs: running it again searches again
             registry=registry, client=client,
         )  # fmt: skip
         info = result.info

@@ -160,6 +160,7 @@ def _fit_multiple(args: argparse.Namespace) -> int:
             validation_set=validation.name,
             metrics_compute_frequency=settings["metrics_compute_frequency"],
             warm_start=settings["warm_start"],
+            overwrite=True,  # a job names its outputs: running it again trains them again
             name=job["name"],
             description=job["description"],
             registry=registry,

@@ -142,6 +142,7 @@ def _fit(args: argparse.Namespace) -> int:
             **fit_arguments(model),
             validation_set=validation.name,
             warm_start=warm,
+            overwrite=True,  # a job names its model: running it again trains it again
             name=job["name"],
             description=job["description"],
             registry=registry,

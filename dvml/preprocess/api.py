@@ -372,9 +372,12 @@ def _plan_and_pack(
     dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact)
     row_bytes = _row_bytes(x_shapes, n_classes, dtypes)
     max_bytes = _max_buffer_bytes()
-    layout = plan_layout(
-        rows, [t.address for t in targets], buffer_size, row_bytes, max_bytes, seed
-    )
+    addresses = [t.address for t in targets]
+    if kind == "validation":
+        # Validation rows are only evaluated (MADlib evaluates any validation table): a
+        # worker may hold none, so a set smaller than the cluster goes on the first workers.
+        addresses = addresses[: max(1, sum(rows))]
+    layout = plan_layout(rows, addresses, buffer_size, row_bytes, max_bytes, seed)
     by_address = {t.address: t for t in targets}
     buffer_targets = [by_address[b.worker] for b in layout.buffers]
 

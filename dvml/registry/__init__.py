@@ -136,7 +136,8 @@ def show_model(name: str, registry: Registry | str | None = None) -> dict[str, A
 
 
 def delete_model(name: str, registry: Registry | str | None = None) -> None:
-    """Delete a model and its iteration records."""
+    """Delete a model and its iteration records; or a ``fit_multiple``/``automl`` run (its
+    ``model_output``): its info, summary and models (MADlib's ``DROP TABLE``)."""
     with _opened(registry) as reg:
         reg.delete_model(name)
 

@@ -6,12 +6,16 @@ without running anything (:mod:`dvml.registry.weights`).
 
 The source is checked with :mod:`ast` when it is registered and again before it is compiled, so
 that running the module's top level does nothing but two allowed imports and one ``def``: no
-decorators, default values or annotations, which Python would evaluate at definition time.
+decorators, annotations or default values other than literal constants, which Python would
+evaluate at definition time. The ``def`` may take any arguments Keras can call as
+``(y_true, y_pred)``, or none: then it is a factory, called once when the source is compiled,
+that returns the loss or metric (MADlib takes any Keras-valid callable).
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import keyword
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,7 +38,6 @@ MAX_SOURCE_LENGTH = 100_000
 """Longest source accepted, in characters."""
 
 _ALLOWED_IMPORTS = {("tensorflow", "tf"), ("numpy", "np")}
-_ARGUMENTS = ["y_true", "y_pred"]
 
 
 def check_name(name: Any) -> str:
@@ -58,7 +61,8 @@ def _refuse(name: str, what: str, line: int | None = None) -> ArgumentError:
     where = f" (line {line})" if line else ""
     return ArgumentError(
         f"The source of custom function {name!r} is refused. Received: source that {what}"
-        f"{where}. The source must be exactly `def {name}(y_true, y_pred): ...`, optionally "
+        f"{where}. The source must be `def {name}(y_true, y_pred): ...` (or a factory "
+        f"`def {name}():` that returns such a function), optionally "
         "after `import tensorflow as tf` and `import numpy as np`, with nothing else at top "
         "level; put helpers inside the function."
     )
@@ -120,23 +124,39 @@ def check_source(name: str, source: Any) -> ast.Module:
 
 
 def _check_function(name: str, node: ast.FunctionDef) -> None:
-    args = node.args
+    """Any signature Keras can call as ``fn(y_true, y_pred)``, or a factory that takes no
+    argument and returns such a callable (MADlib takes any Keras-valid callable)."""
     if node.decorator_list:
         raise _refuse(name, "has a decorator", node.lineno)
     if getattr(node, "type_params", None):
         raise _refuse(name, "has type parameters", node.lineno)
-    if node.returns is not None or any(arg.annotation is not None for arg in args.args):
+    args = node.args
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+    if node.returns is not None or any(a is not None and a.annotation for a in every):
         raise _refuse(name, "has annotations", node.lineno)
-    plain = (
-        not args.posonlyargs
-        and args.vararg is None
-        and not args.kwonlyargs
-        and args.kwarg is None
-        and not args.defaults
-        and [arg.arg for arg in args.args] == _ARGUMENTS
-    )
-    if not plain:
-        raise _refuse(name, "does not take exactly (y_true, y_pred)", node.lineno)
+    # Defaults are evaluated when the source is loaded: literal constants only.
+    defaults = [*args.defaults, *(d for d in args.kw_defaults if d is not None)]
+    if not all(isinstance(d, ast.Constant) for d in defaults):
+        raise _refuse(name, "has a default value that is not a literal constant", node.lineno)
+    if not (_takes_two(node.args) or is_factory(node)):
+        raise _refuse(name, "can be called neither as (y_true, y_pred) nor with no argument",
+                      node.lineno)  # fmt: skip
+
+
+def _takes_two(args: ast.arguments) -> bool:
+    positional = len(args.posonlyargs) + len(args.args)
+    required = positional - len(args.defaults)
+    kw_required = any(d is None for d in args.kw_defaults)
+    return not kw_required and required <= 2 and (positional >= 2 or args.vararg is not None)
+
+
+def is_factory(node: ast.FunctionDef) -> bool:
+    """Whether ``def name(...)`` is a factory: callable with no argument and not as
+    ``(y_true, y_pred)``; the trainers call it once to get the loss or metric."""
+    args = node.args
+    positional = len(args.posonlyargs) + len(args.args)
+    no_required = positional == len(args.defaults) and all(d is not None for d in args.kw_defaults)
+    return no_required and not _takes_two(args)
 
 
 def compile_function(
@@ -159,6 +179,17 @@ def compile_function(
     function = scope[name]
     if not callable(function):  # pragma: no cover - check_source guarantees a def
         raise ArgumentError(f"Custom function {name!r} did not define a function.")
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    if is_factory(node):
+        function = function()  # a factory: the loss or metric is what it returns
+        if not callable(function):
+            raise ArgumentError(
+                f"Custom function {name!r} takes no argument, so it is called as a factory, "
+                f"but it returned {type(function).__name__}, not a callable. Received: "
+                f"{name}() = {function!r:.80}. Return the loss or metric function."
+            )
+        if inspect.isfunction(function):
+            function.__name__ = name  # Keras reports a metric by its function's name
     return function
 
 

@@ -330,8 +330,9 @@ class Registry:
     def delete_architecture(self, arch_id: int) -> None:
         """Delete an architecture.
 
-        Models trained from it stay: their ``arch_id`` then names nothing, and their weights
-        can still be read with :meth:`get_model`.
+        Models trained from it stay and keep working: a dvml fit keeps the architecture's
+        JSON in the model's summary (``model_arch``, MADlib's column of a model table), so
+        predict and evaluate need no architecture row; their ``arch_id`` then names nothing.
         """
         arch_id = v.check_id(arch_id, "arch_id")
         with self._transaction(write=True) as conn:
@@ -606,11 +607,29 @@ class Registry:
         return pd.DataFrame(rows, columns=list(v.ITERATION_COLUMNS))
 
     def delete_model(self, name: str) -> None:
-        """Delete a model and its iteration records in one transaction."""
+        """Delete a model and its iteration records in one transaction.
+
+        ``name`` may also be a ``fit_multiple``/``automl`` run's ``model_output``: its info and
+        summary are deleted with every model the run registered (MADlib's ``DROP TABLE x,
+        x_info, x_summary``).
+        """
+        name = v.check_model_name(name)
+        runs = model_selection_runs
         with self._transaction(write=True) as conn:
-            model_id = self._model_row(conn, name, models.c.id).id
-            conn.execute(sa.delete(model_iterations).where(model_iterations.c.model_id == model_id))
-            conn.execute(sa.delete(models).where(models.c.id == model_id))
+            run = conn.execute(sa.select(runs.c.summary).where(runs.c.name == name)).first()
+            names = [name]
+            if run is not None:
+                summary = v.loads(run.summary)
+                names += list(summary.get("model_names") or []) if isinstance(summary, dict) else []
+                conn.execute(sa.delete(runs).where(runs.c.name == name))
+            found = conn.execute(sa.select(models.c.id).where(models.c.name.in_(names))).all()
+            if run is None and not found:
+                self._model_row(conn, name, models.c.id)  # raises RegistryNotFoundError
+            for row in found:
+                conn.execute(
+                    sa.delete(model_iterations).where(model_iterations.c.model_id == row.id)
+                )
+                conn.execute(sa.delete(models).where(models.c.id == row.id))
 
     # ------------------------------------------------------------------- custom functions
 

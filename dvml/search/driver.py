@@ -66,6 +66,7 @@ from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.train import config_search as cs
 from dvml.train.fit_multiple import ModelSelection
+from dvml.train.outputs import check_outputs_free, existing_outputs
 from dvml.train.runtime.plan import JobArgs, place_job
 
 if TYPE_CHECKING:
@@ -128,6 +129,7 @@ def automl(
     augment: Any = None,
     progress: bool = True,
     resume: bool = False,
+    overwrite: bool = False,
     registry: Registry | str | None = None,
     client: Client | None = None,
 ) -> AutoMLResult:
@@ -170,6 +172,10 @@ def automl(
         ``method="asha"`` only: continue the search ``model_output`` whose client died from the
         journal's last decision (each active model loses at most the iteration it was
         training); a finished one is returned as it is; one not found starts afresh.
+    overwrite : bool
+        Replace the outputs of ``model_output`` that exist (the run, its models, the table
+        ``f"{model_output}_best"``). By default they are refused, as MADlib refuses an
+        output table that exists, unless ``resume=True`` continues that search.
 
     Returns
     -------
@@ -190,8 +196,12 @@ def automl(
             f"run again from the start. Received: method={method!r}, resume=True. Pass "
             "resume=False, or use method='asha'."
         )
-    client = current_client(client)
     reg = open_registry(registry)
+    if not (resume or overwrite):
+        found = existing_outputs(reg, model_output, selection=True)
+        check_outputs_free(reg, "dvml.automl", model_output, found,
+                           "resume=True (method='asha') to continue that search")  # fmt: skip
+    client = current_client(client)
     if resume and _finished_asha(reg, model_output, parsed):
         return AutoMLResult(model_output, reg)  # nothing left to resume
     loss_column = "validation_loss_final" if validation_set is not None else "training_loss_final"

@@ -21,7 +21,7 @@ from dvml.train.hop_schedule import History, build_info, iteration_rows
 from dvml.train.params import format_params
 from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.plan import Job
-from dvml.train.summary import build_summary, weights_size_kb
+from dvml.train.summary import build_summary, madlib_values, weights_size_kb
 
 __all__ = ["Configuration", "SearchOutcome", "build_outcome"]
 
@@ -105,13 +105,25 @@ def _model_summary(
         description=times["description"], start=times["start"], end=times["end"],
         iterations=iterations, model_size_kb=weights_size_kb(final),
         trainers=[w.name for w in job.workers], weights_identical=True, warm_start=False,
-        version=__version__,
+        version=__version__, custom_objects=sorted(job.custom_sources),
     )  # fmt: skip
     summary.update(
         custom_objects=sorted(job.custom_sources), sync="model_hopper", mst_key=c.mst_key,
+        model_arch=c.spec["model_json"],  # the model stands on its own (MADlib)
         model_selection=model_output, augment=describe_augment(job.augment), **c.summary,
     )  # fmt: skip
     return summary
+
+
+def _madlib_run_fields(job: Job) -> dict[str, Any]:
+    """MADlib's automl summary columns beside the common ones: ``object_table`` (NULL without
+    custom functions), ``use_gpus`` and ``<dependent_varname>_class_values``."""
+    ts = job.train.summary
+    return {
+        "object_table": madlib_values(sorted(job.custom_sources))["object_table"],
+        "use_gpus": bool(job.args.use_gpus),
+        f"{ts['dependent_varname']}_class_values": ts["class_values"],
+    }
 
 
 def _run_summary(job: Job, history: History, times: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +139,7 @@ def _run_summary(job: Job, history: History, times: dict[str, Any]) -> dict[str,
         "dependent_varname": ts["dependent_varname"],
         "independent_varname": ts["independent_varname"],
         "model_arch_table": "model_arch",
+        **_madlib_run_fields(job),
         "metrics_compute_frequency": job.args.metrics_compute_frequency,
         "name": times["name"],
         "description": times["description"],

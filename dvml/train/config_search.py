@@ -14,10 +14,13 @@ strings). This module builds those rows from
 - lists of parameter strings, every combination (:func:`cross_configs`);
 - rows a user wrote (:func:`check_config_rows`).
 
-Every generated string is parsed by :mod:`dvml.train.params` before it is returned and written
-in its canonical form (``lr`` becomes ``learning_rate``), so a configuration that a trainer would
-refuse is refused here, naming the entry. Duplicates are dropped. Plain values in, plain values
-out: no registry, no TensorFlow; :mod:`dvml.train.model_selection` stores the rows.
+Every string is parsed by :mod:`dvml.train.params` before it is returned, so a configuration
+that a trainer would refuse is refused here, naming the entry. Strings generated from grids are
+written in canonical form (``lr`` becomes ``learning_rate``); strings a user wrote are kept as
+written (MADlib keeps the text: a ``WHERE compile_params = $$...$$`` lookup must find them).
+Duplicates, parameters equal once parsed whatever their key order, are dropped. Plain values
+in, plain values out: no registry, no TensorFlow; :mod:`dvml.train.model_selection` stores
+the rows.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ __all__ = [
     "check_arch_ids",
     "check_config_rows",
     "cross_configs",
+    "kept_texts",
     "parse_grid",
     "plan_configs",
 ]
@@ -329,20 +333,26 @@ def _text(params: Any) -> Any:
 
 
 class _Table:
-    """Rows in order, without duplicates; mst_key numbers them from 1."""
+    """Rows in order, without duplicates; mst_key numbers them from 1.
+
+    A row is a duplicate when its parameters are equal once parsed, whatever their key order
+    or spacing (MADlib's test); the first text given is the one kept.
+    """
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[int, str, str], None] = {}
+        self.rows: dict[tuple[int, str, str], tuple[int, str, str]] = {}
 
-    def add(self, model_id: int, compile_text: str, fit_text: str) -> bool:
-        key = (model_id, compile_text, fit_text)
-        if key in self.rows:
+    def add(
+        self, model_id: int, compile_text: str, fit_text: str, key: tuple[str, str] | None = None
+    ) -> bool:
+        row = (model_id, *(key or (compile_text, fit_text)))
+        if row in self.rows:
             return False
-        self.rows[key] = None
+        self.rows[row] = (model_id, compile_text, fit_text)
         return True
 
     def configs(self) -> list[ModelConfig]:
-        return [ModelConfig(i, *key) for i, key in enumerate(self.rows, start=1)]
+        return [ModelConfig(i, *row) for i, row in enumerate(self.rows.values(), start=1)]
 
 
 # --------------------------------------------------------------------------- grid search
@@ -645,12 +655,35 @@ def cross_configs(
             f"{len(ids)} architectures x {len(compiled)} x {len(fitted)}. Give fewer entries."
         )
     table = _Table()
-    for model_id, compile_text, fit_text in itertools.product(ids, compiled, fitted):
-        table.add(model_id, compile_text, fit_text)
+    for model_id, (c_text, c_key), (f_text, f_key) in itertools.product(ids, compiled, fitted):
+        table.add(model_id, c_text, f_text, (c_key, f_key))
     return table.configs()
 
 
-def _canonical_list(entries: Any, what: str, names: Collection[str] | None) -> list[str]:
+def kept_texts(
+    compile_params: str | Mapping[str, Any],
+    fit_params: str | Mapping[str, Any] | None,
+    custom_names: Collection[str],
+) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The texts a table keeps (a string as the user wrote it, MADlib keeps the text) and
+    the parameters' keys, equal for the same parameters in any order (:func:`params_key`).
+
+    Raises
+    ------
+    ParameterError
+        As :func:`dvml.train.params.parse_compile_params` / ``parse_fit_params`` do.
+    """
+    compiled = p.parse_compile_params(compile_params, custom_names=custom_names)
+    if "loss" not in compiled:
+        _canonical(compile_params, None, custom_names)  # raises: no loss
+    fitted = p.parse_fit_params(fit_params)
+    texts = (p.params_text(compile_params, compiled), p.params_text(fit_params, fitted))
+    return texts, (p.params_key(compiled), p.params_key(fitted))
+
+
+def _canonical_list(
+    entries: Any, what: str, names: Collection[str] | None
+) -> list[tuple[str, str]]:
     if entries is None:
         entries = [""]
     if isinstance(entries, str | Mapping):
@@ -660,25 +693,26 @@ def _canonical_list(entries: Any, what: str, names: Collection[str] | None) -> l
             f"{what} must be a parameter string, a dict, or a non-empty list of them. "
             f"Received: {type(entries).__name__} {entries!r:.80}."
         )
-    result: dict[str, None] = {}
+    result: dict[str, str] = {}  # key -> the first text written for it
     for i, entry in enumerate(entries):
         try:
             if names is None:
-                text = p.format_params(p.parse_fit_params(entry))
+                fitted = p.parse_fit_params(entry)
+                text, key = p.params_text(entry, fitted), p.params_key(fitted)
             else:
-                text = _canonical(entry, None, names)[0]
+                (text, _), (key, _) = kept_texts(entry, None, names)
         except ParameterError as exc:
             raise ArgumentError(
                 f"{what}[{i}] is refused: {exc} Received: {what}[{i}]={entry!r:.200}. Fix that "
                 "entry."
             ) from None
-        result[text] = None
-    return list(result)
+        result.setdefault(key, text)
+    return [(text, key) for key, text in result.items()]
 
 
 def _checked_row(
     where: str, row: Any, required: set[str], custom_names: Collection[str]
-) -> tuple[int, str, str]:
+) -> tuple[int, tuple[str, str], tuple[str, str]]:
     """One row's columns, architecture id and canonical parameter texts (or a clear error)."""
     if not isinstance(row, Mapping):
         raise ArgumentTypeError(
@@ -701,13 +735,13 @@ def _checked_row(
         )
     model_id = int(model_id)
     try:
-        compile_text, fit_text = _canonical(row["compile_params"], row["fit_params"], custom_names)
+        texts, keys = kept_texts(row["compile_params"], row["fit_params"], custom_names)
     except ParameterError as exc:
         raise ArgumentError(
             f"{where} of the model selection table is refused: {exc} Received: "
             f"{dict(row)!r:.200}. Fix that row."
         ) from None
-    return model_id, compile_text, fit_text
+    return model_id, texts, keys
 
 
 def check_config_rows(
@@ -746,7 +780,7 @@ def check_config_rows(
     seen: dict[tuple[int, str, str], int] = {}
     for i, row in enumerate(items):
         where = f"row {i}"
-        model_id, compile_text, fit_text = _checked_row(where, row, required, custom_names)
+        model_id, (compile_text, fit_text), keys = _checked_row(where, row, required, custom_names)
         if row.get("mst_key") is not None:
             with_key += 1
             key = row["mst_key"]
@@ -763,7 +797,7 @@ def check_config_rows(
             seen_keys[key] = i
         else:
             key = i + 1
-        triple = (model_id, compile_text, fit_text)
+        triple = (model_id, *keys)  # equal parameters in any key order are the same row
         if triple in seen:
             raise ArgumentError(
                 f"{where} is the same configuration as row {seen[triple]}. Received: "

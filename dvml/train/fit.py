@@ -17,7 +17,8 @@ from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
-from dvml.train.params import format_params
+from dvml.train.outputs import check_outputs_free, model_exists
+from dvml.train.params import params_text
 from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
 from dvml.train.runtime.plan import Job, JobArgs, batch_split, job_key, model_spec, now, place_job
@@ -53,6 +54,7 @@ def fit(
     resume: bool = True,
     seed: int | None = None,
     timeout: float | None = None,
+    overwrite: bool = False,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
     registry: Registry | str | None = None,
@@ -65,7 +67,8 @@ def fit(
     training_set : str or Dataset
         A dataset (or feature cache) built by :func:`dvml.training_preprocessor`.
     model : str
-        Name of the output model in the registry (replaced when it exists).
+        Name of the output model in the registry. A model of that name is refused (MADlib's
+        "output table already exists") unless ``warm_start`` or ``overwrite`` is given.
     arch_id : int
         Architecture id from :func:`dvml.load_keras_model`. Its stored weights, if any, are
         the starting point (transfer learning; layers saved with ``trainable=False`` stay
@@ -115,6 +118,8 @@ def fit(
         Resume from the checkpoint of an interrupted run of the same job, if there is one.
     timeout : float, optional
         Seconds before the trainers are stopped (config ``dvml.train.trainer-timeout``).
+    overwrite : bool
+        Replace a model named ``model`` that exists (refused by default, as in MADlib).
     on_iteration : callable, optional
         Called on the client with each iteration's aggregated record while training runs.
     progress : bool
@@ -126,8 +131,12 @@ def fit(
         The registered model: ``.summary`` has every field of MADlib's fit summary.
     """
     requested_sync = check_sync(config.get("train.sync", check_sync(sync)))
-    client = current_client(client)
     reg = open_registry(registry)
+    if not (warm_start or overwrite) and model_exists(reg, model):
+        check_outputs_free(reg, "dvml.fit", model,
+                           [f"the model {model!r} (dvml.delete_model({model!r}))"],
+                           "warm_start=True to train it on")  # fmt: skip
+    client = current_client(client)
     # The datasets it reads are leased for the whole fit: a drop or overwrite is refused.
     with holding(
         [training_set, validation_set], job=f"dvml.fit of model {model!r}", client=client
@@ -180,6 +189,8 @@ class _Plan:
     sync: str | int
     key: str
     checkpoint_dir: str
+    compile_text: str  # the parameters as the user wrote them (MADlib keeps the text)
+    fit_text: str
 
 
 def _plan(
@@ -232,6 +243,8 @@ def _plan(
         sync=sync_mode,
         key=key,
         checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{args.output}-{key}"),
+        compile_text=params_text(compile_params, spec.compile_params),
+        fit_text=params_text(fit_params, spec.fit_params),
     )
 
 
@@ -313,8 +326,8 @@ def _summary(
         arch_id=plan.arch_id,
         compile_params=plan.compile_params,
         fit_params=plan.fit_params,
-        compile_text=format_params(plan.compile_params),
-        fit_text=format_params(plan.fit_params),
+        compile_text=plan.compile_text,
+        fit_text=plan.fit_text,
         num_iterations=plan.job.args.num_iterations,
         metrics_compute_frequency=plan.job.frequency,
         name=name,
@@ -327,8 +340,10 @@ def _summary(
         weights_identical=len(shas) == 1,
         warm_start=plan.job.args.warm_start,
         version=__version__,
+        custom_objects=sorted(plan.job.custom_sources),
     )
     summary["custom_objects"] = sorted(plan.job.custom_sources)
+    summary["model_arch"] = plan.arch["model_json"]  # the model stands on its own (MADlib)
     summary["sync"] = plan.sync
     summary["augment"] = describe_augment(plan.job.augment)
     summary["resumed_from_iteration"] = start_iteration - 1 if start_iteration > 1 else None

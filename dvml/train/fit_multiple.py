@@ -47,13 +47,14 @@ from dvml.train.hop_schedule import (
 )
 from dvml.train.model import Model
 from dvml.train.model_selection import resolve_model_configs
-from dvml.train.params import format_params
+from dvml.train.outputs import check_outputs_free, existing_outputs, model_exists
+from dvml.train.params import params_text
 from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.checkpoints import resume_points
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, JobArgs, job_key, model_spec, now, place_job
-from dvml.train.summary import build_summary, weights_size_kb
+from dvml.train.summary import build_summary, madlib_values, weights_size_kb
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -172,6 +173,8 @@ def fit_multiple(
     timeout: float | None = None,
     augment: Any = None,
     progress: bool = True,
+    overwrite: bool = False,
+    use_caching: bool | None = None,
     registry: Registry | str | None = None,
     client: Client | None = None,
 ) -> ModelSelection:
@@ -225,6 +228,12 @@ def fit_multiple(
         :func:`dvml.fit`.
     progress : bool
         Log one line per iteration.
+    overwrite : bool
+        Replace the run ``model_output`` and its models when they exist. By default they are
+        refused, as MADlib refuses an output table that exists, unless ``warm_start``.
+    use_caching : bool, optional
+        MADlib's option to keep the training data in memory between iterations; accepted
+        and ignored, since dvml always trains from the data kept in the workers' memory.
 
     Returns
     -------
@@ -238,8 +247,13 @@ def fit_multiple(
         A trainer or a worker failed during a hop: every trainer is stopped and nothing is
         registered; run the same call again to resume.
     """
-    client = current_client(client)
+    del use_caching  # dvml always keeps the data in memory (MADlib's use_caching=TRUE)
     reg = open_registry(registry)
+    if not (warm_start or overwrite):
+        found = existing_outputs(reg, model_output, selection=False)
+        check_outputs_free(reg, "dvml.fit_multiple", model_output, found,
+                           "warm_start=True to train them on")  # fmt: skip
+    client = current_client(client)
     # The datasets it reads are leased for the whole run: a drop or overwrite is refused.
     with holding(
         [training_set, validation_set], job=f"dvml.fit_multiple {model_output!r}", client=client
@@ -276,7 +290,9 @@ def _plan(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
     initial: dict[int, bytes] = {}
     for c in checked:
         k = c["mst_key"]
-        warm_from = model_name(args.output, k) if args.warm_start else None
+        # MADlib trains an mst_key the earlier run did not have from scratch.
+        warm = args.warm_start and model_exists(reg, model_name(args.output, k))
+        warm_from = model_name(args.output, k) if warm else None
         spec = model_spec(
             reg, c["model_id"], c["compile_params"], c["fit_params"], job.train, custom, warm_from
         )
@@ -453,8 +469,8 @@ def _model_summary(
         arch_id=c["model_id"],
         compile_params=parsed["compile_params"],
         fit_params=parsed["fit_params"],
-        compile_text=format_params(parsed["compile_params"]),
-        fit_text=format_params(parsed["fit_params"]),
+        compile_text=params_text(c["compile_params"], parsed["compile_params"]),
+        fit_text=params_text(c["fit_params"], parsed["fit_params"]),
         num_iterations=plan.job.args.num_iterations,
         metrics_compute_frequency=plan.job.frequency,
         name=times["name"],
@@ -467,11 +483,13 @@ def _model_summary(
         weights_identical=True,
         warm_start=plan.job.args.warm_start,
         version=__version__,
+        custom_objects=sorted(plan.job.custom_sources),
     )
     summary.update(
         custom_objects=sorted(plan.job.custom_sources),
         augment=describe_augment(plan.job.augment),
         sync="model_hopper",
+        model_arch=parsed["model_json"],  # the model stands on its own (MADlib)
         mst_key=c["mst_key"],
         model_selection=plan.model_output,
         resumed_from_iteration=resumed,
@@ -499,6 +517,8 @@ def _run_summary(
         "independent_varname": ts["independent_varname"],
         "model_arch_table": "model_arch",
         "model_selection_table": "model_configs",
+        "object_table": madlib_values(sorted(plan.job.custom_sources))["object_table"],
+        "use_gpus": bool(plan.job.args.use_gpus),
         "num_iterations": plan.job.args.num_iterations,
         "metrics_compute_frequency": plan.job.frequency,
         "warm_start": plan.job.args.warm_start,
@@ -509,6 +529,7 @@ def _run_summary(
         "madlib_version": __version__,
         "version": __version__,
         "num_classes": ts["num_classes"],
+        f"{ts['dependent_varname']}_class_values": ts["class_values"],  # MADlib's name
         "class_values": ts["class_values"],
         "dependent_vartype": ts["dependent_vartype"],
         "normalizing_const": ts["normalizing_const"],

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from dvml.exceptions import ArgumentTypeError, RegistryError
+from dvml.exceptions import ArgumentTypeError
 from dvml.names import check_name
 from dvml.registry.database import opened_registry
 from dvml.train import config_search as cs
@@ -75,38 +75,54 @@ def _store(
 ) -> pd.DataFrame:
     rows = [c.as_dict() for c in configs]
     name = _default_name(configs, custom) if name is None else name
-
-    def stored_same(reg: Registry) -> pd.DataFrame | None:
-        if name not in set(reg.list_model_selections()["name"]):
-            return None
-        stored = reg.model_selection(name)
-        same = stored.to_dict("records") == rows and stored.attrs["custom_objects"] == custom
-        return stored if same and description in (None, stored.attrs["description"]) else None
-
     with opened_registry(registry) as reg:
         if custom:
             reg.custom_function_sources(custom)  # RegistryNotFoundError names a missing one
-        stored = stored_same(reg)
-        if stored is not None:
-            return stored
-        try:
-            reg.save_model_selection(
-                name,
-                rows,
-                search=search,
-                seed=seed,
-                source=source,
-                custom_objects=custom,
-                description=description,
-                replace=replace,
-            )
-        except RegistryError:
-            # Another process may have stored the same table since we looked: that is fine.
-            stored = stored_same(reg)
-            if stored is None:
-                raise
-            return stored
+        if not replace and name in set(reg.list_model_selections()["name"]):
+            # MADlib appends to a model selection table that exists (new rows only).
+            stored = reg.model_selection(name)
+            custom = sorted({*stored.attrs["custom_objects"], *custom})
+            appended = appended_rows(_records(stored), rows, custom)
+            if appended is None:
+                return stored  # nothing new
+            rows = appended
+            search, seed = stored.attrs.get("search"), stored.attrs.get("seed")
+            description = description or stored.attrs.get("description")
+            replace = True
+        reg.save_model_selection(
+            name,
+            rows,
+            search=search,
+            seed=seed,
+            source=source,
+            custom_objects=custom,
+            description=description,
+            replace=replace,
+        )
         return reg.model_selection(name)
+
+
+def appended_rows(
+    stored: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], custom: list[str]
+) -> list[dict[str, Any]] | None:
+    """``stored`` and the rows of ``new`` that it lacks (equal parameters in any key order are
+    the same row), numbered on from its largest ``mst_key``; None when nothing is new."""
+
+    def key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+        _, keys = cs.kept_texts(row["compile_params"], row["fit_params"], custom)
+        return (int(row["model_id"]), *keys)
+
+    seen = {key(r) for r in stored}
+    result = [dict(r) for r in stored]
+    next_key = max((int(r["mst_key"]) for r in stored), default=0) + 1
+    for row in new:
+        k = key(row)
+        if k in seen:
+            continue
+        seen.add(k)
+        result.append({**dict(row), "mst_key": next_key})
+        next_key += 1
+    return result if len(result) > len(stored) else None
 
 
 def model_configs(
@@ -153,12 +169,15 @@ def model_configs(
         table (``attrs["seed"]``) so it can be repeated.
     name : str, optional
         The table's name in the registry. Default: ``configs-<hash of its content>``, so the
-        same table built twice is stored once.
+        same table built twice is stored once. A table of that name that exists gets the new
+        rows added (``replace`` below).
     custom_objects : list of str, optional
         Registered custom losses/metrics the configurations may use (as :func:`dvml.fit`'s).
     description : str, optional
     replace : bool
-        Replace a different table of the same name instead of failing.
+        Replace a table of the same name. Default: add the new configurations to it, as
+        MADlib does (rows it already has, parameters equal in any key order, are skipped;
+        ``mst_key`` goes on from its largest).
     registry : Registry, str or None
 
     Returns
@@ -175,8 +194,6 @@ def model_configs(
         nothing is stored then.
     RegistryNotFoundError
         When an architecture id or a custom function is not in the registry.
-    RegistryError
-        When another table has this name and ``replace`` is False.
 
     Examples
     --------

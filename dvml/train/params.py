@@ -45,6 +45,8 @@ __all__ = [
     "compile_kwargs",
     "format_params",
     "object_text",
+    "params_key",
+    "params_text",
     "parse_compile_params",
     "parse_fit_params",
     "reported_name",
@@ -234,8 +236,13 @@ _OPTIMIZER_CONFIG: dict[str, _Check] = {
     "use_ema": _plain_bool,
     "relative_step": _plain_bool,
     "ema_overwrite_frequency": _opt_positive_int,
+    "decay": _nonnegative_real,
 }
 _OPTIMIZER_ALIASES = {"lr": "learning_rate"}
+# Keras 2 arguments that MADlib's documentation uses: ``decay`` (every optimizer took it; it is
+# built as its inverse-time schedule, :func:`build_optimizer`) and ``epsilon=None`` (Keras 2's
+# "the backend's epsilon", tf-keras' default: the argument is dropped).
+_KERAS2_ARGUMENTS = ("decay",)
 
 
 def _optimizer_name(key: str, name: Any) -> str:
@@ -255,8 +262,11 @@ def _optimizer_config(key: str, name: str, pairs: list[tuple[str, Any]]) -> dict
                 f"{', '.join(f'{k}={v!r}' for k, v in pairs)}). Give it once "
                 f"(lr is another name for learning_rate)."
             )
+        if arg == "epsilon" and value is None:
+            continue  # Keras 2's epsilon=None: the default
         check = _OPTIMIZER_CONFIG.get(arg)
         accepted = [a for a in ko.OPTIMIZER_CLASSES[name] if a in _OPTIMIZER_CONFIG]
+        accepted += list(_KERAS2_ARGUMENTS)
         if check is None or arg not in accepted:
             known = dict.fromkeys(accepted)
             raise ParameterError(
@@ -504,6 +514,78 @@ def reported_name(spec: str | Mapping[str, Any], kind: str = "metric") -> str:
     return entry[2] if entry else str(spec.get("class_name"))
 
 
+def _sample_weight_mode(key: str, value: Any) -> str | None:
+    """Keras 2's ``sample_weight_mode`` (None or 'temporal'): accepted as MADlib's examples
+    write it, and without effect, since dvml trains without sample weights (as Keras 2 does
+    when none are given)."""
+    if value is not None and value != "temporal":
+        raise _fail(key, "None or 'temporal' (Keras 2's values)", value)
+    return value
+
+
+_nonnegative_int_arg = _opt_check(lambda v: _is_int(v) and 0 <= v <= _MAX_INT, "an integer >= 0")
+_update_freq = _opt_check(
+    lambda v: v in ("epoch", "batch") or (_is_int(v) and 0 < v <= _MAX_INT),
+    "'epoch', 'batch' or a positive integer",
+)
+# The callbacks accepted in fit parameters (MADlib 1.18+ supports TensorBoard): their
+# arguments and checks. The trainers write each under its log_dir (see callbacks_of).
+_CALLBACKS: dict[str, dict[str, _Check]] = {
+    "TensorBoard": {
+        "log_dir": lambda key, value: _string(key, value),
+        "histogram_freq": _nonnegative_int_arg,
+        "write_graph": _plain_bool,
+        "write_images": _plain_bool,
+        "write_steps_per_second": _plain_bool,
+        "update_freq": _update_freq,
+        "profile_batch": _nonnegative_int_arg,
+        "embeddings_freq": _nonnegative_int_arg,
+    }
+}
+
+
+def _callback(key: str, item: Any, shown: Any) -> dict[str, Any]:
+    if isinstance(item, _Call):
+        name, pairs = item.name, list(item.pairs)
+    elif isinstance(item, Mapping) and isinstance(item.get("class_name"), str):
+        name, pairs = item["class_name"], list((item.get("config") or {}).items())
+    else:
+        raise _fail(key, "a list of callbacks such as [TensorBoard(log_dir='/tmp/logs')]", shown)
+    known = _CALLBACKS.get(name)
+    if known is None:
+        raise ParameterError(
+            f"Callback {name!r} cannot be given in the fit parameters: dvml runs TensorBoard "
+            f"only (MADlib's one callback). Received: {key}={shown!r}. Use "
+            "[TensorBoard(log_dir='...')], or dvml.fit(..., tensorboard_dir=...)."
+        )
+    config: dict[str, Any] = {}
+    for arg, value in pairs:
+        if arg not in known:
+            raise ParameterError(
+                f"{name} has no argument {arg!r} dvml accepts. Received: {key}={shown!r}."
+                f"{_did_you_mean(str(arg), known)} Accepted: {list(known)}."
+            )
+        config[arg] = known[arg](f"{name}.{arg}", value)
+    if "log_dir" not in config:
+        raise ParameterError(
+            f"{name} needs log_dir: the trainers run elsewhere than this client. Received: "
+            f"{key}={shown!r}. Write {name}(log_dir='/shared/path/logs')."
+        )
+    return {"class_name": name, "config": config}
+
+
+def _callbacks(key: str, value: Any) -> list[dict[str, Any]] | None:
+    """``callbacks=[TensorBoard(log_dir=...)]``, also as the text of the list (MADlib's grids
+    write ``'callbacks': ['[TensorBoard(log_dir="/tmp/logs")]']``)."""
+    if value is None:
+        return None
+    shown = value
+    if isinstance(value, str):
+        [(_, value)] = _pairs(f"{key}={value.strip()}", f"{key} value")
+    items = value if isinstance(value, list | tuple) else [value]
+    return [_callback(key, item, shown) for item in items]
+
+
 # compile/fit keys whose value may also be None (Keras' own default)
 _NULLABLE = frozenset(
     {"run_eagerly", "jit_compile", "steps_per_epoch", "validation_steps", "steps_per_execution"}
@@ -518,6 +600,7 @@ _COMPILE_CHECKS: dict[str, _Check] = {
     "run_eagerly": _bool,
     "steps_per_execution": _positive_int,
     "jit_compile": _bool,
+    "sample_weight_mode": _sample_weight_mode,
 }
 
 _FIT_CHECKS: dict[str, _Check] = {
@@ -530,6 +613,8 @@ _FIT_CHECKS: dict[str, _Check] = {
     "validation_steps": _positive_int,
     "validation_freq": _positive_int,
     "initial_epoch": _nonnegative_int,
+    "sample_weight_mode": _sample_weight_mode,
+    "callbacks": _callbacks,
 }
 
 COMPILE_KEYS: tuple[str, ...] = tuple(_COMPILE_CHECKS)
@@ -539,8 +624,6 @@ FIT_KEYS: tuple[str, ...] = tuple(_FIT_CHECKS)
 """The fit keys that :func:`parse_fit_params` accepts."""
 
 _FIT_REFUSED = {
-    "callbacks": "Callbacks are Python objects and cannot be given as parameters; dvml runs its "
-    "own callbacks. Remove 'callbacks' from the fit parameters.",
     "sample_weight": "Sample weights are per-sample arrays and cannot be given in a parameter "
     "string; use class_weight={index: weight} or weight the data when preprocessing.",
     "validation_data": "Validation data is a dataset, not a parameter; pass the validation "
@@ -863,7 +946,9 @@ def parse_fit_params(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
         A string such as ``"batch_size=32, epochs=2, verbose=0"``, a dict of the same keys, or
         None. Known keys: ``batch_size``, ``epochs``, ``verbose``, ``shuffle``,
         ``class_weight``, ``steps_per_epoch``, ``validation_steps``, ``validation_freq``,
-        ``initial_epoch``. ``callbacks``, ``sample_weight``, ``validation_data``,
+        ``initial_epoch``, Keras 2's ``sample_weight_mode`` (None or ``'temporal'``, without
+        effect) and ``callbacks=[TensorBoard(log_dir='...')]`` (MADlib's one callback; also
+        as the text of the list). ``sample_weight``, ``validation_data``,
         ``validation_split``, ``x`` and ``y`` are refused with the reason.
 
     Returns
@@ -966,7 +1051,7 @@ def format_params(params: Mapping[str, Any]) -> str:
             parts.append(f"{key}={object_text(value)}")
             continue
         elif (
-            key in ("metrics", "weighted_metrics")
+            key in ("metrics", "weighted_metrics", "callbacks")
             and isinstance(value, list | tuple)
             and any(isinstance(item, Mapping) for item in value)
         ):
@@ -978,6 +1063,24 @@ def format_params(params: Mapping[str, Any]) -> str:
             continue
         parts.append(f"{key}={_render(value, key, 0)}")
     return ", ".join(parts)
+
+
+def params_text(given: str | Mapping[str, Any] | None, parsed: Mapping[str, Any]) -> str:
+    """The parameters as the user wrote them, for summaries and tables (MADlib keeps the text).
+
+    A string is kept exactly as given, so a MADlib user's ``WHERE compile_params = $$...$$``
+    finds it; a dict (or None) has no text of its own and is written with
+    :func:`format_params` from ``parsed``.
+    """
+    if isinstance(given, str):
+        return given
+    return format_params(parsed)
+
+
+def params_key(parsed: Mapping[str, Any]) -> str:
+    """The text of parsed parameters with the keys sorted: equal for the same parameters
+    written in any key order (MADlib's duplicate test of model selection rows)."""
+    return format_params(dict(sorted(parsed.items())))
 
 
 # --------------------------------------------------------------------------- tf-keras edge
@@ -1013,8 +1116,16 @@ def build_optimizer(spec: str | Mapping[str, Any]) -> Any:
 
     keras = tf_runtime.keras()
 
+    config = dict(config)
+    decay = config.pop("decay", 0)
     try:
-        return getattr(keras.optimizers, name)(**config)
+        optimizer = getattr(keras.optimizers, name)(**config)
+        if decay:
+            # Keras 2's decay: lr / (1 + decay * iterations), tf-keras' InverseTimeDecay.
+            lr = float(optimizer.get_config()["learning_rate"])
+            schedule = keras.optimizers.schedules.InverseTimeDecay(lr, 1, float(decay))
+            optimizer = getattr(keras.optimizers, name)(**{**config, "learning_rate": schedule})
+        return optimizer
     except (TypeError, ValueError) as exc:
         raise ParameterError(
             f"Optimizer {name} refused its arguments: {exc}. Received: optimizer={spec!r}. "
@@ -1047,6 +1158,7 @@ def compile_kwargs(
     """
     objects = dict(custom_objects or {})
     kwargs = parse_compile_params(params, custom_names=objects)
+    kwargs.pop("sample_weight_mode", None)  # Keras 2's; no sample weights here (no effect)
     if "optimizer" in kwargs:
         kwargs["optimizer"] = build_optimizer(kwargs["optimizer"])
 

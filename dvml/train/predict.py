@@ -61,8 +61,11 @@ def _digest(weights: bytes, model_json: Any) -> str:
 def model_spec(registry: Registry, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a worker needs to rebuild a registered model, and the model's summary."""
     entry = registry.get_model(model, require=TRAINED_SUMMARY_KEYS)
-    arch = registry.get_architecture(entry["arch_id"])
     summary = entry["summary"]
+    # The model's own copy of its architecture (saved with it); older models read the row.
+    arch = {"model_json": summary.get("model_arch")}
+    if arch["model_json"] is None:
+        arch = registry.get_architecture(entry["arch_id"])
 
     blob = weights_to_bytes(entry["weights"])
     spec = {
@@ -157,6 +160,8 @@ def _predict(
     import dask.dataframe as dd
     import pandas as pd
 
+    if pred_type is None:
+        pred_type = "prob"  # MADlib's NULL: its own default, every class with its probability
     _check_pred_type(pred_type)
     if is_file_source(data):
         where = locate(data, files["storage_options"], "data")
@@ -330,9 +335,10 @@ def predict(
         the sample's key, ``"shard-000003.tar/0042"`` (webdataset's keys repeat from shard to
         shard: the key alone would pair the wrong rows). Two shards of one call with the same
         file name are refused (ArgumentError).
-    pred_type : {"response", "prob"}, int or float
+    pred_type : {"response", "prob"}, int, float or None
         ``"response"`` (the top class), ``"prob"`` (every class with its probability), an
-        int k (the top k) or a float p (classes with probability >= p). Probabilities are
+        int k (the top k) or a float p (classes with probability >= p). None is MADlib's
+        NULL, its default: ``"prob"``. Probabilities are
         probabilities: for a model compiled with a loss ``from_logits=True`` (recorded in its
         summary's compile_params) the softmax of its outputs (the sigmoid for
         ``BinaryCrossentropy``).

@@ -6,15 +6,32 @@ from collections.abc import Sequence
 from typing import Any
 
 from dvml.exceptions import ModelMismatchError
+from dvml.train.params import format_params
 
 __all__ = [
     "aggregate",
     "build_summary",
     "check_shapes",
     "iteration_record",
+    "madlib_values",
     "metric_names",
     "weights_size_kb",
 ]
+
+
+MODEL_TYPE = "madlib_keras"
+"""MADlib's ``model_type`` of a Keras model's summary (dvml trains the same kind of model)."""
+
+CUSTOM_OBJECT_TABLE = "custom_functions"
+"""What ``object_table`` names when custom functions are used (the registry's table)."""
+
+
+def madlib_values(custom_objects: Sequence[str] = ()) -> dict[str, Any]:
+    """MADlib's ``model_type`` and ``object_table`` (NULL when no custom function is used)."""
+    return {
+        "model_type": MODEL_TYPE,
+        "object_table": CUSTOM_OBJECT_TABLE if custom_objects else None,
+    }
 
 
 def check_shapes(arch: dict[str, Any], dataset_summary: dict[str, Any], dataset: str) -> None:
@@ -97,9 +114,11 @@ def _metric_series(
         losses = [r.get(f"{part}_loss") for r in evaluated]
         values = [(r.get(f"{part}_metrics") or {}).get(first_metric) for r in evaluated]
         shown = part == "training" or validated
-        out[f"{part}_metrics_final"] = values[-1] if shown and values else None
+        # No metric compiled: MADlib's metric columns are NULL, not a list of NULLs.
+        measured = shown and first_metric is not None
+        out[f"{part}_metrics_final"] = values[-1] if measured and values else None
         out[f"{part}_loss_final"] = losses[-1] if shown and losses else None
-        out[f"{part}_metrics"] = values if shown else None
+        out[f"{part}_metrics"] = values if measured else None
         out[f"{part}_loss"] = losses if shown else None
     return out
 
@@ -126,11 +145,14 @@ def build_summary(
     weights_identical: bool,
     warm_start: bool,
     version: str,
+    custom_objects: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Every field of MADlib's ``madlib_keras_fit`` summary table, plus dvml's own.
 
     ``model_size_kb`` is MADlib's ``model_size``: the kilobytes of the weights themselves
-    (:func:`weights_size_kb`), not of their serialized form.
+    (:func:`weights_size_kb`), not of their serialized form. ``compile_text`` and
+    ``fit_text`` are the parameters as the user wrote them (MADlib keeps the text); the
+    parsed forms are kept beside them (``compile_params_parsed``, ``fit_params_parsed``).
     """
     metrics, loss = metric_names(compile_params)
     evaluated = [r for r in iterations if r.get("training_loss") is not None]
@@ -144,13 +166,14 @@ def build_summary(
         "model_id": arch_id,
         "compile_params": compile_text,
         "fit_params": fit_text,
+        "compile_params_parsed": format_params(compile_params),
+        "fit_params_parsed": format_params(fit_params),
         "num_iterations": num_iterations,
         "validation_table": validation.name if validation is not None else None,
-        "object_table": "custom_functions",
+        **madlib_values(custom_objects),
         "metrics_compute_frequency": metrics_compute_frequency,
         "name": name,
         "description": description,
-        "model_type": "dvml_keras",
         "model_size": model_size_kb,
         "start_training_time": start,
         "end_training_time": end,
@@ -162,7 +185,7 @@ def build_summary(
         "class_values": ts["class_values"],
         "dependent_vartype": ts["dependent_vartype"],
         "normalizing_const": ts["normalizing_const"],
-        "metrics_type": metrics,
+        "metrics_type": metrics or None,  # MADlib: NULL without metrics
         "loss_type": loss,
         **_metric_series(evaluated, metrics[0] if metrics else None, validation is not None),
         "metrics_iters": [r["iteration"] for r in evaluated],

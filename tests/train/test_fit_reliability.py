@@ -118,7 +118,7 @@ def test_a_second_fit_of_a_running_model_is_refused(env: dict[str, Any], cluster
         model = first.result()
         # the first fit trained every iteration; a later fit of the name runs again
         assert model.history()["iteration"].tolist() == [1, 2, 3]
-        again = run_fit(env, "rel_twice", num_iterations=1)
+        again = run_fit(env, "rel_twice", num_iterations=1, overwrite=True)
     assert again.summary["num_iterations"] == 1
 
 

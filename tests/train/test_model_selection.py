@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import dvml
-from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, RegistryNotFoundError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryNotFoundError
 from dvml.registry import Registry
 from dvml.train.model_selection import resolve_model_configs
 
@@ -109,11 +109,15 @@ def test_default_name_is_the_content(reg: Registry, arch_ids: list[int]) -> None
     assert stored_rows(reg) == 4
 
 
-def test_a_name_in_use_needs_replace(reg: Registry, arch_ids: list[int]) -> None:
-    dvml.model_configs(arch_ids, COMPILE, FIT, name="t", registry=reg)
-    dvml.model_configs(arch_ids, COMPILE, FIT, name="t", registry=reg)  # the same: no error
-    with pytest.raises(RegistryError, match="A model selection table named 't' exists"):
-        dvml.model_configs(arch_ids, COMPILE, {"epochs": [1]}, name="t", registry=reg)
+def test_a_name_in_use_gets_the_new_rows(reg: Registry, arch_ids: list[int]) -> None:
+    first = dvml.model_configs(arch_ids, COMPILE, FIT, name="t", registry=reg)
+    again = dvml.model_configs(arch_ids, COMPILE, FIT, name="t", registry=reg)  # nothing new
+    assert again[COLUMNS].equals(first[COLUMNS])
+    # MADlib appends to a table that exists: the new rows only, mst_key going on.
+    grown = dvml.model_configs(arch_ids, COMPILE, {"epochs": [1]}, name="t", registry=reg)
+    assert len(grown) == len(first) + 4
+    assert grown["mst_key"].tolist() == list(range(1, len(first) + 5))
+    assert grown[COLUMNS].head(len(first)).equals(first[COLUMNS])
     replaced = dvml.model_configs(
         arch_ids, COMPILE, {"epochs": [1]}, name="t", replace=True, registry=reg
     )
@@ -147,7 +151,8 @@ def test_model_selection_table_from_lists(reg: Registry, arch_ids: list[int]) ->
     )
     assert len(table) == 2 * 1 * 2  # the two compile strings are one parameter set
     assert table.attrs["search"] is None
-    assert set(table["compile_params"]) == {"loss='mse', optimizer='SGD(learning_rate=0.1)'"}
+    # kept as the user wrote it (the first of the two), as MADlib keeps the text
+    assert set(table["compile_params"]) == {"loss='mse', optimizer='SGD(lr=0.1)'"}
 
 
 def test_model_selection_table_from_rows(reg: Registry, arch_ids: list[int]) -> None:

@@ -100,7 +100,7 @@ def test_all_compile_keys():
     text = (
         "loss='mse', optimizer='adam', metrics=['mae', 'mse'], loss_weights=[1.0, 0.5], "
         "weighted_metrics=['accuracy'], run_eagerly=False, steps_per_execution=4, "
-        "jit_compile=True"
+        "jit_compile=True, sample_weight_mode=None"
     )
     parsed = parse_compile_params(text)
     assert list(parsed) == list(COMPILE_KEYS)
@@ -111,7 +111,8 @@ def test_all_compile_keys():
 def test_all_fit_keys():
     text = (
         "batch_size=32, epochs=10, verbose=2, shuffle=False, class_weight={0: 1.0, 1: 2.5}, "
-        "steps_per_epoch=100, validation_steps=5, validation_freq=2, initial_epoch=0"
+        "steps_per_epoch=100, validation_steps=5, validation_freq=2, initial_epoch=0, "
+        "sample_weight_mode='temporal', callbacks=[TensorBoard(log_dir='/tmp/tb')]"
     )
     parsed = parse_fit_params(text)
     assert list(parsed) == list(FIT_KEYS)
@@ -406,17 +407,19 @@ def test_duplicate_key():
         parse_compile_params("loss_weights={'a': 1, 'a': 2}")
 
 
-@pytest.mark.parametrize(
-    "key", ["callbacks", "sample_weight", "validation_data", "validation_split", "x", "y"]
-)
+@pytest.mark.parametrize("key", ["sample_weight", "validation_data", "validation_split", "x", "y"])
 def test_refused_fit_keys(key):
     with pytest.raises(ParameterError, match=rf"'{key}' is not accepted"):
         parse_fit_params(f"{key}=[]")
 
 
 def test_callbacks_message_is_clear():
-    with pytest.raises(ParameterError, match="Callbacks are Python objects"):
-        parse_fit_params("callbacks=[]")
+    with pytest.raises(ParameterError, match="dvml runs TensorBoard only"):
+        parse_fit_params("callbacks=[EarlyStopping(patience=2)]")
+    with pytest.raises(ParameterError, match="TensorBoard needs log_dir"):
+        parse_fit_params("callbacks=[TensorBoard()]")
+    with pytest.raises(ParameterError, match="TensorBoard has no argument 'logdir'"):
+        parse_fit_params("callbacks=[TensorBoard(logdir='/x')]")
 
 
 def test_errors_are_value_errors():

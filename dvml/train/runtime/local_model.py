@@ -44,12 +44,26 @@ def compile_model(
 
 def fit_kwargs(fit_params: dict[str, Any]) -> dict[str, Any]:
     """``model.fit`` keywords from parsed ``fit_params`` (dvml feeds the batches itself)."""
-    kwargs = {
-        k: v for k, v in fit_params.items() if k not in ("batch_size", "shuffle", "steps_per_epoch")
-    }
+    # callbacks: built by fit_callbacks; sample_weight_mode: Keras 2's, no sample weights here
+    skip = ("batch_size", "shuffle", "steps_per_epoch", "callbacks", "sample_weight_mode")
+    kwargs = {k: v for k, v in fit_params.items() if k not in skip}
     kwargs.setdefault("epochs", 1)
     kwargs["verbose"] = 0
     return kwargs
+
+
+def fit_callbacks(keras: Any, fit_params: dict[str, Any], *where: str) -> list[Any]:
+    """The callbacks of ``fit_params`` (``TensorBoard`` only, checked by the parser), each
+    writing under its ``log_dir`` joined with ``where`` (the trainer, and the model of a
+    model-hopping job), so trainers never share one event file."""
+    import os
+
+    made = []
+    for spec in fit_params.get("callbacks") or []:
+        config = dict(spec["config"])
+        config["log_dir"] = os.path.join(config["log_dir"], *where)
+        made.append(getattr(keras.callbacks, spec["class_name"])(**config))
+    return made
 
 
 def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from dvml.exceptions import TrainingError
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import training_dataset
 from dvml.train.runtime.augment import decode as decode_augment
-from dvml.train.runtime.local_model import compile_model, fit_kwargs, local_metrics
+from dvml.train.runtime.local_model import compile_model, fit_callbacks, fit_kwargs, local_metrics
 from dvml.train.runtime.model_state import read_state, weights_digest, write_state
 from dvml.train.runtime.protocol import (
     Evaluate,
@@ -178,7 +178,11 @@ def _train(
     )
     shuffle = fit_params.get("shuffle", True)
     data = training_dataset(train, batch, steps, seed, shuffle=shuffle, augment=augment)
-    history = model.fit(data, steps_per_epoch=steps, **fit_kwargs(fit_params))
+    # fit_params' own callbacks (MADlib's TensorBoard), one directory per model and worker
+    callbacks = fit_callbacks(
+        tf_runtime.keras(), fit_params, f"mst_key_{key}", f"worker_{job['worker_index']}"
+    ) if fit_params.get("callbacks") else None  # fmt: skip
+    history = model.fit(data, steps_per_epoch=steps, callbacks=callbacks, **fit_kwargs(fit_params))
     trained = time.perf_counter()
     save_state(model, command.state_out)
     return Trained(

@@ -28,7 +28,13 @@ from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import training_dataset
 from dvml.train.runtime.augment import decode as decode_augment
 from dvml.train.runtime.checkpoints import CheckpointStore
-from dvml.train.runtime.local_model import build_model, compile_model, fit_kwargs, local_metrics
+from dvml.train.runtime.local_model import (
+    build_model,
+    compile_model,
+    fit_callbacks,
+    fit_kwargs,
+    local_metrics,
+)
 from dvml.train.runtime.protocol import Finished, Iteration, Resolved, emit
 from dvml.train.runtime.seeds import shuffle_seed
 from dvml.train.runtime.startup import Startup
@@ -125,6 +131,8 @@ def _build(job: dict[str, Any], keras: Any, strategy: Any, train: Any, startup: 
     if job.get("tensorboard_dir"):
         log_dir = os.path.join(job["tensorboard_dir"], job["worker_name"])
         callbacks.append(keras.callbacks.TensorBoard(log_dir=log_dir))
+    # fit_params' own callbacks (MADlib's TensorBoard), one directory per trainer
+    callbacks += fit_callbacks(keras, job["fit_params"], job["worker_name"])
     if isinstance(sync, int) and averager is not None:
         from dvml.train.runtime.averaging import averaging_callback
 
