@@ -23,7 +23,7 @@ from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, Dataset
 from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
-from dvml.preprocess.encode import check_normalizing_const, class_values_of
+from dvml.preprocess.encode import check_normalizing_const, class_values_of, label_vartype
 from dvml.preprocess.graph import compute_stats, pack_and_publish
 from dvml.preprocess.sources import source_parts
 from dvml.preprocess.tasks import storage_dtypes
@@ -357,19 +357,15 @@ def _plan_and_pack(
             f"Dropped rows: {sum(s['dropped'] for s in stats)}."
         )
     x_shapes = _common_shapes(stats, src.x_names)
-    labels = [v for s in stats for v in s["labels"]]
+    labels = _labels_found(stats)
+    array_dtype = _array_labels(stats)
     if training is None:
-        class_values = class_values_of(labels)
+        class_values = None if array_dtype else class_values_of(labels)
     else:
         class_values = training.summary["class_values"]
-        _check_like_training(training, labels, x_shapes, class_values)
-    n_classes = num_classes if num_classes is not None else len(class_values)
-    if n_classes < len(class_values):
-        raise DataError(
-            f"num_classes={n_classes} is smaller than the {len(class_values)} distinct labels "
-            f"found ({class_values[:10]}). Raise num_classes or leave it as None."
-        )
-    dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact)
+        _check_like_training(training, labels, x_shapes, class_values, array_dtype)
+    n_classes = _num_classes(num_classes, class_values, stats)
+    dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact, class_values is not None)
     row_bytes = _row_bytes(x_shapes, n_classes, dtypes)
     max_bytes = _max_buffer_bytes()
     layout = plan_layout(
@@ -385,7 +381,7 @@ def _plan_and_pack(
         "output_table": name,
         "dependent_varname": src.y,
         "independent_varname": src.x_names,
-        "dependent_vartype": type(class_values[0]).__name__,
+        "dependent_vartype": label_vartype(class_values, array_dtype),
         "class_values": class_values,
         f"{src.y}_class_values": class_values,  # MADlib's name for class_values
         "num_classes": n_classes,
@@ -439,6 +435,62 @@ def _plan_and_pack(
     )
 
 
+def _labels_found(stats: list[dict[str, Any]]) -> list[Any]:
+    """The distinct labels of every part (NULL once, as None)."""
+    import pandas as pd
+
+    found: list[Any] = []
+    for s in stats:
+        found.extend(None if v is not None and pd.isna(v) else v for v in s["labels"])
+    return found
+
+
+def _array_labels(stats: list[dict[str, Any]]) -> str | None:
+    """The dtype of labels already one-hot encoded (a column of arrays), None for class
+    values; parts that disagree are refused."""
+    kinds = {s.get("label_width") is not None for s in stats if s["rows"]}
+    if kinds == {True, False}:
+        raise DataError(
+            "The label column mixes arrays (labels already one-hot encoded) with class values "
+            "across partitions. Received: both kinds of cells. Give every row the same kind."
+        )
+    widths = {s["label_width"] for s in stats if s["rows"] and s.get("label_width")}
+    if len(widths) > 1:
+        raise DataError(
+            f"The one-hot label arrays have different lengths across partitions. Received: "
+            f"lengths {sorted(widths)}. Every label array must be one value per class."
+        )
+    dtypes = [s["label_dtype"] for s in stats if s["rows"] and s.get("label_dtype")]
+    if not dtypes:
+        return None
+    import numpy as np
+
+    return str(np.result_type(*dtypes))
+
+
+def _num_classes(
+    num_classes: int | None, class_values: list[Any] | None, stats: list[dict[str, Any]]
+) -> int:
+    """The width of the one-hot labels: ``num_classes`` (padding), else the number of class
+    values, else (labels already one-hot encoded) the length of their arrays."""
+    if class_values is None:
+        found = next(s["label_width"] for s in stats if s["rows"] and s.get("label_width"))
+        n = num_classes if num_classes is not None else found
+        if n < found:
+            raise DataError(
+                f"num_classes={n} is shorter than the one-hot label arrays. Received: arrays of "
+                f"length {found}. Raise num_classes or leave it as None."
+            )
+        return int(n)
+    n = num_classes if num_classes is not None else len(class_values)
+    if n < len(class_values):
+        raise DataError(
+            f"num_classes={n} is smaller than the {len(class_values)} distinct labels "
+            f"found ({class_values[:10]}). Raise num_classes or leave it as None."
+        )
+    return int(n)
+
+
 def _common_dtypes(stats: list[dict[str, Any]]) -> list[str]:
     """Each x input's source dtype where every non-empty part agrees; else ``"mixed"``."""
     found: list[set[str]] = []
@@ -458,15 +510,20 @@ def _row_bytes(x_shapes: list[list[int]], n_classes: int, dtypes: dict[str, str]
     if dtypes is None:
         return 4 * (sum(math.prod(s) for s in x_shapes) + n_classes)
     x = sum(math.prod(s) * np.dtype(dtypes[f"x_{k}"]).itemsize for k, s in enumerate(x_shapes))
-    return int(x + np.dtype(dtypes["y"]).itemsize)
+    y = np.dtype(dtypes["y"])
+    return int(x + y.itemsize * (1 if y.kind in "iu" else n_classes))
 
 
 def _storage(dtypes: dict[str, str] | None) -> dict[str, Any]:
     """The summary's record of the packed format, read by :mod:`dvml.resolve`."""
+    import numpy as np
+
     if dtypes is None:
         return {"compact": False, "y": "one_hot"}
     x = [dtypes[f] for f in sorted((f for f in dtypes if f != "y"), key=lambda f: int(f[2:]))]
-    return {"compact": True, "x_dtypes": x, "y": "index", "y_dtype": dtypes["y"]}
+    # labels already one-hot encoded stay one-hot float32 in the compact format
+    y = "index" if np.dtype(dtypes["y"]).kind in "iu" else "one_hot"
+    return {"compact": True, "x_dtypes": x, "y": y, "y_dtype": dtypes["y"]}
 
 
 def _check_arguments(
@@ -505,10 +562,21 @@ def _common_shapes(stats: list[dict[str, Any]], x_names: list[list[str]]) -> lis
 
 
 def _check_like_training(
-    training: Dataset, labels: list[Any], x_shapes: list[list[int]], class_values: list[Any]
+    training: Dataset,
+    labels: list[Any],
+    x_shapes: list[list[int]],
+    class_values: list[Any] | None,
+    array_dtype: str | None = None,
 ) -> None:
-    unseen = sorted({v for v in labels if v not in class_values}, key=repr)
-    if unseen:
+    if (class_values is None) != (array_dtype is not None):
+        raise DataError(
+            f"The validation labels are {'arrays' if array_dtype else 'class values'} but the "
+            f"training set {training.name!r} has "
+            f"{'labels already one-hot encoded' if class_values is None else 'class values'}. "
+            "Give both sets the same kind of label column."
+        )
+    unseen = sorted({v for v in labels if v not in (class_values or [])}, key=repr)
+    if class_values is not None and unseen:
         raise DataError(
             f"The validation labels {unseen[:5]} ({len(unseen)} values) never appear in the "
             f"training set {training.name!r}, whose class values are {class_values}. "

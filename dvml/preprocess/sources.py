@@ -28,6 +28,7 @@ from dvml.preprocess.locations import Location, locate, read_table
 from dvml.preprocess.string_cells import restore_array_cells
 from dvml.preprocess.tasks import (
     ClientPart,
+    labels_of,
     prepare_arrays,
     prepare_batch,
     prepare_image_files,
@@ -238,7 +239,7 @@ def _pandas_array_cells(
         return None
     y, groups = _check_table(list(frame.columns), y, x)
     xs = [x_to_array(frame, group) for group in groups]
-    labels = frame[y].to_numpy()
+    labels = labels_of(frame, y)
     names = [",".join(group) for group in groups]
     n = len(labels)
     k = max(1, min(n_parts, n))  # as many parts as dd.from_pandas would make

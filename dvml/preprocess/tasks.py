@@ -43,6 +43,7 @@ __all__ = [
     "decode_tar_shard",
     "fetch_rounds",
     "group_stats",
+    "labels_of",
     "lay_out_group",
     "pack_buffers",
     "part_stats",
@@ -109,16 +110,16 @@ def _finish(
     }
 
 
-def _label_mask(labels: np.ndarray, y: str) -> np.ndarray:
-    import pandas as pd
+def labels_of(frame: Any, y: str) -> np.ndarray:
+    """The labels of column ``y``: 1-D values (NULL kept: MADlib makes it a class), or for a
+    column whose cells are arrays (a label already one-hot encoded, MADlib's ``REAL[]`` or
+    ``INTEGER[]`` dependent variable) the stacked 2-D array."""
+    from dvml.preprocess.encode import has_array_cells, stack_label_cells
 
-    missing = pd.isna(labels)
-    if missing.any():
-        raise DataError(
-            f"Column {y!r} has {int(missing.sum())} missing labels (None/NaN) in a partition. "
-            "Fill or drop them before preprocessing."
-        )
-    return np.ones(len(labels), dtype=bool)
+    column = frame[y]
+    if column.dtype == object and has_array_cells(column):
+        return stack_label_cells(column, y)
+    return column.to_numpy()
 
 
 def prepare_table(
@@ -134,8 +135,7 @@ def prepare_table(
             f"The label column {y!r} is missing. Available columns: {list(frame.columns)}."
         )
     xs = [x_to_array(frame, list(group)) for group in x_groups]
-    labels = frame[y].to_numpy()
-    _label_mask(labels, y)
+    labels = labels_of(frame, y)
     names = [",".join(group) for group in x_groups]
     return _finish(xs, labels, names, on_invalid, normalizing_const)
 
@@ -160,7 +160,11 @@ def prepare_arrays(
                 f"Input {name!r} has {len(x)} rows in a block where {y!r} has {len(labels)}."
             )
         arrays.append(x)
-    _label_mask(labels, y)
+    if labels.ndim > 2 or (labels.ndim == 2 and labels.dtype.kind not in "biuf"):
+        raise DataError(
+            f"Labels {y!r} must be 1-D class values, or 2-D numbers (already one-hot encoded). "
+            f"Received: shape {labels.shape}, dtype {labels.dtype}."
+        )
     return _finish(arrays, labels, list(x_names), on_invalid, normalizing_const)
 
 
@@ -249,13 +253,22 @@ def part_stats(part: dict[str, Any]) -> dict[str, Any]:
     import pandas as pd
 
     labels = part["labels"]
-    # pd.unique does not sort: np.unique of [1, "1"] raises a raw TypeError here, before the
-    # client can say that the labels mix types (encode.class_values_of).
-    uniques = pd.unique(pd.Series(labels, dtype=labels.dtype)) if len(labels) else []
+    if labels.ndim == 2:  # already one-hot encoded: no class values, a width
+        uniques: Any = []
+    else:
+        # pd.unique does not sort: np.unique of [1, "1"] raises a raw TypeError here, before
+        # the client can say that the labels mix types (encode.class_values_of). NULL (None
+        # or NaN) is one value, None.
+        series = pd.Series(labels, dtype=labels.dtype)
+        nulls = bool(series.isna().any())
+        uniques = pd.unique(series[series.notna()]) if len(labels) else []
+        uniques = [*([None] if nulls else []), *uniques]
     return {
         "rows": len(labels),
         "labels": [u.item() if isinstance(u, np.generic) else u for u in uniques],
         "label_kind": labels.dtype.kind if len(labels) else None,
+        "label_width": int(labels.shape[1]) if labels.ndim == 2 else None,
+        "label_dtype": str(labels.dtype) if labels.ndim == 2 else None,
         "x_shapes": [list(x.shape[1:]) for x in part["x"]],
         "x_dtypes": [str(x.dtype) for x in part["x"]],
         "dropped": part["dropped"],
@@ -380,12 +393,7 @@ def lay_out_group(
         counts = group_counts[i]
         normalize(part["x"][0][:0], normalizing_const)  # validates the constant and the dtype
         sources = [np.asarray(x) for x in part["x"]]
-        labels = part["labels"]
-        sources.append(
-            class_indices(labels, class_values, num_classes)
-            if indices
-            else one_hot(labels, class_values, num_classes)
-        )
+        sources.append(_encoded_labels(part["labels"], class_values, num_classes, indices))
         pieces = split_partition(len(sources[-1]), counts, int(seeds[i]))
         blocks = [j for j in range(len(counts)) if counts[j]]
         n = int(counts.sum())
@@ -410,18 +418,33 @@ def lay_out_group(
     return laid_out
 
 
+def _encoded_labels(
+    labels: np.ndarray, class_values: list[Any] | None, num_classes: int, indices: bool
+) -> np.ndarray:
+    """Labels as stored: class indices (compact) or one-hot float32; labels already one-hot
+    encoded (``class_values`` None) as float32, padded with zero columns to ``num_classes``."""
+    if class_values is None:
+        out = np.zeros((len(labels), num_classes), dtype=np.float32)
+        out[:, : labels.shape[1]] = labels
+        return out
+    if indices:
+        return class_indices(labels, class_values, num_classes)
+    return one_hot(labels, class_values, num_classes)
+
+
 def storage_dtypes(
-    x_dtypes: Sequence[str], num_classes: int, compact: bool
+    x_dtypes: Sequence[str], num_classes: int, compact: bool, y_indices: bool = True
 ) -> dict[str, str] | None:
     """The dtype of each packed field: None (float32 x, normalized; one-hot float32 y) unless
     ``compact``; then an x whose source is uint8 stays uint8 and y holds class indices of the
-    smallest unsigned type (:func:`~dvml.preprocess.encode.index_dtype`)."""
+    smallest unsigned type (:func:`~dvml.preprocess.encode.index_dtype`), unless
+    ``y_indices`` is False (labels already one-hot encoded stay float32)."""
     from dvml.preprocess.encode import index_dtype
 
     if not compact:
         return None
     dtypes = {f"x_{k}": ("uint8" if d == "uint8" else "float32") for k, d in enumerate(x_dtypes)}
-    dtypes["y"] = str(index_dtype(num_classes))
+    dtypes["y"] = str(index_dtype(num_classes)) if y_indices else "float32"
     return dtypes
 
 

@@ -75,8 +75,9 @@ class LocalPartitions:
         return out / const if const != 1.0 else out
 
     def one_hot_y(self, y: np.ndarray) -> np.ndarray:
-        """Rows of y as one-hot float32 (a compact dataset stores class indices)."""
-        if not self.compact:
+        """Rows of y as one-hot float32 (a compact dataset stores class indices, unless its
+        labels came already one-hot encoded)."""
+        if not self.compact or y.dtype == np.float32:
             return y
         depth = int(self.summary["y_shape"][0])
         return np.eye(depth, dtype=np.float32)[y.astype(np.int64)]

@@ -38,7 +38,9 @@ def _stored(parts: LocalPartitions) -> dict[str, Any]:
     if not parts.compact:
         return {"x": ["float32"] * len(parts.x_fields), "y": "float32", "indices": False}
     storage = parts.summary["storage"]
-    return {"x": list(storage["x_dtypes"]), "y": storage["y_dtype"], "indices": True}
+    # labels already one-hot encoded stay one-hot float32 in the compact format
+    indices = storage.get("y", "index") == "index"
+    return {"x": list(storage["x_dtypes"]), "y": storage["y_dtype"], "indices": indices}
 
 
 def _signature(parts: LocalPartitions, lead: tuple[Any, ...] = (None,)) -> tuple[Any, Any]:
@@ -62,7 +64,7 @@ def _decoded(dataset: Any, parts: LocalPartitions) -> Any:
     """``dataset`` (of batches as stored) as float32 x, normalized, and one-hot y: unchanged
     for the float32 format; one fused, parallel ``map`` per batch for the compact one."""
     stored = _stored(parts)
-    if not stored["indices"]:
+    if not stored["indices"] and all(d == "float32" for d in stored["x"]):
         return dataset
     tf = tf_runtime.tensorflow()
     const = float(parts.summary["normalizing_const"])
@@ -77,6 +79,8 @@ def _decoded(dataset: Any, parts: LocalPartitions) -> Any:
 
     def decode(x: Any, y: Any) -> tuple[Any, Any]:
         xs = tuple(x_of(v, k) for k, v in enumerate(x)) if isinstance(x, tuple) else x_of(x, 0)
+        if not stored["indices"]:
+            return xs, y
         return xs, tf.one_hot(tf.cast(y, tf.int32), depth, dtype=tf.float32)
 
     return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -55,7 +55,11 @@ def evaluate_local(
 
 
 def format_predictions(
-    ids: np.ndarray, probs: np.ndarray, class_values: list[Any], class_name: str, pred_type: Any
+    ids: np.ndarray,
+    probs: np.ndarray,
+    class_values: list[Any] | None,
+    class_name: str,
+    pred_type: Any,
 ) -> Any:
     """MADlib's prediction table: id, class_name, class_value, prob, rank.
 
@@ -75,7 +79,10 @@ def format_predictions(
     else:
         keep = k
     rows_id, rows_value, rows_prob, rows_rank = [], [], [], []
-    values = list(class_values) + [None] * (k - len(class_values))  # padded classes
+    # Labels already one-hot encoded have no class values (None, as MADlib writes them): a
+    # class is its column's index. Padded classes (num_classes) have the value None.
+    values = list(range(k)) if class_values is None else list(class_values)
+    values += [None] * (k - len(values))
     for i in range(n):
         for rank in range(keep):
             c = order[i, rank]
@@ -179,7 +186,7 @@ def predict_files(
         images = prepare_image_files(paths, [""] * len(paths), size, channels, options)["x"][0]
     if len(ids) == 0:
         return format_predictions(
-            np.array([]), np.zeros((0, max(1, len(class_values)))), class_values, class_name,
+            np.array([]), np.zeros((0, max(1, len(class_values or [])))), class_values, class_name,
             pred_type,
         )  # fmt: skip
     xs = [normalize(images, normalizing_const)]
@@ -204,7 +211,7 @@ def predict_partition(
     if len(frame) == 0:
         return format_predictions(
             np.array([]),
-            np.zeros((0, max(1, len(class_values)))),
+            np.zeros((0, max(1, len(class_values or [])))),
             class_values,
             class_name,
             pred_type,
