@@ -53,6 +53,12 @@ class LocalPartitions:
         return sorted((f for f in self.fields if f.startswith("x_")), key=lambda f: int(f[2:]))
 
     @property
+    def y_fields(self) -> list[str]:
+        """``["y"]``, or a multi-output set's ``["y", "y_1", ...]`` (one field per output)."""
+        more = sorted((f for f in self.fields if f.startswith("y_")), key=lambda f: int(f[2:]))
+        return ["y", *more]
+
+    @property
     def buffer_rows(self) -> tuple[int, ...]:
         return tuple(len(a) for a in self.fields["y"])
 

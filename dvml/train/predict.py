@@ -27,7 +27,7 @@ from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import inference
 from dvml.train.params import parse_compile_params
 from dvml.train.runtime.sessions import inference_settings
-from dvml.train.summary import aggregate
+from dvml.train.summary import aggregate, output_names
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -131,13 +131,34 @@ def evaluate(
     values = aggregate([r for r in client.gather(futures) if r["rows"]])
     metrics = {k: v for k, v in values.items() if k != "loss"}
     types = summary.get("metrics_type") or []
+    per_output = _per_output_scores(metrics, summary["dependent_varname"], types)
+    first = next(iter(per_output.values()), {}) if per_output else {}
     return {
         "loss": values.get("loss"),
-        "metric": metrics.get(types[0]) if types else None,
+        "metric": first.get("metric") if per_output else (metrics.get(types[0]) if types else None),
         "metrics": metrics,
         "metrics_type": types,
         "loss_type": summary.get("loss_type"),
         "rows": sum(b["rows"] for b in ds.layout["buffers"]),
+        # a multi-output model: each output's loss and first metric, by dependent variable
+        **{f"{dep}_{k}": v for dep, scores in per_output.items() for k, v in scores.items()},
+    }
+
+
+def _per_output_scores(
+    metrics: dict[str, float], names: Any, types: list[str]
+) -> dict[str, dict[str, float | None]]:
+    """``{dependent_varname: {"loss": ..., "metric": ...}}`` of a multi-output model, from
+    Keras' per-output keys (``dense_4_loss``, ``dense_4_accuracy``); empty for one output."""
+    if isinstance(names, str):
+        return {}
+    keras = output_names(metrics, len(names)) or []
+    return {
+        dep: {
+            "loss": metrics.get(f"{out}_loss"),
+            "metric": metrics.get(f"{out}_{types[0]}") if types else None,
+        }
+        for dep, out in zip(names, keras, strict=False)
     }
 
 
@@ -149,7 +170,7 @@ def _predict(
     pred_type: Any,
     class_values: list[Any],
     normalizing_const: float,
-    class_name: str,
+    class_name: str | list[str],
     client: Client,
     files: dict[str, Any],
 ) -> Any:
@@ -209,7 +230,7 @@ def _predict(
     return dd.from_delayed(parts, meta=meta, verify_meta=False)
 
 
-def _meta(ids: Any, class_values: list[Any], class_name: str, pred_type: Any) -> Any:
+def _meta(ids: Any, class_values: list[Any], class_name: str | list[str], pred_type: Any) -> Any:
     import numpy as np
 
     return inference.format_predictions(ids, np.zeros((0, 1)), class_values, class_name,
@@ -225,7 +246,7 @@ def _predict_files(
     pred_type: Any,
     class_values: list[Any],
     normalizing_const: float,
-    class_name: str,
+    class_name: str | list[str],
     client: Client,
     files: dict[str, Any],
 ) -> Any:
@@ -357,12 +378,25 @@ def predict(
         id_col,
         x,
         pred_type,
-        summary["class_values"],
+        output_classes(summary),
         summary["normalizing_const"],
         summary["dependent_varname"],
         client,
         files,
     )
+
+
+def output_classes(summary: dict[str, Any]) -> Any:
+    """The class values predictions name: the summary's for a single output; for a
+    multi-output model one full list per output, as long as the output (class indices for
+    labels that came already one-hot encoded, None for padded classes)."""
+    if isinstance(summary["dependent_varname"], str):
+        return summary["class_values"]
+    full = []
+    for values, width in zip(summary["class_values"], summary["num_classes"], strict=True):
+        named = list(range(int(width))) if values is None else list(values)
+        full.append(named + [None] * (int(width) - len(named)))
+    return full
 
 
 def byom_class_values(class_values: Any, n_out: int | None, arch_id: int) -> list[Any]:
