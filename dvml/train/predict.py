@@ -432,6 +432,39 @@ def byom_class_values(class_values: Any, n_out: int | None, arch_id: int) -> lis
     return values
 
 
+def byom_outputs(class_values: Any, dependent_count: int | None) -> list[list[Any]] | None:
+    """The class values of each output of a multi-output BYOM model (MADlib's
+    ``dependent_count`` and 2-D ``class_values``, one list per output), or None for a
+    single-output model.
+
+    Without a registered dataset dvml does not know each output's width: a multi-output
+    model needs its class values (``None`` is refused).
+    """
+    nested = (
+        isinstance(class_values, Sequence)
+        and not isinstance(class_values, str | bytes)
+        and len(class_values) > 1
+        and all(isinstance(v, list | tuple) for v in class_values)
+    )
+    count = len(class_values) if nested else 1
+    if dependent_count is not None and (
+        isinstance(dependent_count, bool) or not isinstance(dependent_count, int)
+        or dependent_count < 1
+    ):  # fmt: skip
+        raise ArgumentError(
+            "dependent_count must be a positive int. Received: "
+            f"dependent_count={dependent_count!r}."
+        )
+    if dependent_count is not None and dependent_count != count and dependent_count > 1:
+        raise DataError(
+            f"dependent_count={dependent_count} needs class_values with one list per output "
+            f"({dependent_count} lists). Received: class_values={class_values!r}."
+        )
+    if not nested:
+        return None
+    return [list(v) for v in class_values]
+
+
 def predict_byom(
     arch_id: int,
     data: Any,
@@ -440,10 +473,11 @@ def predict_byom(
     pred_type: Any = "response",
     class_values: Sequence[Any] | None = None,
     normalizing_const: float = 1.0,
-    class_name: str = "class",
+    class_name: str | list[str] = "class",
     registry: Registry | str | None = None,
     client: Client | None = None,
     *,
+    dependent_count: int | None = None,
     from_logits: bool = False,
     image_size: tuple[int, int] | None = None,
     channels: int | None = None,
@@ -459,8 +493,14 @@ def predict_byom(
     ``image_size`` (default: the architecture's input height and width) with ``channels``
     (default: its input's). ``from_logits=True`` says the model ends in logits: its outputs
     are turned into probabilities (softmax; sigmoid for a single output).
+
+    A multi-output model (MADlib's ``dependent_count``) takes one list of class values per
+    output (``[['a', 'b'], ['x', 'y', 'z']]``): each input row gives one row per output,
+    whose ``class_name`` is MADlib's ``dependent_var_0``, ``dependent_var_1``, ... unless
+    ``class_name`` lists the names.
     """
     client = current_client(client)
+    outputs = byom_outputs(class_values, dependent_count)
     with opened_registry(registry) as reg:
         arch = reg.get_architecture(arch_id)
     if arch["weights"] is None:
@@ -470,13 +510,26 @@ def predict_byom(
         )
 
     n_out = (arch.get("output_shape") or [None])[-1]
-    values = byom_class_values(class_values, n_out, arch_id)
+    values: Any
+    if outputs is None:
+        values = byom_class_values(class_values, n_out, arch_id)
+    else:
+        values = outputs
+        if not isinstance(class_name, list):
+            class_name = [f"dependent_var_{i}" for i in range(len(outputs))]
+        if len(class_name) != len(outputs):
+            raise ArgumentError(
+                f"class_name names {len(class_name)} outputs but class_values has "
+                f"{len(outputs)}. Received: class_name={class_name!r}."
+            )
     blob = weights_to_bytes(arch["weights"])
     spec = {
         "key": f"byom:{arch_id}:{_digest(blob, arch['model_json'])}",
         "model_json": arch["model_json"],
         "weights": blob,
-        "output_activation": ("sigmoid" if n_out == 1 else "softmax") if from_logits else None,
+        "output_activation": ("sigmoid" if n_out == 1 and outputs is None else "softmax")
+        if from_logits
+        else None,
     }
     if normalizing_const <= 0:
         raise ArgumentError(f"normalizing_const must be positive. Received: {normalizing_const!r}.")

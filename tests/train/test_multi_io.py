@@ -146,6 +146,19 @@ def _pipeline(client: Any, registry: dvml.Registry, frame: pd.DataFrame) -> None
     sums = probs.groupby(["id", "class_name"])["prob"].sum()
     assert len(sums) == 10 and np.allclose(sums, 1.0, atol=1e-5)
 
+    # -- predict_byom: MADlib's dependent_count and one list of class values per output ---
+    weights = registry.get_model("iris_model")["weights"]
+    byom = dvml.load_keras_model(multi_io_json(), weights=weights, registry=registry)
+    again = dvml.predict_byom(
+        byom, frame, "id", ["attributes", "attributes2"], class_values=[CLASSES, CLASSES],
+        normalizing_const=255, dependent_count=2, registry=registry, client=client,
+    ).compute(scheduler=client)  # fmt: skip
+    assert sorted(again["class_name"].unique()) == ["dependent_var_0", "dependent_var_1"]
+    for k, dep in enumerate(DEPS):
+        mine = again[again["class_name"] == f"dependent_var_{k}"].sort_values("id")
+        theirs = predicted[predicted["class_name"] == dep].sort_values("id")
+        assert list(mine["class_value"]) == list(theirs["class_value"])
+
     # -- warm start ----------------------------------------------------------------------
     warm = dvml.fit(
         "iris_mult_packed", "iris_model", arch, compile_params=COMPILE, fit_params=FIT,
