@@ -142,6 +142,13 @@ def _dataset(name: str, client: Client, kwargs: dict[str, Any]) -> SourcePlan:
             f"Dataset {name!r} has {len(s['x_shapes'])} x inputs; a feature cache takes one "
             f"(the images). Received: x shapes {s['x_shapes']}."
         )
+    if not isinstance(s["dependent_varname"], str):
+        # featurize carries one label field (y) into the cache: the other outputs would be lost
+        raise DataError(
+            f"Dataset {name!r} has several label columns {s['dependent_varname']} (a "
+            "multi-output dataset); a feature cache keeps one. Preprocess the images with the "
+            "one label column the head predicts."
+        )
     preprocessing = {
         "image_size": s.get("image_size"),
         "channels": s.get("channels"),

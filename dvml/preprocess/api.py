@@ -23,7 +23,12 @@ from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, Dataset
 from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
-from dvml.preprocess.encode import check_normalizing_const, class_values_of
+from dvml.preprocess.encode import (
+    check_normalizing_const,
+    class_values_of,
+    index_dtype,
+    label_vartype,
+)
 from dvml.preprocess.graph import compute_stats, pack_and_publish
 from dvml.preprocess.sources import source_parts
 from dvml.preprocess.tasks import storage_dtypes
@@ -38,11 +43,11 @@ __all__ = ["INTERNAL_PREFIX", "training_preprocessor", "validation_preprocessor"
 
 def training_preprocessor(
     source: Any,
-    y: str | None = None,
+    y: str | Sequence[str] | None = None,
     x: str | Sequence[Any] | None = None,
     buffer_size: int | None = None,
     normalizing_const: float = 1.0,
-    num_classes: int | None = None,
+    num_classes: int | list[int] | None = None,
     distribution_rules: Any = "all_workers",
     name: str | None = None,
     *,
@@ -72,8 +77,14 @@ def training_preprocessor(
         ``.tgz``) as a brace pattern (``"shards/train-{0000..0147}.tar"``), a glob, a list,
         or webdataset's ``ShardWriter`` pattern (``"shard-%06d.tar"``). A directory is read
         by what it holds. Each worker reads its own files straight from the store.
-    y : str
+    y : str or list of str
         The label column (for images: ignored, labels come from folders or ``.cls`` files).
+        Its cells are class values (int, str, bool; NULL is a class of its own, as in
+        MADlib), or arrays already one-hot encoded (``class_values`` is then None). Several
+        columns (MADlib's ``'class_text, class_text2'``) make one output each, for a
+        multi-output model: each is encoded with its own ``class_values``, and the summary
+        holds one entry per output in ``dependent_varname``, ``class_values``,
+        ``num_classes``...
     x : str or list
         One column (scalar or array-valued cells); a list of columns, one model input each;
         or ``[["a", "b", "c"]]`` for one input made of several numeric columns.
@@ -82,8 +93,9 @@ def training_preprocessor(
         (as MADlib does), bounded by ``dvml.preprocess.max-buffer-bytes`` per buffer.
     normalizing_const : float
         x is divided by this (e.g. 255 for 8-bit images). Must be positive.
-    num_classes : int, optional
-        Length of the one-hot encoding; pads for classes not yet seen.
+    num_classes : int or list of int, optional
+        Length of the one-hot encoding; pads for classes not yet seen. One per label
+        column for several.
     distribution_rules : str, list, DataFrame or DistributionRules
         ``"all_workers"`` (default), ``"gpu_workers"``, worker addresses or names, host names,
         a DataFrame with a ``worker`` or ``host`` column, or one worker.
@@ -162,7 +174,7 @@ def training_preprocessor(
 
 def validation_preprocessor(
     source: Any,
-    y: str | None = None,
+    y: str | Sequence[str] | None = None,
     x: str | Sequence[Any] | None = None,
     training: str | Dataset | None = None,
     buffer_size: int | None = None,
@@ -246,11 +258,11 @@ def _preprocess(
     *,
     kind: str,
     source: Any,
-    y: str | None,
+    y: str | Sequence[str] | None,
     x: Any,
     buffer_size: int | None,
     normalizing_const: float,
-    num_classes: int | None,
+    num_classes: int | list[int] | None,
     distribution_rules: Any,
     name: str | None,
     overwrite: bool,
@@ -333,7 +345,7 @@ def _plan_and_pack(
     stats: list[dict[str, Any]],
     buffer_size: int | None,
     normalizing_const: float,
-    num_classes: int | None,
+    num_classes: int | list[int] | None,
     rules: DistributionRules,
     targets: list[Any],
     name: str,
@@ -357,20 +369,16 @@ def _plan_and_pack(
             f"Dropped rows: {sum(s['dropped'] for s in stats)}."
         )
     x_shapes = _common_shapes(stats, src.x_names)
-    labels = [v for s in stats for v in s["labels"]]
-    if training is None:
-        class_values = class_values_of(labels)
-    else:
-        class_values = training.summary["class_values"]
-        _check_like_training(training, labels, x_shapes, class_values)
-    n_classes = num_classes if num_classes is not None else len(class_values)
-    if n_classes < len(class_values):
-        raise DataError(
-            f"num_classes={n_classes} is smaller than the {len(class_values)} distinct labels "
-            f"found ({class_values[:10]}). Raise num_classes or leave it as None."
-        )
-    dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact)
-    row_bytes = _row_bytes(x_shapes, n_classes, dtypes)
+    outputs = _outputs(stats, src.y, num_classes, training, x_shapes)
+    class_values, n_classes, _ = outputs[0]
+    dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact, class_values is not None)
+    if dtypes is not None:
+        for k, (values, width, _) in enumerate(outputs[1:], start=1):
+            dtypes[f"y_{k}"] = str(index_dtype(width)) if values is not None else "float32"
+    row_bytes = sum(
+        _row_bytes(x_shapes if k == 0 else [], width, _y_dtypes(dtypes, k))
+        for k, (_, width, _) in enumerate(outputs)
+    )
     max_bytes = _max_buffer_bytes()
     addresses = [t.address for t in targets]
     if kind == "validation":
@@ -386,12 +394,8 @@ def _plan_and_pack(
         "dataset_id": uuid.uuid4().hex,
         "source_table": src.description,
         "output_table": name,
-        "dependent_varname": src.y,
+        **_label_summary(src.y, outputs),
         "independent_varname": src.x_names,
-        "dependent_vartype": type(class_values[0]).__name__,
-        "class_values": class_values,
-        f"{src.y}_class_values": class_values,  # MADlib's name for class_values
-        "num_classes": n_classes,
         "buffer_size": layout.buffer_size,
         "normalizing_const": float(normalizing_const),
         "x_shapes": x_shapes,
@@ -408,7 +412,7 @@ def _plan_and_pack(
         "image_size": list(src.image_size) if src.image_size else None,
         "channels": channels if src.image_size else None,
         "seed": seed,
-        "storage": _storage(dtypes),
+        "storage": _storage(dtypes, len(outputs)),
         **({"image_ext": shard_exts[0], "label_ext": shard_exts[1]} if shard_exts else {}),
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "dvml_version": __version__,
@@ -425,6 +429,8 @@ def _plan_and_pack(
         "x_shapes": x_shapes,
         "field_dtypes": dtypes,
     }
+    if len(outputs) > 1:
+        split_args["more_outputs"] = [(values, width) for values, width, _ in outputs[1:]]
     return pack_and_publish(
         client,
         prepared,
@@ -440,6 +446,143 @@ def _plan_and_pack(
         force,
         watch,
     )
+
+
+_Output = tuple[list[Any] | None, int, str | None]  # class_values, width, array dtype
+
+
+def _outputs(
+    stats: list[dict[str, Any]],
+    y: str | list[str],
+    num_classes: int | list[int] | None,
+    training: Dataset | None,
+    x_shapes: list[list[int]],
+) -> list[_Output]:
+    """Each output's class values (None for labels already one-hot encoded), one-hot width
+    and array dtype: one output per label column (MADlib's several dependent variables)."""
+    names = [y] if isinstance(y, str) else list(y)
+    widths = num_classes if isinstance(num_classes, list) else [num_classes] * len(names)
+    if len(widths) != len(names):
+        raise ArgumentError(
+            f"num_classes must give one width per label column. Received: num_classes="
+            f"{num_classes!r} for the {len(names)} columns {names}."
+        )
+    if training is not None and len(_as_list(training.summary["dependent_varname"])) != len(names):
+        raise DataError(
+            f"The validation set has {len(names)} label columns {names} but the training set "
+            f"{training.name!r} has {training.summary['dependent_varname']}. Give both the "
+            "same outputs."
+        )
+    outputs: list[_Output] = []
+    for k in range(len(names)):
+        part = [s if k == 0 else {**s["more_outputs"][k - 1], "rows": s["rows"]} for s in stats]
+        labels = _labels_found(part)
+        array_dtype = _array_labels(part)
+        if training is None:
+            values = None if array_dtype else class_values_of(labels)
+        else:
+            values = _per_output(training.summary["class_values"], len(names))[k]
+            _check_like_training(training, labels, x_shapes, values, array_dtype)
+        outputs.append((values, _num_classes(widths[k], values, part), array_dtype))
+    return outputs
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _per_output(value: Any, n_outputs: int) -> list[Any]:
+    """A summary field of a single-output dataset as a list of one, else as it is (one
+    entry per output)."""
+    return [value] if n_outputs == 1 else list(value)
+
+
+def _y_dtypes(dtypes: dict[str, str] | None, k: int) -> dict[str, str] | None:
+    """The dtypes of x and output ``k``'s y, named as :func:`_row_bytes` reads them."""
+    if dtypes is None:
+        return None
+    xs = {f: d for f, d in dtypes.items() if f.startswith("x_") and k == 0}
+    return {**xs, "y": dtypes["y" if k == 0 else f"y_{k}"]}
+
+
+def _label_summary(y: str | list[str], outputs: list[_Output]) -> dict[str, Any]:
+    """MADlib's label fields: ``dependent_varname``, ``dependent_vartype``,
+    ``class_values`` and ``<y>_class_values``, ``num_classes``; for several label columns
+    (a multi-output model) each is one entry per output, as in MADlib's summary (arrays),
+    and ``dependent_count`` counts them."""
+    names = [y] if isinstance(y, str) else list(y)
+    types = [label_vartype(values, dtype) for values, _, dtype in outputs]
+    fields: dict[str, Any] = {
+        "dependent_varname": y if isinstance(y, str) else names,
+        "dependent_vartype": types[0] if isinstance(y, str) else types,
+    }
+    if isinstance(y, str):
+        fields["class_values"] = outputs[0][0]
+        fields["num_classes"] = outputs[0][1]
+    else:
+        fields["class_values"] = [values for values, _, _ in outputs]
+        fields["num_classes"] = [width for _, width, _ in outputs]
+        fields["dependent_count"] = len(names)
+        fields["y_shapes"] = [[width] for _, width, _ in outputs]
+    for name, (values, _, _) in zip(names, outputs, strict=True):
+        fields[f"{name}_class_values"] = values  # MADlib's name for class_values
+    return fields
+
+
+def _labels_found(stats: list[dict[str, Any]]) -> list[Any]:
+    """The distinct labels of every part (NULL once, as None)."""
+    import pandas as pd
+
+    found: list[Any] = []
+    for s in stats:
+        found.extend(None if v is not None and pd.isna(v) else v for v in s["labels"])
+    return found
+
+
+def _array_labels(stats: list[dict[str, Any]]) -> str | None:
+    """The dtype of labels already one-hot encoded (a column of arrays), None for class
+    values; parts that disagree are refused."""
+    kinds = {s.get("label_width") is not None for s in stats if s["rows"]}
+    if kinds == {True, False}:
+        raise DataError(
+            "The label column mixes arrays (labels already one-hot encoded) with class values "
+            "across partitions. Received: both kinds of cells. Give every row the same kind."
+        )
+    widths = {s["label_width"] for s in stats if s["rows"] and s.get("label_width")}
+    if len(widths) > 1:
+        raise DataError(
+            f"The one-hot label arrays have different lengths across partitions. Received: "
+            f"lengths {sorted(widths)}. Every label array must be one value per class."
+        )
+    dtypes = [s["label_dtype"] for s in stats if s["rows"] and s.get("label_dtype")]
+    if not dtypes:
+        return None
+    import numpy as np
+
+    return str(np.result_type(*dtypes))
+
+
+def _num_classes(
+    num_classes: int | None, class_values: list[Any] | None, stats: list[dict[str, Any]]
+) -> int:
+    """The width of the one-hot labels: ``num_classes`` (padding), else the number of class
+    values, else (labels already one-hot encoded) the length of their arrays."""
+    if class_values is None:
+        found = next(s["label_width"] for s in stats if s["rows"] and s.get("label_width"))
+        n = num_classes if num_classes is not None else found
+        if n < found:
+            raise DataError(
+                f"num_classes={n} is shorter than the one-hot label arrays. Received: arrays of "
+                f"length {found}. Raise num_classes or leave it as None."
+            )
+        return int(n)
+    n = num_classes if num_classes is not None else len(class_values)
+    if n < len(class_values):
+        raise DataError(
+            f"num_classes={n} is smaller than the {len(class_values)} distinct labels "
+            f"found ({class_values[:10]}). Raise num_classes or leave it as None."
+        )
+    return int(n)
 
 
 def _common_dtypes(stats: list[dict[str, Any]]) -> list[str]:
@@ -461,15 +604,27 @@ def _row_bytes(x_shapes: list[list[int]], n_classes: int, dtypes: dict[str, str]
     if dtypes is None:
         return 4 * (sum(math.prod(s) for s in x_shapes) + n_classes)
     x = sum(math.prod(s) * np.dtype(dtypes[f"x_{k}"]).itemsize for k, s in enumerate(x_shapes))
-    return int(x + np.dtype(dtypes["y"]).itemsize)
+    y = np.dtype(dtypes["y"])
+    return int(x + y.itemsize * (1 if y.kind in "iu" else n_classes))
 
 
-def _storage(dtypes: dict[str, str] | None) -> dict[str, Any]:
-    """The summary's record of the packed format, read by :mod:`dvml.resolve`."""
+def _storage(dtypes: dict[str, str] | None, n_outputs: int = 1) -> dict[str, Any]:
+    """The summary's record of the packed format, read by :mod:`dvml.resolve`; a
+    multi-output dataset records each output's (``y_dtypes``, ``ys``)."""
+    import numpy as np
+
     if dtypes is None:
         return {"compact": False, "y": "one_hot"}
-    x = [dtypes[f] for f in sorted((f for f in dtypes if f != "y"), key=lambda f: int(f[2:]))]
-    return {"compact": True, "x_dtypes": x, "y": "index", "y_dtype": dtypes["y"]}
+    xs = sorted((f for f in dtypes if f.startswith("x_")), key=lambda f: int(f[2:]))
+    ys = ["y", *(f"y_{k}" for k in range(1, n_outputs))]
+    # labels already one-hot encoded stay one-hot float32 in the compact format
+    kinds = ["index" if np.dtype(dtypes[f]).kind in "iu" else "one_hot" for f in ys]
+    out = {"compact": True, "x_dtypes": [dtypes[f] for f in xs], "y": kinds[0],
+           "y_dtype": dtypes["y"]}  # fmt: skip
+    if n_outputs > 1:
+        out["ys"] = kinds
+        out["y_dtypes"] = [dtypes[f] for f in ys]
+    return out
 
 
 def _check_arguments(
@@ -481,10 +636,12 @@ def _check_arguments(
     ):
         raise ArgumentError(f"buffer_size must be a positive int. Received: {buffer_size!r}.")
     check_normalizing_const(normalizing_const)
-    if num_classes is not None and (
-        isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
-    ):
-        raise ArgumentError(f"num_classes must be a positive int. Received: {num_classes!r}.")
+    for n in num_classes if isinstance(num_classes, list) else [num_classes]:
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ArgumentError(
+                "num_classes must be a positive int, or a list of them (one per label column). "
+                f"Received: {num_classes!r}."
+            )
     if channels not in (1, 3):
         raise ArgumentError(f"channels must be 1 or 3. Received: {channels!r}.")
     return str(name)
@@ -508,10 +665,21 @@ def _common_shapes(stats: list[dict[str, Any]], x_names: list[list[str]]) -> lis
 
 
 def _check_like_training(
-    training: Dataset, labels: list[Any], x_shapes: list[list[int]], class_values: list[Any]
+    training: Dataset,
+    labels: list[Any],
+    x_shapes: list[list[int]],
+    class_values: list[Any] | None,
+    array_dtype: str | None = None,
 ) -> None:
-    unseen = sorted({v for v in labels if v not in class_values}, key=repr)
-    if unseen:
+    if (class_values is None) != (array_dtype is not None):
+        raise DataError(
+            f"The validation labels are {'arrays' if array_dtype else 'class values'} but the "
+            f"training set {training.name!r} has "
+            f"{'labels already one-hot encoded' if class_values is None else 'class values'}. "
+            "Give both sets the same kind of label column."
+        )
+    unseen = sorted({v for v in labels if v not in (class_values or [])}, key=repr)
+    if class_values is not None and unseen:
         raise DataError(
             f"The validation labels {unseen[:5]} ({len(unseen)} values) never appear in the "
             f"training set {training.name!r}, whose class values are {class_values}. "

@@ -22,9 +22,11 @@ __all__ = [
     "class_indices",
     "class_values_of",
     "index_dtype",
+    "label_vartype",
     "normalize",
     "one_hot",
     "overflow_limit",
+    "stack_label_cells",
     "x_to_array",
 ]
 
@@ -54,14 +56,23 @@ def _kind_of(value: Any) -> str:
     return type(value).__name__
 
 
-def _python_values(series: pd.Series, name: str) -> tuple[list[Any], str]:
-    """The distinct values of ``series`` as Python scalars, and their kind (bool/int/str)."""
-    nulls = int(series.isna().sum())
-    if nulls:
-        raise DataError(
-            f"{name} contain missing values. Received: {nulls} of {len(series)} rows are "
-            f"None/NaN. Drop or fill those rows before preprocessing."
-        )
+def _null_mask(series: pd.Series) -> np.ndarray:
+    """Which cells are NULL (None or NaN): MADlib keeps NULL as a class of its own."""
+    return np.asarray(series.isna(), dtype=bool)
+
+
+def _python_values(series: pd.Series, name: str) -> tuple[list[Any], str | None]:
+    """The distinct non-NULL values of ``series`` as Python scalars, and their kind
+    (bool/int/str; None when every cell is NULL). NULL cells are left out here: the callers
+    decide what a NULL label means (:func:`class_values_of` makes it a class)."""
+    nulls = _null_mask(series)
+    if nulls.any():
+        series = series[~nulls]
+        if series.dtype == object and len(series):
+            # An int or bool column with NULLs comes as object (or float) cells.
+            series = pd.Series(series.tolist())
+    if len(series) == 0:
+        return [], None
     if isinstance(series.dtype, pd.CategoricalDtype):
         series = series.astype(object)
     if pd.api.types.is_bool_dtype(series.dtype):
@@ -88,10 +99,15 @@ def _python_values(series: pd.Series, name: str) -> tuple[list[Any], str]:
             f"{name} mix value types. Received: types {sorted(kinds)}. Convert the labels to "
             f"one type (for example all str) first."
         )
-    kind = next(iter(kinds)) if kinds else "int"
+    kind = next(iter(kinds))
     if kind not in ("bool", "int", "str"):
+        hint = (
+            " A column of arrays is a label already one-hot encoded: pass it as the y column"
+            if kind in ("ndarray", "list", "tuple")
+            else ""
+        )
         raise DataError(
-            f"{name} must be int, str or bool. Received: values of type {kind}. Convert them."
+            f"{name} must be int, str or bool. Received: values of type {kind}. Convert them.{hint}"
         )
     uniques = [v.item() if isinstance(v, np.generic) else v for v in pd.unique(series)]
     if kind == "str":
@@ -105,20 +121,34 @@ def class_values_of(labels: Any) -> list[Any]:
     Parameters
     ----------
     labels : array-like, 1-D
-        int, str or bool labels; floats are accepted when they are whole numbers.
+        int, str or bool labels; floats are accepted when they are whole numbers. None and NaN
+        are NULL labels: as in MADlib, NULL is a class of its own, first in the list (MADlib
+        sorts its distinct levels with NULL first: ``{NULL,a,b}``).
 
     Returns
     -------
     list
-        Sorted Python scalars (int, str or bool), so the list is JSON-able.
+        Python scalars (int, str or bool, and None for NULL), so the list is JSON-able.
 
     Raises
     ------
     DataError
-        For missing labels (with their count), fractional floats, or mixed types.
+        For fractional floats, or mixed types.
     """
-    values, _ = _python_values(_as_series(labels), "labels")
-    return values
+    series = _as_series(labels)
+    values, _ = _python_values(series, "labels")
+    return [None, *values] if _null_mask(series).any() else values
+
+
+def label_vartype(class_values: Sequence[Any] | None, array_dtype: str | None = None) -> str:
+    """The summary's ``dependent_vartype``: the type of the labels (``int``, ``str``,
+    ``bool``), ``<type>[]`` for a label column of arrays (already one-hot encoded; MADlib's
+    ``INTEGER[]``/``REAL[]``), ``null`` when every label is NULL."""
+    if array_dtype is not None:
+        kind = np.dtype(array_dtype).kind
+        return {"b": "bool", "i": "int", "u": "int"}.get(kind, "float") + "[]"
+    present = [v for v in class_values or [] if v is not None]
+    return type(present[0]).__name__ if present else "null"
 
 
 def one_hot(labels: Any, class_values: Sequence[Any], num_classes: int | None = None) -> np.ndarray:
@@ -199,23 +229,26 @@ def _indices(
     if n == 0:
         return np.zeros(0, dtype=np.int64), width
     _, label_kind = _python_values(series, "labels")
-    if label_kind != class_kind:
+    if label_kind is not None and class_kind is not None and label_kind != class_kind:
         raise DataError(
             f"labels and class_values differ in type. Received: {label_kind} labels, "
             f"{class_kind} class_values {classes[:10]}. Convert the labels to {class_kind}."
         )
+    # NULL labels (None, NaN) get the sentinel code -1: the class None, when there is one.
     codes, uniques = pd.factorize(series)
     lookup = {v: i for i, v in enumerate(classes)}
     as_python = [u.item() if isinstance(u, np.generic) else u for u in uniques]
     if class_kind == "int":
         as_python = [int(u) for u in as_python]
-    table = np.array([lookup.get(u, -1) for u in as_python], dtype=np.int64)
-    unknown = [u for u, i in zip(as_python, table, strict=True) if i < 0]
-    if unknown:
-        rows = int(np.isin(codes, np.flatnonzero(table < 0)).sum())
+    table = np.array([lookup.get(u, -1) for u in as_python] + [lookup.get(None, -1)])
+    unknown: list[Any] = [u for u, i in zip(as_python, table[:-1], strict=True) if i < 0]
+    null_rows = int((codes < 0).sum()) if table[-1] < 0 else 0
+    if unknown or null_rows:
+        rows = int(np.isin(codes, np.flatnonzero(table[:-1] < 0)).sum()) + null_rows
+        shown = sorted(unknown)[:_MAX_SHOWN] + ([None] if null_rows else [])
         raise DataError(
-            f"labels hold values that are not in class_values. Received: {len(unknown)} "
-            f"unknown value(s) in {rows} row(s), e.g. {sorted(unknown)[:_MAX_SHOWN]}; "
+            f"labels hold values that are not in class_values. Received: "
+            f"{len(unknown) + bool(null_rows)} unknown value(s) in {rows} row(s), e.g. {shown}; "
             f"class_values={classes[:10]}{' ...' if len(classes) > 10 else ''}. Drop those "
             f"rows, or build the dataset with the class_values of the training data."
         )
@@ -317,7 +350,25 @@ def has_array_cells(column: pd.Series) -> bool:
     return False
 
 
-def _stack_cells(column: pd.Series, name: str) -> np.ndarray:
+def stack_label_cells(column: pd.Series, name: str) -> np.ndarray:
+    """A label column whose cells are arrays (already one-hot encoded, MADlib's ``REAL[]``
+    or ``INTEGER[]`` dependent variable) as one 2-D numeric array.
+
+    Raises
+    ------
+    DataError
+        For NULL or non-array cells, cells that are not 1-D, or ragged or non-numeric cells.
+    """
+    stacked = _stack_cells(column, name, "label column")
+    if stacked.ndim != 2:
+        raise DataError(
+            f"label column {name!r} holds arrays of shape {stacked.shape[1:]}: labels already "
+            "one-hot encoded must be 1-D arrays, one value per class. Flatten them."
+        )
+    return stacked
+
+
+def _stack_cells(column: pd.Series, name: str, what: str = "x column") -> np.ndarray:
     cells = column.tolist()
     # The common case, every cell a numpy array, is checked and stacked without a Python
     # loop per cell: type, shape and the copy run in C (np.stack's per-cell views cost ~8x
@@ -328,7 +379,7 @@ def _stack_cells(column: pd.Series, name: str) -> np.ndarray:
         empty = [i for i, c in enumerate(cells) if not _is_array_cell(c)]
         if empty:
             raise DataError(
-                f"x column {name!r} mixes arrays with other cells. Received: {len(empty)} rows "
+                f"{what} {name!r} mixes arrays with other cells. Received: {len(empty)} rows "
                 f"without an array, e.g. row {empty[0]} = {cells[empty[0]]!r}. Drop or fix them."
             )
         arrays = [np.asarray(c) for c in cells]
@@ -336,7 +387,7 @@ def _stack_cells(column: pd.Series, name: str) -> np.ndarray:
     if len(shapes) > 1:
         shown = " and ".join(str(s) for s in shapes[:_MAX_SHOWN])
         raise DataError(
-            f"x column {name!r} holds arrays of different shapes: rows have shapes {shown}"
+            f"{what} {name!r} holds arrays of different shapes: rows have shapes {shown}"
             f"{' ...' if len(shapes) > _MAX_SHOWN else ''}. Resize or pad them to one shape."
         )
     shape = shapes[0] if shapes else ()
@@ -345,7 +396,7 @@ def _stack_cells(column: pd.Series, name: str) -> np.ndarray:
     stacked = np.concatenate(arrays).reshape(len(arrays), *shape) if shape else np.stack(arrays)
     if not (np.issubdtype(stacked.dtype, np.number) or stacked.dtype == np.bool_):
         raise DataError(
-            f"x column {name!r} holds non-numeric arrays. Received: dtype {stacked.dtype}. "
+            f"{what} {name!r} holds non-numeric arrays. Received: dtype {stacked.dtype}. "
             f"Convert the cells to numbers."
         )
     return stacked

@@ -242,9 +242,14 @@ def _pack(
         _raise_first_error(splits)
         fields = {f"x_{i}": list(s) for i, s in enumerate(split_args["x_shapes"])}
         dtypes = split_args.get("field_dtypes")
-        # class indices (the compact format) are one value a row; one-hot rows num_classes
-        indices = dtypes is not None and np.dtype(dtypes["y"]).kind in "iu"
-        fields["y"] = [] if indices else [int(split_args["num_classes"])]
+        # class indices (the compact format) are one value a row; one-hot rows num_classes.
+        # A multi-output set's other outputs are y_1, y_2, ...
+        widths = [int(split_args["num_classes"])]
+        widths += [int(w) for _, w in split_args.get("more_outputs") or []]
+        for k, width in enumerate(widths):
+            field = "y" if k == 0 else f"y_{k}"
+            indices = dtypes is not None and np.dtype(dtypes[field]).kind in "iu"
+            fields[field] = [] if indices else [width]
         keys = [f.key for f in splits]
         sources = [
             [(keys[g], start, stop, routes.groups[g]) for g, start, stop in routes.fetches[b]]

@@ -28,6 +28,7 @@ from dvml.preprocess.locations import Location, locate, read_table
 from dvml.preprocess.string_cells import restore_array_cells
 from dvml.preprocess.tasks import (
     ClientPart,
+    labels_of,
     prepare_arrays,
     prepare_batch,
     prepare_image_files,
@@ -53,7 +54,7 @@ class SourceParts:
 
     parts: list[Any]
     x_names: list[list[str]]
-    y: str
+    y: str | list[str]  # several label columns: a multi-output model
     description: str
     image_size: tuple[int, int] | None = None
     shards: bool = False
@@ -108,7 +109,7 @@ def is_file_source(source: Any) -> bool:
 
 def source_parts(
     source: Any,
-    y: str | None,
+    y: str | Sequence[str] | None,
     x: Any,
     n_targets: int,
     on_invalid: str,
@@ -184,7 +185,7 @@ def _need(value: Any, what: str) -> Any:
     return value
 
 
-def _table(ddf: Any, y: str | None, x: Any, invalid: tuple[str, float], desc: str) -> SourceParts:
+def _table(ddf: Any, y: Any, x: Any, invalid: tuple[str, float], desc: str) -> SourceParts:
     y, groups = _check_table(list(ddf.columns), y, x)
     ddf = restore_array_cells(ddf, [c for g in groups for c in g])
     if len(groups) > MANY_INPUTS and all(len(g) == 1 for g in groups):
@@ -205,18 +206,36 @@ def _table(ddf: Any, y: str | None, x: Any, invalid: tuple[str, float], desc: st
     return SourceParts(parts, groups, y, desc)
 
 
-def _check_table(columns: list[Any], y: str | None, x: Any) -> tuple[str, list[list[str]]]:
-    """The label column and the x groups, once every column they name is known."""
+def normalize_y(y: Any) -> str | list[str]:
+    """The label column, or several (a list of names, or MADlib's ``'a, b'``): one output of
+    a multi-output model each."""
     y = _need(y, "y (the label column)")
+    if isinstance(y, str) and "," in y and not y.startswith(","):
+        y = [c.strip() for c in y.split(",")]
+    if isinstance(y, str):
+        return y
+    names = list(y) if isinstance(y, Sequence) else []
+    if not names or not all(isinstance(c, str) for c in names) or len(set(names)) < len(names):
+        raise ArgumentTypeError(
+            f"y must be a column name, or a list of distinct names (one output each). "
+            f"Received: y={y!r}."
+        )
+    return names[0] if len(names) == 1 else names
+
+
+def _check_table(columns: list[Any], y: Any, x: Any) -> tuple[str | list[str], list[list[str]]]:
+    """The label column(s) and the x groups, once every column they name is known."""
+    y = normalize_y(y)
+    ys = [y] if isinstance(y, str) else y
     groups = normalize_x(_need(x, "x (the feature column or columns)"))
-    missing = [c for c in [y, *(c for g in groups for c in g)] if c not in columns]
+    missing = [c for c in [*ys, *(c for g in groups for c in g)] if c not in columns]
     if missing:
         raise DataError(f"Columns {missing} are missing from the source. Available: {columns}.")
     return y, groups
 
 
 def _pandas_array_cells(
-    frame: Any, y: str | None, x: Any, invalid: tuple[str, float], desc: str, n_parts: int
+    frame: Any, y: Any, x: Any, invalid: tuple[str, float], desc: str, n_parts: int
 ) -> SourceParts | None:
     """A pandas frame whose x includes a column of array cells, stacked here on the client.
 
@@ -238,14 +257,25 @@ def _pandas_array_cells(
         return None
     y, groups = _check_table(list(frame.columns), y, x)
     xs = [x_to_array(frame, group) for group in groups]
-    labels = frame[y].to_numpy()
+    ys = [labels_of(frame, c) for c in ([y] if isinstance(y, str) else y)]
+    labels = ys[0]
     names = [",".join(group) for group in groups]
     n = len(labels)
     k = max(1, min(n_parts, n))  # as many parts as dd.from_pandas would make
     bounds = [n * i // k for i in range(k + 1)]
     # Scattered to the workers by the pack, not embedded in the graph (ClientPart).
     parts: list[Any] = [
-        ClientPart(prepare_arrays, ([a[lo:hi] for a in xs], labels[lo:hi], names, y, *invalid))
+        ClientPart(
+            prepare_arrays,
+            (
+                [a[lo:hi] for a in xs],
+                labels[lo:hi],
+                names,
+                str(y),
+                *invalid,
+                [m[lo:hi] for m in ys[1:]],
+            ),
+        )
         for lo, hi in itertools.pairwise(bounds)
     ]
     return SourceParts(parts, groups, y, desc)
@@ -253,7 +283,7 @@ def _pandas_array_cells(
 
 def _arrays(
     source: dict[str, Any],
-    y: str | None,
+    y: Any,
     x: Any,
     invalid: tuple[str, float],
     desc: str,
@@ -262,6 +292,11 @@ def _arrays(
     import dask.array as da
 
     y = _need(y, "y (the key of the label array)")
+    if not isinstance(y, str):
+        raise ArgumentTypeError(
+            f"For a dict of arrays, y names one label array. Received: y={y!r}. Pass a "
+            "DataFrame for several label columns (a multi-output model)."
+        )
     groups = normalize_x(_need(x, "x (the key of the feature array)"))
     names = [g[0] for g in groups]
     if any(len(g) != 1 for g in groups):

@@ -43,6 +43,8 @@ __all__ = [
     "decode_tar_shard",
     "fetch_rounds",
     "group_stats",
+    "label_stats",
+    "labels_of",
     "lay_out_group",
     "pack_buffers",
     "part_stats",
@@ -66,9 +68,13 @@ def _finish(
     names: Sequence[str],
     on_invalid: str,
     normalizing_const: float,
+    more_labels: Sequence[np.ndarray] = (),
 ) -> dict[str, Any]:
     """Find the rows whose x holds NaN or inf (as float32, once normalized); drop them when
     ``on_invalid == "drop"``.
+
+    ``more_labels``: the labels of a multi-output model's other outputs (MADlib's several
+    dependent variables), kept as ``"more_labels"``, row for row with ``labels``.
 
     With ``"raise"`` the rows are kept and only counted (rows, NaN and inf values per input):
     the client raises with the totals of the whole source, not those of one partition.
@@ -99,9 +105,11 @@ def _finish(
         dropped = invalid_rows
         xs = [x[keep] for x in xs]
         labels = labels[keep]
+        more_labels = [m[keep] for m in more_labels]
     return {
         "x": xs,
         "labels": labels,
+        **({"more_labels": list(more_labels)} if len(more_labels) else {}),
         "dropped": dropped,
         "invalid": {name: c["rows"] for name, c in nonfinite.items()},
         "nonfinite": nonfinite,
@@ -109,35 +117,37 @@ def _finish(
     }
 
 
-def _label_mask(labels: np.ndarray, y: str) -> np.ndarray:
-    import pandas as pd
+def labels_of(frame: Any, y: str) -> np.ndarray:
+    """The labels of column ``y``: 1-D values (NULL kept: MADlib makes it a class), or for a
+    column whose cells are arrays (a label already one-hot encoded, MADlib's ``REAL[]`` or
+    ``INTEGER[]`` dependent variable) the stacked 2-D array."""
+    from dvml.preprocess.encode import has_array_cells, stack_label_cells
 
-    missing = pd.isna(labels)
-    if missing.any():
-        raise DataError(
-            f"Column {y!r} has {int(missing.sum())} missing labels (None/NaN) in a partition. "
-            "Fill or drop them before preprocessing."
-        )
-    return np.ones(len(labels), dtype=bool)
+    column = frame[y]
+    if column.dtype == object and has_array_cells(column):
+        return stack_label_cells(column, y)
+    return column.to_numpy()
 
 
 def prepare_table(
     frame: Any,
     x_groups: Sequence[Sequence[str]],
-    y: str,
+    y: str | Sequence[str],
     on_invalid: str,
     normalizing_const: float = 1.0,
 ) -> dict[str, Any]:
-    """Prepare one pandas partition: x arrays per input group, labels, invalid rows."""
-    if y not in frame.columns:
+    """Prepare one pandas partition: x arrays per input group, labels (of each output, for
+    several label columns), invalid rows."""
+    ys = [y] if isinstance(y, str) else list(y)
+    missing = [c for c in ys if c not in frame.columns]
+    if missing:
         raise DataError(
-            f"The label column {y!r} is missing. Available columns: {list(frame.columns)}."
+            f"The label column {missing[0]!r} is missing. Available columns: {list(frame.columns)}."
         )
     xs = [x_to_array(frame, list(group)) for group in x_groups]
-    labels = frame[y].to_numpy()
-    _label_mask(labels, y)
+    labels = [labels_of(frame, c) for c in ys]
     names = [",".join(group) for group in x_groups]
-    return _finish(xs, labels, names, on_invalid, normalizing_const)
+    return _finish(xs, labels[0], names, on_invalid, normalizing_const, labels[1:])
 
 
 def prepare_arrays(
@@ -147,8 +157,10 @@ def prepare_arrays(
     y: str,
     on_invalid: str,
     normalizing_const: float = 1.0,
+    more_labels: Sequence[np.ndarray] = (),
 ) -> dict[str, Any]:
-    """Prepare one block of array sources (dask or numpy arrays aligned on axis 0)."""
+    """Prepare one block of array sources (dask or numpy arrays aligned on axis 0);
+    ``more_labels`` are the labels of a multi-output model's other outputs."""
     labels = np.asarray(labels)
     arrays = []
     for name, x in zip(x_names, xs, strict=True):
@@ -160,8 +172,12 @@ def prepare_arrays(
                 f"Input {name!r} has {len(x)} rows in a block where {y!r} has {len(labels)}."
             )
         arrays.append(x)
-    _label_mask(labels, y)
-    return _finish(arrays, labels, list(x_names), on_invalid, normalizing_const)
+    if labels.ndim > 2 or (labels.ndim == 2 and labels.dtype.kind not in "biuf"):
+        raise DataError(
+            f"Labels {y!r} must be 1-D class values, or 2-D numbers (already one-hot encoded). "
+            f"Received: shape {labels.shape}, dtype {labels.dtype}."
+        )
+    return _finish(arrays, labels, list(x_names), on_invalid, normalizing_const, more_labels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,18 +260,35 @@ def decode_tar_shard(
     return [key for key, _ in samples], images, labels
 
 
-def part_stats(part: dict[str, Any]) -> dict[str, Any]:
-    """Small facts about a prepared part, gathered by the client to plan the layout."""
+def label_stats(labels: np.ndarray) -> dict[str, Any]:
+    """The rows and distinct labels of one output's labels (or, for labels already one-hot
+    encoded, their width and dtype)."""
     import pandas as pd
 
-    labels = part["labels"]
-    # pd.unique does not sort: np.unique of [1, "1"] raises a raw TypeError here, before the
-    # client can say that the labels mix types (encode.class_values_of).
-    uniques = pd.unique(pd.Series(labels, dtype=labels.dtype)) if len(labels) else []
+    if labels.ndim == 2:  # already one-hot encoded: no class values, a width
+        uniques: Any = []
+    else:
+        # pd.unique does not sort: np.unique of [1, "1"] raises a raw TypeError here, before
+        # the client can say that the labels mix types (encode.class_values_of). NULL (None
+        # or NaN) is one value, None.
+        series = pd.Series(labels, dtype=labels.dtype)
+        nulls = bool(series.isna().any())
+        uniques = pd.unique(series[series.notna()]) if len(labels) else []
+        uniques = [*([None] if nulls else []), *uniques]
     return {
         "rows": len(labels),
         "labels": [u.item() if isinstance(u, np.generic) else u for u in uniques],
         "label_kind": labels.dtype.kind if len(labels) else None,
+        "label_width": int(labels.shape[1]) if labels.ndim == 2 else None,
+        "label_dtype": str(labels.dtype) if labels.ndim == 2 else None,
+    }
+
+
+def part_stats(part: dict[str, Any]) -> dict[str, Any]:
+    """Small facts about a prepared part, gathered by the client to plan the layout."""
+    return {
+        **label_stats(part["labels"]),
+        "more_outputs": [label_stats(m) for m in part.get("more_labels", [])],
         "x_shapes": [list(x.shape[1:]) for x in part["x"]],
         "x_dtypes": [str(x.dtype) for x in part["x"]],
         "dropped": part["dropped"],
@@ -273,6 +306,7 @@ def split_part(
     num_classes: int,
     normalizing_const: float,
     field_dtypes: dict[str, str] | None = None,
+    more_outputs: Sequence[tuple[list[Any] | None, int]] = (),
 ) -> dict[str, np.ndarray]:
     """Normalize, one-hot encode and permute a part, laid out buffer after buffer.
 
@@ -283,7 +317,7 @@ def split_part(
     counts = np.asarray(ordered_counts, dtype=np.int64).reshape(1, -1)
     starts = (np.cumsum(counts[0]) - counts[0]).reshape(-1, 1)
     return lay_out_group([part], counts, starts, [seed], class_values, num_classes,
-                         normalizing_const, field_dtypes)  # fmt: skip
+                         normalizing_const, field_dtypes, more_outputs)  # fmt: skip
 
 
 def group_stats(batches: Sequence[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
@@ -307,6 +341,7 @@ def split_group(
     num_classes: int,
     normalizing_const: float,
     field_dtypes: dict[str, str] | None = None,
+    more_outputs: Sequence[tuple[list[Any] | None, int]] = (),
 ) -> dict[str, np.ndarray]:
     """The task of a group: :func:`lay_out_group` of its batches' parts, kept here for the
     pack tasks to fetch.
@@ -319,7 +354,7 @@ def split_group(
     parts = [part for batch in batches for part in batch]
     return lay_out_group(
         parts, group_counts, starts, seeds, class_values, num_classes, normalizing_const,
-        field_dtypes,
+        field_dtypes, more_outputs,
     )  # fmt: skip
 
 
@@ -332,6 +367,7 @@ def lay_out_group(
     num_classes: int,
     normalizing_const: float,
     field_dtypes: dict[str, str] | None = None,
+    more_outputs: Sequence[tuple[list[Any] | None, int]] = (),
 ) -> dict[str, np.ndarray]:
     """Normalize, one-hot encode and lay out the rows of a group of parts for their buffers.
 
@@ -351,6 +387,10 @@ def lay_out_group(
         pixels as they are (normalized on the fly by the reader), a ``y`` stored as an integer
         type holds class indices (one-hot encoded on the fly). None: every field float32, x
         normalized, y one-hot.
+    more_outputs : sequence of (class_values, num_classes)
+        A multi-output model's other outputs (MADlib's several dependent variables): their
+        labels (the parts' ``more_labels``) are laid out as ``y_1``, ``y_2``, ... as ``y``
+        is (``field_dtypes`` names each).
 
     Returns
     -------
@@ -370,23 +410,24 @@ def lay_out_group(
         f"x_{k}": np.empty((total, *np.shape(x)[1:]), dtype=dtypes.get(f"x_{k}", np.float32))
         for k, x in enumerate(first["x"])
     }
-    indices = np.dtype(dtypes.get("y", np.float32)).kind in "iu"
-    laid_out["y"] = (
-        np.empty(total, dtype=dtypes["y"])
-        if indices
-        else np.empty((total, num_classes), dtype=np.float32)
-    )
+    outputs = [(class_values, num_classes), *more_outputs]
+    y_fields = ["y", *(f"y_{k}" for k in range(1, len(outputs)))]
+    indices = [np.dtype(dtypes.get(f, np.float32)).kind in "iu" for f in y_fields]
+    for f, (_, width), index in zip(y_fields, outputs, indices, strict=True):
+        laid_out[f] = (
+            np.empty(total, dtype=dtypes[f])
+            if index
+            else np.empty((total, width), dtype=np.float32)
+        )
     for i, part in enumerate(parts):
         counts = group_counts[i]
         normalize(part["x"][0][:0], normalizing_const)  # validates the constant and the dtype
         sources = [np.asarray(x) for x in part["x"]]
-        labels = part["labels"]
-        sources.append(
-            class_indices(labels, class_values, num_classes)
-            if indices
-            else one_hot(labels, class_values, num_classes)
-        )
-        pieces = split_partition(len(sources[-1]), counts, int(seeds[i]))
+        for labels, (classes, width), index in zip(
+            [part["labels"], *part.get("more_labels", [])], outputs, indices, strict=True
+        ):
+            sources.append(_encoded_labels(labels, classes, width, index))
+        pieces = split_partition(len(part["labels"]), counts, int(seeds[i]))
         blocks = [j for j in range(len(counts)) if counts[j]]
         n = int(counts.sum())
         if blocks and n >= _BLOCK_ROWS * len(blocks):
@@ -405,23 +446,38 @@ def lay_out_group(
                 out[dest] = source[perm]
     if normalizing_const != 1:
         for field, values in laid_out.items():
-            if field != "y" and values.dtype == np.float32:  # compact x is normalized on read
+            if field.startswith("x_") and values.dtype == np.float32:  # compact x: on read
                 values /= np.float32(normalizing_const)
     return laid_out
 
 
+def _encoded_labels(
+    labels: np.ndarray, class_values: list[Any] | None, num_classes: int, indices: bool
+) -> np.ndarray:
+    """Labels as stored: class indices (compact) or one-hot float32; labels already one-hot
+    encoded (``class_values`` None) as float32, padded with zero columns to ``num_classes``."""
+    if class_values is None:
+        out = np.zeros((len(labels), num_classes), dtype=np.float32)
+        out[:, : labels.shape[1]] = labels
+        return out
+    if indices:
+        return class_indices(labels, class_values, num_classes)
+    return one_hot(labels, class_values, num_classes)
+
+
 def storage_dtypes(
-    x_dtypes: Sequence[str], num_classes: int, compact: bool
+    x_dtypes: Sequence[str], num_classes: int, compact: bool, y_indices: bool = True
 ) -> dict[str, str] | None:
     """The dtype of each packed field: None (float32 x, normalized; one-hot float32 y) unless
     ``compact``; then an x whose source is uint8 stays uint8 and y holds class indices of the
-    smallest unsigned type (:func:`~dvml.preprocess.encode.index_dtype`)."""
+    smallest unsigned type (:func:`~dvml.preprocess.encode.index_dtype`), unless
+    ``y_indices`` is False (labels already one-hot encoded stay float32)."""
     from dvml.preprocess.encode import index_dtype
 
     if not compact:
         return None
     dtypes = {f"x_{k}": ("uint8" if d == "uint8" else "float32") for k, d in enumerate(x_dtypes)}
-    dtypes["y"] = str(index_dtype(num_classes))
+    dtypes["y"] = str(index_dtype(num_classes)) if y_indices else "float32"
     return dtypes
 
 

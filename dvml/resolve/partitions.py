@@ -53,6 +53,12 @@ class LocalPartitions:
         return sorted((f for f in self.fields if f.startswith("x_")), key=lambda f: int(f[2:]))
 
     @property
+    def y_fields(self) -> list[str]:
+        """``["y"]``, or a multi-output set's ``["y", "y_1", ...]`` (one field per output)."""
+        more = sorted((f for f in self.fields if f.startswith("y_")), key=lambda f: int(f[2:]))
+        return ["y", *more]
+
+    @property
     def buffer_rows(self) -> tuple[int, ...]:
         return tuple(len(a) for a in self.fields["y"])
 
@@ -75,8 +81,9 @@ class LocalPartitions:
         return out / const if const != 1.0 else out
 
     def one_hot_y(self, y: np.ndarray) -> np.ndarray:
-        """Rows of y as one-hot float32 (a compact dataset stores class indices)."""
-        if not self.compact:
+        """Rows of y as one-hot float32 (a compact dataset stores class indices, unless its
+        labels came already one-hot encoded)."""
+        if not self.compact or y.dtype == np.float32:
             return y
         depth = int(self.summary["y_shape"][0])
         return np.eye(depth, dtype=np.float32)[y.astype(np.int64)]

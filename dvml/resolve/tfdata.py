@@ -34,39 +34,53 @@ MAX_GROUP = 64
 
 
 def _stored(parts: LocalPartitions) -> dict[str, Any]:
-    """The packed format of ``parts``: each field's dtype and whether y holds indices."""
+    """The packed format of ``parts``: each field's dtype and whether each y holds indices
+    (one y per output of a multi-output set)."""
+    n_y = len(parts.y_fields)
     if not parts.compact:
-        return {"x": ["float32"] * len(parts.x_fields), "y": "float32", "indices": False}
+        return {"x": ["float32"] * len(parts.x_fields), "y": ["float32"] * n_y,
+                "indices": [False] * n_y}  # fmt: skip
     storage = parts.summary["storage"]
-    return {"x": list(storage["x_dtypes"]), "y": storage["y_dtype"], "indices": True}
+    # labels already one-hot encoded stay one-hot float32 in the compact format
+    kinds = storage.get("ys") or [storage.get("y", "index")]
+    dtypes = storage.get("y_dtypes") or [storage["y_dtype"]]
+    return {"x": list(storage["x_dtypes"]), "y": list(dtypes),
+            "indices": [kind == "index" for kind in kinds]}  # fmt: skip
+
+
+def _y_shapes(parts: LocalPartitions) -> list[list[int]]:
+    return list(parts.summary.get("y_shapes") or [parts.summary["y_shape"]])
 
 
 def _signature(parts: LocalPartitions, lead: tuple[Any, ...] = (None,)) -> tuple[Any, Any]:
     """What the generator yields: the fields as they are stored."""
     tf = tf_runtime.tensorflow()
     stored = _stored(parts)
+    y_shapes = _y_shapes(parts)
+
+    def y_spec(k: int) -> Any:
+        shape = () if stored["indices"][k] else tuple(y_shapes[k])
+        return tf.TensorSpec(shape=(*lead, *shape), dtype=tf.as_dtype(stored["y"][k]))
 
     def spec(field: str) -> Any:
-        if field == "y":
-            shape = () if stored["indices"] else tuple(parts.summary["y_shape"])
-            return tf.TensorSpec(shape=(*lead, *shape), dtype=tf.as_dtype(stored["y"]))
         k = int(field[2:])
         shape = tuple(parts.summary["x_shapes"][k])
         return tf.TensorSpec(shape=(*lead, *shape), dtype=tf.as_dtype(stored["x"][k]))
 
     xs = tuple(spec(f) for f in parts.x_fields)
-    return (xs[0] if len(xs) == 1 else xs), spec("y")
+    ys = tuple(y_spec(k) for k in range(len(parts.y_fields)))
+    return (xs[0] if len(xs) == 1 else xs), (ys[0] if len(ys) == 1 else ys)
 
 
 def _decoded(dataset: Any, parts: LocalPartitions) -> Any:
     """``dataset`` (of batches as stored) as float32 x, normalized, and one-hot y: unchanged
     for the float32 format; one fused, parallel ``map`` per batch for the compact one."""
     stored = _stored(parts)
-    if not stored["indices"]:
+    if not any(stored["indices"]) and all(d == "float32" for d in stored["x"]):
         return dataset
     tf = tf_runtime.tensorflow()
     const = float(parts.summary["normalizing_const"])
-    depth = int(parts.summary["y_shape"][0])
+    depths = [int(s[0]) for s in _y_shapes(parts)]
     raw = [d != "float32" for d in stored["x"]]
 
     def x_of(x: Any, k: int) -> Any:
@@ -75,16 +89,25 @@ def _decoded(dataset: Any, parts: LocalPartitions) -> Any:
         x = tf.cast(x, tf.float32)
         return x / const if const != 1.0 else x
 
+    def y_of(y: Any, k: int) -> Any:
+        if not stored["indices"][k]:
+            return y
+        return tf.one_hot(tf.cast(y, tf.int32), depths[k], dtype=tf.float32)
+
     def decode(x: Any, y: Any) -> tuple[Any, Any]:
         xs = tuple(x_of(v, k) for k, v in enumerate(x)) if isinstance(x, tuple) else x_of(x, 0)
-        return xs, tf.one_hot(tf.cast(y, tf.int32), depth, dtype=tf.float32)
+        ys = tuple(y_of(v, k) for k, v in enumerate(y)) if isinstance(y, tuple) else y_of(y, 0)
+        return xs, ys
 
     return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def _as_inputs(batch: dict[str, np.ndarray], x_fields: list[str]) -> tuple[Any, np.ndarray]:
+def _as_inputs(
+    batch: dict[str, np.ndarray], x_fields: list[str], y_fields: list[str]
+) -> tuple[Any, Any]:
     xs = tuple(batch[f] for f in x_fields)
-    return (xs[0] if len(xs) == 1 else xs), batch["y"]
+    ys = tuple(batch[f] for f in y_fields)
+    return (xs[0] if len(xs) == 1 else xs), (ys[0] if len(ys) == 1 else ys)
 
 
 def _trainer_options(dataset: Any) -> Any:
@@ -123,10 +146,10 @@ def training_dataset(
     tf = tf_runtime.tensorflow()
 
     plan = BatchPlan(parts.buffer_rows, batch_size, steps, seed)
-    x_fields = parts.x_fields
+    x_fields, y_fields = parts.x_fields, parts.y_fields
     group = _group_size(parts, batch_size, steps)
 
-    def groups() -> Iterator[tuple[Any, np.ndarray]]:
+    def groups() -> Iterator[tuple[Any, Any]]:
         epoch = 0
         while True:
             batches = list(plan.epoch(epoch, shuffle))
@@ -136,7 +159,7 @@ def training_dataset(
                 shaped = {
                     f: a.reshape(len(chunk), batch_size, *a.shape[1:]) for f, a in rows.items()
                 }
-                yield _as_inputs(shaped, x_fields)
+                yield _as_inputs(shaped, x_fields, y_fields)
             epoch += 1
 
     signature = _signature(parts, lead=(None, batch_size))
@@ -171,13 +194,13 @@ def evaluation_dataset(parts: LocalPartitions, batch_size: int) -> Any:
     """Every local row once, in order, the last batch possibly smaller."""
     tf = tf_runtime.tensorflow()
 
-    x_fields = parts.x_fields
+    x_fields, y_fields = parts.x_fields, parts.y_fields
 
-    def batches() -> Iterator[tuple[Any, np.ndarray]]:
+    def batches() -> Iterator[tuple[Any, Any]]:
         for b, rows in enumerate(parts.buffer_rows):
             for start in range(0, rows, batch_size):
                 idx = np.arange(start, min(rows, start + batch_size))
-                yield _as_inputs(parts.take([(b, idx)]), x_fields)
+                yield _as_inputs(parts.take([(b, idx)]), x_fields, y_fields)
 
     dataset = tf.data.Dataset.from_generator(batches, output_signature=_signature(parts))
     return _trainer_options(_decoded(dataset, parts).prefetch(2))

@@ -16,6 +16,7 @@ worker process never imports TensorFlow, so its memory stays what it was before 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import uuid
 from typing import Any
@@ -56,14 +57,32 @@ def evaluate_local(
 
 
 def format_predictions(
-    ids: np.ndarray, probs: np.ndarray, class_values: list[Any], class_name: str, pred_type: Any
+    ids: np.ndarray,
+    probs: np.ndarray,
+    class_values: list[Any] | None,
+    class_name: str | list[str],
+    pred_type: Any,
 ) -> Any:
     """MADlib's prediction table: id, class_name, class_value, prob, rank.
 
     ``pred_type``: ``"response"`` (the top class), ``"prob"`` (every class), an int k (the top
     k classes) or a float p in (0, 1] (the classes with probability >= p).
+
+    A multi-output model (``class_name`` a list: its dependent variables) has its outputs'
+    probabilities side by side in ``probs`` and one list of class values per output, each
+    as long as its output: its rows are those of each output in turn, ``class_name`` naming
+    the output (MADlib's layout), ``rank`` counted within the output.
     """
     import pandas as pd
+
+    if isinstance(class_name, list):
+        frames, start = [], 0
+        for name, values in zip(class_name, class_values or [], strict=True):
+            width = len(values)
+            part = probs[:, start : start + width]
+            frames.append(format_predictions(ids, part, values, name, pred_type))
+            start += width
+        return pd.concat(frames, ignore_index=True)
 
     n, k = probs.shape
     order = np.argsort(-probs, axis=1, kind="stable")
@@ -76,7 +95,10 @@ def format_predictions(
     else:
         keep = k
     rows_id, rows_value, rows_prob, rows_rank = [], [], [], []
-    values = list(class_values) + [None] * (k - len(class_values))  # padded classes
+    # Labels already one-hot encoded have no class values (None, as MADlib writes them): a
+    # class is its column's index. Padded classes (num_classes) have the value None.
+    values = list(range(k)) if class_values is None else list(class_values)
+    values += [None] * (k - len(values))
     for i in range(n):
         for rank in range(keep):
             c = order[i, rank]
@@ -142,10 +164,18 @@ def model_outputs(
 
 def _predict_arrays(
     ids: Any, xs: list[np.ndarray], spec: dict[str, Any], settings: dict[str, Any],
-    class_values: list[Any], class_name: str, pred_type: Any, batch_size: int,
+    class_values: list[Any], class_name: str | list[str], pred_type: Any, batch_size: int,
 ) -> Any:  # fmt: skip
     outputs = model_outputs(xs, spec, settings, batch_size)
-    probs = output_probabilities(outputs, spec.get("output_activation"))
+    activation = spec.get("output_activation")
+    if isinstance(class_name, list):  # a multi-output model: each output on its own
+        bounds = np.cumsum([0, *(len(v) for v in class_values)])
+        probs = np.concatenate(
+            [output_probabilities(outputs[:, a:b], activation)
+             for a, b in itertools.pairwise(bounds)], axis=1,
+        )  # fmt: skip
+    else:
+        probs = output_probabilities(outputs, activation)
     return format_predictions(np.asarray(ids), probs, class_values, class_name, pred_type)
 
 
@@ -157,7 +187,7 @@ def predict_files(
     image: dict[str, Any],
     normalizing_const: float,
     class_values: list[Any],
-    class_name: str,
+    class_name: str | list[str],
     pred_type: Any,
     batch_size: int = 256,
 ) -> Any:
@@ -183,7 +213,7 @@ def predict_files(
         images = prepare_image_files(paths, [""] * len(paths), size, channels, options)["x"][0]
     if len(ids) == 0:
         return format_predictions(
-            np.array([]), np.zeros((0, max(1, len(class_values)))), class_values, class_name,
+            np.array([]), np.zeros((0, max(1, len(class_values or [])))), class_values, class_name,
             pred_type,
         )  # fmt: skip
     xs = [normalize(images, normalizing_const)]
@@ -198,7 +228,7 @@ def predict_partition(
     id_col: str,
     normalizing_const: float,
     class_values: list[Any],
-    class_name: str,
+    class_name: str | list[str],
     pred_type: Any,
     batch_size: int = 256,
 ) -> Any:
@@ -208,7 +238,7 @@ def predict_partition(
     if len(frame) == 0:
         return format_predictions(
             np.array([]),
-            np.zeros((0, max(1, len(class_values)))),
+            np.zeros((0, max(1, len(class_values or [])))),
             class_values,
             class_name,
             pred_type,

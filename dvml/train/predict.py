@@ -28,7 +28,7 @@ from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import inference
 from dvml.train.params import parse_compile_params
 from dvml.train.runtime.sessions import inference_settings
-from dvml.train.summary import aggregate
+from dvml.train.summary import aggregate, output_names
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -135,13 +135,34 @@ def evaluate(
     values = aggregate([r for r in client.gather(futures) if r["rows"]])
     metrics = {k: v for k, v in values.items() if k != "loss"}
     types = summary.get("metrics_type") or []
+    per_output = _per_output_scores(metrics, summary["dependent_varname"], types)
+    first = next(iter(per_output.values()), {}) if per_output else {}
     return {
         "loss": values.get("loss"),
-        "metric": metrics.get(types[0]) if types else None,
+        "metric": first.get("metric") if per_output else (metrics.get(types[0]) if types else None),
         "metrics": metrics,
         "metrics_type": types,
         "loss_type": summary.get("loss_type"),
         "rows": sum(b["rows"] for b in ds.layout["buffers"]),
+        # a multi-output model: each output's loss and first metric, by dependent variable
+        **{f"{dep}_{k}": v for dep, scores in per_output.items() for k, v in scores.items()},
+    }
+
+
+def _per_output_scores(
+    metrics: dict[str, float], names: Any, types: list[str]
+) -> dict[str, dict[str, float | None]]:
+    """``{dependent_varname: {"loss": ..., "metric": ...}}`` of a multi-output model, from
+    Keras' per-output keys (``dense_4_loss``, ``dense_4_accuracy``); empty for one output."""
+    if isinstance(names, str):
+        return {}
+    keras = output_names(metrics, len(names)) or []
+    return {
+        dep: {
+            "loss": metrics.get(f"{out}_loss"),
+            "metric": metrics.get(f"{out}_{types[0]}") if types else None,
+        }
+        for dep, out in zip(names, keras, strict=False)
     }
 
 
@@ -153,7 +174,7 @@ def _predict(
     pred_type: Any,
     class_values: list[Any],
     normalizing_const: float,
-    class_name: str,
+    class_name: str | list[str],
     client: Client,
     files: dict[str, Any],
 ) -> Any:
@@ -205,7 +226,7 @@ def _predict(
             groups,
             id_col,
             float(normalizing_const),
-            list(class_values),
+            None if class_values is None else list(class_values),
             class_name,
             pred_type,
             pure=False,
@@ -215,7 +236,7 @@ def _predict(
     return dd.from_delayed(parts, meta=meta, verify_meta=False)
 
 
-def _meta(ids: Any, class_values: list[Any], class_name: str, pred_type: Any) -> Any:
+def _meta(ids: Any, class_values: list[Any], class_name: str | list[str], pred_type: Any) -> Any:
     import numpy as np
 
     return inference.format_predictions(ids, np.zeros((0, 1)), class_values, class_name,
@@ -231,7 +252,7 @@ def _predict_files(
     pred_type: Any,
     class_values: list[Any],
     normalizing_const: float,
-    class_name: str,
+    class_name: str | list[str],
     client: Client,
     files: dict[str, Any],
 ) -> Any:
@@ -268,7 +289,7 @@ def _predict_files(
             settings,
             image,
             float(normalizing_const),
-            list(class_values),
+            None if class_values is None else list(class_values),
             class_name,
             pred_type,
             pure=False,
@@ -368,12 +389,25 @@ def predict(
         id_col,
         x,
         pred_type,
-        summary["class_values"],
+        output_classes(summary),
         summary["normalizing_const"],
         summary["dependent_varname"],
         client,
         files,
     )
+
+
+def output_classes(summary: dict[str, Any]) -> Any:
+    """The class values predictions name: the summary's for a single output; for a
+    multi-output model one full list per output, as long as the output (class indices for
+    labels that came already one-hot encoded, None for padded classes)."""
+    if isinstance(summary["dependent_varname"], str):
+        return summary["class_values"]
+    full = []
+    for values, width in zip(summary["class_values"], summary["num_classes"], strict=True):
+        named = list(range(int(width))) if values is None else list(values)
+        full.append(named + [None] * (int(width) - len(named)))
+    return full
 
 
 def byom_class_values(class_values: Any, n_out: int | None, arch_id: int) -> list[Any]:
@@ -409,6 +443,39 @@ def byom_class_values(class_values: Any, n_out: int | None, arch_id: int) -> lis
     return values
 
 
+def byom_outputs(class_values: Any, dependent_count: int | None) -> list[list[Any]] | None:
+    """The class values of each output of a multi-output BYOM model (MADlib's
+    ``dependent_count`` and 2-D ``class_values``, one list per output), or None for a
+    single-output model.
+
+    Without a registered dataset dvml does not know each output's width: a multi-output
+    model needs its class values (``None`` is refused).
+    """
+    nested = (
+        isinstance(class_values, Sequence)
+        and not isinstance(class_values, str | bytes)
+        and len(class_values) > 1
+        and all(isinstance(v, list | tuple) for v in class_values)
+    )
+    count = len(class_values) if nested else 1
+    if dependent_count is not None and (
+        isinstance(dependent_count, bool) or not isinstance(dependent_count, int)
+        or dependent_count < 1
+    ):  # fmt: skip
+        raise ArgumentError(
+            "dependent_count must be a positive int. Received: "
+            f"dependent_count={dependent_count!r}."
+        )
+    if dependent_count is not None and dependent_count != count and dependent_count > 1:
+        raise DataError(
+            f"dependent_count={dependent_count} needs class_values with one list per output "
+            f"({dependent_count} lists). Received: class_values={class_values!r}."
+        )
+    if not nested:
+        return None
+    return [list(v) for v in class_values]
+
+
 def predict_byom(
     arch_id: int,
     data: Any,
@@ -417,10 +484,11 @@ def predict_byom(
     pred_type: Any = "response",
     class_values: Sequence[Any] | None = None,
     normalizing_const: float = 1.0,
-    class_name: str = "class",
+    class_name: str | list[str] = "class",
     registry: Registry | str | None = None,
     client: Client | None = None,
     *,
+    dependent_count: int | None = None,
     from_logits: bool = False,
     image_size: tuple[int, int] | None = None,
     channels: int | None = None,
@@ -436,8 +504,14 @@ def predict_byom(
     ``image_size`` (default: the architecture's input height and width) with ``channels``
     (default: its input's). ``from_logits=True`` says the model ends in logits: its outputs
     are turned into probabilities (softmax; sigmoid for a single output).
+
+    A multi-output model (MADlib's ``dependent_count``) takes one list of class values per
+    output (``[['a', 'b'], ['x', 'y', 'z']]``): each input row gives one row per output,
+    whose ``class_name`` is MADlib's ``dependent_var_0``, ``dependent_var_1``, ... unless
+    ``class_name`` lists the names.
     """
     client = current_client(client)
+    outputs = byom_outputs(class_values, dependent_count)
     with opened_registry(registry) as reg:
         arch = reg.get_architecture(arch_id)
     if arch["weights"] is None:
@@ -447,13 +521,26 @@ def predict_byom(
         )
 
     n_out = (arch.get("output_shape") or [None])[-1]
-    values = byom_class_values(class_values, n_out, arch_id)
+    values: Any
+    if outputs is None:
+        values = byom_class_values(class_values, n_out, arch_id)
+    else:
+        values = outputs
+        if not isinstance(class_name, list):
+            class_name = [f"dependent_var_{i}" for i in range(len(outputs))]
+        if len(class_name) != len(outputs):
+            raise ArgumentError(
+                f"class_name names {len(class_name)} outputs but class_values has "
+                f"{len(outputs)}. Received: class_name={class_name!r}."
+            )
     blob = weights_to_bytes(arch["weights"])
     spec = {
         "key": f"byom:{arch_id}:{_digest(blob, arch['model_json'])}",
         "model_json": arch["model_json"],
         "weights": blob,
-        "output_activation": ("sigmoid" if n_out == 1 else "softmax") if from_logits else None,
+        "output_activation": ("sigmoid" if n_out == 1 and outputs is None else "softmax")
+        if from_logits
+        else None,
     }
     if normalizing_const <= 0:
         raise ArgumentError(f"normalizing_const must be positive. Received: {normalizing_const!r}.")

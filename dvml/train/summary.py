@@ -12,9 +12,12 @@ __all__ = [
     "aggregate",
     "build_summary",
     "check_shapes",
+    "class_value_fields",
     "iteration_record",
     "madlib_values",
     "metric_names",
+    "output_names",
+    "output_series",
     "weights_size_kb",
 ]
 
@@ -57,8 +60,8 @@ def check_shapes(arch: dict[str, Any], dataset_summary: dict[str, Any], dataset:
                     f"{dataset!r} has x shape {d}. Preprocess with matching shapes or change "
                     "the model's input layer."
                 )
-    output = arch.get("output_shape")
-    n_classes = int(dataset_summary["num_classes"])
+    output = arch.get("output_shape")  # None for a model of several outputs
+    n_classes = dataset_summary["num_classes"]
     if output is not None and output and output[-1] is not None and output[-1] != n_classes:
         raise ModelMismatchError(
             f"Architecture {arch['id']} outputs {output[-1]} units but dataset {dataset!r} has "
@@ -105,14 +108,77 @@ def iteration_record(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def class_value_fields(dataset_summary: dict[str, Any]) -> dict[str, Any]:
+    """MADlib's ``<dependent_varname>_class_values``: one field per output."""
+    names = dataset_summary["dependent_varname"]
+    if isinstance(names, str):
+        return {f"{names}_class_values": dataset_summary["class_values"]}
+    return {
+        f"{n}_class_values": v for n, v in zip(names, dataset_summary["class_values"], strict=True)
+    }
+
+
+def output_names(metrics: dict[str, Any], n_outputs: int) -> list[str] | None:
+    """The Keras names of a multi-output model's outputs, read from its per-output losses
+    (``dense_4_loss``, ``dense_5_loss``: Keras reports them in output order), or None."""
+    names = [k[: -len("_loss")] for k in metrics if k.endswith("_loss") and k != "loss"]
+    return names[:n_outputs] if len(names) >= n_outputs else None
+
+
+def _first_metric_key(record: dict[str, Any], part: str, metric: str | None) -> str | None:
+    """The key of the first compiled metric: ``accuracy``; for several outputs, the first
+    output's (``dense_4_accuracy``)."""
+    values = record.get(f"{part}_metrics") or {}
+    if metric is None or metric in values:
+        return metric
+    names = output_names(values, 2)
+    return f"{names[0]}_{metric}" if names else metric
+
+
+def output_series(
+    evaluated: list[dict[str, Any]],
+    dataset_summary: dict[str, Any],
+    first_metric: str | None,
+    validated: bool,
+) -> dict[str, Any]:
+    """A multi-output model's loss and first metric per output, per iteration and final:
+    ``<dependent_varname>_training_loss``, ``..._training_metrics``, ``..._training_loss_final``,
+    ``..._training_metrics_final`` and the same for validation (MADlib's summary has only
+    the total ``training_loss``). Nothing for a single-output model."""
+    names = dataset_summary["dependent_varname"]
+    if isinstance(names, str) or not evaluated:
+        return {}
+    out: dict[str, Any] = {}
+    for part in ("training", "validation"):
+        shown = part == "training" or validated
+        found = [(r.get(f"{part}_metrics") or {}) for r in evaluated]
+        keras = output_names(found[-1], len(names)) if shown else None
+        for k, dep in enumerate(names):
+            losses = [v.get(f"{keras[k]}_loss") for v in found] if keras else None
+            values = (
+                [v.get(f"{keras[k]}_{first_metric}") for v in found]
+                if keras and first_metric
+                else None
+            )
+            out[f"{dep}_{part}_loss"] = losses
+            out[f"{dep}_{part}_metrics"] = values
+            out[f"{dep}_{part}_loss_final"] = losses[-1] if losses else None
+            out[f"{dep}_{part}_metrics_final"] = values[-1] if values else None
+    return out
+
+
 def _metric_series(
     evaluated: list[dict[str, Any]], first_metric: str | None, validated: bool
 ) -> dict[str, Any]:
-    """MADlib's per-iteration and final training (and validation) losses and first metric."""
+    """MADlib's per-iteration and final training (and validation) losses and first metric
+    (of the first output, for a multi-output model)."""
     out: dict[str, Any] = {}
     for part in ("training", "validation"):
         losses = [r.get(f"{part}_loss") for r in evaluated]
-        values = [(r.get(f"{part}_metrics") or {}).get(first_metric) for r in evaluated]
+        values = [
+            (r.get(f"{part}_metrics") or {}).get(_first_metric_key(r, part, first_metric))
+            for r in evaluated
+        ]
         shown = part == "training" or validated
         # No metric compiled: MADlib's metric columns are NULL, not a list of NULLs.
         measured = shown and first_metric is not None
@@ -181,7 +247,7 @@ def build_summary(
         "madlib_version": version,  # MADlib's name for the version that trained the model
         "version": version,
         "num_classes": ts["num_classes"],
-        f"{ts['dependent_varname']}_class_values": ts["class_values"],  # MADlib's name
+        **class_value_fields(ts),
         "class_values": ts["class_values"],
         "dependent_vartype": ts["dependent_vartype"],
         "normalizing_const": ts["normalizing_const"],
@@ -189,6 +255,7 @@ def build_summary(
         "loss_type": loss,
         **_metric_series(evaluated, metrics[0] if metrics else None, validation is not None),
         "metrics_iters": [r["iteration"] for r in evaluated],
+        **output_series(evaluated, ts, metrics[0] if metrics else None, validation is not None),
         # dvml's own fields
         "x_shapes": ts["x_shapes"],
         "image_size": ts.get("image_size"),

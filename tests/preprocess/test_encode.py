@@ -11,7 +11,9 @@ import pytest
 from dvml.exceptions import DataError
 from dvml.preprocess.encode import (
     check_finite,
+    class_indices,
     class_values_of,
+    label_vartype,
     normalize,
     one_hot,
     overflow_limit,
@@ -48,9 +50,6 @@ def test_class_values_of(labels: object, expected: list) -> None:
     [
         ([1.5, 2.0], r"1 float labels that are not whole numbers, e.g. \[1.5\]"),
         (np.array([0.0, np.inf]), "not whole numbers"),
-        ([1, None, None], "2 of 3 rows are None/NaN"),
-        (np.array([1.0, np.nan]), "1 of 2 rows"),
-        (pd.Series(["a", None], dtype="string"), "1 of 2"),
         ([1, "a"], r"mix value types.*\['int', 'str'\]"),
         ([True, 1], r"mix value types.*\['bool', 'int'\]"),
         ([b"a", b"b"], "bytes"),
@@ -59,6 +58,35 @@ def test_class_values_of(labels: object, expected: list) -> None:
 def test_class_values_of_refuses(labels: object, match: str) -> None:
     with pytest.raises(DataError, match=match):
         class_values_of(labels)
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected", "vartype"),
+    [
+        # MADlib keeps NULL as a class of its own, first in class_values ({NULL,a,b}).
+        ([1, None, None], [None, 1], "int"),
+        (np.array([1.0, np.nan, 0.0]), [None, 0, 1], "int"),
+        (pd.Series(["b", None, "a"], dtype="string"), [None, "a", "b"], "str"),
+        (pd.Series(["b", np.nan, "a", None], dtype=object), [None, "a", "b"], "str"),
+        ([True, None, False], [None, False, True], "bool"),
+        ([None, None], [None], "null"),
+    ],
+)
+def test_class_values_of_null_is_a_class(labels: object, expected: list, vartype: str) -> None:
+    values = class_values_of(labels)
+    assert values == expected
+    assert label_vartype(values) == vartype
+    # NULL labels encode as the class None
+    index = class_indices(labels, values)
+    nulls = pd.isna(pd.Series(labels, dtype=object)).to_numpy()
+    assert (index[nulls] == 0).all()
+    assert (index[~nulls] > 0).all()
+    assert one_hot(labels, values).sum() == len(index)
+
+
+def test_label_vartype_of_arrays() -> None:
+    assert label_vartype(None, "float32") == "float[]"
+    assert label_vartype(None, "int64") == "int[]"
 
 
 def test_class_values_of_refuses_2d() -> None:
@@ -104,7 +132,7 @@ def test_one_hot(
             r"19 unknown value\(s\) in 19 row\(s\), e.g. \[1, 2, 3, 4, 5\]",
         ),
         (["3"], [3], None, DataError, "str labels, int class_values"),
-        ([1, None], [1], None, DataError, "1 of 2"),
+        ([1, None], [1], None, DataError, r"not in class_values.*1 row\(s\), e.g. \[None\]"),
         ([0], [], None, ValueError, "class_values is empty"),
         ([0], [0, 0], None, ValueError, "distinct"),
         ([0], [0], 1.5, TypeError, "num_classes"),

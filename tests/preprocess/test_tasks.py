@@ -30,6 +30,23 @@ def test_split_part_lays_out_normalized_encoded_rows_in_a_permutation() -> None:
     np.testing.assert_array_equal(again["x_0"], laid_out["x_0"])
 
 
+def test_split_part_lays_out_each_output_of_a_multi_output_part() -> None:
+    part = _part(10)
+    # a second output (an int label: the row's parity) and a third already one-hot encoded
+    parity = np.arange(10) % 2
+    part["more_labels"] = [parity, np.eye(2, dtype=np.int32)[1 - parity]]
+    dtypes = {"x_0": "float32", "y": "uint8", "y_1": "uint8", "y_2": "float32"}
+    laid_out = split_part(
+        part, [4, 0, 6], 3, ["a", "b", "c"], 3, 2.0, dtypes, [([0, 1], 2), (None, 3)]
+    )
+    rows = (laid_out["x_0"][:, 0] * 2 / 3).round().astype(int)
+    # every output moved with its row: y as class indices, y_1 too, y_2 one-hot padded to 3
+    np.testing.assert_array_equal(laid_out["y"], [("abc").index(c) for c in part["labels"][rows]])
+    np.testing.assert_array_equal(laid_out["y_1"], rows % 2)
+    assert laid_out["y_2"].shape == (10, 3) and laid_out["y_2"].dtype == np.float32
+    np.testing.assert_array_equal(laid_out["y_2"].argmax(1), 1 - rows % 2)
+
+
 def test_take_piece_is_a_view_of_one_target_rows() -> None:
     counts = np.array([[2, 3, 5]])
     plan = plan_pieces(counts, ["w1", "w0", "w1"])

@@ -41,6 +41,18 @@ def test_class_values_refused(given: Any, match: str) -> None:
         byom_class_values(given, 3, 7)
 
 
+def test_byom_outputs_reads_madlibs_multi_output_form() -> None:
+    from dvml.train.predict import byom_outputs
+
+    assert byom_outputs([["a", "b"], [0, 1, 2]], 2) == [["a", "b"], [0, 1, 2]]
+    assert byom_outputs([["a", "b"], [0, 1, 2]], None) == [["a", "b"], [0, 1, 2]]
+    assert byom_outputs(["a", "b"], None) is None and byom_outputs([["a", "b"]], 1) is None
+    with pytest.raises(DataError, match="one list per output"):
+        byom_outputs(None, 2)
+    with pytest.raises(ValueError, match="positive int"):
+        byom_outputs(None, 0)
+
+
 def _argmax_model() -> tuple[str, list[np.ndarray]]:
     """A 3-feature, 3-class model whose prediction is the argmax of x (no training needed)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

@@ -46,3 +46,27 @@ def test_summary_has_madlibs_names() -> None:
     assert summary["class_text_class_values"] == training.summary["class_values"]
     assert summary["madlib_version"] == "0.1.0"
     assert round(summary["model_size"], 2) == 0.75
+
+
+def test_multi_output_series_and_predictions() -> None:
+    from dvml.train.inference import format_predictions
+    from dvml.train.summary import output_series
+
+    record = {
+        "iteration": 1,
+        "training_loss": 1.5,
+        "training_metrics": {"dense_4_loss": 1.0, "dense_5_loss": 0.5,
+                             "dense_4_accuracy": 0.25, "dense_5_accuracy": 0.75},
+    }  # fmt: skip
+    ts = {"dependent_varname": ["a", "b"], "class_values": [["x", "y"], [0, 1, 2]]}
+    series = output_series([record], ts, "accuracy", validated=False)
+    assert series["a_training_loss"] == [1.0] and series["b_training_metrics_final"] == 0.75
+    assert series["a_validation_loss"] is None
+    assert output_series([record], {"dependent_varname": "a"}, "accuracy", False) == {}
+    # one row per input row and output: class_name names the output, rank within it
+    probs = np.array([[0.9, 0.1, 0.2, 0.7, 0.1]])
+    table = format_predictions(np.array([7]), probs, ts["class_values"], ["a", "b"], "response")
+    assert table[["id", "class_name", "class_value", "rank"]].values.tolist() == [
+        [7, "a", "x", 1],
+        [7, "b", 1, 1],
+    ]

@@ -115,6 +115,9 @@ class ServedModels:
         outputs = model.predict(
             xs[0] if len(xs) == 1 else xs, batch_size=int(command.batch_size), verbose=0
         )
+        if isinstance(outputs, list | tuple):
+            # a multi-output model: its outputs side by side, split again by the client
+            outputs = np.concatenate([np.reshape(o, (len(o), -1)) for o in outputs], axis=1)
         with open(command.output, "wb", opener=_private) as f:
             np.save(f, np.asarray(outputs), allow_pickle=False)
         return Predicted(rows=len(xs[0]), output=command.output)
