@@ -21,7 +21,12 @@ from dvml.train.hop_schedule import History, build_info, iteration_rows
 from dvml.train.params import format_params
 from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.plan import Job
-from dvml.train.summary import build_summary, madlib_values, weights_size_kb
+from dvml.train.summary import (
+    build_summary,
+    class_value_fields,
+    madlib_values,
+    weights_size_kb,
+)
 
 __all__ = ["Configuration", "SearchOutcome", "build_outcome"]
 
@@ -122,7 +127,7 @@ def _madlib_run_fields(job: Job) -> dict[str, Any]:
     return {
         "object_table": madlib_values(sorted(job.custom_sources))["object_table"],
         "use_gpus": bool(job.args.use_gpus),
-        f"{ts['dependent_varname']}_class_values": ts["class_values"],
+        **class_value_fields(ts),  # MADlib's <dependent_varname>_class_values, per output
     }
 
 

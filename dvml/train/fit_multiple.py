@@ -54,7 +54,12 @@ from dvml.train.runtime.checkpoints import resume_points
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, JobArgs, job_key, model_spec, now, place_job
-from dvml.train.summary import build_summary, madlib_values, weights_size_kb
+from dvml.train.summary import (
+    build_summary,
+    class_value_fields,
+    madlib_values,
+    weights_size_kb,
+)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -529,7 +534,7 @@ def _run_summary(
         "madlib_version": __version__,
         "version": __version__,
         "num_classes": ts["num_classes"],
-        f"{ts['dependent_varname']}_class_values": ts["class_values"],  # MADlib's name
+        **class_value_fields(ts),  # MADlib's <dependent_varname>_class_values, per output
         "class_values": ts["class_values"],
         "dependent_vartype": ts["dependent_vartype"],
         "normalizing_const": ts["normalizing_const"],
