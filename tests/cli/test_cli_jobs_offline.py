@@ -4,6 +4,7 @@ help, job-file errors, missing clusters and registries. Every call is ``python -
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -151,3 +152,20 @@ def test_fit_dry_run_reads_directories_and_urls_by_content(
     result = dvml_command("fit", "--config", str(job_file(tmp_path, text)), "--dry-run", env=env)
     line = one_error_line(result)
     assert "Cannot tell what the source folder holds" in line and "1 .json file" in line
+
+
+def test_closed_pipe_ends_quietly(tmp_path: pathlib.Path) -> None:
+    """`dvml models list | head`: a reader that has gone is no error (no "Broken pipe", no
+    traceback), and the status is a SIGPIPE'd tool's, for `set -o pipefail`."""
+    args = ["models", "list", "--registry", f"sqlite:///{tmp_path / 'empty.db'}"]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before dvml wrote anything
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "dvml", *args], stdout=write_end, stderr=subprocess.PIPE,
+            text=True, timeout=120, check=False, env=with_state_dir(tmp_path / "state"),
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 141
