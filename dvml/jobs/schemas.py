@@ -310,7 +310,9 @@ JOB_SCHEMA: Schema = {
                 (str, list), default="all_workers", check=_rules, help="which workers hold the data"
             ),
             "image_size": Field(list, check=_image_size, help="[height, width] for image sources"),
-            "channels": Field(int, default=3, choices=(1, 3), help="1 or 3 for image sources"),
+            "channels": Field(
+                int, choices=(1, 3), help="1 or 3 for image sources (default: the first image's)"
+            ),
             "on_invalid": Field(
                 str,
                 default="raise",
