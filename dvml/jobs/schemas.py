@@ -328,7 +328,10 @@ JOB_SCHEMA: Schema = {
         {
             "source": Field(str, help="validation data (same forms as data.source)"),
             "split": Field(
-                float, check=_fraction, help="fraction of data.source held out (default 0.2)"
+                float,
+                check=_fraction,
+                help="fraction of a table data.source held out (default 0.2); image data needs "
+                "validation.source",
             ),
         },
         check=_validation_check,

@@ -65,11 +65,17 @@ def call(fn, arg, fmt):
 def test_a_train_fn_error_shows_the_users_lines_and_no_trainer_frames(
     client_side_source: None,
 ) -> None:
+    import cloudpickle
+
     train_fn = _user_function()
     shipped = source_texts(train_fn)  # on the client
-    assert shipped == {FILENAME: SOURCE}
-    linecache.cache.pop(FILENAME)  # a trainer knows nothing of the cell...
-    register_sources(shipped)  # ...until the job brings it
+    assert shipped["files"] == {FILENAME: SOURCE}
+    assert sorted(shipped["functions"]) == [["helper", 1, FILENAME], ["train_fn", 5, FILENAME]]
+    # In a trainer: cloudpickle named the file <dynamic-code>, and nobody knows the cell...
+    train_fn = cloudpickle.loads(cloudpickle.dumps(train_fn))
+    assert train_fn.__code__.co_filename == "<dynamic-code>"
+    linecache.cache.pop(FILENAME)
+    register_sources(train_fn, shipped)  # ...until the job brings it
     linecache.checkcache()  # what traceback does first: the shipped lines must survive it
     text = _in_dvml(TRAINER_CALL)["call"](train_fn, None, user_traceback)
     assert 'total += helper("missing")' in text

@@ -217,7 +217,7 @@ def run(job: dict[str, Any], startup: Startup) -> None:
     startup.mark("strategy")
     with open(job["fn_path"], "rb") as f:
         train_fn = cloudpickle.loads(f.read())
-    register_sources(job.get("sources") or {})
+    register_sources(train_fn, job.get("sources") or {})
     context = TrainContext(job, strategy)
     startup.emit()
     try:
