@@ -46,7 +46,7 @@ def _keys(ctx: RunContext, fingerprint: str) -> tuple[str, str]:
 
 def plan(ctx: RunContext) -> list[str]:
     """The steps a run would take now, read-only (files are only listed and stat'ed)."""
-    from dvml.jobs.data import dataset_names, resolve_source
+    from dvml.jobs.data import dataset_names, resolve_source, validation_fraction
     from dvml.jobs.job_cluster import cluster_plan
     from dvml.jobs.models import metric_mode
     from dvml.jobs.schemas import DEFAULT_FIT_PARAMS
@@ -54,6 +54,7 @@ def plan(ctx: RunContext) -> list[str]:
     job = ctx.job
     name = job["name"]
     source = resolve_source(job["data"]["source"], ctx.base_dir)
+    validation_fraction(job, source)  # a job that cannot work is refused by the plan
     _, train_key = _keys(ctx, source.fingerprint)
     last = ctx.read_state().get("last_success") or {}
     fresh = last.get("train_key") == train_key

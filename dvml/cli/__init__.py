@@ -7,13 +7,17 @@ vineyard, TensorFlow) inside their handlers, so ``dvml --help`` stays fast.
 
 Errors that dvml expects (:class:`~dvml.exceptions.DvmlError`, ``ValueError``, ``TypeError``,
 ``OSError``) print ``dvml: error: <message>`` on stderr and exit with 1, without a traceback
-unless ``--debug`` is given; usage errors exit with 2, as argparse does.
+unless ``--debug`` is given; usage errors exit with 2, as argparse does. A reader that closes
+the pipe early (``dvml models list | head``) ends the command quietly with 141, the status of a
+Unix tool killed by SIGPIPE, as Python's documentation on SIGPIPE recommends.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
 from collections.abc import Sequence
 
@@ -52,8 +56,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# 128 + SIGPIPE: what a shell reports for a tool that the closed pipe ended (`set -o pipefail`).
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dvml`` with ``argv`` (``sys.argv[1:]`` when None) and return the exit code."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # Flush here, not at interpreter exit, where a closed pipe prints "Exception ignored".
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_is_broken():
+            raise
+        # Python's recipe: point stdout at devnull so the exit-time flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _stdout_is_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (POLLERR on its write end): a broken
+    connection to a cluster is an error to report, not a reader that stopped reading."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(event & select.POLLERR for _, event in poller.poll(0))
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
@@ -70,6 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print("dvml: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if _stdout_is_broken():
+            raise  # main() ends quietly
+        if args.debug:
+            raise
+        print(f"dvml: error: {sys.exc_info()[1]}", file=sys.stderr)
+        return 1
     except (DvmlError, ValueError, TypeError, OSError) as exc:
         if args.debug:
             raise

@@ -100,12 +100,13 @@ def _datasets(args: argparse.Namespace, job: dict[str, Any], client: Any, base: 
 
 def _automl(args: argparse.Namespace) -> int:
     import dvml
-    from dvml.jobs.data import config_dir, resolve_source
+    from dvml.jobs.data import config_dir, resolve_source, validation_fraction
     from dvml.jobs.models import architecture_id
 
     job = _job(args.config)
     base = config_dir(args.config)
     source = resolve_source(job["data"]["source"], base)
+    validation_fraction(job, source)  # before anything starts: refused by --dry-run too
     if args.dry_run:
         return _dry_run(args, job, source)
     settings, section = job["automl"], job["model_selection"]

@@ -133,11 +133,12 @@ def _configs(job: dict[str, Any], registry: Any, base: Any) -> Any:
 
 
 def _fit_multiple(args: argparse.Namespace) -> int:
-    from dvml.jobs.data import config_dir, prepare_datasets, resolve_source
+    from dvml.jobs.data import config_dir, prepare_datasets, resolve_source, validation_fraction
 
     job = _job(args.config)
     base = config_dir(args.config)
     source = resolve_source(job["data"]["source"], base)
+    validation_fraction(job, source)  # before anything starts: refused by --dry-run too
     if args.dry_run:
         return _dry_run(args, job, source)
     fit_multiple = resolve_fit_multiple()  # before anything starts

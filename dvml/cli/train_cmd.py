@@ -103,7 +103,13 @@ def _registry(args: argparse.Namespace, job: dict[str, Any]) -> Any:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from dvml.jobs.data import config_dir, dataset_names, prepare_datasets, resolve_source
+    from dvml.jobs.data import (
+        config_dir,
+        dataset_names,
+        prepare_datasets,
+        resolve_source,
+        validation_fraction,
+    )
     from dvml.jobs.job_cluster import cluster_plan
     from dvml.jobs.models import fit_arguments, model_exists, resolve_model_section
     from dvml.train.fit import fit
@@ -113,6 +119,7 @@ def _fit(args: argparse.Namespace) -> int:
     name = args.model or job["name"]
     model = job["model"]
     source = resolve_source(job["data"]["source"], base)
+    validation_fraction(job, source)  # before anything starts: refused by --dry-run too
     train_name, val_name = dataset_names(job["name"])
     if args.dry_run:
         print(f"Plan for `dvml fit --config {args.config}` (dry run: nothing was started):")

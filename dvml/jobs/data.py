@@ -32,6 +32,7 @@ from dvml.preprocess.locations import (
     Location,
     is_url,
     locate,
+    missing_credentials,
     read_table,
     store_error,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "read_rows",
     "resolve_source",
     "storage_options",
+    "validation_fraction",
     "validation_split",
 ]
 
@@ -141,7 +143,9 @@ def _newest(path: str, spec: str, key: str, options: dict[str, Any]) -> str:
     fs, inner = url_to_fs(path, **(options if is_url(path) else {}))
     try:
         matches = fs.glob(inner, detail=True)
-    except OSError as e:
+    except Exception as e:
+        if not isinstance(e, OSError) and not missing_credentials(e):
+            raise
         raise store_error(e, spec, options) from e
     if not matches:
         raise DataError(
@@ -226,6 +230,32 @@ def _input(source: Source) -> Any:
     return source.location
 
 
+def validation_fraction(job: Mapping[str, Any], source: Source) -> float | None:
+    """The fraction of the training rows held out for validation (None: ``validation.source``
+    is read instead), or a :class:`DataError` for a job file that cannot work, so that
+    ``--dry-run`` refuses it before any cluster starts.
+
+    ``validation.split`` (and its default of 0.2) needs rows to draw from: a table source.
+    Image folders and shards are packed straight from their files by the workers, and dvml
+    does not split them: a held-out set of files (``validation.source``) keeps the validation
+    images fixed across runs and retrains, which a split of a growing folder would not.
+    """
+    data, valid = job["data"], job["validation"]
+    split = valid["split"]
+    if valid["source"] is not None:
+        return None
+    if source.kind in ("sklearn", "table"):
+        return 0.2 if split is None else float(split)
+    given = "" if split is None else f", validation.split={split}"
+    raise DataError(
+        f"validation.split works for table sources only (Parquet/CSV or sklearn:), and image "
+        f"data has no rows to split. Received: data.source={data['source']!r} ({source.kind})"
+        f"{given}. Add validation.source: a held-out image folder or shards with the same "
+        "labels (e.g. validation: {source: data/val/})"
+        + (", and remove validation.split." if split is not None else ".")
+    )
+
+
 def prepare_datasets(
     job: Mapping[str, Any],
     client: Client,
@@ -245,24 +275,10 @@ def prepare_datasets(
     data, valid = job["data"], job["validation"]
     source = source or resolve_source(data["source"], base_dir)
     train_name, val_name = dataset_names(job["name"])
-    split = valid["split"]
-    if valid["source"] is None and split is None:
-        if source.kind not in ("sklearn", "table"):
-            raise DataError(
-                f"Image data needs validation.source: validation.split works for tables only. "
-                f"Received: data.source={data['source']!r} ({source.kind}). Add "
-                "validation.source with images of the same labels."
-            )
-        split = 0.2
+    split = validation_fraction(job, source)
     x, y = columns(source, data)
     image_size = tuple(data["image_size"]) if data["image_size"] else None
     if split is not None:
-        if source.kind not in ("sklearn", "table"):
-            raise DataError(
-                f"validation.split works for table sources only. Received: data.source="
-                f"{data['source']!r} ({source.kind}), validation.split={split}. Use "
-                "validation.source instead."
-            )
         train_input, val_input = validation_split(read_rows(source), split, data["seed"])
     else:
         train_input = _input(source)

@@ -310,7 +310,9 @@ JOB_SCHEMA: Schema = {
                 (str, list), default="all_workers", check=_rules, help="which workers hold the data"
             ),
             "image_size": Field(list, check=_image_size, help="[height, width] for image sources"),
-            "channels": Field(int, default=3, choices=(1, 3), help="1 or 3 for image sources"),
+            "channels": Field(
+                int, choices=(1, 3), help="1 or 3 for image sources (default: the first image's)"
+            ),
             "on_invalid": Field(
                 str,
                 default="raise",
@@ -326,7 +328,10 @@ JOB_SCHEMA: Schema = {
         {
             "source": Field(str, help="validation data (same forms as data.source)"),
             "split": Field(
-                float, check=_fraction, help="fraction of data.source held out (default 0.2)"
+                float,
+                check=_fraction,
+                help="fraction of a table data.source held out (default 0.2); image data needs "
+                "validation.source",
             ),
         },
         check=_validation_check,

@@ -49,13 +49,13 @@ def training_preprocessor(
     normalizing_const: float = 1.0,
     num_classes: int | list[int] | None = None,
     distribution_rules: Any = "all_workers",
-    name: str | None = None,
     *,
+    name: str,
     overwrite: bool = False,
     force: bool = False,
     on_invalid: str = "raise",
     image_size: tuple[int, int] | None = None,
-    channels: int = 3,
+    channels: int | None = None,
     seed: int | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
@@ -100,11 +100,13 @@ def training_preprocessor(
         ``"all_workers"`` (default), ``"gpu_workers"``, worker addresses or names, host names,
         a DataFrame with a ``worker`` or ``host`` column, or one worker.
     name : str
-        Name of the dataset in vineyard.
+        Name of the dataset in vineyard (required, keyword only: MADlib's ``output_table``),
+        e.g. ``name="digits_train"``.
     overwrite : bool
         Replace an existing dataset of the same name (atomically, after the new one is
-        complete). Refused with DatasetInUseError while a job (a fit) reads it
-        (:mod:`dvml.store.leases`).
+        complete). Until then both are in vineyard: replacing needs room for the old and the
+        new dataset at once (drop the old one first to avoid it). Refused with
+        DatasetInUseError while a job (a fit) reads it (:mod:`dvml.store.leases`).
     force : bool
         Overwrite even a dataset a running job reads: stop that job first, or its trainers
         read freed memory.
@@ -112,8 +114,10 @@ def training_preprocessor(
         What to do with rows whose x holds NaN or inf.
     image_size : (int, int), optional
         Height and width images are resized to (required for image sources).
-    channels : int
-        1 (grey) or 3 (RGB) for image sources.
+    channels : {1, 3}, optional
+        1 (grey) or 3 (RGB) for image sources. Default: the first image's (1 when it is grey,
+        else 3), so a grey data set is not stored three times over; the summary's
+        ``channels`` records the choice. Pass it when the images mix grey and colour.
     seed : int, optional
         Shuffle seed (config ``dvml.preprocess.seed``).
     progress : bool
@@ -179,8 +183,8 @@ def validation_preprocessor(
     training: str | Dataset | None = None,
     buffer_size: int | None = None,
     distribution_rules: Any = None,
-    name: str | None = None,
     *,
+    name: str,
     overwrite: bool = False,
     force: bool = False,
     on_invalid: str = "raise",
@@ -221,7 +225,7 @@ def validation_preprocessor(
         force=force,
         on_invalid=on_invalid,
         image_size=tuple(image) if image else None,
-        channels=s.get("channels") or 3,
+        channels=s.get("channels"),
         seed=seed,
         progress=progress,
         client=client,
@@ -269,7 +273,7 @@ def _preprocess(
     force: bool,
     on_invalid: str,
     image_size: tuple[int, int] | None,
-    channels: int,
+    channels: int | None,
     seed: int | None,
     progress: bool,
     client: Client | None,
@@ -323,7 +327,7 @@ def _preprocess(
             overwrite=overwrite,
             force=force,
             on_invalid=on_invalid,
-            channels=channels,
+            channels=src.channels,
             seed=seed,
             client=client,
             training=training,
@@ -352,7 +356,7 @@ def _plan_and_pack(
     overwrite: bool,
     force: bool,
     on_invalid: str,
-    channels: int,
+    channels: int | None,
     seed: int,
     client: Client,
     training: Dataset | None,
@@ -410,7 +414,7 @@ def _plan_and_pack(
         if rules.kind == "all_workers"
         else [t.name for t in targets],
         "image_size": list(src.image_size) if src.image_size else None,
-        "channels": channels if src.image_size else None,
+        "channels": channels,
         "seed": seed,
         "storage": _storage(dtypes, len(outputs)),
         **({"image_ext": shard_exts[0], "label_ext": shard_exts[1]} if shard_exts else {}),
@@ -630,6 +634,12 @@ def _storage(dtypes: dict[str, str] | None, n_outputs: int = 1) -> dict[str, Any
 def _check_arguments(
     name: Any, buffer_size: Any, normalizing_const: Any, num_classes: Any, channels: Any
 ) -> str:
+    if name is None:
+        raise ArgumentError(
+            "name= is required: the name the dataset gets in vineyard (MADlib's output_table), "
+            "by which fit, evaluate and predict find it. Received: name=None. For example "
+            "name='digits_train'."
+        )
     check_name(name, internal=True)
     if buffer_size is not None and (
         isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0
@@ -642,8 +652,11 @@ def _check_arguments(
                 "num_classes must be a positive int, or a list of them (one per label column). "
                 f"Received: {num_classes!r}."
             )
-    if channels not in (1, 3):
-        raise ArgumentError(f"channels must be 1 or 3. Received: {channels!r}.")
+    if channels is not None and (isinstance(channels, bool) or channels not in (1, 3)):
+        raise ArgumentError(
+            f"channels must be 1 (grey), 3 (RGB) or None (the first image's). Received: "
+            f"channels={channels!r}."
+        )
     return str(name)
 
 

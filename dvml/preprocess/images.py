@@ -10,16 +10,24 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 
-__all__ = ["IMAGE_EXTENSIONS", "check_size", "decode_image", "list_image_folder"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "channels_of_image",
+    "check_size",
+    "decode_image",
+    "list_image_folder",
+]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+# Pillow modes without colour: bilevel, 8/16/32-bit grey, float grey, grey with alpha.
+_GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 
 
 def _is_image(name: str) -> bool:
@@ -95,6 +103,41 @@ def check_size(size: Sequence[int]) -> tuple[int, int]:
     if height <= 0 or width <= 0:
         raise ArgumentError(f"size must be positive. Received: size={size!r}.")
     return height, width
+
+
+def channels_of_image(file: IO[bytes], source: str | None = None) -> int:
+    """The channels an image is stored with: 1 for a grey image, 3 for anything in colour.
+
+    Only the image's header is read (Pillow opens lazily), so this is cheap on the client.
+
+    Parameters
+    ----------
+    file : binary file
+        The image (JPEG, PNG, BMP, GIF ...).
+    source : str, optional
+        Where the image came from, named in errors.
+
+    Returns
+    -------
+    int
+        1 or 3.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(file) as img:
+            mode = img.mode
+            if mode == "P":  # a palette: grey when every palette entry is
+                palette = img.getpalette() or []
+                triples = zip(palette[0::3], palette[1::3], palette[2::3], strict=False)
+                return 1 if all(r == g == b for r, g, b in triples) else 3
+    except Exception as e:  # Pillow raises many types for bad files; all mean the same here
+        where = f" {source!r}" if source else ""
+        raise DataError(
+            f"Cannot read the image{where} to find its channels: {type(e).__name__}: {e}. "
+            f"Pass channels=1 (grey) or channels=3 (RGB), or replace that file."
+        ) from e
+    return 1 if mode in _GREY_MODES else 3
 
 
 def decode_image(

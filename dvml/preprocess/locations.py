@@ -44,6 +44,7 @@ __all__ = [
     "bounded_options",
     "is_url",
     "locate",
+    "missing_credentials",
     "open_binary",
     "read_bytes",
     "read_table",
@@ -188,6 +189,14 @@ def store_error(
     chained = exc.__cause__ or exc.__context__
     text = f"{type(exc).__name__} {exc} {type(chained).__name__} {chained or ''}"
     where = f"Received: {path!r} with storage_options keys {keys}"
+    if missing_credentials(exc):
+        return DataError(
+            f"No credentials were found to read {path!r} ({cause}). {where}. Pass "
+            "storage_options={'key': ..., 'secret': ...} (for job files, the "
+            "dvml.storage-options configuration), or set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) where the client and every worker run; "
+            "storage_options={'anon': True} reads a public bucket."
+        )
     if _UNREACHABLE.search(text):
         bound = dict((storage_options or {}).get("config_kwargs") or {}).get("read_timeout")
         within = f" within {bound:g} s (dvml.storage-timeout)" if bound else ""
@@ -225,6 +234,25 @@ def store_error(
     )
 
 
+# The stores' own "no credentials" errors, which are not OSError (botocore's come through
+# s3fs unchanged; google-auth's through gcsfs). By name: those packages are optional.
+_NO_CREDENTIALS = frozenset(
+    {"NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError"}
+)
+
+
+def missing_credentials(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it chains) says the store found no credentials to sign with."""
+    seen: BaseException | None = exc
+    for _ in range(4):  # a short chain: s3fs/fsspec wrap at most a few times
+        if seen is None:
+            return False
+        if any(c.__name__ in _NO_CREDENTIALS for c in type(seen).__mro__):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 @contextmanager
 def _store_errors(path: str, storage_options: Mapping[str, Any] | None) -> Iterator[None]:
     try:
@@ -234,7 +262,10 @@ def _store_errors(path: str, storage_options: Mapping[str, Any] | None) -> Itera
     except OSError as e:
         raise store_error(e, path, storage_options) from e
     except Exception as e:
-        # botocore's EndpointConnectionError is no OSError: a store that died is named too
+        # botocore's EndpointConnectionError and NoCredentialsError are no OSError: a store
+        # that died, and missing credentials, are named too
+        if missing_credentials(e):
+            raise store_error(e, path, storage_options) from e
         if _UNREACHABLE.search(type(e).__name__):
             raise store_error(e, path, storage_options) from None
         raise

@@ -30,6 +30,7 @@ __all__ = [
     "INT_LABEL_EXTENSIONS",
     "SHARD_SUFFIXES",
     "expand_braces",
+    "first_image_member",
     "read_tar_samples",
     "sample_ids",
     "samples_to_images_labels",
@@ -254,6 +255,31 @@ def read_tar_samples(
             f"Check that the file is a complete tar archive."
         ) from e
     return list(samples.items())
+
+
+def first_image_member(
+    fileobj: IO[bytes], path: str, image_ext: str | Sequence[str] | None = None
+) -> bytes | None:
+    """The content of the first image member of a shard, read as a stream up to it (not the
+    whole shard); None when it holds no image. ``image_ext`` picks the image members, as for
+    :func:`samples_to_images_labels`."""
+    wanted = _as_exts(image_ext, "image_ext")
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+            for member in tar:
+                parsed = _key_and_ext(member.name) if member.isfile() else None
+                if parsed is None:
+                    continue
+                ext = parsed[1]
+                if ext in wanted if wanted else ext.rsplit(".", 1)[-1] in IMAGE_SUFFIXES:
+                    handle = tar.extractfile(member)
+                    return handle.read() if handle is not None else b""
+    except (tarfile.TarError, EOFError) as e:
+        raise DataError(
+            f"Cannot read the tar shard: {type(e).__name__}: {e}. Received: path={path!r}. "
+            f"Check that the file is a complete tar archive."
+        ) from e
+    return None
 
 
 def _as_exts(value: str | Sequence[str] | None, name: str) -> tuple[str, ...] | None:

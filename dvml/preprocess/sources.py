@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import itertools
 import math
 import os
@@ -23,8 +24,9 @@ from typing import Any
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError
 from dvml.placement.routes import batch_sizes
 from dvml.preprocess.fusion import one_task_per_block
-from dvml.preprocess.images import list_image_folder
-from dvml.preprocess.locations import Location, locate, read_table
+from dvml.preprocess.images import channels_of_image, list_image_folder
+from dvml.preprocess.locations import Location, locate, open_binary, read_table
+from dvml.preprocess.shards import first_image_member
 from dvml.preprocess.string_cells import restore_array_cells
 from dvml.preprocess.tasks import (
     ClientPart,
@@ -58,6 +60,7 @@ class SourceParts:
     description: str
     image_size: tuple[int, int] | None = None
     shards: bool = False
+    channels: int | None = None  # an image source's, given or taken from its first image
 
 
 def normalize_x(x: str | Sequence[str | Sequence[str]]) -> list[list[str]]:
@@ -114,7 +117,7 @@ def source_parts(
     n_targets: int,
     on_invalid: str,
     image_size: tuple[int, int] | None,
-    channels: int,
+    channels: int | None,
     normalizing_const: float = 1.0,
     threads: int = 1,
     *,
@@ -127,7 +130,8 @@ def source_parts(
     ``normalizing_const`` lets the parts count values that overflow float32 once normalized.
     ``threads`` (of the cluster) bounds how many small partitions one task prepares.
     ``storage_options`` go to fsspec where files are listed and read; ``image_ext`` and
-    ``label_ext`` pick the members of tar shard samples.
+    ``label_ext`` pick the members of tar shard samples. ``channels=None`` takes an image
+    source's from its first image (:func:`source_channels`).
     """
     import pandas as pd
 
@@ -334,8 +338,26 @@ def _prepare_block_arrays(*blocks: Any, **kwargs: Any) -> Any:
     return prepare_arrays(list(blocks[:-1]), blocks[-1], **kwargs)
 
 
+def source_channels(
+    where: Location, first: str, image_ext: str | Sequence[str] | None = None
+) -> int:
+    """The channels of an image source whose ``channels`` was not given: its first image's
+    (1 when grey, else 3), read on the client (one image's header, or a shard up to its first
+    image), so a grey data set is not stored three times over."""
+    with open_binary(first, where.storage_options or None) as f:
+        if where.kind == "images":
+            return channels_of_image(f, first)
+        data = first_image_member(f, first, image_ext)
+    if data is None:
+        raise DataError(
+            f"The first shard holds no image to take the channels from. Received: {first!r}. "
+            "Pass channels=1 (grey) or channels=3 (RGB), or image_ext= naming the images."
+        )
+    return channels_of_image(io.BytesIO(data), f"{first} (its first image)")
+
+
 def _image_folder(
-    where: Location, image_size: tuple[int, int] | None, channels: int, desc: str
+    where: Location, image_size: tuple[int, int] | None, channels: int | None, desc: str
 ) -> SourceParts:
     size = _need(image_size, "image_size=(height, width)")
     if where.remote:
@@ -344,6 +366,8 @@ def _image_folder(
         # The local listing's own checks and order (Keras' image_dataset_from_directory).
         paths, labels = list_image_folder(where.root or where.paths[0])
     options = where.storage_options or None
+    if channels is None and paths:
+        channels = source_channels(where, paths[0])
     parts = [
         _batch_of_one(
             prepare_image_files,
@@ -355,20 +379,24 @@ def _image_folder(
         )
         for i in range(0, len(paths), IMAGE_CHUNK)
     ]
-    return SourceParts(parts, [["image"]], "label", desc, tuple(size))
+    return SourceParts(parts, [["image"]], "label", desc, tuple(size), channels=channels)
 
 
 def _tar_shards(
     where: Location,
     image_size: tuple[int, int] | None,
-    channels: int,
+    channels: int | None,
     desc: str,
     exts: tuple[Any, Any],
 ) -> SourceParts:
     size = _need(image_size, "image_size=(height, width)")
     options = where.storage_options or None
+    if channels is None and where.paths:
+        channels = source_channels(where, where.paths[0], exts[0])
     parts = [
         _batch_of_one(prepare_tar_shard, s, tuple(size), channels, exts[0], exts[1], options)
         for s in where.paths
     ]
-    return SourceParts(parts, [["image"]], "label", desc, tuple(size), shards=True)
+    return SourceParts(
+        parts, [["image"]], "label", desc, tuple(size), shards=True, channels=channels
+    )

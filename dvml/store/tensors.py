@@ -52,6 +52,7 @@ __all__ = [
     "allocation_lock",
     "clear_writer_markers",
     "delete_objects",
+    "memory_advice",
     "put_arrays",
     "release_views",
     "write_arrays",
@@ -414,8 +415,28 @@ def _memory_error(needed: int, free: int, limit: int, buffers: int) -> VineyardM
     return VineyardMemoryError(
         f"The vineyardd of {this_worker_name()} has no room for {what}: it needs "
         f"{needed} bytes and {free} of {limit} bytes are free. Nothing was put elsewhere. "
-        "Use a smaller buffer_size, more target workers, or start the cluster with a larger "
-        "vineyard_memory."
+        + memory_advice(needed, free, limit)
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def memory_advice(needed: int, free: int, limit: int) -> str:
+    """What can make room for ``needed`` bytes in a vineyardd with ``free`` of ``limit``
+    bytes free, with numbers. A smaller buffer_size cannot: the dataset's bytes on a worker
+    are the same however they are cut into buffers."""
+    used = max(0, limit - free)
+    at_least = -(-(used + needed) // 2**20) * 2**20  # rounded up to a MiB
+    return (
+        f"{_mib(used)} of the {_mib(limit)} are in use. A smaller buffer_size does not help (the "
+        "bytes are the same). What helps: compact=True (uint8 images stored as uint8, about a "
+        "quarter of float32); more target workers (distribution_rules), so each holds less; a "
+        f"larger vineyard_memory (at least {_mib(at_least)} here); or dropping datasets this "
+        "vineyardd holds (dvml datasets list / drop). overwrite=True keeps the dataset it "
+        "replaces until the new one is complete, so replacing needs room for both: drop the "
+        "old one first if you can do without it meanwhile."
     )
 
 

@@ -38,7 +38,7 @@ from dvml.train.runtime.plan import (
     now,
     training_workers,
 )
-from dvml.train.runtime.shipped import pickle_by_value
+from dvml.train.runtime.shipped import pickle_by_value, source_texts
 from dvml.train.summary import build_summary, weights_size_kb
 
 if TYPE_CHECKING:
@@ -184,6 +184,7 @@ def run(
     key = job_key("run", name, ids, [w.name for w in workers], batch_size, seed, sync)
     directory = str(settings.state_dir() / "checkpoints" / f"run-{name}-{key}")
     payload = pickle_by_value(train_fn)
+    sources = source_texts(train_fn)  # the trainers' tracebacks show the user's lines
     datasets_held = [d.name for d in named.values()]
     with (
         holding(datasets_held, job=f"dvml.run {name!r}", client=client) as lease,
@@ -192,6 +193,7 @@ def run(
         resumed = find_checkpoint(client, workers, directory, key) if resume else None
         job = _job(name, key, sync, seed, named, batch_size, steps, directory, use_gpus,
                    config, resumed)  # fmt: skip
+        job["sources"] = sources
         collector = _Reports(len(workers), name, on_report, progress)
         results = run_lockstep(
             client, workers, job, per_worker, resumed[1] if resumed else None, collector,

@@ -4,6 +4,7 @@ help, job-file errors, missing clusters and registries. Every call is ``python -
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from tests.helpers import (
     dvml_command,
     one_error_line,
     with_state_dir,
+    write_image_folder,
     write_job,
+    write_tar_shards,
 )
 
 # "{registry}" stays a placeholder: job_file fills in the test's own registry file.
@@ -68,7 +71,7 @@ def test_bad_job_file(
     command: str, edit: tuple[str, str], expected: str, tmp_path: pathlib.Path
 ) -> None:
     path = job_file(tmp_path, JOB.replace(*edit))
-    line = one_error_line(dvml_cli(command, "--config", str(path), tmp_path=tmp_path))
+    line = one_error_line(dvml_cli("fit", "--config", str(path), tmp_path=tmp_path))
     assert f"dvml: error: {path}: " in line and expected in line
     assert not (tmp_path / "registry.db").exists()  # nothing was started or written
 
@@ -151,3 +154,45 @@ def test_fit_dry_run_reads_directories_and_urls_by_content(
     result = dvml_command("fit", "--config", str(job_file(tmp_path, text)), "--dry-run", env=env)
     line = one_error_line(result)
     assert "Cannot tell what the source folder holds" in line and "1 .json file" in line
+
+
+def test_closed_pipe_ends_quietly(tmp_path: pathlib.Path) -> None:
+    """`dvml models list | head`: a reader that has gone is no error (no "Broken pipe", no
+    traceback), and the status is a SIGPIPE'd tool's, for `set -o pipefail`."""
+    args = ["models", "list", "--registry", f"sqlite:///{tmp_path / 'empty.db'}"]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before dvml wrote anything
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "dvml", *args], stdout=write_end, stderr=subprocess.PIPE,
+            text=True, timeout=120, check=False, env=with_state_dir(tmp_path / "state"),
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 141
+
+
+@pytest.mark.parametrize("kind", ["images", "shards"])
+@pytest.mark.parametrize("split", ["  split: 0.2\n", ""])
+def test_image_data_without_validation_source_is_refused_by_the_dry_run(
+    kind: str, split: str, tmp_path: pathlib.Path
+) -> None:
+    """validation.split (given, or its 0.2 default) cannot split image files: the dry run
+    refuses the job, naming validation.source, before any cluster starts."""
+    if kind == "images":
+        source = write_image_folder(tmp_path / "photos", 1)
+    else:
+        source = write_tar_shards(tmp_path / "shards", 1, 1)
+    escaped = str(source).replace("{", "{{").replace("}", "}}")  # job_file formats the text
+    text = JOB.replace("sklearn:digits", escaped).replace(
+        "  normalizing_const: 16.0\n",
+        "  normalizing_const: 255.0\n  image_size: [8, 8]\n"
+        + ("validation:\n" + split if split else ""),
+    )
+    path = job_file(tmp_path, text)
+    line = one_error_line(dvml_cli("fit", "--config", str(path), "--dry-run",
+                                   tmp_path=tmp_path))  # fmt: skip
+    assert "validation.split works for table sources only" in line
+    assert "Add validation.source" in line
+    assert not (tmp_path / "registry.db").exists()

@@ -25,20 +25,25 @@ def color_images(n_per_class: int, seed: int = 0, size: int = 32) -> tuple[np.nd
     return np.concatenate(images), np.concatenate(labels)
 
 
-def write_image_folder(root: Path, n_per_class: int, seed: int = 0) -> Path:
-    """``root/<class>/<i>.png`` from :func:`color_images`."""
+def write_image_folder(root: Path, n_per_class: int, seed: int = 0, grey: bool = False) -> Path:
+    """``root/<class>/<i>.png`` from :func:`color_images` (saved as grey ``L`` images when
+    ``grey``)."""
     from PIL import Image
 
     images, labels = color_images(n_per_class, seed)
     for i, (image, label) in enumerate(zip(images, labels, strict=True)):
         folder = root / CLASSES[label]
         folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(image).save(folder / f"{i:04d}.png")
+        img = Image.fromarray(image)
+        (img.convert("L") if grey else img).save(folder / f"{i:04d}.png")
     return root
 
 
-def write_tar_shards(root: Path, shards: int, n_per_class: int, seed: int = 0) -> str:
-    """WebDataset-style shards ``root/shard-{0..k}.tar`` (``<key>.png`` + ``<key>.cls``)."""
+def write_tar_shards(
+    root: Path, shards: int, n_per_class: int, seed: int = 0, grey: bool = False
+) -> str:
+    """WebDataset-style shards ``root/shard-{0..k}.tar`` (``<key>.png`` + ``<key>.cls``),
+    grey ``L`` images when ``grey``."""
     from PIL import Image
 
     images, labels = color_images(n_per_class, seed)
@@ -48,7 +53,8 @@ def write_tar_shards(root: Path, shards: int, n_per_class: int, seed: int = 0) -
         with tarfile.open(root / f"shard-{s}.tar", "w") as tar:
             for i in part:
                 png = io.BytesIO()
-                Image.fromarray(images[i]).save(png, format="PNG")
+                img = Image.fromarray(images[i])
+                (img.convert("L") if grey else img).save(png, format="PNG")
                 for ext, data in (("png", png.getvalue()), ("cls", CLASSES[labels[i]].encode())):
                     info = tarfile.TarInfo(f"{i:05d}.{ext}")
                     info.size = len(data)

@@ -149,6 +149,28 @@ def test_store_listing_and_errors(s3_server: S3Server, tmp_path: pathlib.Path) -
         locate(f"{bucket}/missing.parquet", options)
 
 
+def test_store_without_credentials_is_one_clear_error(
+    s3_server: S3Server, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key anywhere (options, environment, AWS files): a DataError naming the URL and how
+    to give credentials, not botocore's NoCredentialsError and its traceback."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata probe
+    bucket = s3_server.bucket("nocredentials")
+    options = {"client_kwargs": {"endpoint_url": s3_server.endpoint}}
+    url = f"{bucket}/imgs"
+    with pytest.raises(DataError, match=r"No credentials were found") as e:
+        locate(url, options)
+    message = str(e.value)
+    assert repr(url) in message
+    assert "AWS_ACCESS_KEY_ID" in message and "storage_options={'key'" in message
+    with pytest.raises(DataError, match=r"No credentials were found"):
+        read_bytes([f"{url}/cat/1.png"], options)  # what a worker runs
+
+
 def test_parts_carry_names_not_bytes(s3_server: S3Server, tmp_path: pathlib.Path) -> None:
     """The tasks built on the client name the files; the workers fetch the bytes."""
     import cloudpickle

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import linecache
 import os
 import signal
 from collections.abc import Iterator
@@ -214,6 +215,35 @@ def test_a_raising_train_fn_stops_every_trainer_with_its_traceback(
     assert "ZeroDivisionError" in text and "Traceback" in text and "in raising" in text, text
     assert "worker-1" in text, text
     assert poll_for(lambda: not worker_trainers(cluster2, name="run_raising"), 30)
+
+
+CELL = "<dynamic-code-run-cell>"  # a notebook cell's or an exec'd script's file name
+CELL_SOURCE = """\
+def cell_train_fn(context):
+    ratio = context.rank / 0  # the cell's failing line
+    return ratio
+"""
+
+
+def test_a_train_fn_from_a_cell_shows_its_lines_and_no_trainer_frames(
+    env: dict[str, Any],
+) -> None:
+    """A train_fn whose file exists on the client only (linecache, as IPython keeps cells):
+    its error shows the cell's lines; the trainer's, the zygote's and the runtime's frames
+    are not printed after it."""
+    linecache.cache[CELL] = (len(CELL_SOURCE), None, CELL_SOURCE.splitlines(True), CELL)
+    namespace: dict[str, Any] = {}
+    exec(compile(CELL_SOURCE, CELL, "exec"), namespace)
+    try:
+        with pytest.raises(TrainerFailedError) as e:
+            run(env, namespace["cell_train_fn"], name="run_cell", sync="none", timeout=300)
+    finally:
+        linecache.cache.pop(CELL, None)
+    text = str(e.value)
+    assert "ratio = context.rank / 0  # the cell's failing line" in text, text
+    assert "ZeroDivisionError" in text, text
+    for dvml_frame in ("zygote.py", "trainer.py", "user_program.py", "The above exception"):
+        assert dvml_frame not in text, text
 
 
 def test_a_killed_trainer_then_a_rerun_resumes_from_its_checkpoint(

@@ -199,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         run_program(job, startup)
     except Exception as exc:
         emit(Failed(type=type(exc).__name__, message=str(exc), fatal=True))
+        if getattr(exc, "reported_in_full", False):
+            # The user's traceback is in the message: the trainer's and the zygote's frames
+            # printed after it would only bury it.
+            return 1
         raise
     return 0
 

@@ -26,9 +26,10 @@ from dvml.resolve.tfdata import evaluation_dataset, training_dataset
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.protocol import Report, Returned, SavedModel, emit
 from dvml.train.runtime.seeds import shuffle_seed
+from dvml.train.runtime.shipped import register_sources
 from dvml.train.runtime.startup import Startup
 
-__all__ = ["Checkpoint", "TrainContext", "run"]
+__all__ = ["Checkpoint", "TrainContext", "run", "user_traceback"]
 
 DEFAULT_COMPILE_PARAMS = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
 
@@ -216,14 +217,16 @@ def run(job: dict[str, Any], startup: Startup) -> None:
     startup.mark("strategy")
     with open(job["fn_path"], "rb") as f:
         train_fn = cloudpickle.loads(f.read())
+    register_sources(train_fn, job.get("sources") or {})
     context = TrainContext(job, strategy)
     startup.emit()
     try:
         value = train_fn(context)
     except Exception as exc:
-        raise TrainingError(
-            f"train_fn raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-        ) from exc
+        error = TrainingError(f"train_fn raised {type(exc).__name__}: {exc}\n{user_traceback(exc)}")
+        # The message holds the whole story: the trainer exits without printing its own frames.
+        error.reported_in_full = True  # type: ignore[attr-defined]
+        raise error from exc
     rows = context.local_rows()
     context.close()
     result_path = None
@@ -232,3 +235,29 @@ def run(job: dict[str, Any], startup: Startup) -> None:
         with open(result_path, "wb") as f:
             f.write(cloudpickle.dumps(value))
     emit(Returned(local_rows=rows, result_path=result_path))
+
+
+def _in_dvml(filename: str) -> bool:
+    return filename.startswith(_DVML_DIR)
+
+
+_DVML_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def user_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback from the user's ``train_fn`` down: without the trainer's frames
+    above it, and with dvml's frames below the user's last one trimmed to the first (where
+    the user's call entered dvml), with a one-line note of how many were left out."""
+    tb = exc.__traceback__
+    while tb is not None and _in_dvml(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next  # the trainer's own frames, down to train_fn's
+    frames = traceback.extract_tb(tb)
+    last_user = max((i for i, f in enumerate(frames) if not _in_dvml(f.filename)), default=-1)
+    cut = last_user + 2 if last_user >= 0 else len(frames)  # keep the call into dvml
+    trimmed = len(frames) - cut if cut < len(frames) else 0
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(frames[:cut] if trimmed else frames)
+    if trimmed:
+        lines.append(f"  ({trimmed} frame(s) inside dvml not shown)\n")
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).rstrip("\n")
