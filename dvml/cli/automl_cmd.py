@@ -6,7 +6,10 @@ ranges included, checked when the file is loaded) and an ``automl`` section (met
 ``automl_params``, seed). The command preprocesses the data into ``<name>-train``/``<name>-val``
 (packed once: the search never reads them again) and calls :func:`dvml.automl`, which prints a
 line per decision with the best configuration so far. ``--resume`` continues an ASHA search
-whose client died from its journal, on the datasets it was started on. ``--dry-run`` checks the
+whose client died from its journal and its checkpoints (in the state directory): on the
+datasets it was started on when the cluster still holds them (an attached cluster), else
+(``cluster: local``, whose data died with the killed run) on the source preprocessed again the
+same way, which must give the same data (else the resume is refused). ``--dry-run`` checks the
 file and prints what would run, without a cluster or a registry.
 """
 
@@ -46,7 +49,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--resume", action="store_true",
         help="continue the ASHA search whose client died, from its journal's last decision "
-        "(the datasets are not preprocessed again).",
+        "and its models' checkpoints (each loses at most the iteration it was training). The "
+        "datasets are reused when the cluster still holds them (an attached cluster); with "
+        "cluster: local they died with the killed run and are preprocessed again from the "
+        "same source (refused if that gives other data).",
     )  # fmt: skip
     parser.add_argument(
         "--registry", default=None, metavar="URL",
@@ -94,6 +100,11 @@ def _datasets(args: argparse.Namespace, job: dict[str, Any], client: Any, base: 
     if args.resume and all(dvml.datasets.exists(n, client=client) for n in names):
         print(f"Resuming on the datasets {names[0]}, {names[1]} (not preprocessed again).")
         return dvml.datasets.describe(names[0], client), dvml.datasets.describe(names[1], client)
+    if args.resume:  # cluster: local: the datasets died with the run that was killed
+        print(
+            f"The datasets {names[0]}, {names[1]} are gone with the cluster of the killed "
+            "run: preprocessing them again (the search resumes only on the same data)."
+        )
     print(f"Preprocessing {source.describe()}...")
     return prepare_datasets(job, client, base, source)
 

@@ -338,7 +338,11 @@ class Asha:
     def _departed(self, event: j.Departed) -> j.Queued:
         """Workers left: their speeds are forgotten, ``requeue`` goes first in the queue,
         ``lost`` is failed (a parked or finished one ranks last in its rung from now on)."""
-        reason = f"its state was lost with worker(s) {', '.join(event.workers)}"
+        reason = (
+            f"its state was lost with worker(s) {', '.join(event.workers)}"
+            if event.workers
+            else "its checkpoint was gone when the search resumed"
+        )
         for trial_id in event.lost:
             trial = self.trials[trial_id]
             if trial.status == "running":

@@ -63,13 +63,43 @@ from dvml.train.summary import aggregate
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-__all__ = ["AshaDriver"]
+__all__ = ["AshaDriver", "data_identity", "data_key"]
 
 logger = logging.getLogger("dvml.search")
 
 JOBS_PER_WORKER = 2
 """Jobs a worker runs at once (its trainer trains one at a time; the other job's state moves,
 loads and saves meanwhile)."""
+
+
+_PACKING_ONLY = ("dataset_id", "created_at", "dvml_version", "training_dataset")
+"""Summary fields that change at every preprocessing of the same data."""
+
+
+def data_identity(dataset: Any) -> dict[str, Any]:
+    """What a dataset holds, as its summary and layout say: the same for the same source
+    preprocessed again the same way (same rows, classes, normalization, seed, buffers on the
+    same workers by name), unlike its ``dataset_id``, new at every preprocessing.
+
+    Worker addresses and vineyard instance ids are left out (a new LocalCluster has new ones);
+    the bytes themselves are not read (a source changed in place with the same rows, classes
+    and layout gives the same identity). JSON-able.
+    """
+    identity = {k: v for k, v in dataset.summary.items() if k not in _PACKING_ONLY}
+    rules = identity.get("distribution_rules")
+    if isinstance(rules, dict):
+        identity["distribution_rules"] = {
+            **rules, "resolved": [r.get("name") for r in rules.get("resolved", [])]
+        }  # fmt: skip
+    identity["buffers"] = [
+        [b["index"], b["worker_name"], b["rows"]] for b in dataset.layout["buffers"]
+    ]
+    return identity
+
+
+def data_key(dataset: Any) -> str:
+    """A short key of :func:`data_identity`."""
+    return job_key(data_identity(dataset))
 
 
 def _broken(future: Future) -> bool:
@@ -130,9 +160,12 @@ class AshaDriver:
         self.workers = list(job.workers)
         self.width = len(self.workers)
         self.loss_part = "validation" if job.valid is not None else "training"
+        # keyed by what the datasets hold, not by their dataset_id: a `cluster: local` job
+        # resumed after its cluster died with it preprocesses the same source again (a new
+        # dataset_id) and must find its checkpoints (issue 42)
         self.key = job_key(
-            "automl-asha", model_output, job.train.summary["dataset_id"],
-            job.valid.summary["dataset_id"] if job.valid else None, search.params.text(),
+            "automl-asha", model_output, data_key(job.train),
+            data_key(job.valid) if job.valid else None, search.params.text(),
             search.seed, search.space.grids(), [w.name for w in self.workers], job.seed,
             *job.augment_key,
         )  # fmt: skip
@@ -239,6 +272,12 @@ class AshaDriver:
                 first, holder = kept.pop(key)
                 state = self.hopper.load(key, first, holder)
                 self.resumed_from[key] = first
+            elif first > 0:
+                # resumed, and no checkpoint of its iterations is left: it trains them again
+                # from scratch (never counted as trained from its initial weights)
+                self._line(f"trial {key}: no checkpoint of its {first} iteration(s) is left; "
+                           "it trains them again from scratch")  # fmt: skip
+                first = 0
             self.hopper.add(key, self.specs[key], state, worker)
         elif key in kept:
             first = self.resumed_from[key] = kept.pop(key)[0]
@@ -423,12 +462,17 @@ class AshaDriver:
         self.save_journal(self.search.journal.dumps())
         latest = self._checkpoints()
         kept: dict[int, tuple[int, WorkerInfo]] = {}
+        gone: list[int] = []  # parked or finished, and its rung's checkpoint is gone
         for trial in self.search.trials.values():
             found = latest.get(trial.trial_id, {})
             limit = self.search.levels[trial.target] if trial.status == "running" else \
                 trial.iterations  # fmt: skip
             usable = [t for t in found if trial.iterations <= t <= limit]
             if not usable:
+                # a running one trains again from scratch (_launch); a parked one has no
+                # weights to register or promote: failed, said in the journal
+                if trial.status in ("parked", "finished"):
+                    gone.append(trial.trial_id)
                 continue
             t = max(usable)
             if trial.status == "running":
@@ -443,6 +487,11 @@ class AshaDriver:
                 self.hopper.add(trial.trial_id, self.specs[trial.trial_id], state, found[t])
                 self.hopper.park(trial.trial_id)
                 self.resumed_from[trial.trial_id] = t
+        if gone:
+            self.search.apply(j.Departed([], [], gone, self.now()))
+            self.save_journal(self.search.journal.dumps())
+            self._line(f"failed: trials {gone}, their checkpoints in {self.checkpoint_dir} "
+                       "are gone")  # fmt: skip
         self._line(f"resumed: {len(self.search.trials)} trials, in flight again: "
                    f"{queued.trial_ids}")  # fmt: skip
         return kept

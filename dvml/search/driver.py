@@ -51,7 +51,7 @@ from dvml.names import check_name, check_suffixed_name
 from dvml.registry.database import Registry, open_registry
 from dvml.search import hyperband as hb
 from dvml.search.asha import Asha
-from dvml.search.asha_driver import AshaDriver
+from dvml.search.asha_driver import AshaDriver, data_identity
 from dvml.search.automl_params import (
     AshaParams,
     HyperbandParams,
@@ -267,7 +267,8 @@ def _asha(
     """ASHA on one job of serving trainers; the journal saved in the registry as it goes."""
     job = place_job(reg, client, args)
     search = Asha(space, parsed, args.seed)
-    journal = _running_journal(reg, args.output) if resume else None
+    running = _running_summary(reg, args.output) if resume else None
+    journal = str(running["journal"]) if running is not None else None
     if journal is not None:
         resumed = Asha.from_journal(journal)
         if resumed.journal.header != search.journal.header:
@@ -279,17 +280,43 @@ def _asha(
             )
         search = resumed
 
+    keys: dict[str, Any] = {}
+
     def save(text: str) -> None:
         reg.save_model_selection_run(
             args.output, [], [], {"automl_method": "asha", "status": "running",
                                   "automl_params": parsed.text(), "random_state": args.seed,
-                                  "journal": text},
+                                  "journal": text, **keys},
         )  # fmt: skip
 
     driver = AshaDriver(
         client, reg, job, search, args.output, save, progress=progress,
         resumed=journal is not None, name=name, description=description,
     )  # fmt: skip
+    # the key of the search's checkpoints (its datasets' contents, workers, parameters): a
+    # resume on other data would find none and train its models again from scratch
+    identity = {"training": data_identity(job.train),
+                "validation": data_identity(job.valid) if job.valid else None}  # fmt: skip
+    keys.update(checkpoint_key=driver.key, checkpoint_data=identity)
+    recorded = (running or {}).get("checkpoint_key")
+    if journal is not None and recorded is not None and recorded != driver.key:
+        was = (running or {}).get("checkpoint_data") or {}
+        differ = sorted(
+            f"{part}.{field}"
+            for part in identity
+            for field in {*(identity[part] or {}), *(was.get(part) or {})}
+            if (identity[part] or {}).get(field) != (was.get(part) or {}).get(field)
+        )
+        raise ArgumentError(
+            f"resume=True but search {args.output!r} was started on other datasets or "
+            f"workers: its checkpoints are keyed {recorded!r}, these datasets and workers give "
+            f"{driver.key!r} (differing: {', '.join(differ) or 'the workers'}). Received: "
+            f"training_set={job.train.name!r} "
+            f"({job.train.rows} rows on {[w.name for w in job.workers]}), validation_set="
+            f"{job.valid.name if job.valid else None!r}. Resume on the data the search was "
+            "started on (the same source, preprocessed the same way), or pass resume=False to "
+            "start afresh."
+        )
     return driver.run()
 
 
@@ -306,15 +333,16 @@ def _finished_asha(reg: Registry, model_output: str, parsed: Any) -> bool:
     )
 
 
-def _running_journal(reg: Registry, model_output: str) -> str | None:
-    """The journal of the unfinished ASHA search ``model_output``, if there is one."""
+def _running_summary(reg: Registry, model_output: str) -> dict[str, Any] | None:
+    """The run summary (its journal, its checkpoints' key) of the unfinished ASHA search
+    ``model_output``, if there is one."""
     try:
         summary = reg.model_selection_run(model_output)["summary"]
     except RegistryNotFoundError:
         return None
     if summary.get("automl_method") != "asha" or summary.get("status") != "running":
         return None
-    return str(summary["journal"])
+    return dict(summary)
 
 
 def _most_iterations(parsed: Any) -> int:
