@@ -28,6 +28,7 @@ from tests.helpers.clusters import on_worker, running_cluster, tls_environment
 from tests.helpers.data import (
     CLASSES,
     color_images,
+    iris_frame,
     sort_rows,
     write_image_folder,
     write_tar_shards,
@@ -41,7 +42,7 @@ from tests.helpers.jobs import (
     with_state_dir,
     write_job,
 )
-from tests.helpers.models import cnn, keras, tiny_backbone
+from tests.helpers.models import cnn, iris_mlp, keras, tiny_backbone
 from tests.helpers.netns import (
     NETNS_CLIENT,
     netns_argv,
@@ -93,6 +94,8 @@ __all__ = [
     "dvml_command",
     "execute_notebook",
     "inference_trainers",
+    "iris_frame",
+    "iris_mlp",
     "job_trainers",
     "keras",
     "netns_argv",

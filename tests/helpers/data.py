@@ -1,14 +1,22 @@
-"""Synthetic data the tests build: colour images (arrays, a class folder, tar shards)."""
+"""Data the tests build: colour images (arrays, a class folder, tar shards), iris as a frame."""
 
 from __future__ import annotations
 
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["CLASSES", "color_images", "sort_rows", "write_image_folder", "write_tar_shards"]
+__all__ = [
+    "CLASSES",
+    "color_images",
+    "iris_frame",
+    "sort_rows",
+    "write_image_folder",
+    "write_tar_shards",
+]
 
 CLASSES = ("blue", "green", "red")
 
@@ -66,3 +74,18 @@ def sort_rows(x: np.ndarray) -> np.ndarray:
     """Rows in a canonical order, to compare two sets of feature rows."""
     flat = x.reshape(len(x), -1)
     return flat[np.lexsort(flat.T[::-1])]
+
+
+def iris_frame() -> Any:
+    """scikit-learn's iris, shuffled (seed 0): ``id``, ``x`` (float32 arrays of 4), ``label``."""
+    import pandas as pd
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    return pd.DataFrame(
+        {
+            "id": np.arange(len(iris.target)),
+            "x": list(iris.data.astype("float32")),
+            "label": iris.target,
+        }
+    ).sample(frac=1.0, random_state=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["cnn", "keras", "tiny_backbone"]
+__all__ = ["cnn", "iris_mlp", "keras", "tiny_backbone"]
 
 
 def keras() -> Any:
@@ -26,6 +26,18 @@ def cnn(n_classes: int = 10, input_shape: tuple[int, ...] = (8, 8, 1)) -> Any:
             k.layers.Flatten(),
             k.layers.Dense(32, activation="relu", name="hidden"),
             k.layers.Dense(n_classes, activation="softmax", name="out"),
+        ]
+    )
+
+
+def iris_mlp() -> Any:
+    """A small dense net for iris: 4 inputs, 10 relu units, 3 softmax outputs."""
+    k = keras()
+    return k.Sequential(
+        [
+            k.layers.InputLayer(input_shape=(4,)),
+            k.layers.Dense(10, activation="relu"),
+            k.layers.Dense(3, activation="softmax"),
         ]
     )
 

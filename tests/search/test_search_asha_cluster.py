@@ -18,14 +18,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
-import numpy as np
 import pandas as pd
 import pytest
 
 import dvml
 from dvml.search import journal as j
 from dvml.search.asha import Asha
-from tests.helpers import keras, poll_for, tls_environment, worker_trainers
+from tests.helpers import iris_frame, iris_mlp, poll_for, tls_environment, worker_trainers
 from tests.helpers.vineyard_probes import snapshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -41,27 +40,11 @@ PARAMS = "max_t=9, eta=3, grace_period=1, max_configs=8"
 
 @pytest.fixture(scope="module")
 def env(cluster2: Any) -> Iterator[dict[str, Any]]:
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
-    frame = pd.DataFrame(
-        {
-            "id": np.arange(len(iris.target)),
-            "x": list(iris.data.astype("float32")),
-            "label": iris.target,
-        }
-    ).sample(frac=1.0, random_state=0)
+    frame = iris_frame()
     home = pathlib.Path(tempfile.mkdtemp(prefix="dvml-asha-home-"))
     home.chmod(0o755)
     client = cluster2.client
-    k = keras()
-    model = k.Sequential(
-        [
-            k.layers.InputLayer(input_shape=(4,)),
-            k.layers.Dense(10, activation="relu"),
-            k.layers.Dense(3, activation="softmax"),
-        ]
-    )
+    model = iris_mlp()
     settings = {"dvml.cluster.state-dir": str(home / "state")}
     with dask.config.set(settings):
         dvml.training_preprocessor(

@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
-import numpy as np
-import pandas as pd
 import pytest
 
 import dvml
@@ -21,7 +19,7 @@ from dvml.search import journal as j
 from dvml.search.automl_params import HyperoptParams
 from dvml.search.hyperopt_run import Batch, HyperoptRun
 from dvml.search.search_space import SearchSpace
-from tests.helpers import keras
+from tests.helpers import iris_frame, iris_mlp
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -35,26 +33,10 @@ FIT = {"batch_size": [8, 16], "epochs": [1]}
 
 @pytest.fixture(scope="module")
 def env(cluster2: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
-    frame = pd.DataFrame(
-        {
-            "id": np.arange(len(iris.target)),
-            "x": list(iris.data.astype("float32")),
-            "label": iris.target,
-        }
-    ).sample(frac=1.0, random_state=0)
+    frame = iris_frame()
     tmp = tmp_path_factory.mktemp("automl")
     client = cluster2.client
-    k = keras()
-    model = k.Sequential(
-        [
-            k.layers.InputLayer(input_shape=(4,)),
-            k.layers.Dense(10, activation="relu"),
-            k.layers.Dense(3, activation="softmax"),
-        ]
-    )
+    model = iris_mlp()
     with dask.config.set({"dvml.cluster.state-dir": str(tmp / "state")}):
         dvml.training_preprocessor(
             frame.iloc[:120], y="label", x="x", name="automl_iris", overwrite=True, client=client

@@ -14,13 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
-import numpy as np
-import pandas as pd
 import pytest
 
 import dvml
 from dvml.search import journal as j
-from tests.helpers import Background, keras, poll_for
+from tests.helpers import Background, iris_frame, iris_mlp, poll_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -39,24 +37,8 @@ BOUND_S = 30.0  # the watcher's: a probe every 2 s, 3 s of TCP timeout; generous
 def env(local_cluster: Any, tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
     """A 2-worker LocalCluster of the test's own (a killed worker's Nanny starts a new worker
     process: it must be closed with the test), iris packed on it, a registry."""
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
-    frame = pd.DataFrame(
-        {
-            "id": np.arange(len(iris.target)),
-            "x": list(iris.data.astype("float32")),
-            "label": iris.target,
-        }
-    ).sample(frac=1.0, random_state=0)
-    k = keras()
-    model = k.Sequential(
-        [
-            k.layers.InputLayer(input_shape=(4,)),
-            k.layers.Dense(10, activation="relu"),
-            k.layers.Dense(3, activation="softmax"),
-        ]
-    )
+    frame = iris_frame()
+    model = iris_mlp()
     settings = {"dvml.cluster.state-dir": str(tmp_path / "state")}
     cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
     client = cluster.client

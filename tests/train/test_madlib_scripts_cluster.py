@@ -14,7 +14,6 @@ from typing import Any
 
 import dask
 import numpy as np
-import pandas as pd
 import pytest
 
 import dvml
@@ -22,7 +21,7 @@ from dvml.exceptions import RegistryError
 from dvml.registry.custom import check_source, compile_function
 from dvml.train import config_search as cs
 from dvml.train import params as p
-from tests.helpers import keras
+from tests.helpers import iris_frame, iris_mlp, keras
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -41,26 +40,10 @@ def _events(root: pathlib.Path) -> list[pathlib.Path]:
 
 @pytest.fixture(scope="module")
 def env(cluster2: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
-    frame = pd.DataFrame(
-        {
-            "id": np.arange(len(iris.target)),
-            "x": list(iris.data.astype("float32")),
-            "label": iris.target,
-        }
-    ).sample(frac=1.0, random_state=0)
+    frame = iris_frame()
     tmp = tmp_path_factory.mktemp("madlib_scripts")
     client = cluster2.client
-    k = keras()
-    model = k.Sequential(
-        [
-            k.layers.InputLayer(input_shape=(4,)),
-            k.layers.Dense(10, activation="relu"),
-            k.layers.Dense(3, activation="softmax"),
-        ]
-    )
+    model = iris_mlp()
     with dask.config.set({"dvml.cluster.state-dir": str(tmp / "state")}):
         dvml.training_preprocessor(
             frame.iloc[:120], y="label", x="x", name="mc_iris", overwrite=True, client=client
