@@ -2,9 +2,9 @@
 ``cluster: local`` (the shipped example's set-up: the cluster dies with the CLI, and the resume
 preprocesses the same source again into new vineyard objects) and on an attached cluster that
 outlives the CLI. The CLI is killed at several moments of an ASHA search (a model parked at
-rung 0, all of rung 0 parked, a promoted model between two of its iterations), resumed, and
+rung 0, all of rung 0 parked; mid-hop is defined but not run, see below), resumed, and
 compared with an uninterrupted search of the same seed: the same configurations and models
-registered, the same rungs, every model with the iterations its ``.info`` row says, and every
+registered, the same rungs and losses, every model with the iterations its ``.info`` row says, every
 loss the killed run reported kept. Iris (repeated, so that an iteration lasts long enough to be
 killed in), one worker's rows (the reference and the resumed run see the same data on every
 hop), 3 configurations, rungs at 1 and 3 iterations."""
@@ -172,9 +172,9 @@ MOMENTS: dict[str, Callable[[pathlib.Path], bool]] = {
 
 @pytest.mark.parametrize(
     ("where", "moment"),
-    # ("local", "hop") is left out: on a slow machine its search ended before a hop was caught
-    # in flight (CI of the first submission); the attached case kills mid-hop.
-    [("local", "parked"), ("local", "between-rungs"), ("attached", "hop")],
+    # The "hop" moment is left out: the search often ends before a hop is caught in flight
+    # (seen with both cluster kinds); a model in flight is covered between rungs.
+    [("local", "parked"), ("local", "between-rungs"), ("attached", "parked")],
 )
 def test_a_killed_search_resumes_to_what_an_uninterrupted_one_gives(
     where: str, moment: str, reference: dict[str, Any], inputs: pathlib.Path, cluster2: Any,
@@ -235,6 +235,10 @@ def test_a_killed_search_resumes_to_what_an_uninterrupted_one_gives(
         assert row["compile_params"] == want["compile_params"]
         assert row["metrics_iters"] == list(range(1, int(row["iterations"]) + 1)), (k, row)
         assert len(row["validation_loss"]) == int(row["iterations"])
+        # the same metrics as the uninterrupted search (hop trainers seed every generator)
+        assert row["iterations"] == want["iterations"], (k, row, want)
+        assert row["validation_loss"] == pytest.approx(want["validation_loss"], rel=1e-4), k
+        assert row["training_loss"] == pytest.approx(want["training_loss"], rel=1e-4), k
     # the metrics of the killed run are kept: every loss it reported is the resumed .info's
     for _, d in killed.pairs():
         if isinstance(d, j.Park | j.Finish):
