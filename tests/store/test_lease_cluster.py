@@ -12,11 +12,13 @@ makes the fit fail instead of registering its model.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import dask
@@ -47,6 +49,24 @@ def _digits() -> pd.DataFrame:
             "label": d.target[:1200],
         }
     )
+
+
+@contextlib.contextmanager
+def _packed_digits(
+    client: Any, tmp_path: pathlib.Path, name: str
+) -> Iterator[tuple[dvml.Registry, int]]:
+    """Digits packed as ``name`` (state directory under ``tmp_path``), a registry and the CNN's
+    architecture id in it; the registry is closed after."""
+    with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
+        dvml.training_preprocessor(
+            _digits(), y="label", x="pixels", normalizing_const=16.0, name=name,
+            overwrite=True, client=client,
+        )  # fmt: skip
+        registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+        try:
+            yield registry, dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+        finally:
+            registry.close()
 
 
 def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pathlib.Path):
@@ -140,31 +160,22 @@ def test_a_fit_whose_dataset_was_dropped_with_force_registers_nothing(
     cluster2: Any, tmp_path: pathlib.Path
 ) -> None:
     client = cluster2.client
-    with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
-        dvml.training_preprocessor(
-            _digits(), y="label", x="pixels", normalizing_const=16.0, name="forced_digits",
-            overwrite=True, client=client,
+    with _packed_digits(client, tmp_path, "forced_digits") as (registry, arch):
+        fitting = Background(
+            lambda seen: dvml.fit(
+                "forced_digits", "forced_model", arch, compile_params=COMPILE,
+                fit_params="batch_size=32, epochs=1", num_iterations=6, registry=registry,
+                client=client, on_iteration=seen, progress=False,
+            )
         )  # fmt: skip
-        registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-        try:
-            arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
-            fitting = Background(
-                lambda seen: dvml.fit(
-                    "forced_digits", "forced_model", arch, compile_params=COMPILE,
-                    fit_params="batch_size=32, epochs=1", num_iterations=6, registry=registry,
-                    client=client, on_iteration=seen, progress=False,
-                )
-            )  # fmt: skip
-            assert fitting.first.wait(300), "the fit did not reach its first iteration"
-            dvml.datasets.drop("forced_digits", client=client, force=True)  # under the trainers
-            assert not fitting.done(), "the fit ended before the forced drop: raise iterations"
-            error = fitting.error()
-            assert isinstance(error, LeaseBrokenError), error
-            assert "dvml.fit of model 'forced_model'" in str(error)
-            assert "a drop with force=True from pid" in str(error)
-            assert registry.list_models().empty  # nothing registered as if all went well
-        finally:
-            registry.close()
+        assert fitting.first.wait(300), "the fit did not reach its first iteration"
+        dvml.datasets.drop("forced_digits", client=client, force=True)  # under the trainers
+        assert not fitting.done(), "the fit ended before the forced drop: raise iterations"
+        error = fitting.error()
+        assert isinstance(error, LeaseBrokenError), error
+        assert "dvml.fit of model 'forced_model'" in str(error)
+        assert "a drop with force=True from pid" in str(error)
+        assert registry.list_models().empty  # nothing registered as if all went well
     assert not dvml.datasets.exists("forced_digits", client=client)
     assert read_leases(client) == []  # the broken lease was given back
 
@@ -177,14 +188,8 @@ def test_fit_multiple_refuses_a_model_output_too_long_for_its_names(
     from dvml.names import MAX_NAME_LENGTH
 
     client = cluster2.client
-    with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
-        dvml.training_preprocessor(
-            _digits(), y="label", x="pixels", normalizing_const=16.0, name="long_digits",
-            overwrite=True, client=client,
-        )  # fmt: skip
-        registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    with _packed_digits(client, tmp_path, "long_digits") as (registry, arch):
         try:
-            arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
             table = pd.DataFrame(
                 [{"mst_key": k, "model_id": arch, "compile_params": COMPILE,
                   "fit_params": f"batch_size={16 * k}, epochs=1"} for k in (1, 2)]
@@ -196,5 +201,4 @@ def test_fit_multiple_refuses_a_model_output_too_long_for_its_names(
                 )  # fmt: skip
             assert registry.list_models().empty  # nothing trained, nothing registered
         finally:
-            registry.close()
             dvml.datasets.drop("long_digits", client=client)
