@@ -189,6 +189,7 @@ _LEASER = textwrap.dedent(
     from dvml.store.leases import holding
     client = Client(sys.argv[1])
     print("connected", flush=True)
+    sys.stdin.readline()  # the test's drop holds its claim now
     with holding(["digits"], job="late fit", client=client):
         print("leased", flush=True)
     client.close()
@@ -202,13 +203,17 @@ def test_a_job_cannot_lease_a_dataset_while_it_is_being_dropped(
 ) -> None:
     late = subprocess.Popen(
         [sys.executable, "-c", _LEASER, cluster2.scheduler_address],
-        stdout=subprocess.PIPE, text=True, env=holder_env,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=holder_env,
     )  # fmt: skip
     try:
-        assert late.stdout is not None and late.stdout.readline().strip() == "connected"
-        # It waits for the drop (the claim), so it is still running while the block runs.
+        assert late.stdin is not None and late.stdout is not None
+        assert late.stdout.readline().strip() == "connected"
+        # It asks for its lease only once the drop holds its claim (else it could lease first
+        # and the drop be refused), then waits for the drop, so it still runs while the block runs.
         waits = pytest.raises(subprocess.TimeoutExpired)
         with unleased("digits", "drop", client=cluster2.client), waits:
+            late.stdin.write("go\n")
+            late.stdin.flush()
             late.wait(timeout=3)
         assert late.stdout.readline().strip() == "leased"
         assert late.wait(timeout=60) == 0
