@@ -1,18 +1,20 @@
 """``dvml automl --config FILE --resume`` after a SIGKILL of the CLI (issue 42), with
 ``cluster: local`` (the shipped example's set-up: the cluster dies with the CLI, and the resume
-preprocesses the same source again into new vineyard objects) and on an attached cluster that
-outlives the CLI. The CLI is killed at several moments of an ASHA search (a model parked at
-rung 0, all of rung 0 parked; mid-hop is defined but not run, see below), resumed, and
-compared with an uninterrupted search of the same seed: the same configurations and models
-registered, the same rungs and losses, every model with the iterations its ``.info`` row says, every
-loss the killed run reported kept. Iris (repeated, so that an iteration lasts long enough to be
-killed in), one worker's rows (the reference and the resumed run see the same data on every
-hop), 3 configurations, rungs at 1 and 3 iterations."""
+preprocesses the same source again into new vineyard objects) and on a cluster started by
+``dvml cluster up`` that outlives the CLI. The CLI is killed at several moments of an ASHA
+search (a model parked at rung 0, all of rung 0 parked, a promoted model in flight), resumed,
+and compared with an uninterrupted search of the same seed: the same configurations and models
+registered, the same rungs and losses, every model with the iterations its ``.info`` row says,
+every loss the killed run reported kept. Iris (repeated, so that an iteration lasts long enough
+to be killed in), one worker's rows (the reference and the resumed run see the same data on
+every hop), 3 configurations, rungs at 1 and 3 iterations."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +29,8 @@ import pytest
 
 import dvml
 from dvml.search import journal as j
-from tests.helpers import keras, poll_for, tls_environment, with_state_dir, worker_trainers
+from tests.helpers import job_trainers, keras, poll_for, tls_environment, with_state_dir
+from tests.helpers.trainers import forked_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -78,8 +81,6 @@ def inputs() -> Iterator[pathlib.Path]:
                           k.layers.Dense(3, activation="softmax")])  # fmt: skip
     (home / "iris.json").write_text(model.to_json())
     yield home
-    import shutil
-
     shutil.rmtree(home, ignore_errors=True)
 
 
@@ -127,8 +128,6 @@ def reference(inputs: pathlib.Path, cluster2: Any) -> Iterator[dict[str, Any]]:
     for name in (f"{NAME}-train", f"{NAME}-val"):
         if dvml.datasets.exists(name, client=cluster2.client):
             dvml.datasets.drop(name, client=cluster2.client)
-    import shutil
-
     shutil.rmtree(home, ignore_errors=True)
 
 
@@ -146,43 +145,83 @@ def _decisions(home: pathlib.Path, kind: type) -> list[Any]:
     return [] if journal is None else [d for _, d in journal.pairs() if isinstance(d, kind)]
 
 
-def _on_disk(home: pathlib.Path) -> dict[int, int]:
+def _on_disk(state: pathlib.Path) -> dict[int, int]:
     """The last checkpointed iteration of each trial, in the state directory."""
     found: dict[int, int] = {}
-    for path in (home / "state" / "checkpoints").glob(f"{NAME}-asha-*/*.npz"):
+    for path in (state / "checkpoints").glob(f"{NAME}-asha-*/*.npz"):
         k, t = (int(x) for x in path.name[: -len(".npz")].split("-"))
         found[k] = max(found.get(k, 0), t)
     return found
 
 
-def _mid_hop(home: pathlib.Path) -> bool:
-    """A promoted model has checkpointed its first new iteration, not its last."""
-    promoted = {d.trial_id for d in _decisions(home, j.Promote)}
+def _in_flight(home: pathlib.Path) -> bool:
+    """A promoted model trains: promoted past rung 0, not finished (its hop trains iterations
+    2 and 3, the window this moment catches)."""
     finished = {d.trial_id for d in _decisions(home, j.Finish)}
-    disk = _on_disk(home)
-    return any(disk.get(k, 0) == 2 and k not in finished for k in promoted)
+    return any(d.trial_id not in finished for d in _decisions(home, j.Promote))
 
 
 MOMENTS: dict[str, Callable[[pathlib.Path], bool]] = {
     "parked": lambda home: len(_decisions(home, j.Park)) >= 1,
     "between-rungs": lambda home: len(_decisions(home, j.Park)) >= 3,
-    "hop": _mid_hop,
+    "hop": _in_flight,
 }
+
+
+@pytest.fixture(scope="module")
+def up_state() -> Iterator[pathlib.Path]:
+    """The state directory of a cluster started by ``dvml cluster up`` (2 workers, TLS): the
+    job files of the "up" cases name no cluster, so the CLI attaches to the recorded one."""
+    home = pathlib.Path(tempfile.mkdtemp(prefix="dvml-automl-up-"))
+    state = home / "state"
+    command = [sys.executable, "-m", "dvml", "cluster"]
+    up = subprocess.run([*command, "up", "--state-dir", str(state), "--n-workers", "2",
+                         "--vineyard-memory", "128MiB"],
+                        capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    try:
+        assert up.returncode == 0, (up.stdout[-2000:], up.stderr[-2000:])
+        yield state
+    finally:
+        subprocess.run([*command, "down", "--state-dir", str(state)], capture_output=True,
+                       timeout=120, check=False)  # fmt: skip
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _up_trainers(state: pathlib.Path) -> list[int]:
+    """The search's trainers on the ``dvml cluster up`` cluster: below its serve process, or
+    forked by its zygote (working in the cluster's directory)."""
+    recorded = json.loads((state / "cluster.json").read_text())
+    pids = [c.pid for c in psutil.Process(int(recorded["pid"])).children(recursive=True)]
+    here = str(recorded["directory"])
+    pids += [p for p, cwd in forked_trainers().items() if cwd.startswith(here + os.sep)]
+    return job_trainers(pids, model_output=NAME)
+
+
+def _drop_search_datasets(env: dict[str, str]) -> None:
+    for name in (f"{NAME}-train", f"{NAME}-val"):
+        done = subprocess.run([sys.executable, "-m", "dvml", "datasets", "drop", name,
+                               "--missing-ok"], capture_output=True, text=True, timeout=120,
+                              env=env, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
     ("where", "moment"),
-    # The "hop" moment is left out: the search often ends before a hop is caught in flight
-    # (seen with both cluster kinds); a model in flight is covered between rungs.
-    [("local", "parked"), ("local", "between-rungs"), ("attached", "parked")],
+    [("local", "parked"), ("local", "hop"), ("up", "between-rungs"), ("up", "hop")],
 )
 def test_a_killed_search_resumes_to_what_an_uninterrupted_one_gives(
-    where: str, moment: str, reference: dict[str, Any], inputs: pathlib.Path, cluster2: Any,
-    tmp_path: pathlib.Path,
+    where: str, moment: str, reference: dict[str, Any], inputs: pathlib.Path,
+    tmp_path: pathlib.Path, request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
-    cluster = LOCAL if where == "local" else f"cluster:\n  scheduler: {cluster2.scheduler_address}"
+    if where == "local":
+        state, cluster = tmp_path / "state", LOCAL
+        env = {**with_state_dir(state), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    else:  # the job file names no cluster: the one `dvml cluster up` recorded in state
+        state, cluster = request.getfixturevalue("up_state"), ""
+        env = {**with_state_dir(state), "TF_CPP_MIN_LOG_LEVEL": "3"}
+        shutil.rmtree(state / "checkpoints", ignore_errors=True)  # an earlier case's
+        _drop_search_datasets(env)
     path = job_file(tmp_path, inputs, cluster)
-    env = environment(tmp_path, cluster2)
     log = open(tmp_path / "killed.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen([sys.executable, "-m", "dvml", "automl", "--config", str(path)],
                             stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
@@ -203,10 +242,10 @@ def test_a_killed_search_resumes_to_what_an_uninterrupted_one_gives(
         assert poll_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
                                         for p in descendants), 60), descendants  # fmt: skip
     else:
-        assert poll_for(lambda: not worker_trainers(cluster2, model_output=NAME), 60)
+        assert poll_for(lambda: not _up_trainers(state), 60)
     killed = _journal(tmp_path)
     assert killed is not None
-    on_disk = _on_disk(tmp_path)
+    on_disk = _on_disk(state)
 
     out = run_cli(path, env, "--resume")
     if where == "local":  # its datasets died with the killed run's cluster
@@ -245,7 +284,5 @@ def test_a_killed_search_resumes_to_what_an_uninterrupted_one_gives(
             trial = got["info"][d.trial_id]
             at = 1 if isinstance(d, j.Park) and d.rung == 0 else int(trial["iterations"])
             assert trial["validation_loss"][at - 1] == pytest.approx(d.loss, rel=1e-6), d
-    if where == "attached":
-        for name in (f"{NAME}-train", f"{NAME}-val"):
-            if dvml.datasets.exists(name, client=cluster2.client):
-                dvml.datasets.drop(name, client=cluster2.client)
+    if where == "up":
+        _drop_search_datasets(env)
