@@ -207,7 +207,8 @@ def _drop_search_datasets(env: dict[str, str]) -> None:
 
 @pytest.mark.parametrize(
     ("where", "moment"),
-    [("local", "parked"), ("local", "hop"), ("up", "between-rungs"), ("up", "hop")],
+    # every moment, each cluster kind (a fourth case, up-hop, passes too: left out for time)
+    [("local", "parked"), ("local", "hop"), ("up", "between-rungs")],
 )
 def test_a_killed_search_resumes_to_what_an_uninterrupted_one_gives(
     where: str, moment: str, reference: dict[str, Any], inputs: pathlib.Path,

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 import dvml
-from dvml.exceptions import TrainerFailedError
+from dvml.exceptions import RegistryNotFoundError, TrainerFailedError
 from tests.helpers import Background, cnn, pid_gone, poll_for, worker_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -150,7 +150,9 @@ def test_rerun_after_a_killed_worker_resumes_each_model_from_its_own_checkpoint(
         assert isinstance(error, TrainerFailedError), repr(error)
         assert "worker-1" in str(error) and "left the cluster" in str(error), str(error)
         assert poll_for(lambda: all(pid_gone(p) for p in trainers), 60), trainers
-        assert not registry.model_exists(f"{output}_1")
+        assert not any(registry.model_exists(f"{output}_{k}") for k in KEYS)
+        with pytest.raises(RegistryNotFoundError):
+            registry.model_selection_run(output)  # nothing of the stopped job registered
         # what the stopped job left on disk (a checkpoint task under way may still finish)
         last: list[set[str] | None] = [None]
 
