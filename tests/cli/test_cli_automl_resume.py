@@ -29,7 +29,14 @@ import pytest
 
 import dvml
 from dvml.search import journal as j
-from tests.helpers import job_trainers, keras, poll_for, tls_environment, with_state_dir
+from tests.helpers import (
+    job_trainers,
+    keras,
+    pid_gone,
+    poll_for,
+    tls_environment,
+    with_state_dir,
+)  # fmt: skip
 from tests.helpers.trainers import forked_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -240,8 +247,7 @@ def test_a_killed_search_resumes_to_what_an_uninterrupted_one_gives(
     # nothing of the killed run trains on: its LocalCluster's processes die with it (or, on
     # an attached cluster, its trainers stop), so no checkpoint is written after this
     if where == "local":
-        assert poll_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                                        for p in descendants), 60), descendants  # fmt: skip
+        assert poll_for(lambda: all(pid_gone(p.pid) for p in descendants), 60), descendants
     else:
         assert poll_for(lambda: not _up_trainers(state), 60)
     killed = _journal(tmp_path)
