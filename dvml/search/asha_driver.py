@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distributed.client import FutureCancelledError
@@ -138,6 +139,9 @@ class AshaDriver:
         The search's name (its models are ``f"{model_output}_{trial_id}"``).
     save_journal : callable
         ``save_journal(text)`` stores the journal in the registry.
+    check : callable, optional
+        Called after each hop; raises to stop the search (``Lease.check``: a dataset dropped
+        with ``force=True`` under it).
     """
 
     def __init__(
@@ -153,8 +157,12 @@ class AshaDriver:
         resumed: bool = False,
         name: str | None = None,
         description: str | None = None,
+        check: Callable[[], None] = lambda: None,
     ) -> None:
         self.client, self.reg, self.job, self.search = client, reg, job, search
+        # raises when the search must stop (its dataset lease broken by a forced drop): asked
+        # after each hop, so a search on freed memory stops at once rather than at its end
+        self.check = check
         self.model_output, self.save_journal, self.progress = model_output, save_journal, progress
         self.resumed, self.name, self.description = resumed, name, description
         self.workers = list(job.workers)
@@ -368,6 +376,7 @@ class AshaDriver:
             self.hopper.park(key)
         self.save_journal(self.search.journal.dumps())
         self._line(f"trial {key} {self._said(decision)}; {self._best_line()}")
+        self.check()
         return []
 
     def _collect(self, done: Running) -> tuple[float | None, list[WorkerInfo]]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -211,13 +211,16 @@ def automl(
         metrics_compute_frequency, use_gpus, False, custom_objects, seed, None, augment,
     )  # fmt: skip
     # The datasets are leased for the whole search: a drop or overwrite is refused meanwhile.
+    # Checked after each hop (ASHA) or diagonal/batch: a forced drop stops the search at once.
     with holding(
         [training_set, validation_set], job=f"dvml.automl {model_output!r}", client=client
-    ):
+    ) as lease:
         if isinstance(parsed, AshaParams):
-            outcome = _asha(reg, client, args, space, parsed, resume, progress, name, description)
+            outcome = _asha(reg, client, args, space, parsed, resume, progress, name,
+                            description, lease.check)  # fmt: skip
         else:
-            outcome = _hop_search(reg, client, args, space, parsed, progress, name, description)
+            outcome = _hop_search(reg, client, args, space, parsed, progress, name, description,
+                                  lease.check)  # fmt: skip
     info, models, summary = outcome.info, outcome.models, outcome.summary
     rows = [info[k] for k in sorted(info)]
     ranked = sorted(rows, key=lambda r: (hb.rank_key(_loss(r, loss_column)), r["mst_key"]))
@@ -263,6 +266,7 @@ def _asha(
     progress: bool,
     name: str | None,
     description: str | None,
+    check: Callable[[], None],
 ) -> SearchOutcome:
     """ASHA on one job of serving trainers; the journal saved in the registry as it goes."""
     job = place_job(reg, client, args)
@@ -291,7 +295,7 @@ def _asha(
 
     driver = AshaDriver(
         client, reg, job, search, args.output, save, progress=progress,
-        resumed=journal is not None, name=name, description=description,
+        resumed=journal is not None, name=name, description=description, check=check,
     )  # fmt: skip
     # the key of the search's checkpoints (its datasets' contents, workers, parameters): a
     # resume on other data would find none and train its models again from scratch
@@ -363,6 +367,7 @@ def _hop_search(
     progress: bool,
     name: str | None,
     description: str | None,
+    check: Callable[[], None],
 ) -> SearchOutcome:
     """Hyperband or hyperopt on one job of serving trainers (:class:`HopSearch`)."""
     job = place_job(reg, client, args)
@@ -378,11 +383,11 @@ def _hop_search(
                        progress=progress, name=name, description=description)  # fmt: skip
     try:
         if isinstance(scheduler, hb.HyperbandRun):
-            _hyperband(scheduler, space, args.seed, search, progress)
+            _hyperband(scheduler, space, args.seed, search, progress, check)
             columns = {k: {"s": scheduler.bracket_of[k], "i": scheduler.last_round[k]}
                        for k in scheduler.bracket_of}  # fmt: skip
         else:
-            _hyperopt(scheduler, search, progress)
+            _hyperopt(scheduler, search, progress, check)
             columns = {}
     except BaseException:
         search.stop()
@@ -391,7 +396,12 @@ def _hop_search(
 
 
 def _hyperband(
-    search: hb.HyperbandRun, space: SearchSpace, seed: int | None, hop: HopSearch, progress: bool
+    search: hb.HyperbandRun,
+    space: SearchSpace,
+    seed: int | None,
+    hop: HopSearch,
+    progress: bool,
+    check: Callable[[], None],
 ) -> None:
     """MADlib's diagonals: each one's survivors and new bracket trained together."""
     g = space.grids()
@@ -412,9 +422,12 @@ def _hyperband(
         losses.update(found)
         search.report(found)
         _progress(progress, losses)
+        check()
 
 
-def _hyperopt(search: HyperoptRun, hop: HopSearch, progress: bool) -> None:
+def _hyperopt(
+    search: HyperoptRun, hop: HopSearch, progress: bool, check: Callable[[], None]
+) -> None:
     """MADlib's batches: each trained from scratch, its losses told to the sampler."""
     losses: dict[int, float | None] = {}
     while (batch := search.next_batch()) is not None:
@@ -426,6 +439,7 @@ def _hyperopt(search: HyperoptRun, hop: HopSearch, progress: bool) -> None:
         losses.update(found)
         search.report(found)
         _progress(progress, losses)
+        check()
 
 
 def _progress(progress: bool, losses: Mapping[int, float | None]) -> None:

@@ -13,6 +13,7 @@ makes the fit fail instead of registering its model.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import stat
@@ -28,7 +29,7 @@ import pytest
 import dvml
 from dvml.exceptions import DatasetInUseError, LeaseBrokenError
 from dvml.store.leases import read_leases
-from tests.helpers import REPO, Background, cnn, tls_environment
+from tests.helpers import REPO, Background, cnn, poll_for, tls_environment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -178,6 +179,48 @@ def test_a_fit_whose_dataset_was_dropped_with_force_registers_nothing(
         assert registry.list_models().empty  # nothing registered as if all went well
     assert not dvml.datasets.exists("forced_digits", client=client)
     assert read_leases(client) == []  # the broken lease was given back
+
+
+def test_a_search_whose_dataset_was_dropped_with_force_stops_at_its_next_hop(
+    cluster2: Any, tmp_path: pathlib.Path
+) -> None:
+    """ASHA checks its lease after each hop: a forced drop stops the search long before its
+    end (it used to train every configuration on freed memory, then fail)."""
+    client = cluster2.client
+    compile_grid = {"loss": ["categorical_crossentropy"], "metrics": ["accuracy"],
+                    "optimizer_params_list": [{"optimizer": ["Adam"],
+                                               "lr": [1e-3, 3e-3, 1e-2, 3e-2]}]}  # fmt: skip
+    with _packed_digits(client, tmp_path, "forced_search_digits") as (registry, arch):
+        searching = Background(
+            lambda seen: dvml.automl(
+                "forced_search_digits", "forced_search", [arch], compile_grid,
+                {"batch_size": [32], "epochs": [1]}, method="asha",
+                params="max_t=9, eta=3, grace_period=1, max_configs=8", seed=3,
+                progress=False, registry=registry, client=client,
+            )
+        )  # fmt: skip
+
+        def decisions() -> list[str]:
+            with dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}") as reg:
+                try:
+                    text = reg.model_selection_run("forced_search")["summary"]["journal"]
+                except dvml.DvmlError:
+                    return []
+            return [r["event"]["type"] for r in json.loads(text)["records"]]
+
+        assert poll_for(lambda: searching.done() or "result" in decisions(), 300)
+        dvml.datasets.drop("forced_search_digits", client=client, force=True)
+        at_drop = decisions()
+        error = searching.error()
+        assert isinstance(error, LeaseBrokenError), error
+        assert "dvml.automl 'forced_search'" in str(error)
+        # it stopped at its next hop (the one in flight may still finish): no model went on to
+        # train on the freed memory, and none failed on it
+        after = decisions()
+        assert after.count("result") <= at_drop.count("result") + 2, (at_drop, after)
+        assert "failure" not in after, after
+        assert registry.list_models().empty
+    assert read_leases(client) == []
 
 
 def test_fit_multiple_refuses_a_model_output_too_long_for_its_names(
