@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from dvml import config
 from dvml.cluster.workers import current_client
 from dvml.exceptions import ArgumentError, RegistryNotFoundError
 from dvml.names import check_name, check_suffixed_name
@@ -66,8 +67,9 @@ from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.train import config_search as cs
 from dvml.train.fit_multiple import ModelSelection
+from dvml.train.model_lock import holding_output
 from dvml.train.outputs import check_outputs_free, existing_outputs
-from dvml.train.runtime.plan import JobArgs, place_job
+from dvml.train.runtime.plan import JobArgs, now, place_job, utc_text
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -186,6 +188,9 @@ def automl(
     ArgumentError, ArgumentTypeError
         Before anything trains: an unknown method, MADlib's ``automl_params`` refusals, a bad
         grid or name.
+    FitRunningError
+        Another ``automl`` or ``fit_multiple`` of ``model_output`` is running (in this or
+        another process of this state directory); nothing was started.
     """
     check_name(model_output, "model_output")
     parsed = parse_automl_params(method, params)
@@ -210,17 +215,36 @@ def automl(
         model_output, training_set, validation_set, _most_iterations(parsed),
         metrics_compute_frequency, use_gpus, False, custom_objects, seed, None, augment,
     )  # fmt: skip
-    # The datasets are leased for the whole search: a drop or overwrite is refused meanwhile.
-    # Checked after each hop (ASHA) or diagonal/batch: a forced drop stops the search at once.
-    with holding(
-        [training_set, validation_set], job=f"dvml.automl {model_output!r}", client=client
-    ) as lease:
-        if isinstance(parsed, AshaParams):
-            outcome = _asha(reg, client, args, space, parsed, resume, progress, name,
-                            description, lease.check)  # fmt: skip
-        else:
-            outcome = _hop_search(reg, client, args, space, parsed, progress, name, description,
-                                  lease.check)  # fmt: skip
+    # One run per model_output at a time (with fit_multiple's): a second search would share
+    # this one's checkpoints (an ASHA resume its journal). Held until the outputs are saved.
+    job = f"dvml.automl {model_output!r} method={method.strip().lower()!r}"
+    with holding_output(config.state_dir(), model_output, job, "dvml.automl"):
+        # The datasets are leased for the whole search: a drop or overwrite is refused meanwhile.
+        # Checked after each hop (ASHA) or diagonal/batch: a forced drop stops the search at once.
+        with holding(
+            [training_set, validation_set], job=f"dvml.automl {model_output!r}", client=client
+        ) as lease:
+            if isinstance(parsed, AshaParams):
+                outcome = _asha(reg, client, args, space, parsed, resume, progress, name,
+                                description, lease.check)  # fmt: skip
+            else:
+                outcome = _hop_search(reg, client, args, space, parsed, progress, name,
+                                      description, lease.check)  # fmt: skip
+        _save(reg, args, outcome, method, parsed, loss_column, started)
+    return AutoMLResult(model_output, reg)
+
+
+def _save(
+    reg: Registry,
+    args: JobArgs,
+    outcome: SearchOutcome,
+    method: str,
+    parsed: AshaParams | HyperbandParams | HyperoptParams,
+    loss_column: str,
+    started: float,
+) -> None:
+    """Register the search's run (``.info``, ``.summary``) and its best configuration's table."""
+    model_output, seed, custom_objects = args.output, args.seed, args.custom_objects
     info, models, summary = outcome.info, outcome.models, outcome.summary
     rows = [info[k] for k in sorted(info)]
     ranked = sorted(rows, key=lambda r: (hb.rank_key(_loss(r, loss_column)), r["mst_key"]))
@@ -236,8 +260,9 @@ def automl(
         best_mst_key=int(best["mst_key"]),
         mst_keys=[int(r["mst_key"]) for r in rows],
         model_names=[r["model_name"] for r in rows],
-        start_training_time=pd.Timestamp(started, unit="s").isoformat(),
-        end_training_time=pd.Timestamp(time.time(), unit="s").isoformat(),
+        # as every other summary writes them (UTC, ISO 8601, seconds, with the offset)
+        start_training_time=utc_text(started),
+        end_training_time=now(),
         journal=outcome.journal,
         status="finished",
     )
@@ -253,7 +278,6 @@ def automl(
         description=f"the best configuration of automl run {model_output!r}",
         replace=True,
     )
-    return AutoMLResult(model_output, reg)
 
 
 def _asha(

@@ -46,6 +46,7 @@ from dvml.train.hop_schedule import (
     resumed_from,
 )
 from dvml.train.model import Model
+from dvml.train.model_lock import holding_output
 from dvml.train.model_selection import resolve_model_configs
 from dvml.train.outputs import check_outputs_free, existing_outputs, model_exists
 from dvml.train.params import params_text
@@ -251,6 +252,9 @@ def fit_multiple(
     TrainerFailedError
         A trainer or a worker failed during a hop: every trainer is stopped and nothing is
         registered; run the same call again to resume.
+    FitRunningError
+        Another ``fit_multiple`` or ``automl`` of ``model_output`` is running (in this or
+        another process of this state directory); nothing was started.
     """
     del use_caching  # dvml always keeps the data in memory (MADlib's use_caching=TRUE)
     reg = open_registry(registry)
@@ -268,17 +272,21 @@ def fit_multiple(
             use_gpus, warm_start, custom_objects, seed, timeout, augment,
         )  # fmt: skip
         plan = _plan(reg, client, args, configs)
-        start = now()
-        started = time.time()
-        with _hopper(client, plan, started) as hopper:
-            points, states, history = _resume(hopper, plan, resume)
-            records, evals = _run(hopper, plan, points, states, progress)
-            weights = hopper.weights([c["mst_key"] for c in plan.configs])
-        end = now()
-        lease.check()  # a dataset dropped with force=True: fail, register nothing
-        _register(reg, plan, history, records, evals, weights, start, end, points, name,
-                  description, started)  # fmt: skip
-        hopper.clear_checkpoints()
+        # One run per model_output at a time (with automl's): a second would share this one's
+        # checkpoints. Held until the models are saved; refused with the running job's name.
+        with holding_output(config.state_dir(), model_output,
+                            f"dvml.fit_multiple {plan.key}", "dvml.fit_multiple"):  # fmt: skip
+            start = now()
+            started = time.time()
+            with _hopper(client, plan, started) as hopper:
+                points, states, history = _resume(hopper, plan, resume)
+                records, evals = _run(hopper, plan, points, states, progress)
+                weights = hopper.weights([c["mst_key"] for c in plan.configs])
+            end = now()
+            lease.check()  # a dataset dropped with force=True: fail, register nothing
+            _register(reg, plan, history, records, evals, weights, start, end, points, name,
+                      description, started)  # fmt: skip
+            hopper.clear_checkpoints()
     return ModelSelection(model_output, reg)
 
 

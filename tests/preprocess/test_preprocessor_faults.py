@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 import dvml
-from dvml.exceptions import DataError, PlacementError, VineyardMemoryError
+from dvml.exceptions import ClusterError, DataError, PlacementError, VineyardMemoryError
 from tests.helpers import poll_for, running_cluster, snapshot
 
 pytestmark = pytest.mark.cluster
@@ -395,7 +395,7 @@ def test_worker_killed_while_packing(local_cluster: Callable[..., dvml.LocalClus
         outcome = dvml.training_preprocessor(
             _kill_source(), name="pp_killed", client=client, **kwargs
         )
-    except Exception as exc:  # a clean failure is allowed; checked below
+    except ClusterError as exc:  # the one clean failure allowed (dvml.cluster.pinned); below
         outcome = exc
     finally:
         stop.set()
@@ -404,7 +404,7 @@ def test_worker_killed_while_packing(local_cluster: Callable[..., dvml.LocalClus
     # The Nanny restarts the worker under the same name, on the same vineyardd.
     assert poll_for(lambda: len(client.scheduler_info()["workers"]) == 2, 60)
 
-    if isinstance(outcome, Exception):  # allowed, if clean: no dataset, no orphan
+    if isinstance(outcome, ClusterError):  # allowed, if clean: no dataset, no orphan
         assert_nothing_left(cluster, "pp_killed", empty)
         warnings.warn(f"the run failed cleanly after the kill: {outcome!r}", stacklevel=1)
         return

@@ -6,6 +6,8 @@ dense model."""
 
 from __future__ import annotations
 
+import datetime
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,13 +15,13 @@ import dask
 import pytest
 
 import dvml
-from dvml.exceptions import ArgumentError
+from dvml.exceptions import ArgumentError, FitRunningError
 from dvml.search import hyperband as hb
 from dvml.search import journal as j
 from dvml.search.automl_params import HyperoptParams
 from dvml.search.hyperopt_run import Batch, HyperoptRun
 from dvml.search.search_space import SearchSpace
-from tests.helpers import iris_frame, iris_mlp
+from tests.helpers import Background, iris_frame, iris_mlp, poll_for, worker_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -132,6 +134,13 @@ def test_hyperopt_gives_num_configs_rows_and_one_best(env: dict[str, Any]) -> No
     assert all(m == [1] for m in info["metrics_iters"])
     assert result.summary["automl_loss"] == "training_loss_final"  # no validation set
     assert result.summary["automl_params"] == "num_configs=5, num_iterations=1, algorithm=tpe"
+    # the run's times have the form of every other summary's (UTC, seconds, with the offset)
+    times = [result.summary[f] for f in ("start_training_time", "end_training_time")]
+    times += [result.model(1).summary["start_training_time"]]
+    for text in times:
+        moment = datetime.datetime.fromisoformat(text)
+        assert moment.utcoffset() == datetime.timedelta(0) and moment.microsecond == 0, text
+    assert times[0] <= times[2] <= times[1], times
     best = result.best_config
     assert len(best) == 1
     losses = info.set_index("mst_key")["training_loss_final"]
@@ -142,3 +151,30 @@ def test_hyperopt_gives_num_configs_rows_and_one_best(env: dict[str, Any]) -> No
     assert [b.keys for _, b in replayed.journal.pairs() if isinstance(b, Batch)] == [
         [1, 2], [3, 4], [5],
     ]  # fmt: skip
+
+
+def test_a_second_search_of_a_running_model_output_is_refused(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    """Two equal searches at once would share checkpoints: the second is refused naming the
+    running one, and the first finishes every configuration."""
+
+    def search() -> dvml.AutoMLResult:
+        return dvml.automl(
+            "automl_iris", "automl_twice", env["arch"], COMPILE, FIT, method="hyperopt",
+            params="num_configs=2, num_iterations=4", seed=1, progress=False,
+            registry=env["registry"], client=env["client"],
+        )  # fmt: skip
+
+    first = Background(lambda seen: search())
+    assert poll_for(
+        lambda: first.done() or bool(worker_trainers(cluster2, model_output="automl_twice")),
+        300,
+    ), "the first search's trainers never started"
+    with pytest.raises(FitRunningError, match=r"dvml.automl refused: the run 'automl_twice'") as e:
+        search()
+    assert "job dvml.automl 'automl_twice'" in str(e.value), str(e.value)
+    assert f"pid {os.getpid()}" in str(e.value)
+    result = first.result()
+    assert list(result.info["mst_key"]) == [1, 2]
+    assert all(m == [4] for m in result.info["metrics_iters"]), result.info["metrics_iters"]

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 import dvml
-from dvml.exceptions import ArgumentTypeError, TrainerFailedError
+from dvml.exceptions import ArgumentTypeError, FitRunningError, TrainerFailedError
 from tests.helpers import Background, cnn, pid_gone, poll_for, worker_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -193,6 +193,35 @@ def test_refuses_bad_configs_before_any_trainer(env: dict[str, Any]) -> None:
         bad.loc[0, "compile_params"] = "loss='categorical_crossentropy', optimizer=__import__('os')"
         run(env, "mop_bad", bad)
     assert not env["registry"].model_exists("mop_bad_1")
+
+
+def test_a_second_run_of_a_running_model_output_is_refused(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    """Two equal calls at once would share checkpoints: a second ``fit_multiple`` (or an
+    ``automl``) of the running ``model_output`` is refused naming who runs it, as a second
+    ``fit`` of a model is, and the first trains every iteration."""
+    table = configs(env["arch"], lrs=(0.003, 0.01))
+    first = Background(lambda seen: run(env, "mop_twice", table, num_iterations=3))
+    assert poll_for(
+        lambda: first.done() or bool(worker_trainers(cluster2, model_output="mop_twice")), 300
+    ), "the first run's trainers never started"
+    with pytest.raises(
+        FitRunningError, match=r"dvml.fit_multiple refused: the run 'mop_twice'"
+    ) as e:
+        run(env, "mop_twice", table, num_iterations=3)
+    assert "job dvml.fit_multiple" in str(e.value) and f"pid {os.getpid()}" in str(e.value)
+    # automl writes the same run and models: one lock for both calls
+    grid = {"loss": ["categorical_crossentropy"],
+            "optimizer_params_list": [{"optimizer": ["Adam"], "lr": [0.003]}]}  # fmt: skip
+    with pytest.raises(FitRunningError, match=r"dvml.automl refused: the run 'mop_twice'"):
+        dvml.automl("mop_digits", "mop_twice", env["arch"], grid, {"batch_size": [32]},
+                    method="hyperopt", params="num_configs=2, num_iterations=1",
+                    progress=False, registry=env["registry"], client=env["client"])  # fmt: skip
+    selection = first.result()
+    for k in (1, 2):
+        assert selection.model(k).history()["iteration"].tolist() == [1, 2, 3]
+    assert "mop_twice_best" not in set(env["registry"].list_model_selections()["name"])
 
 
 def checkpointed(state_dir: pathlib.Path, output: str, iteration: int, keys: list[int]) -> bool:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 from types import SimpleNamespace
 
 import numpy as np
 
+from dvml.train.runtime.plan import now, utc_text
 from dvml.train.summary import build_summary, weights_size_kb
 
 
@@ -70,3 +72,15 @@ def test_multi_output_series_and_predictions() -> None:
         [7, "a", "x", 1],
         [7, "b", 1, 1],
     ]
+
+
+def test_summary_times_are_utc_iso_8601_seconds_with_the_offset() -> None:
+    """Every summary's start/end_training_time has one form (fit's, fit_multiple's, each
+    search's models' and automl's run summary): aware UTC, whole seconds."""
+    text = utc_text(1_700_000_000.75)
+    assert text == "2023-11-14T22:13:20+00:00"
+    parsed = datetime.datetime.fromisoformat(text)
+    assert parsed.utcoffset() == datetime.timedelta(0)
+    assert parsed.timestamp() == 1_700_000_000
+    current = datetime.datetime.fromisoformat(now())
+    assert current.utcoffset() == datetime.timedelta(0) and current.microsecond == 0

@@ -56,6 +56,7 @@ __all__ = [
     "rows_per_worker",
     "trainer_workers",
     "training_workers",
+    "utc_text",
     "warm_start_weights",
     "weight_shapes",
 ]
@@ -272,7 +273,14 @@ def machine(worker: WorkerInfo) -> str:
 
 def now() -> str:
     """The time now (UTC, ISO 8601, seconds), as summaries record it."""
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return utc_text(datetime.datetime.now(datetime.UTC).timestamp())
+
+
+def utc_text(seconds: float) -> str:
+    """A ``time.time()`` value as summaries record times: UTC, ISO 8601, whole seconds, with
+    its ``+00:00`` offset (every summary's ``start_training_time``/``end_training_time``)."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return moment.isoformat(timespec="seconds")
 
 
 def check_fit_args(model: Any, num_iterations: Any, freq: Any) -> None:
