@@ -27,6 +27,7 @@ received, and what to do next.
     │   ├── DatasetExistsError
     │   ├── LeaseBrokenError                a dataset a job read was dropped with force=True
     │   └── VineyardMemoryError             a vineyardd has no room for a buffer
+    │       └── MemoryPlanError             a pack's plan does not fit: refused before a write
     ├── ParameterError (ValueError)         a compile/fit parameter string or dict is invalid
     ├── RegistryError                       the model registry failed
     │   └── RegistryNotFoundError (LookupError)
@@ -59,6 +60,7 @@ __all__ = [
     "FitRunningError",
     "LeaseBrokenError",
     "LockHeldError",
+    "MemoryPlanError",
     "ModelMismatchError",
     "NoClusterError",
     "ParameterError",
@@ -155,6 +157,20 @@ class LeaseBrokenError(StoreError):
 
 class VineyardMemoryError(StoreError):
     """A vineyardd has no room for a buffer; nothing was put elsewhere."""
+
+
+class MemoryPlanError(VineyardMemoryError):
+    """A pack's memory plan does not fit its vineyardds: refused before any buffer is written.
+
+    ``plan`` holds the :class:`~dvml.placement.memory.MemoryPlan` (``plan.table()``).
+    """
+
+    def __init__(self, message: str, plan: object = None) -> None:
+        super().__init__(message)
+        self.plan = plan
+
+    def __reduce__(self) -> tuple[type, tuple[str, object]]:  # pickles with its plan
+        return (type(self), (str(self), self.plan))
 
 
 class ParameterError(DvmlError, ValueError):

@@ -185,6 +185,7 @@ def test_exception_tree() -> None:
             "FitRunningError",
             "LeaseBrokenError",
             "LockHeldError",
+            "MemoryPlanError",
             "ModelMismatchError",
             "NoClusterError",
             "ParameterError",

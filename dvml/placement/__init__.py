@@ -3,10 +3,12 @@
 This package owns the distribution rules (MADlib's ``distribution_rules``: keywords, worker or
 host lists, tables) and the pure planner that maps input partitions to packed buffers on the
 target workers. It takes plain values (row counts, :class:`~dvml.cluster.WorkerInfo` lists) and
-returns plain values; it never talks to Dask or vineyard. Discovering workers is left to
-:mod:`dvml.cluster`, running the plan to :mod:`dvml.preprocess`.
+returns plain values; it never talks to Dask or vineyard. The memory plan of a pack
+(:mod:`dvml.placement.memory`) is pure too: bytes per vineyardd against the room each reports.
+Discovering workers is left to :mod:`dvml.cluster`, running the plan to :mod:`dvml.preprocess`.
 """
 
+from dvml.placement.memory import MemoryPlan, PlanRow, VineyarddRoom, plan_pack
 from dvml.placement.planner import (
     BufferPlan,
     Layout,
@@ -23,11 +25,15 @@ __all__ = [
     "BufferPlan",
     "DistributionRules",
     "Layout",
+    "MemoryPlan",
     "PiecePlan",
+    "PlanRow",
+    "VineyarddRoom",
     "default_buffer_size",
     "describe_resolution",
     "partition_seed",
     "plan_layout",
+    "plan_pack",
     "plan_pieces",
     "resolve_rules",
     "split_partition",

@@ -23,6 +23,7 @@ from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, Dataset
 from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
+from dvml.preprocess.admission import check_pack_fits, pack_plan
 from dvml.preprocess.encode import (
     check_normalizing_const,
     class_values_of,
@@ -379,10 +380,7 @@ def _plan_and_pack(
     if dtypes is not None:
         for k, (values, width, _) in enumerate(outputs[1:], start=1):
             dtypes[f"y_{k}"] = str(index_dtype(width)) if values is not None else "float32"
-    row_bytes = sum(
-        _row_bytes(x_shapes if k == 0 else [], width, _y_dtypes(dtypes, k))
-        for k, (_, width, _) in enumerate(outputs)
-    )
+    row_bytes = _all_row_bytes(x_shapes, outputs, dtypes)
     max_bytes = _max_buffer_bytes()
     addresses = [t.address for t in targets]
     if kind == "validation":
@@ -392,6 +390,12 @@ def _plan_and_pack(
     layout = plan_layout(rows, addresses, buffer_size, row_bytes, max_bytes, seed)
     by_address = {t.address: t for t in targets}
     buffer_targets = [by_address[b.worker] for b in layout.buffers]
+    # Admission: refused here, before a split or pack task exists, when it cannot fit.
+    plan = pack_plan(
+        client, layout.rows_per_worker, targets, row_bytes, name if overwrite else None,
+        None if compact else _compact_row_bytes(stats, x_shapes, outputs, class_values),
+    )  # fmt: skip
+    check_pack_fits(plan, name, sum(rows), compact)
 
     summary = {
         "kind": kind,
@@ -600,6 +604,32 @@ def _common_dtypes(stats: list[dict[str, Any]]) -> list[str]:
                 found.append(set())
             found[k].add(dtype)
     return [next(iter(d)) if len(d) == 1 else "mixed" for d in found]
+
+
+def _all_row_bytes(
+    x_shapes: list[list[int]], outputs: list[_Output], dtypes: dict[str, str] | None
+) -> int:
+    """Bytes of one packed row: x and every output's y."""
+    return sum(
+        _row_bytes(x_shapes if k == 0 else [], width, _y_dtypes(dtypes, k))
+        for k, (_, width, _) in enumerate(outputs)
+    )
+
+
+def _compact_row_bytes(
+    stats: list[dict[str, Any]],
+    x_shapes: list[list[int]],
+    outputs: list[_Output],
+    class_values: list[Any] | None,
+) -> int | None:
+    """Bytes of one row with compact storage, when it would store some x as uint8 (else None:
+    compact storage would save little, and the plan does not offer it)."""
+    dtypes = storage_dtypes(_common_dtypes(stats), outputs[0][1], True, class_values is not None)
+    if dtypes is None or all(d != "uint8" for f, d in dtypes.items() if f.startswith("x_")):
+        return None
+    for k, (values, width, _) in enumerate(outputs[1:], start=1):
+        dtypes[f"y_{k}"] = str(index_dtype(width)) if values is not None else "float32"
+    return _all_row_bytes(x_shapes, outputs, dtypes)
 
 
 def _row_bytes(x_shapes: list[list[int]], n_classes: int, dtypes: dict[str, str] | None) -> int:

@@ -55,6 +55,7 @@ __all__ = [
     "memory_advice",
     "put_arrays",
     "release_views",
+    "vineyard_room",
     "write_arrays",
     "write_buffers",
     "writers_died",
@@ -417,6 +418,17 @@ def _memory_error(needed: int, free: int, limit: int, buffers: int) -> VineyardM
         f"{needed} bytes and {free} of {limit} bytes are free. Nothing was put elsewhere. "
         + memory_advice(needed, free, limit)
     )
+
+
+def vineyard_room() -> tuple[int, int, int]:
+    """On a worker: its vineyardd's ``(instance id, memory limit, memory usage)``, in bytes.
+
+    The same status the late check of :func:`write_buffers` reads, asked once for a plan
+    (:mod:`dvml.preprocess.admission`).
+    """
+    client = local_client()
+    status = client.status
+    return int(client.instance_id), int(status.memory_limit), int(status.memory_usage)
 
 
 def _mib(n: int) -> str:

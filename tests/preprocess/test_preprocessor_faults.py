@@ -7,7 +7,6 @@ published, and each instance holds the same tensors, staging names and bytes as 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import threading
 import time
@@ -23,7 +22,13 @@ import pandas as pd
 import pytest
 
 import dvml
-from dvml.exceptions import ClusterError, DataError, PlacementError, VineyardMemoryError
+from dvml.exceptions import (
+    ClusterError,
+    DataError,
+    MemoryPlanError,
+    PlacementError,
+    VineyardMemoryError,
+)
 from tests.helpers import poll_for, running_cluster, snapshot
 
 pytestmark = pytest.mark.cluster
@@ -299,45 +304,83 @@ def small_cluster() -> Iterator[dvml.LocalCluster]:
         yield c
 
 
+def _float_rows(n: int, width: int = 256, seed: int = 1) -> dict[str, Any]:
+    """``n`` rows of float64 x (stored as float32: 4 * (width + 4) bytes a row, 4 classes)."""
+    return {
+        "x": da.random.default_rng(seed).random((n, width), chunks=(8192, width)),
+        "y": da.random.default_rng(seed + 1).integers(0, 4, size=n, chunks=8192),
+    }
+
+
+def _pack_keys(stream: Any) -> list[str]:
+    """Keys of the split and pack tasks a task stream saw (the tasks that write buffers)."""
+    return [str(t["key"]) for t in stream.data
+            if str(t["key"]).startswith(("pack_buffers", "split_group"))]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "buffer_size",
     [None, 8192],
-    ids=["one-buffer-too-big", "fourth-buffer-does-not-fit"],
+    ids=["one-buffer-too-big", "several-buffers-too-big"],
 )
 def test_vineyardd_without_room(small_cluster: dvml.LocalCluster, buffer_size: int | None) -> None:
-    """48 MiB for a 32 MiB vineyardd: a clear error, no put elsewhere, nothing left over.
-
-    With 8 MiB buffers the first three fit and are put before the fourth fails: they must be
-    deleted again.
+    """48 MiB for a 32 MiB vineyardd: refused by the memory plan, whatever the buffer size,
+    with the plan's numbers, no put elsewhere, nothing left over.
     """
     client = small_cluster.client
     n, width = 49152, 256  # 48 MiB of float32 x
-    source = {
-        "x": da.random.default_rng(1).random((n, width), chunks=(8192, width)),
-        "y": da.random.default_rng(2).integers(0, 4, size=n, chunks=8192),
-    }
     before = snapshot(small_cluster)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(MemoryPlanError) as info:
         dvml.training_preprocessor(
-            source, y="y", x="x", buffer_size=buffer_size, distribution_rules=["worker-0"],
-            name="pp_full", client=client,
+            _float_rows(n, width), y="y", x="x", buffer_size=buffer_size,
+            distribution_rules=["worker-0"], name="pp_full", client=client,
         )  # fmt: skip
-    error = find_error(info.value, VineyardMemoryError)
-    assert error is not None, f"expected a VineyardMemoryError, got {info.value!r}"
-    found = re.search(
-        r"vineyardd of (worker-\d+) has no room.*needs (\d+) bytes and (-?\d+) of (\d+) bytes are "
-        r"free",
-        str(error),
-    )
-    assert found is not None, str(error)
-    worker, needed, free, limit = found.group(1), *map(int, found.groups()[1:])
-    assert worker == "worker-0"
-    rows = n if buffer_size is None else buffer_size
-    assert needed == rows * 4 * (width + 4)
-    assert free < needed and limit == 32 * 2**20
-    assert "Nothing was put elsewhere" in str(error)
-    # Never a silent put on the other worker; every object put before the failure is gone.
+    error = info.value
+    assert isinstance(error, VineyardMemoryError)  # callers catching the old error still do
+    row = error.plan.rows[0]
+    assert row.workers == ("worker-0",) and len(error.plan.rows) == 1
+    assert row.needed == n * 4 * (width + 4)
+    assert row.limit == 32 * 2**20 and row.free < row.needed
+    text = str(error)
+    assert "'pp_full' does not fit" in text and "Nothing was written" in text
+    assert f"Received: {n} rows of {4 * (width + 4)} bytes (48.8 MiB" in text
+    assert "worker-0 (vineyardd" in text and "needs 48.8 MiB" in text and "of 32.0 MiB" in text
+    assert "vineyard_memory: at least" in text and "more target workers" in text
+    # Never a silent put on the other worker; nothing was put at all.
     assert_nothing_left(small_cluster, "pp_full", before)
+
+
+def test_oversubscribed_pack_is_refused_before_a_write(small_cluster: dvml.LocalCluster) -> None:
+    """worker-0 holds 16 MiB of ballast; a pack of 24 MiB per worker fits worker-1 but not
+    worker-0: refused before any split or pack task runs (worker-1 gets no buffer either),
+    every vineyardd exactly as before. Once the ballast is dropped, the same pack fits."""
+    from distributed import get_task_stream
+
+    client = small_cluster.client
+    ballast = dvml.training_preprocessor(
+        _float_rows(16384, seed=5), y="y", x="x", distribution_rules=["worker-0"],
+        name="pp_ballast", client=client,
+    )  # fmt: skip
+    try:
+        before = snapshot(small_cluster)
+        with get_task_stream(client=client) as stream, pytest.raises(MemoryPlanError) as info:
+            dvml.training_preprocessor(
+                _float_rows(49152), y="y", x="x", name="pp_over", client=client
+            )
+        assert _pack_keys(stream) == []
+        assert snapshot(small_cluster) == before  # bytes, tensors and staging of each vineyardd
+        assert not dvml.datasets.exists("pp_over", client=client)
+        fits = {r.workers[0]: r.fits for r in info.value.plan.rows}
+        assert fits == {"worker-0": False, "worker-1": True}
+        assert "worker-0 (vineyardd" in str(info.value) and "short by" in str(info.value)
+    finally:
+        dvml.datasets.drop(ballast.name, client=client)
+    ds = dvml.training_preprocessor(_float_rows(49152), y="y", x="x", name="pp_over",
+                                    client=client)  # fmt: skip
+    try:
+        assert ds.summary["rows_per_worker"] == {"worker-0": 24576, "worker-1": 24576}
+    finally:
+        dvml.datasets.drop(ds.name, client=client)
 
 
 # -- a worker killed in the middle of packing -------------------------------------------------

@@ -1,0 +1,114 @@
+"""Admission of a pack: its memory plan against the live vineyardds, before any buffer is written.
+
+The plan itself is pure (:func:`dvml.placement.memory.plan_pack`); this module gathers what it
+needs: the bytes each target receives (from the layout the planner drew and the bytes of one
+packed row, both known once the parts are prepared), the status of every target's vineyardd
+(one task per vineyardd, all at once) and, for ``overwrite=True``, the bytes of the dataset it
+replaces. A pack that does not fit is refused with :class:`~dvml.exceptions.MemoryPlanError`
+before its split and pack tasks are submitted. The late check of
+:func:`dvml.store.tensors.write_buffers` stays as the backstop (another job may fill a
+vineyardd between the plan and the writes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.health import wait_watched
+from dvml.exceptions import MemoryPlanError
+from dvml.placement.memory import MemoryPlan, VineyarddRoom, format_size, plan_pack
+from dvml.store import catalog
+from dvml.store.datasets import run_on
+from dvml.store.tensors import vineyard_room
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from dvml.cluster.workers import WorkerInfo
+
+__all__ = ["check_pack_fits", "pack_plan"]
+
+
+def pack_plan(
+    client: Client,
+    rows_per_worker: Mapping[str, int],
+    targets: Sequence[WorkerInfo],
+    row_bytes: int,
+    replacing: str | None = None,
+    compact_row_bytes: int | None = None,
+) -> MemoryPlan:
+    """The memory plan of a pack whose targets receive ``rows_per_worker`` rows (by address).
+
+    Parameters
+    ----------
+    rows_per_worker : mapping of str to int
+        Target address → rows it receives (:attr:`dvml.placement.Layout.rows_per_worker`).
+    targets : sequence of WorkerInfo
+        The target workers.
+    row_bytes : int
+        Bytes of one packed row.
+    replacing : str, optional
+        The name an ``overwrite=True`` replaces: its bytes per vineyardd enter the plan.
+    compact_row_bytes : int, optional
+        Bytes of one row with compact storage, when it would apply and is not used.
+    """
+    by_address = {t.address: t for t in targets}
+    chosen = [by_address[a] for a in rows_per_worker
+              if by_address[a].vineyard_instance_id is not None]  # fmt: skip
+    needed = {t.name: rows_per_worker[t.address] * row_bytes for t in chosen}
+    instance_of = {t.name: int(t.vineyard_instance_id or 0) for t in chosen}
+    compact = (
+        {t.name: rows_per_worker[t.address] * compact_row_bytes for t in chosen}
+        if compact_row_bytes is not None and compact_row_bytes < row_bytes
+        else None
+    )
+    return plan_pack(
+        needed,
+        instance_of,
+        _rooms(client, chosen),
+        replaced=_replaced_bytes(client, chosen[0], replacing) if replacing and chosen else None,
+        compact_needed=compact,
+        row_bytes=row_bytes,
+    )
+
+
+def check_pack_fits(plan: MemoryPlan, name: str, rows: int, compact: bool) -> None:
+    """Raise :class:`MemoryPlanError` when ``plan`` does not fit; its message has the plan."""
+    if plan.fits:
+        return
+    short = plan.short
+    raise MemoryPlanError(
+        f"The dataset {name!r} does not fit in vineyard shared memory: {len(short)} of "
+        f"{len(plan.rows)} vineyardds lack room. Nothing was written. Received: {rows} rows of "
+        f"{plan.row_bytes} bytes ({format_size(plan.needed)}, "
+        f"{'compact' if compact else 'float32'} layout) over "
+        f"{sum(len(r.workers) for r in plan.rows)} target workers. The plan, per vineyardd:\n"
+        f"{plan.describe()}",
+        plan,
+    )
+
+
+def _rooms(client: Client, chosen: Sequence[WorkerInfo]) -> list[VineyarddRoom]:
+    """The status of each vineyardd of ``chosen``: one task per vineyardd, all at once."""
+    one_each: dict[int, WorkerInfo] = {}
+    for t in chosen:
+        one_each.setdefault(int(t.vineyard_instance_id or 0), t)
+    futures = [
+        client.submit(vineyard_room, workers=[t.address], allow_other_workers=False, pure=False)
+        for t in one_each.values()
+    ]
+    wait_watched(client, futures, "reading the vineyardds' memory")
+    return [VineyarddRoom(int(i), int(limit), int(usage))
+            for i, limit, usage in client.gather(futures)]  # fmt: skip
+
+
+def _replaced_bytes(client: Client, worker: WorkerInfo, name: str) -> dict[int, int]:
+    """Bytes per vineyard instance of the dataset called ``name`` (empty when there is none),
+    read from the catalog through ``worker``."""
+    record: dict[str, Any] | None = run_on(client, worker, catalog.find_record, name)
+    found: dict[int, int] = {}
+    for b in (record or {}).get("layout", {}).get("buffers", []):
+        size = sum(int(f.get("nbytes", 0)) for f in b["fields"].values())
+        found[int(b["instance_id"])] = found.get(int(b["instance_id"]), 0) + size
+    return found
