@@ -305,11 +305,13 @@ def _duty_cycle(cluster: Any, model: str, stop: threading.Event) -> None:
     while not stop.is_set() and not pids:
         pids = worker_trainers(cluster, "worker-1", model=model)
         stop.wait(0.02)
-    while not stop.is_set():
+    while not stop.is_set() and pids:
         try:
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
             stop.wait(0.05)
+        except ProcessLookupError:  # the trainer is done: nothing left to slow
+            return
         finally:
             for pid in pids:
                 try:
