@@ -22,6 +22,15 @@ from dvml.train.params import params_text
 from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
 from dvml.train.runtime.plan import Job, JobArgs, batch_split, job_key, model_spec, now, place_job
+from dvml.train.stragglers import (
+    TrainerTiming,
+    by_iteration,
+    cumulative,
+    describe,
+    run_summary,
+    stragglers,
+    timings_of,
+)
 from dvml.train.summary import build_summary, iteration_record, weights_size_kb
 from dvml.train.sync import check_sync, choose_sync
 
@@ -154,8 +163,9 @@ def fit(
         with holding_model(config.state_dir(), model, plan.key):
             start_iteration, weights_blob, history = _resume(client, plan, resume)
             collector = _Progress(
-                len(plan.job.workers), model, num_iterations, on_iteration, progress
-            )
+                {w.address: w.name for w in plan.job.workers},
+                model, num_iterations, on_iteration, progress,
+            )  # fmt: skip
             start = now()
             results = run_lockstep(
                 client, plan.job.workers, _job(plan, start_iteration, history),
@@ -358,6 +368,9 @@ def _summary(
     }
     # Where each trainer's seconds before its first step went (and its thread budget).
     summary["trainer_startup"] = {r["worker"]: r.get("startup") for r in results}
+    # The trainer that held the others back, if one did (dvml.train.stragglers): this run's
+    # iterations only (a resumed run's earlier ones ran on trainers that are gone).
+    summary.update(run_summary(by_iteration(m for r in results for m in r["iterations"])))
     return summary
 
 
@@ -395,15 +408,17 @@ class _Progress:
 
     def __init__(
         self,
-        n_trainers: int,
+        names: dict[str, str],
         model: str,
         total: int,
         callback: Callable[[dict[str, Any]], None] | None,
         echo: bool,
     ) -> None:
-        self.n, self.model, self.total = n_trainers, model, total
+        # the trainers' worker names by address (Dask's log_event sets "worker" to the address)
+        self.names, self.n, self.model, self.total = names, len(names), model, total
         self.callback, self.echo = callback, echo
         self.pending: dict[int, list[dict[str, Any]]] = {}
+        self.timings: list[list[TrainerTiming]] = []  # of this run's iterations, in order
 
     def __call__(self, event: tuple[float, dict[str, Any]]) -> None:
         _, message = event
@@ -420,6 +435,11 @@ class _Progress:
         record["averaging_seconds"] = max(m.get("averaging_seconds", 0.0) for m in bucket)
         # the end-of-iteration metrics over the local rows (0 where none were computed)
         record["metrics_seconds"] = max(m.get("metrics_seconds", 0.0) for m in bucket)
+        # the trainers slower than the others over the run so far (dvml.train.stragglers)
+        named = [{**m, "worker": self.names.get(m["worker"], m["worker"])} for m in bucket]
+        self.timings.append(timings_of(named))
+        slow = stragglers(cumulative(self.timings))
+        record["stragglers"] = [dataclasses.asdict(s) for s in slow]
         if self.echo:
             metrics = record.get("training_metrics") or {}
             extra = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
@@ -432,6 +452,7 @@ class _Progress:
                 f"[dvml.fit {self.model}] iteration {record['iteration']}/{self.total} "
                 f"loss={record['fit_loss']:.4f} {extra} ({record['elapsed_s']:.1f}s)"
             )
+            line += "".join(f"; {describe(s)}" for s in slow)
             logger.info(line)
             print(line, flush=True)
         if self.callback is not None:

@@ -299,6 +299,64 @@ def test_byom_with_the_same_weights_predicts_the_same_classes(
     )
 
 
+def _duty_cycle(cluster: Any, model: str, stop: threading.Event) -> None:
+    """Slow worker-1's trainer of ``model`` to about half speed: stopped 50 ms of every 100."""
+    pids: list[int] = []
+    while not stop.is_set() and not pids:
+        pids = worker_trainers(cluster, "worker-1", model=model)
+        stop.wait(0.02)
+    while not stop.is_set() and pids:
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            stop.wait(0.05)
+        except ProcessLookupError:  # the trainer is done: nothing left to slow
+            return
+        finally:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        stop.wait(0.05)
+
+
+def test_fit_names_the_slow_trainer_and_an_even_fit_none(
+    env: dict[str, Any], cluster2: Any, trained: dict[str, Any], capsys: Any
+) -> None:
+    # the undisturbed fit (sync="iteration") of the module names no straggler
+    even = trained["summary"]
+    assert even["straggler_worker"] is None, even["trainer_step_seconds"]
+    assert even["straggler_ratio"] is None and even["straggler_iterations"] is None
+    assert set(even["trainer_step_seconds"]) == {"worker-0", "worker-1"}
+    assert all(not r["stragglers"] for r in trained["seen"]), [
+        r["stragglers"] for r in trained["seen"]
+    ]
+    # the same fit with worker-1's trainer at half speed: worker-1 is named from iteration 1,
+    # not worker-0, which waits for it in the averaging
+    stop, seen = threading.Event(), list[dict[str, Any]]()
+    slower = threading.Thread(target=_duty_cycle, args=(cluster2, "straggler_cnn", stop))
+    slower.start()
+    try:
+        s = run_fit(
+            env,
+            "straggler_cnn",
+            fit_params="batch_size=32, epochs=4",  # ~0.5 s of work per iteration to fall behind
+            sync="iteration",
+            on_iteration=seen.append,
+            progress=True,
+        ).summary
+    finally:
+        stop.set()
+        slower.join()
+    assert s["straggler_worker"] == "worker-1", s["trainer_step_seconds"]
+    assert s["straggler_ratio"] > 1.5 and s["straggler_iterations"] >= 1, s
+    assert [x["worker"] for x in seen[0]["stragglers"]] == ["worker-1"], seen[0]
+    assert seen[0]["stragglers"][0]["ratio"] > 1.5
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "iteration 1/2" in x]
+    assert "; worker-1 is " in line and "slower than the others" in line, line
+
+
 def test_warm_start_continues_from_the_trained_weights(
     env: dict[str, Any], trained: dict[str, Any]
 ) -> None:

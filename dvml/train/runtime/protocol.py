@@ -106,6 +106,8 @@ class Iteration(Line):
     training: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
     metrics_seconds: float | None = None
+    # steps trained in the iteration (every epoch): the straggler rule's unit (train.stragglers)
+    steps: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
