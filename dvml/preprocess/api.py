@@ -376,10 +376,7 @@ def _plan_and_pack(
     x_shapes = _common_shapes(stats, src.x_names)
     outputs = _outputs(stats, src.y, num_classes, training, x_shapes)
     class_values, n_classes, _ = outputs[0]
-    dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact, class_values is not None)
-    if dtypes is not None:
-        for k, (values, width, _) in enumerate(outputs[1:], start=1):
-            dtypes[f"y_{k}"] = str(index_dtype(width)) if values is not None else "float32"
+    dtypes = _storage_dtypes(stats, outputs, compact)
     row_bytes = _all_row_bytes(x_shapes, outputs, dtypes)
     max_bytes = _max_buffer_bytes()
     addresses = [t.address for t in targets]
@@ -393,7 +390,7 @@ def _plan_and_pack(
     # Admission: refused here, before a split or pack task exists, when it cannot fit.
     plan = pack_plan(
         client, layout.rows_per_worker, targets, row_bytes, name if overwrite else None,
-        None if compact else _compact_row_bytes(stats, x_shapes, outputs, class_values),
+        None if compact else _compact_row_bytes(stats, x_shapes, outputs),
     )  # fmt: skip
     check_pack_fits(plan, name, sum(rows), compact)
 
@@ -617,19 +614,27 @@ def _all_row_bytes(
 
 
 def _compact_row_bytes(
-    stats: list[dict[str, Any]],
-    x_shapes: list[list[int]],
-    outputs: list[_Output],
-    class_values: list[Any] | None,
+    stats: list[dict[str, Any]], x_shapes: list[list[int]], outputs: list[_Output]
 ) -> int | None:
     """Bytes of one row with compact storage, when it would store some x as uint8 (else None:
     compact storage would save little, and the plan does not offer it)."""
-    dtypes = storage_dtypes(_common_dtypes(stats), outputs[0][1], True, class_values is not None)
+    dtypes = _storage_dtypes(stats, outputs, True)
     if dtypes is None or all(d != "uint8" for f, d in dtypes.items() if f.startswith("x_")):
         return None
-    for k, (values, width, _) in enumerate(outputs[1:], start=1):
-        dtypes[f"y_{k}"] = str(index_dtype(width)) if values is not None else "float32"
     return _all_row_bytes(x_shapes, outputs, dtypes)
+
+
+def _storage_dtypes(
+    stats: list[dict[str, Any]], outputs: list[_Output], compact: bool
+) -> dict[str, str] | None:
+    """The stored dtype of every field (None: the float32 layout): x and the first output's y
+    by :func:`storage_dtypes`, each further output's y as class indices or float32."""
+    class_values, n_classes, _ = outputs[0]
+    dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact, class_values is not None)
+    if dtypes is not None:
+        for k, (values, width, _) in enumerate(outputs[1:], start=1):
+            dtypes[f"y_{k}"] = str(index_dtype(width)) if values is not None else "float32"
+    return dtypes
 
 
 def _row_bytes(x_shapes: list[list[int]], n_classes: int, dtypes: dict[str, str] | None) -> int:
