@@ -61,9 +61,10 @@ LOG_DIR="${LOG_DIR:-$(mktemp -d /tmp/dvml-scheduler-XXXXXX)}"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/scheduler.log"
 
-# `python -m dask scheduler` is `dask scheduler` run by the chosen interpreter.
+# `python -m dask scheduler` is `dask scheduler` run by the chosen interpreter; the preload
+# serves dvml's page on the dashboard (<dashboard>/dvml).
 setsid "$PYTHON" -m dask scheduler \
-    --host "$HOST" --port "$PORT" --dashboard-address "$DASHBOARD" \
+    --host "$HOST" --port "$PORT" --dashboard-address "$DASHBOARD" --preload dvml.dashboard \
     --protocol "$PROTOCOL" ${TLS[@]+"${TLS[@]}"} \
     >"$LOG" 2>&1 </dev/null &
 PID=$!

@@ -32,7 +32,7 @@ LAYERS: list[set[str]] = [
     {"dvml.preprocess"},
     {"dvml.train", "dvml.features"},
     {"dvml.search"},
-    {"dvml.jobs"},
+    {"dvml.jobs", "dvml.dashboard"},
     {"dvml"},  # the public API (dvml/__init__.py)
     {"dvml.demo"},
     {"dvml.cli"},

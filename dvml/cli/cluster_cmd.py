@@ -384,7 +384,7 @@ def _memory(row: dict[str, Any]) -> str | None:
 def _status(args: argparse.Namespace) -> int:
     import warnings
 
-    from dvml.cluster.attach import connect
+    from dvml.cluster.attach import connect, dvml_page_link
     from dvml.cluster.lifeline import sweep_dead_clusters
     from dvml.cluster.state import recorded_processes, same_process
     from dvml.limits import check_seconds
@@ -421,6 +421,8 @@ def _status(args: argparse.Namespace) -> int:
 
     print(f"scheduler: {address}")
     print(f"dashboard: {dashboard or '(off)'}")
+    if dashboard:
+        print(f"dvml page: {dvml_page_link(dashboard)}")
     print(format_table(rows, _STATUS_COLUMNS))
     if state is not None:
         procs = [

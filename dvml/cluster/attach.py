@@ -64,38 +64,52 @@ _PLUGIN_WAIT_S = 5.0
 a quarter of ``cluster.daemon-timeout`` when that is shorter."""
 
 
-def _register_quiet_failures(client: Client, wait: bool = True) -> None:
-    """Install :class:`QuietDvmlFailures` on every worker, waiting ``_PLUGIN_WAIT_S`` at most.
+def _register_worker_plugins(client: Client, wait: bool = True) -> None:
+    """Install dvml's worker plugins on every worker, waiting ``_PLUGIN_WAIT_S`` at most.
 
-    ``wait=False`` (a daemon is known dead: a worker may be frozen) does not wait at all.
+    :class:`~dvml.cluster.worker_logging.QuietDvmlFailures`: failures dvml reports itself are
+    not logged a second time by the workers. :class:`~dvml.cluster.worker_metrics.
+    VineyardMetrics`: each worker's vineyardd bytes go to the scheduler with its heartbeats
+    (dvml's dashboard page shows them).
 
-    Failures dvml reports itself are then not logged a second time by the workers. The
-    scheduler keeps the plugin and broadcasts it to every worker: one frozen worker (a vineyard
-    call waiting on a dead etcd, a SIGSTOP) would hold ``register_plugin`` forever, and with
-    it ``dvml.connect`` and every command (issue 28: 297 s). The registration goes on in the
-    background past the bound (the plugin is cosmetic; the scheduler installs it on workers
-    that answer later).
+    ``wait=False`` (a daemon is known dead: a worker may be frozen) does not wait at all. The
+    scheduler keeps the plugins and broadcasts them to every worker: one frozen worker (a
+    vineyard call waiting on a dead etcd, a SIGSTOP) would hold ``register_plugin`` forever,
+    and with it ``dvml.connect`` and every command (issue 28: 297 s). The registration goes on
+    in the background past the bound (the plugins are cosmetic; the scheduler installs them on
+    workers that answer later).
     """
     import asyncio
 
     from dvml.cluster.worker_logging import QuietDvmlFailures
+    from dvml.cluster.worker_metrics import VineyardMetrics
 
-    plugin = QuietDvmlFailures()
+    plugins: list[QuietDvmlFailures | VineyardMetrics] = [QuietDvmlFailures(), VineyardMetrics()]
 
     async def register() -> None:
-        task = asyncio.ensure_future(
-            client._register_worker_plugin(plugin, name=plugin.name, idempotent=False)
-        )
-        # Retrieved whatever happens, so that a late failure is not logged as never retrieved.
-        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+        tasks = [
+            asyncio.ensure_future(client._register_worker_plugin(p, name=p.name, idempotent=False))
+            for p in plugins
+        ]
+        for task in tasks:
+            # Retrieved whatever happens, so that a late failure is not logged as never retrieved.
+            task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
         try:
-            await asyncio.wait_for(asyncio.shield(task), bound)
+            await asyncio.wait_for(asyncio.shield(asyncio.gather(*tasks)), bound)
         except TimeoutError:
             pass
 
     bound = min(_PLUGIN_WAIT_S, daemon_timeout() / 4) if wait else 0.0
 
     client.sync(register)
+
+
+def dvml_page_link(dashboard_link: str) -> str:
+    """dvml's page beside Dask's: ``http://h:8787/status`` → ``http://h:8787/dvml``."""
+    base = dashboard_link.rstrip("/")
+    if base.endswith("/status"):
+        base = base[: -len("/status")]
+    return f"{base}/dvml"
 
 
 class Cluster:
@@ -110,7 +124,7 @@ class Cluster:
     def __init__(self, client: Client, wait_for_workers: bool = True) -> None:
         self.client = client
         self._workers: list[WorkerInfo] | None = None
-        _register_quiet_failures(client, wait=wait_for_workers)
+        _register_worker_plugins(client, wait=wait_for_workers)
 
     @property
     def scheduler_address(self) -> str:
@@ -119,6 +133,13 @@ class Cluster:
     @property
     def dashboard_link(self) -> str:
         return str(self.client.dashboard_link)
+
+    @property
+    def dvml_dashboard_link(self) -> str:
+        """dvml's page on the Dask dashboard: datasets, workers' vineyard bytes, training jobs
+        (served by a scheduler started with the preload ``dvml.dashboard``: a LocalCluster's,
+        ``dvml cluster up``'s and ``cluster/scheduler.sh``'s are)."""
+        return dvml_page_link(self.dashboard_link)
 
     @property
     def workers(self) -> list[WorkerInfo]:

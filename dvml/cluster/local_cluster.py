@@ -52,6 +52,10 @@ __all__ = ["LocalCluster"]
 
 logger = logging.getLogger("dvml.cluster")
 
+DASHBOARD_PRELOAD = "dvml.dashboard"
+"""The scheduler preload that serves dvml's page on the dashboard (a module name: the cluster
+layer does not import the dashboard, the scheduler loads it)."""
+
 
 class LocalCluster(Cluster):
     """Start etcd, one vineyardd per worker and a Dask cluster on this machine.
@@ -214,6 +218,8 @@ class LocalCluster(Cluster):
                 "dashboard_address": dashboard_address or "127.0.0.1:0",
                 "protocol": "tls" if self.security is not None else "tcp",
                 "security": self.security,
+                # dvml's page on the dashboard (<dashboard>/dvml), served by this scheduler.
+                "preload": [DASHBOARD_PRELOAD],
             },
         }
         try:

@@ -14,6 +14,7 @@ from dvml.cluster.health import require_daemons, wait_watched
 from dvml.cluster.workers import WorkerInfo, current_client, discover_workers
 from dvml.exceptions import ClusterError, DvmlError, StoreError
 from dvml.store import catalog
+from dvml.store.events import log_dropped
 from dvml.store.leases import unleased
 from dvml.store.tensors import delete_objects
 
@@ -313,6 +314,7 @@ def drop(name: str, client: Client | None = None, force: bool = False) -> None:
         record = read_record(client, name)
         delete_layout(client, record["layout"])
         run_on(client, None, catalog.drop_metadata, record, True)
+    log_dropped(client, name)
 
 
 def delete_layout(

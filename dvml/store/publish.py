@@ -43,6 +43,7 @@ from dvml.cluster.health import wait_watched
 from dvml.exceptions import DaemonDiedError, StoreError
 from dvml.store import catalog, staging
 from dvml.store.datasets import Dataset, delete_layout, run_on, vineyard_workers
+from dvml.store.events import log_published
 from dvml.store.leases import unleased
 from dvml.store.tensors import STAGING_PREFIX
 
@@ -166,6 +167,7 @@ def publish_run(
         if replaced is not None:
             delete_layout(client, replaced["layout"])
             run_on(client, None, catalog.drop_metadata, replaced, False)
+    log_published(client, name, kind, layout)
     return Dataset(name=name, id=published["id"], kind=kind, summary=summary, layout=layout,
                    global_tensors=published["global_tensors"])  # fmt: skip
 

@@ -66,6 +66,7 @@ def run_lockstep(
     """
     from distributed import Event
 
+    started = time.time()
     endpoints = reserve_ports(client, workers)
     job_id = uuid.uuid4().hex[:12]
     topic, abort_name = f"dvml-fit-{job_id}", f"dvml-fit-abort-{job_id}"
@@ -105,10 +106,29 @@ def run_lockstep(
                 key=f"dvml-trainer-{job_id}-{w.name}",
             )
         )
+    names = [w.name for w in workers]
+    _log_job(client, topic, {"kind": "job", "started": started, "workers": names,
+                             **{k: base_job.get(k) for k in _JOB_FIELDS}})  # fmt: skip
+    outcome = "failed"
     try:
-        return _wait_trainers(client, futures, workers, abort, what)
+        results = _wait_trainers(client, futures, workers, abort, what)
+        outcome = "done"
+        return results
     finally:
+        _log_job(client, topic, {"kind": "ended", "outcome": outcome, "at": time.time()})
         client.unsubscribe_topic(topic)
+
+
+_JOB_FIELDS = ("program", "model", "training", "sync", "num_iterations", "start_iteration")
+"""What the job's first event on its topic tells dvml's dashboard page (dvml.dashboard)."""
+
+
+def _log_job(client: Client, topic: str, message: dict[str, Any]) -> None:
+    """Best effort: a scheduler that misses the event only leaves the page short of it."""
+    try:
+        client.log_event(topic, message)
+    except Exception:
+        pass
 
 
 def find_checkpoint(

@@ -1,0 +1,191 @@
+"""What the dvml page shows, as plain values: pure functions of the scheduler's workers and
+the events dvml logs on it (no Dask, no I/O; tested without a cluster).
+
+Events are ``(timestamp, message)`` pairs as :meth:`distributed.Scheduler.get_events` returns
+them. Topics:
+
+- ``dvml-datasets``: ``{"op": "publish", "name", "kind", "rows", "nbytes", "workers":
+  {worker: {"rows", "nbytes"}}}`` and ``{"op": "drop", "name"}``, logged by the client that
+  published or dropped (:mod:`dvml.store.publish`, :mod:`dvml.store.datasets`);
+- ``dvml-fit-<job id>``: one training job. The client logs ``{"kind": "job", ...}`` when it
+  starts the trainers and ``{"kind": "ended", "outcome"}`` when they are done; every trainer
+  message (``Iteration`` among them) is logged by the worker that runs the trainer
+  (:mod:`dvml.train.runtime.launch`), so its ``worker`` is the worker's address.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from dvml.train.stragglers import by_iteration, cumulative, stragglers
+
+DATASETS_TOPIC = "dvml-datasets"
+"""The topic of datasets published and dropped."""
+
+JOB_TOPIC_PREFIX = "dvml-fit-"
+"""Every training job's topic starts with this (``dvml-fit-<job id>``; not ``-abort-``)."""
+
+Events = Sequence[tuple[float, Any]]
+
+
+def datasets_view(events: Events) -> list[dict[str, Any]]:
+    """The datasets that exist, from their ``dvml-datasets`` events (replayed in order).
+
+    Returns
+    -------
+    list of dict
+        One per dataset, by name: ``name``, ``kind``, ``rows``, ``nbytes``, ``published``
+        (the event's time) and ``workers`` (``{worker: {"rows", "nbytes"}}``).
+    """
+    live: dict[str, dict[str, Any]] = {}
+    for at, message in events:
+        if not isinstance(message, Mapping) or "name" not in message:
+            continue
+        if message.get("op") == "publish":
+            live[message["name"]] = {
+                "name": message["name"],
+                "kind": message.get("kind"),
+                "rows": int(message.get("rows") or 0),
+                "nbytes": int(message.get("nbytes") or 0),
+                "published": at,
+                "workers": dict(message.get("workers") or {}),
+            }
+        elif message.get("op") == "drop":
+            live.pop(message["name"], None)
+    return [live[name] for name in sorted(live)]
+
+
+def workers_view(
+    workers: Iterable[Mapping[str, Any]], datasets: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each worker with its vineyardd's bytes and the bytes of each dataset it holds.
+
+    ``workers`` are plain dicts: ``name``, ``address``, ``host``, ``gpus`` and ``vineyard``
+    (``{"used", "limit"}`` from the worker's heartbeat, or None before its first).
+    """
+    rows = []
+    for w in workers:
+        held = {
+            d["name"]: int(d["workers"][w["name"]]["nbytes"])
+            for d in datasets
+            if w["name"] in d["workers"]
+        }
+        vineyard = w.get("vineyard") or {}
+        rows.append(
+            {
+                "name": w["name"],
+                "address": w["address"],
+                "host": w.get("host"),
+                "gpus": w.get("gpus", 0),
+                "vineyard_used": vineyard.get("used"),
+                "vineyard_limit": vineyard.get("limit"),
+                "datasets": held,
+            }
+        )
+    return sorted(rows, key=lambda r: str(r["name"]))
+
+
+def jobs_view(
+    topics: Mapping[str, Events], names: Mapping[str, str], now: float
+) -> list[dict[str, Any]]:
+    """Every training job the scheduler has events of, newest first.
+
+    Parameters
+    ----------
+    topics : mapping
+        Topic → its events; topics that are not a job's are ignored.
+    names : mapping
+        Worker address → worker name (a worker's ``log_event`` stamps its address).
+    now : float
+        The current time (seconds since the epoch), for a running job's elapsed time and ETA.
+
+    Returns
+    -------
+    list of dict
+        ``job`` (its id), ``model``, ``program``, ``sync``, ``num_iterations``, ``state``
+        (``running``, ``done``, ``failed``), ``iteration`` (the last every trainer finished),
+        ``elapsed``, ``eta_seconds`` (None until an iteration is done), ``trainers`` (per
+        trainer: ``worker``, ``iteration``, ``steps``, ``step_seconds`` (its own input and
+        compute per step over the run), ``waiting_step_seconds`` (per step in the averaging))
+        and ``straggler`` (the slowest trainer named by :mod:`dvml.train.stragglers`, or None).
+    """
+    jobs = [
+        _job_view(topic[len(JOB_TOPIC_PREFIX) :], events, names, now)
+        for topic, events in topics.items()
+        if topic.startswith(JOB_TOPIC_PREFIX) and not topic.startswith("dvml-fit-abort-")
+    ]
+    return sorted(jobs, key=lambda j: -j["started"])
+
+
+def _job_view(job_id: str, events: Events, names: Mapping[str, str], now: float) -> dict[str, Any]:
+    start: Mapping[str, Any] = next((m for _, m in events if _kind(m) == "job"), {})
+    ended = next((m for _, m in events if _kind(m) == "ended"), None)
+    started = start.get("started") or (events[0][0] if events else now)
+    iterations = []
+    for _, m in events:
+        if _kind(m) == "iteration":
+            worker = names.get(str(m.get("worker")), str(m.get("worker")))
+            iterations.append({**m, "worker": worker})
+    per_iteration = by_iteration(iterations)
+    totals = {t.worker: t for t in cumulative(per_iteration)}
+    last: dict[str, int] = {}
+    for m in iterations:
+        last[m["worker"]] = max(last.get(m["worker"], 0), int(m["iteration"]))
+    workers = list(start.get("workers") or sorted(last))
+    trainers = [
+        {
+            "worker": w,
+            "iteration": last.get(w, 0),
+            "steps": totals[w].steps if w in totals else 0,
+            "step_seconds": totals[w].step_seconds if w in totals else None,
+            "waiting_step_seconds": totals[w].waiting_step_seconds if w in totals else None,
+        }
+        for w in workers
+    ]
+    done = min((t["iteration"] for t in trainers), default=0)
+    first = int(start.get("start_iteration") or 1)
+    total = start.get("num_iterations")
+    end_time = ended.get("at", now) if ended else now
+    elapsed = max(end_time - started, 0.0)
+    finished = done - first + 1
+    eta = None
+    if ended is None and total and finished > 0:
+        eta = elapsed / finished * max(int(total) - done, 0)
+    slow = stragglers(list(totals.values()))
+    return {
+        "job": job_id,
+        "model": start.get("model"),
+        "program": start.get("program"),
+        "sync": start.get("sync"),
+        "training": start.get("training"),
+        "num_iterations": total,
+        "state": "running" if ended is None else ended.get("outcome", "done"),
+        "started": started,
+        "iteration": done,
+        "elapsed": elapsed,
+        "eta_seconds": eta,
+        "trainers": trainers,
+        "straggler": None if not slow else {"worker": slow[0].worker, "ratio": slow[0].ratio},
+    }
+
+
+def _kind(message: Any) -> Any:
+    return message.get("kind") if isinstance(message, Mapping) else None
+
+
+def page_state(
+    workers: Iterable[Mapping[str, Any]],
+    topics: Mapping[str, Events],
+    now: float,
+) -> dict[str, Any]:
+    """Everything the page shows: ``workers``, ``datasets`` and ``jobs`` (see the views)."""
+    datasets = datasets_view(topics.get(DATASETS_TOPIC, ()))
+    listed = list(workers)
+    names = {str(w["address"]): str(w["name"]) for w in listed}
+    return {
+        "time": now,
+        "workers": workers_view(listed, datasets),
+        "datasets": datasets,
+        "jobs": jobs_view(topics, names, now),
+    }

@@ -1,0 +1,180 @@
+"""dvml's page on the Dask dashboard, on a real cluster and in a real headless browser.
+
+A fit runs while the page is opened: the rendered page (chromium's DOM after its script ran,
+and a screenshot kept in ``test-artifacts/``) shows the dataset, the workers' vineyard bytes
+and the running job's trainers with their step times, and shows the job done when it is. The
+JSON endpoints agree with :func:`dvml.datasets.describe`, the vineyardds' own figures and the
+fit's summary.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import pathlib
+import shutil
+import subprocess
+import threading
+import urllib.request
+from typing import Any
+
+import pytest
+
+import dvml
+from tests.helpers.polling import poll_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+COMPILE = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
+
+
+def poll_until(fetch: Any, timeout: float, what: str) -> Any:
+    """``fetch()``'s first truthy value within ``timeout`` seconds (polled every 0.2 s)."""
+    found: list[Any] = []
+    assert poll_for(lambda: bool(found.append(fetch()) or found[-1]), timeout, 0.2), (
+        f"no {what} within {timeout} s; last seen: {found[-1] if found else None!r}"
+    )
+    return found[-1]
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.load(answer)
+
+
+class _Text(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._skip -= tag in ("script", "style") and self._skip > 0
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+def _browse(url: str, tmp: pathlib.Path, *extra: str) -> str:
+    """The page as chromium renders it after its script fetched the state (visible text)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "chromium is not installed: ./scripts/check installs it"
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000",
+           "--disable-background-networking", "--disable-component-update", "--no-first-run",
+           f"--user-data-dir={tmp / 'profile'}", "--virtual-time-budget=3000",
+           "--dump-dom", *extra, url]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)
+    text = _Text()
+    text.feed(done.stdout)
+    return " ".join(" ".join(text.parts).split())
+
+
+def test_the_dvml_page_shows_datasets_workers_and_a_running_fit(
+    cluster2: dvml.LocalCluster, tmp_path: pathlib.Path
+) -> None:
+    from dvml.examples import digits_frame
+    from tests.helpers.models import cnn
+
+    client = cluster2.client
+    page = cluster2.dvml_dashboard_link
+    assert page.endswith("/dvml") and page.startswith("http")
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    data = digits_frame(seed=0).iloc[:400]
+    packed = dvml.training_preprocessor(
+        data, y="label", x="pixels", normalizing_const=16.0, name="dash_digits", client=client
+    )
+    try:
+        # -- the JSON endpoints against describe and the vineyardds ------------------------
+        described = dvml.datasets.describe("dash_digits", client=client)
+        (listed,) = [d for d in _get(f"{page}/api/datasets.json") if d["name"] == "dash_digits"]
+        assert listed["rows"] == described.rows == packed.rows
+        assert listed["nbytes"] == described.nbytes
+        per_worker = described.distribution().set_index("worker_name")
+        assert {w: v["rows"] for w, v in listed["workers"].items()} == per_worker["rows"].to_dict()
+        status = cluster2.status().set_index("name")  # what each vineyardd says itself
+        # the vineyardds' figures come with the heartbeats: the pack's bytes within seconds
+        workers = poll_until(
+            lambda: (
+                (w := _get(f"{page}/api/workers.json"))
+                and all((x["vineyard_used"] or 0) >= sum(x["datasets"].values()) > 0 for x in w)
+                and w
+            ),
+            timeout=30,
+            what="every worker's vineyardd holding the dataset on the page",
+        )
+        for w in workers:
+            assert w["vineyard_limit"] == status.loc[w["name"], "memory_limit"]
+            assert w["datasets"]["dash_digits"] == per_worker.loc[w["name"], "nbytes"]
+            assert 0 < w["vineyard_used"] <= w["vineyard_limit"]
+
+        # -- a fit, watched while it runs ----------------------------------------------------
+        arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
+        result: dict[str, Any] = {}
+        fit = threading.Thread(
+            target=lambda: result.update(
+                model=dvml.fit(
+                    "dash_digits",
+                    "dash_model",
+                    arch,
+                    COMPILE,
+                    "batch_size=16, epochs=1",
+                    num_iterations=25,
+                    registry=registry,
+                    client=client,
+                )
+            )
+        )
+        fit.start()
+        try:
+            running = poll_until(
+                lambda: next(
+                    (
+                        j
+                        for j in _get(f"{page}/api/jobs.json")
+                        if j["model"] == "dash_model"
+                        and j["state"] == "running"
+                        and j["iteration"] >= 1
+                    ),
+                    None,
+                ),
+                timeout=120,
+                what="the fit running past its first iteration on the page",
+            )
+            assert sorted(t["worker"] for t in running["trainers"]) == sorted(per_worker.index)
+            assert all(t["step_seconds"] > 0 and t["steps"] > 0 for t in running["trainers"])
+            assert running["num_iterations"] == 25 and running["eta_seconds"] is not None
+            shot = tmp_path / "dvml-page.png"
+            seen = _browse(page, tmp_path, f"--screenshot={shot}")
+        finally:
+            fit.join(timeout=600)
+        assert "model" in result, "the fit did not finish"
+        ARTIFACTS.mkdir(exist_ok=True)
+        if shot.is_file():
+            shutil.copy(shot, ARTIFACTS / "dvml-dashboard-page.png")
+        assert "dash_digits" in seen and "dash_model" in seen, seen[:800]
+        for w in per_worker.index:
+            assert w in seen, f"{w} is not on the page: {seen[:800]}"
+        assert "running" in seen and ("MiB" in seen or "KiB" in seen), seen[:800]
+
+        # -- the page follows the job to its end, and agrees with the summary ---------------
+        (done,) = [j for j in _get(f"{page}/api/jobs.json") if j["job"] == running["job"]]
+        summary = result["model"].summary
+        assert done["state"] == "done" and done["iteration"] == 25
+        for t in done["trainers"]:
+            assert t["step_seconds"] == pytest.approx(
+                summary["trainer_step_seconds"][t["worker"]], abs=1e-6
+            )
+        assert (done["straggler"] or {}).get("worker") == summary["straggler_worker"]
+        after = _browse(page, tmp_path)
+        assert "25 / 25" in after and "done" in after, after[:800]
+    finally:
+        registry.close()
+        dvml.datasets.drop("dash_digits", client=client)
+    gone = _get(f"{page}/api/datasets.json")
+    assert "dash_digits" not in [d["name"] for d in gone]

@@ -1,0 +1,110 @@
+"""dvml's dashboard page as plain values (dvml.dashboard.views): no cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dvml.dashboard.views import datasets_view, jobs_view, page_state, workers_view
+
+
+def _published(name: str, **per_worker: int) -> dict[str, Any]:
+    return {
+        "op": "publish",
+        "name": name,
+        "kind": "training",
+        "rows": sum(per_worker.values()),
+        "nbytes": 10 * sum(per_worker.values()),
+        "workers": {w: {"rows": r, "nbytes": 10 * r} for w, r in per_worker.items()},
+    }
+
+
+def test_datasets_are_replayed_in_order() -> None:
+    events = [
+        (1.0, _published("a", w0=3, w1=3)),
+        (2.0, _published("b", w0=5)),
+        (3.0, {"op": "drop", "name": "a"}),
+        (4.0, _published("b", w1=7)),  # overwritten: the last publication counts
+        (5.0, "not a dvml message"),
+    ]
+    view = datasets_view(events)
+    assert [d["name"] for d in view] == ["b"]
+    assert view[0]["rows"] == 7 and view[0]["workers"] == {"w1": {"rows": 7, "nbytes": 70}}
+    assert view[0]["published"] == 4.0
+
+
+def test_workers_show_their_vineyardd_and_the_datasets_they_hold() -> None:
+    workers = [
+        {"name": "w1", "address": "tcp://b", "host": "h", "gpus": 0, "vineyard": None},
+        {"name": "w0", "address": "tcp://a", "host": "h", "gpus": 1,
+         "vineyard": {"used": 30, "limit": 100}},
+    ]  # fmt: skip
+    view = workers_view(workers, datasets_view([(1.0, _published("a", w0=3))]))
+    assert [w["name"] for w in view] == ["w0", "w1"]
+    assert view[0]["vineyard_used"] == 30 and view[0]["vineyard_limit"] == 100
+    assert view[0]["datasets"] == {"a": 30} and view[1]["datasets"] == {}
+    assert view[1]["vineyard_used"] is None
+
+
+def _iteration(worker: str, k: int, steps: int, seconds: float) -> tuple[float, dict[str, Any]]:
+    return (
+        100.0 + k,
+        {"kind": "iteration", "worker": worker, "iteration": k, "steps": steps,
+         "fit_seconds": seconds, "averaging_seconds": 0.0},
+    )  # fmt: skip
+
+
+JOB = {
+    "kind": "job", "started": 100.0, "workers": ["w0", "w1"], "model": "m", "program": "fit",
+    "sync": "iteration", "num_iterations": 4, "start_iteration": 1,
+}  # fmt: skip
+NAMES = {"tcp://a": "w0", "tcp://b": "w1"}
+
+
+def test_a_running_job_shows_its_trainers_progress_eta_and_the_slow_one() -> None:
+    events = [(100.0, JOB)]
+    for k in (1, 2):
+        events += [_iteration("tcp://a", k, 10, 1.0), _iteration("tcp://b", k, 10, 3.0)]
+    events.append(_iteration("tcp://a", 3, 10, 1.0))  # w0 is ahead; w1 holds iteration 3
+    (job,) = jobs_view({"dvml-fit-abc": events, "dvml-fit-abort-abc": []}, NAMES, now=110.0)
+    assert job["job"] == "abc" and job["model"] == "m" and job["state"] == "running"
+    assert job["iteration"] == 2  # the last every trainer finished
+    assert job["elapsed"] == pytest.approx(10.0)
+    assert job["eta_seconds"] == pytest.approx(10.0 / 2 * 2)
+    by_worker = {t["worker"]: t for t in job["trainers"]}
+    assert by_worker["w0"]["iteration"] == 3 and by_worker["w0"]["steps"] == 30
+    assert by_worker["w1"]["step_seconds"] == pytest.approx(0.3)
+    assert job["straggler"]["worker"] == "w1" and job["straggler"]["ratio"] == pytest.approx(3.0)
+
+
+def test_an_ended_job_and_an_even_one() -> None:
+    events = [(100.0, JOB)]
+    for k in (1, 2, 3, 4):
+        events += [_iteration("tcp://a", k, 10, 1.0), _iteration("tcp://b", k, 10, 1.1)]
+    events.append((108.0, {"kind": "ended", "outcome": "done", "at": 108.0}))
+    (job,) = jobs_view({"dvml-fit-abc": events}, NAMES, now=500.0)
+    assert job["state"] == "done" and job["iteration"] == 4
+    assert job["elapsed"] == pytest.approx(8.0) and job["eta_seconds"] is None
+    assert job["straggler"] is None
+
+
+def test_a_job_before_its_first_iteration_and_newest_first() -> None:
+    older = {**JOB, "started": 50.0, "model": "old"}
+    jobs = jobs_view({"dvml-fit-1": [(50.0, older)], "dvml-fit-2": [(100.0, JOB)]}, NAMES, 101.0)
+    assert [j["model"] for j in jobs] == ["m", "old"]
+    assert [t["iteration"] for t in jobs[0]["trainers"]] == [0, 0]
+    assert jobs[0]["eta_seconds"] is None and jobs[0]["trainers"][0]["step_seconds"] is None
+
+
+def test_page_state_names_trainers_by_worker_name() -> None:
+    workers = [{"name": "w0", "address": "tcp://a"}, {"name": "w1", "address": "tcp://b"}]
+    topics = {
+        "dvml-datasets": [(1.0, _published("d", w0=2))],
+        "dvml-fit-x": [(100.0, JOB), _iteration("tcp://a", 1, 4, 1.0)],
+        "other-topic": [(1.0, {"kind": "job"})],
+    }
+    state = page_state(workers, topics, now=102.0)
+    assert [d["name"] for d in state["datasets"]] == ["d"]
+    assert len(state["jobs"]) == 1
+    assert {t["worker"]: t["steps"] for t in state["jobs"][0]["trainers"]} == {"w0": 4, "w1": 0}
