@@ -4,7 +4,8 @@ Added by the scheduler preload :mod:`dvml.dashboard`, beside Dask's own pages:
 
 - ``/dvml``: the page (it asks for ``/dvml/api/state.json`` every second and redraws);
 - ``/dvml/api/state.json``: everything the page shows (:func:`dvml.dashboard.views.page_state`);
-- ``/dvml/api/workers.json``, ``/dvml/api/datasets.json``, ``/dvml/api/jobs.json``: its parts.
+- ``/dvml/api/workers.json``, ``/dvml/api/datasets.json``, ``/dvml/api/jobs.json``,
+  ``/dvml/api/hop_jobs.json``, ``/dvml/api/searches.json``: its parts.
 
 The handlers read only what the scheduler holds (its workers, their heartbeat metrics, the
 events dvml logs): a request costs the scheduler no call to a worker or a daemon.
@@ -92,6 +93,18 @@ class JobsJSON(_JSON):
     part = "jobs"
 
 
+class HopJobsJSON(_JSON):
+    """Model-hopper jobs (fit_multiple, the searches) with each model's hops."""
+
+    part = "hop_jobs"
+
+
+class SearchesJSON(_JSON):
+    """ASHA searches: rungs, each trial's state and the best so far."""
+
+    part = "searches"
+
+
 class Page(RequestHandler):
     """The page: a table each for workers, datasets and jobs, redrawn every second."""
 
@@ -107,5 +120,7 @@ routes: list[tuple[str, Any, dict[str, Any]]] = [
     (f"{PATH}/api/workers.json", WorkersJSON, {}),
     (f"{PATH}/api/datasets.json", DatasetsJSON, {}),
     (f"{PATH}/api/jobs.json", JobsJSON, {}),
+    (f"{PATH}/api/hop_jobs.json", HopJobsJSON, {}),
+    (f"{PATH}/api/searches.json", SearchesJSON, {}),
 ]
 """The routes, in the form of distributed's ``distributed.scheduler.http.routes`` modules."""

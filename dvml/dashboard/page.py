@@ -34,6 +34,13 @@ PAGE = """<!DOCTYPE html>
 <table id="jobs"><thead><tr><th>model / trainer</th><th>state</th><th>iteration</th>
 <th>steps</th><th>s / step (input + compute)</th><th>s / step waiting</th><th>elapsed</th>
 <th>ETA</th></tr></thead><tbody></tbody></table>
+<h2>Model hopper jobs (fit_multiple, searches)</h2>
+<table id="hop_jobs"><thead><tr><th>job / model</th><th>state</th><th>hops</th>
+<th>iteration</th><th>worker</th><th>loss</th><th>training s</th><th>elapsed</th></tr></thead>
+<tbody></tbody></table>
+<h2>Searches (ASHA)</h2>
+<table id="searches"><thead><tr><th>search / trial</th><th>state</th><th>rung</th>
+<th>iterations</th><th>loss</th><th>worker</th></tr></thead><tbody></tbody></table>
 <script>
 const api = location.pathname.replace(/\\/?$/, "/") + "api/state.json";
 function bytes(n) {
@@ -44,6 +51,7 @@ function bytes(n) {
   return n.toFixed(k ? 1 : 0) + " " + units[k];
 }
 function secs(s) { return s === null || s === undefined ? "" : s.toFixed(1) + " s"; }
+function loss(v) { return v === null || v === undefined ? "" : v.toFixed(4); }
 function step(s) { return s === null || s === undefined ? "" : s.toFixed(4); }
 function cell(text, cls) {
   const td = document.createElement("td");
@@ -100,6 +108,30 @@ function draw(state) {
       row(j, [cell(t.worker, named ? "slow" : ""), cell(""), cell(String(t.iteration), "num"),
               cell(String(t.steps), "num"), cell(step(t.step_seconds), "num"),
               cell(step(t.waiting_step_seconds), "num"), cell(""), cell("")], "trainer");
+    }
+  }
+  const h = document.querySelector("#hop_jobs tbody");
+  h.replaceChildren();
+  for (const x of state.hop_jobs) {
+    row(h, [cell(x.model || x.job), cell(x.state), cell(String(x.hops), "num"), cell(""),
+            cell(x.workers.join(", ")), cell(""), cell(""), cell(secs(x.elapsed), "num")], "job");
+    for (const m of x.models) {
+      row(h, [cell("model " + m.mst_key), cell(m.state), cell(String(m.hops), "num"),
+              cell(String(m.iteration), "num"), cell(m.worker || ""), cell(loss(m.fit_loss), "num"),
+              cell(secs(m.train_s), "num"), cell("")], "trainer");
+    }
+  }
+  const s = document.querySelector("#searches tbody");
+  s.replaceChildren();
+  for (const x of state.searches) {
+    const rungs = Object.entries(x.rungs).map(([r, n]) => "rung " + r + ": " + n).join(", ");
+    const best = x.best ? "best: trial " + x.best.trial + " (" + loss(x.best.loss) + ")" : "";
+    row(s, [cell(x.model_output + " (" + rungs + ") " + best), cell(x.state), cell(""), cell(""),
+            cell(""), cell("")], "job");
+    for (const t of x.trials) {
+      row(s, [cell("trial " + t.trial), cell(t.state), cell(String(t.rung), "num"),
+              cell(String(t.iterations), "num"), cell(loss(t.loss), "num"), cell(t.worker || "")],
+          "trainer");
     }
   }
   document.getElementById("updated").textContent =

@@ -11,6 +11,11 @@ them. Topics:
   starts the trainers and ``{"kind": "ended", "outcome"}`` when they are done; every trainer
   message (``Iteration`` among them) is logged by the worker that runs the trainer
   (:mod:`dvml.train.runtime.launch`), so its ``worker`` is the worker's address.
+- ``dvml-hop-<job id>``: one model-hopper job (``fit_multiple``, the searches). The client
+  logs ``job``, ``park`` (``mst_key``) and ``ended``; each hop's worker logs ``{"kind":
+  "hop", "mst_key", "iteration", "worker", "fit_loss", "train_s", ...}``.
+- ``dvml-search-<model output>``: an ASHA search's journal (:mod:`dvml.search.journal`), as
+  ``{"kind": "journal", "offset", "records"}``: the records from ``offset`` on.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ DATASETS_TOPIC = "dvml-datasets"
 
 JOB_TOPIC_PREFIX = "dvml-fit-"
 """Every training job's topic starts with this (``dvml-fit-<job id>``; not ``-abort-``)."""
+
+HOP_TOPIC_PREFIX = "dvml-hop-"
+"""Every model-hopper job's topic starts with this."""
+
+SEARCH_TOPIC_PREFIX = "dvml-search-"
+"""Every ASHA search's topic starts with this."""
 
 Events = Sequence[tuple[float, Any]]
 
@@ -174,12 +185,128 @@ def _kind(message: Any) -> Any:
     return message.get("kind") if isinstance(message, Mapping) else None
 
 
+def hop_jobs_view(topics: Mapping[str, Events], now: float) -> list[dict[str, Any]]:
+    """Every model-hopper job, newest first: ``job``, ``model`` (the job's name: the model
+    output), ``state``, ``elapsed``, ``hops`` and ``models`` (per ``mst_key``: ``hops``,
+    ``iteration``, the last ``worker`` and ``fit_loss``, ``train_s`` in all and ``state``:
+    ``training``, ``parked`` or ``done``)."""
+    jobs = []
+    for topic, events in topics.items():
+        if not topic.startswith(HOP_TOPIC_PREFIX):
+            continue
+        start: Mapping[str, Any] = next((m for _, m in events if _kind(m) == "job"), {})
+        ended = next((m for _, m in events if _kind(m) == "ended"), None)
+        models: dict[int, dict[str, Any]] = {}
+        for _, m in events:
+            if _kind(m) == "hop":
+                model = models.setdefault(
+                    int(m["mst_key"]), {"mst_key": int(m["mst_key"]), "hops": 0, "train_s": 0.0}
+                )
+                model["hops"] += 1
+                model["train_s"] += float(m.get("train_s") or 0.0)
+                model["iteration"] = max(int(m["iteration"]), model.get("iteration", 0))
+                model.update(worker=m.get("worker"), fit_loss=m.get("fit_loss"), state="training")
+            elif _kind(m) == "park" and int(m["mst_key"]) in models:
+                models[int(m["mst_key"])]["state"] = "parked"
+        if ended is not None:
+            for model in models.values():
+                model["state"] = "parked" if model["state"] == "parked" else "done"
+        started = start.get("started") or (events[0][0] if events else now)
+        jobs.append(
+            {
+                "job": topic[len(HOP_TOPIC_PREFIX) :],
+                "model": start.get("model"),
+                "state": "running" if ended is None else ended.get("outcome", "done"),
+                "started": started,
+                "elapsed": max((ended or {}).get("at", now) - started, 0.0),
+                "workers": list(start.get("workers") or []),
+                "hops": sum(m["hops"] for m in models.values()),
+                "models": [models[k] for k in sorted(models)],
+            }
+        )
+    return sorted(jobs, key=lambda j: -j["started"])
+
+
+_TRIAL_STATES = {"start": "running", "promote": "running", "park": "parked",
+                 "finish": "finished", "fail": "failed"}  # fmt: skip
+
+
+def searches_view(topics: Mapping[str, Events]) -> list[dict[str, Any]]:
+    """Every ASHA search from its journal: ``model_output``, ``state`` (``running`` until
+    the scheduler's ``stop``), ``rungs`` (``{rung: results there, failed ones included}``,
+    ASHA's rung sizes), ``best`` (``trial``, ``loss``, ``rung``: the lowest loss at the highest
+    rung that has one, as ASHA ranks; None before a result) and ``trials`` (per trial:
+    ``state``, ``rung``, ``iterations`` trained, last ``loss`` and ``worker``)."""
+    found = []
+    for topic, events in topics.items():
+        if not topic.startswith(SEARCH_TOPIC_PREFIX):
+            continue
+        records: list[Any] = []
+        for _, m in events:  # a resumed search tells its journal again from the start
+            if _kind(m) == "journal":
+                offset = int(m["offset"])
+                records[offset:] = list(m["records"])
+        found.append({"model_output": topic[len(SEARCH_TOPIC_PREFIX) :], **_search(records)})
+    return sorted(found, key=lambda s: s["model_output"])
+
+
+def _search(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    trials: dict[int, dict[str, Any]] = {}
+    outcomes: dict[int, list[tuple[int, float | None]]] = {}  # rung → (trial, loss)
+    stopped = False
+
+    def trial(data: Mapping[str, Any]) -> dict[str, Any]:
+        k = int(data["trial_id"])
+        return trials.setdefault(k, {"trial": k, "state": "queued", "rung": 0, "iterations": 0,
+                                     "loss": None, "worker": None, "results": 0})  # fmt: skip
+
+    for record in records:
+        event, decision = record.get("event") or {}, record.get("decision") or {}
+        if event.get("type") in ("result", "failure"):
+            # each job trains a trial to its next rung: its k-th outcome is at rung k - 1
+            t = trial(event)
+            loss = event.get("loss") if event["type"] == "result" else None
+            outcomes.setdefault(t["results"], []).append((t["trial"], loss))
+            t["results"] += 1
+            if event["type"] == "result":
+                t.update(iterations=int(event["iterations"]), loss=loss)
+            else:
+                t["state"] = "failed"
+        elif event.get("type") == "departed":
+            for k in event.get("lost") or []:
+                trial({"trial_id": k})["state"] = "failed"
+        kind = decision.get("type")
+        if kind in _TRIAL_STATES:
+            t = trial(decision)
+            t["state"] = _TRIAL_STATES[kind]
+            if "rung" in decision:
+                t["rung"] = int(decision["rung"])
+            if decision.get("worker"):
+                t["worker"] = decision["worker"]
+        elif kind == "stop":
+            stopped = True
+    best = None  # as ASHA ranks: the lowest loss at the highest rung that has one
+    for rung in sorted(outcomes, reverse=True):
+        scored = [(loss, k) for k, loss in outcomes[rung] if loss is not None]
+        if scored:
+            loss, k = min(scored)
+            best = {"trial": k, "loss": loss, "rung": rung}
+            break
+    return {
+        "state": "stopped" if stopped else "running",
+        "rungs": {str(r): len(outcomes[r]) for r in sorted(outcomes)},
+        "best": best,
+        "trials": [{k: v for k, v in trials[t].items() if k != "results"} for t in sorted(trials)],
+    }
+
+
 def page_state(
     workers: Iterable[Mapping[str, Any]],
     topics: Mapping[str, Events],
     now: float,
 ) -> dict[str, Any]:
-    """Everything the page shows: ``workers``, ``datasets`` and ``jobs`` (see the views)."""
+    """Everything the page shows: ``workers``, ``datasets``, ``jobs`` (lock-step fits),
+    ``hop_jobs`` (model hoppers) and ``searches`` (ASHA), see the views."""
     datasets = datasets_view(topics.get(DATASETS_TOPIC, ()))
     listed = list(workers)
     names = {str(w["address"]): str(w["name"]) for w in listed}
@@ -188,4 +315,6 @@ def page_state(
         "workers": workers_view(listed, datasets),
         "datasets": datasets,
         "jobs": jobs_view(topics, names, now),
+        "hop_jobs": hop_jobs_view(topics, now),
+        "searches": searches_view(topics),
     }

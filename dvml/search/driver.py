@@ -309,6 +309,7 @@ def _asha(
         search = resumed
 
     keys: dict[str, Any] = {}
+    logged = [0]  # journal records told to the dashboard page so far
 
     def save(text: str) -> None:
         reg.save_model_selection_run(
@@ -316,6 +317,7 @@ def _asha(
                                   "automl_params": parsed.text(), "random_state": args.seed,
                                   "journal": text, **keys},
         )  # fmt: skip
+        logged[0] = _log_journal(client, args.output, search.journal.records, logged[0])
 
     driver = AshaDriver(
         client, reg, job, search, args.output, save, progress=progress,
@@ -471,3 +473,18 @@ def _progress(progress: bool, losses: Mapping[int, float | None]) -> None:
         return
     best = min(losses, key=lambda k: (hb.rank_key(losses[k]), k))
     logger.warning("automl: best so far mst_key=%s loss=%s", best, losses[best])
+
+
+def _log_journal(client: Client, output: str, records: list[dict[str, Any]], sent: int) -> int:
+    """Tell the scheduler the journal's records from ``sent`` on (topic
+    ``dvml-search-<output>``, for dvml's dashboard page); return how many are told. Best
+    effort: the search goes on when the scheduler misses them."""
+    if len(records) > sent:
+        try:
+            client.log_event(
+                f"dvml-search-{output}",
+                {"kind": "journal", "offset": sent, "records": records[sent:]},
+            )
+        except Exception:
+            return sent
+    return len(records)

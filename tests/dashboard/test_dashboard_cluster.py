@@ -9,70 +9,21 @@ fit's summary.
 
 from __future__ import annotations
 
-import html.parser
-import json
 import pathlib
 import shutil
-import subprocess
 import threading
-import urllib.request
 from typing import Any
 
 import pytest
 
 import dvml
-from tests.helpers.polling import poll_for
+from tests.helpers.browser import ARTIFACTS, rendered_text
+from tests.helpers.browser import get_json as _get
+from tests.helpers.polling import poll_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
 COMPILE = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
-
-
-def poll_until(fetch: Any, timeout: float, what: str) -> Any:
-    """``fetch()``'s first truthy value within ``timeout`` seconds (polled every 0.2 s)."""
-    found: list[Any] = []
-    assert poll_for(lambda: bool(found.append(fetch()) or found[-1]), timeout, 0.2), (
-        f"no {what} within {timeout} s; last seen: {found[-1] if found else None!r}"
-    )
-    return found[-1]
-
-
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return json.load(answer)
-
-
-class _Text(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.parts: list[str] = []
-        self._skip = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self._skip += tag in ("script", "style")
-
-    def handle_endtag(self, tag: str) -> None:
-        self._skip -= tag in ("script", "style") and self._skip > 0
-
-    def handle_data(self, data: str) -> None:
-        if not self._skip:
-            self.parts.append(data)
-
-
-def _browse(url: str, tmp: pathlib.Path, *extra: str) -> str:
-    """The page as chromium renders it after its script fetched the state (visible text)."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "chromium is not installed: ./scripts/check installs it"
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000",
-           "--disable-background-networking", "--disable-component-update", "--no-first-run",
-           f"--user-data-dir={tmp / 'profile'}", "--virtual-time-budget=3000",
-           "--dump-dom", *extra, url]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)
-    text = _Text()
-    text.feed(done.stdout)
-    return " ".join(" ".join(text.parts).split())
 
 
 def test_the_dvml_page_shows_datasets_workers_and_a_running_fit(
@@ -150,7 +101,7 @@ def test_the_dvml_page_shows_datasets_workers_and_a_running_fit(
             assert all(t["step_seconds"] > 0 and t["steps"] > 0 for t in running["trainers"])
             assert running["num_iterations"] == 25 and running["eta_seconds"] is not None
             shot = tmp_path / "dvml-page.png"
-            seen = _browse(page, tmp_path, f"--screenshot={shot}")
+            seen = rendered_text(page, tmp_path, screenshot=shot)
         finally:
             fit.join(timeout=600)
         assert "model" in result, "the fit did not finish"
@@ -171,7 +122,7 @@ def test_the_dvml_page_shows_datasets_workers_and_a_running_fit(
                 summary["trainer_step_seconds"][t["worker"]], abs=1e-6
             )
         assert (done["straggler"] or {}).get("worker") == summary["straggler_worker"]
-        after = _browse(page, tmp_path)
+        after = rendered_text(page, tmp_path)
         assert "25 / 25" in after and "done" in after, after[:800]
     finally:
         registry.close()

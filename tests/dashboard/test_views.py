@@ -108,3 +108,58 @@ def test_page_state_names_trainers_by_worker_name() -> None:
     assert [d["name"] for d in state["datasets"]] == ["d"]
     assert len(state["jobs"]) == 1
     assert {t["worker"]: t["steps"] for t in state["jobs"][0]["trainers"]} == {"w0": 4, "w1": 0}
+
+
+def test_a_model_hopper_job_shows_each_models_hops_and_parked_ones() -> None:
+    from dvml.dashboard.views import hop_jobs_view
+
+    def hop(k: int, it: int, worker: str, loss: float) -> tuple[float, dict[str, Any]]:
+        return (10.0 + it, {"kind": "hop", "mst_key": k, "iteration": it, "worker": worker,
+                            "fit_loss": loss, "train_s": 0.5})  # fmt: skip
+
+    start = (10.0, {"kind": "job", "model": "mop", "workers": ["w0", "w1"], "started": 10.0})
+    events = [start, hop(1, 1, "w0", 0.9), hop(2, 1, "w1", 0.8), hop(1, 1, "w1", 0.7),
+              (12.0, {"kind": "park", "mst_key": 2})]  # fmt: skip
+    (job,) = hop_jobs_view({"dvml-hop-j": events}, now=13.0)
+    assert job["model"] == "mop" and job["state"] == "running" and job["hops"] == 3
+    one, two = job["models"]
+    assert one == {"mst_key": 1, "hops": 2, "train_s": 1.0, "iteration": 1, "worker": "w1",
+                   "fit_loss": 0.7, "state": "training"}  # fmt: skip
+    assert two["state"] == "parked"
+    events.append((14.0, {"kind": "ended", "outcome": "done", "at": 14.0}))
+    (job,) = hop_jobs_view({"dvml-hop-j": events}, now=99.0)
+    assert [m["state"] for m in job["models"]] == ["done", "parked"]
+    assert job["elapsed"] == pytest.approx(4.0)
+
+
+def test_a_search_shows_rungs_trial_states_and_the_best_so_far() -> None:
+    from dvml.dashboard.views import searches_view
+
+    def rec(event: dict[str, Any], decision: dict[str, Any]) -> dict[str, Any]:
+        return {"event": event, "decision": decision}
+
+    ask = {"type": "ask", "worker": "w0"}
+    records = [
+        rec(ask, {"type": "start", "trial_id": 0, "worker": "w0", "iterations": 1}),
+        rec(ask, {"type": "start", "trial_id": 1, "worker": "w1", "iterations": 1}),
+        rec({"type": "result", "trial_id": 0, "iterations": 1, "loss": 0.5},
+            {"type": "park", "trial_id": 0, "rung": 0, "loss": 0.5}),
+        rec({"type": "result", "trial_id": 1, "iterations": 1, "loss": 0.3},
+            {"type": "promote", "trial_id": 1, "worker": "w1", "rung": 1, "iterations": 2}),
+    ]  # fmt: skip
+    # told in two parts, and the first part again (a resumed search starts from 0)
+    events = [(1.0, {"kind": "journal", "offset": 0, "records": records[:2]}),
+              (2.0, {"kind": "journal", "offset": 2, "records": records[2:]}),
+              (3.0, {"kind": "journal", "offset": 0, "records": records})]  # fmt: skip
+    (search,) = searches_view({"dvml-search-hp": events, "dvml-fit-x": []})
+    assert search["model_output"] == "hp" and search["state"] == "running"
+    assert search["rungs"] == {"0": 2}  # results at rung 0; trial 1 trains towards rung 1
+    assert search["best"] == {"trial": 1, "loss": 0.3, "rung": 0}
+    states = {t["trial"]: (t["state"], t["rung"], t["iterations"]) for t in search["trials"]}
+    assert states == {0: ("parked", 0, 1), 1: ("running", 1, 1)}
+    stop = rec({"type": "result", "trial_id": 1, "iterations": 3, "loss": 0.2},
+               {"type": "stop", "reason": "done"})  # fmt: skip
+    events.append((4.0, {"kind": "journal", "offset": 4, "records": [stop]}))
+    (search,) = searches_view({"dvml-search-hp": events})
+    assert search["state"] == "stopped" and search["rungs"] == {"0": 2, "1": 1}
+    assert search["best"] == {"trial": 1, "loss": 0.2, "rung": 1}

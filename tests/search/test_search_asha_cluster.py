@@ -24,7 +24,16 @@ import pytest
 import dvml
 from dvml.search import journal as j
 from dvml.search.asha import Asha
-from tests.helpers import iris_frame, iris_mlp, poll_for, tls_environment, worker_trainers
+from tests.helpers import (
+    Background,
+    iris_frame,
+    iris_mlp,
+    poll_for,
+    tls_environment,
+    worker_trainers,
+)
+from tests.helpers.browser import get_json, rendered_text
+from tests.helpers.polling import poll_until
 from tests.helpers.vineyard_probes import snapshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -69,16 +78,35 @@ def _iterations_by_trial(info: pd.DataFrame) -> dict[int, int]:
 
 
 def test_asha_promotes_parked_models_on_one_job_with_the_data_packed_once(
-    env: dict[str, Any], cluster2: Any
+    env: dict[str, Any], cluster2: Any, tmp_path: pathlib.Path
 ) -> None:
     datasets_before = set(dvml.datasets.list(client=env["client"])["name"])
     vineyard_before = snapshot(cluster2)
-    with dask.config.set(env["settings"]):
-        result = dvml.automl(
-            "asha_iris", "asha_run", env["arch"], COMPILE, FIT, method="asha", params=PARAMS,
-            seed=7, validation_set="asha_iris_val", metrics_compute_frequency=1, progress=True,
-            registry=env["registry"], client=env["client"],
-        )  # fmt: skip
+    page = cluster2.dvml_dashboard_link
+
+    def search(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.automl(
+                "asha_iris", "asha_run", env["arch"], COMPILE, FIT, method="asha", params=PARAMS,
+                seed=7, validation_set="asha_iris_val", metrics_compute_frequency=1,
+                progress=True, registry=env["registry"], client=env["client"],
+            )  # fmt: skip
+
+    running = Background(search)
+
+    # dvml's dashboard page follows the search while it runs: its rungs fill, trials park
+    def live_search() -> Any:
+        shown = get_json(f"{page}/api/searches.json")
+        mine = [s for s in shown if s["model_output"] == "asha_run" and s["state"] == "running"]
+        return next((s for s in mine if s["rungs"].get("0", 0) >= 2), None)
+
+    live = poll_until(
+        live_search, timeout=120, what="the running search with results at its first rung"
+    )
+    seen = rendered_text(page, tmp_path)
+    result = running.result(timeout=600)
+    assert "asha_run" in seen and "rung 0:" in seen, seen[:1000]
+    assert live["best"] is not None and len(live["trials"]) >= 2
     info = result.info.set_index("mst_key")
     summary = result.summary
     # rungs at 1, 3, 9 iterations; 8 configurations, each at least to the first rung
@@ -115,6 +143,16 @@ def test_asha_promotes_parked_models_on_one_job_with_the_data_packed_once(
     assert scores["loss"] == pytest.approx(info.loc[best_key, "validation_loss_final"], rel=1e-3)
     # the checkpoints are gone once the models are registered
     assert not list((env["home"] / "state" / "checkpoints").glob("asha_run-asha-*/*"))
+    # the page's view of the finished search is the search's own (from its journal)
+    (shown,) = [s for s in get_json(f"{page}/api/searches.json") if s["model_output"] == "asha_run"]
+    assert shown["state"] == "stopped"
+    assert shown["rungs"] == {str(r): n for r, n in enumerate(summary["rung_sizes"]) if n}
+    assert shown["best"]["trial"] == best_key
+    assert {t["trial"] for t in shown["trials"]} == set(info.index)
+    hops = [j for j in get_json(f"{page}/api/hop_jobs.json") if j["model"] == "asha_run"]
+    assert hops and hops[0]["state"] == "done"
+    # an iteration of a model is a hop on each worker (MOP)
+    assert sum(m["hops"] for m in hops[0]["models"]) == 2 * summary["model_iterations"]
 
 
 def test_a_nan_configuration_is_failed_ranked_last_and_the_search_goes_on(

@@ -118,6 +118,10 @@ class ModelHopper:
             "client_timeout": config.get("train.client-timeout"),
             "started_at": time.time() if started_at is None else started_at,
         }
+        # dvml's dashboard page follows the job on its topic (the hops log there themselves)
+        self.topic = f"dvml-hop-{self.job['job_id']}"
+        self._log({"kind": "job", "program": "hop", "model": name, "training": training,
+                   "workers": self.job["workers"], "started": self.job["started_at"]})  # fmt: skip
         self.states: dict[int, Future] = {}
         self.parked: set[int] = set()
         self.submitted: list[Future] = []
@@ -233,6 +237,7 @@ class ModelHopper:
         """Stop training model ``mst_key`` for now; its state stays where it is (returned)."""
         state = self._state(mst_key)
         self.parked.add(mst_key)
+        self._log({"kind": "park", "mst_key": mst_key})
         return state
 
     def resume(self, mst_key: int) -> None:
@@ -439,6 +444,14 @@ class ModelHopper:
     def stop(self) -> None:
         """Stop the job's trainers on every worker (idempotent)."""
         self.client.run(sessions.stop_session, self.job_id, on_error="ignore")
+        self._log({"kind": "ended", "outcome": "done", "at": time.time()})
+
+    def _log(self, message: dict[str, Any]) -> None:
+        """Best effort: the dashboard page misses an event, the job goes on."""
+        try:
+            self.client.log_event(self.topic, message)
+        except Exception:
+            pass
 
     def __enter__(self) -> ModelHopper:
         return self

@@ -482,6 +482,10 @@ def train_hop(
         # wall clock, from the client's start of this run (an earlier run's, once resumed)
         "elapsed": time.time() - float(job["started_at"]),
     }
+    try:  # dvml's dashboard page shows the hop (best effort: the hop is done either way)
+        get_worker().log_event(f"dvml-hop-{job['job_id']}", {"kind": "hop", **record})
+    except Exception:
+        pass
     return {"state": state, "record": record}
 
 
