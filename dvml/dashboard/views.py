@@ -185,11 +185,14 @@ def _kind(message: Any) -> Any:
     return message.get("kind") if isinstance(message, Mapping) else None
 
 
-def hop_jobs_view(topics: Mapping[str, Events], now: float) -> list[dict[str, Any]]:
+def hop_jobs_view(
+    topics: Mapping[str, Events], names: Mapping[str, str], now: float
+) -> list[dict[str, Any]]:
     """Every model-hopper job, newest first: ``job``, ``model`` (the job's name: the model
     output), ``state``, ``elapsed``, ``hops`` and ``models`` (per ``mst_key``: ``hops``,
     ``iteration``, the last ``worker`` and ``fit_loss``, ``train_s`` in all and ``state``:
-    ``training``, ``parked`` or ``done``)."""
+    ``training``, ``parked`` or ``done``). ``names`` maps worker addresses to names (a
+    worker's ``log_event`` stamps its address)."""
     jobs = []
     for topic, events in topics.items():
         if not topic.startswith(HOP_TOPIC_PREFIX):
@@ -205,7 +208,8 @@ def hop_jobs_view(topics: Mapping[str, Events], now: float) -> list[dict[str, An
                 model["hops"] += 1
                 model["train_s"] += float(m.get("train_s") or 0.0)
                 model["iteration"] = max(int(m["iteration"]), model.get("iteration", 0))
-                model.update(worker=m.get("worker"), fit_loss=m.get("fit_loss"), state="training")
+                worker = names.get(str(m.get("worker")), m.get("worker"))
+                model.update(worker=worker, fit_loss=m.get("fit_loss"), state="training")
             elif _kind(m) == "park" and int(m["mst_key"]) in models:
                 models[int(m["mst_key"])]["state"] = "parked"
         if ended is not None:
@@ -315,6 +319,6 @@ def page_state(
         "workers": workers_view(listed, datasets),
         "datasets": datasets,
         "jobs": jobs_view(topics, names, now),
-        "hop_jobs": hop_jobs_view(topics, now),
+        "hop_jobs": hop_jobs_view(topics, names, now),
         "searches": searches_view(topics),
     }

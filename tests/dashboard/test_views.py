@@ -118,16 +118,16 @@ def test_a_model_hopper_job_shows_each_models_hops_and_parked_ones() -> None:
                             "fit_loss": loss, "train_s": 0.5})  # fmt: skip
 
     start = (10.0, {"kind": "job", "model": "mop", "workers": ["w0", "w1"], "started": 10.0})
-    events = [start, hop(1, 1, "w0", 0.9), hop(2, 1, "w1", 0.8), hop(1, 1, "w1", 0.7),
+    events = [start, hop(1, 1, "tcp://a", 0.9), hop(2, 1, "w1", 0.8), hop(1, 1, "tcp://b", 0.7),
               (12.0, {"kind": "park", "mst_key": 2})]  # fmt: skip
-    (job,) = hop_jobs_view({"dvml-hop-j": events}, now=13.0)
+    (job,) = hop_jobs_view({"dvml-hop-j": events}, NAMES, now=13.0)
     assert job["model"] == "mop" and job["state"] == "running" and job["hops"] == 3
     one, two = job["models"]
     assert one == {"mst_key": 1, "hops": 2, "train_s": 1.0, "iteration": 1, "worker": "w1",
                    "fit_loss": 0.7, "state": "training"}  # fmt: skip
     assert two["state"] == "parked"
     events.append((14.0, {"kind": "ended", "outcome": "done", "at": 14.0}))
-    (job,) = hop_jobs_view({"dvml-hop-j": events}, now=99.0)
+    (job,) = hop_jobs_view({"dvml-hop-j": events}, NAMES, now=99.0)
     assert [m["state"] for m in job["models"]] == ["done", "parked"]
     assert job["elapsed"] == pytest.approx(4.0)
 

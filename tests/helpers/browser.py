@@ -36,11 +36,11 @@ class _Text(html.parser.HTMLParser):
 
 def rendered_text(url: str, tmp: pathlib.Path, screenshot: pathlib.Path | None = None) -> str:
     """The visible text of ``url`` in headless chromium, 3 s (virtual time) after it loaded,
-    whitespace collapsed; ``screenshot`` also saves a 1280x1000 PNG of it there."""
+    whitespace collapsed; ``screenshot`` also saves a 1280x1400 PNG of it there."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "chromium is not installed: ./scripts/check installs it"
     extra = [f"--screenshot={screenshot}"] if screenshot is not None else []
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000",
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,1400",
            "--disable-background-networking", "--disable-component-update", "--no-first-run",
            f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=3000",
            "--dump-dom", *extra, url]  # fmt: skip
