@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "evaluate": "dvml.train.predict",
     "predict": "dvml.train.predict",
     "predict_byom": "dvml.train.predict",
+    "export_to_mlflow": "dvml.tracking.export",
     "Model": "dvml.train.model",
     "hyperband_schedule": "dvml.search.hyperband",
     "automl": "dvml.search.driver",
@@ -79,6 +80,7 @@ __all__ = [
     "delete_model",
     "delete_model_configs",
     "evaluate",
+    "export_to_mlflow",
     "features",
     "fit",
     "fit_multiple",
@@ -125,6 +127,7 @@ if TYPE_CHECKING:
     from dvml.search.hyperband import hyperband_schedule
     from dvml.store import datasets
     from dvml.store.datasets import Dataset
+    from dvml.tracking.export import export_to_mlflow
     from dvml.train.fit import fit
     from dvml.train.fit_multiple import ModelSelection, fit_multiple
     from dvml.train.model import Model, plot_history

@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"dvml.tf_runtime", "dvml.vineyard_runtime"},
     {"dvml.config", "dvml.names", "dvml.limits", "dvml.examples"},
     {"dvml.cluster", "dvml.registry"},
-    {"dvml.placement", "dvml.store"},
+    {"dvml.placement", "dvml.store", "dvml.tracking"},
     {"dvml.resolve"},
     {"dvml.preprocess"},
     {"dvml.train", "dvml.features"},

@@ -27,6 +27,7 @@ PUBLIC = [
     "delete_model",
     "delete_model_configs",
     "evaluate",
+    "export_to_mlflow",
     "features",
     "fit",
     "fit_multiple",

@@ -66,7 +66,7 @@ from dvml.search.search_space import SearchSpace
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.train import config_search as cs
-from dvml.train.fit_multiple import ModelSelection
+from dvml.train.fit_multiple import ModelSelection, track_selection
 from dvml.train.model_lock import holding_output
 from dvml.train.outputs import check_outputs_free, existing_outputs
 from dvml.train.runtime.plan import JobArgs, now, place_job, utc_text
@@ -231,7 +231,9 @@ def automl(
                 outcome = _hop_search(reg, client, args, space, parsed, progress, name,
                                       description, lease.check)  # fmt: skip
         _save(reg, args, outcome, method, parsed, loss_column, started)
-    return AutoMLResult(model_output, reg)
+    result = AutoMLResult(model_output, reg)
+    track_selection("automl", result)
+    return result
 
 
 def _save(

@@ -15,6 +15,8 @@ from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
+from dvml.tracking.mlflow_client import log_run, tracking_uri
+from dvml.tracking.runs import fit_run
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.outputs import check_outputs_free, model_exists
@@ -179,7 +181,10 @@ def fit(
             lease.check()  # a dataset dropped with force=True: fail, register nothing
             _save(reg, plan, results, summary, iterations)
             clear_checkpoints(client, plan.job.workers, plan.checkpoint_dir)
-    return Model(model, reg)
+    trained = Model(model, reg)
+    if tracking_uri() is not None:  # the run in MLflow, when the user asked for it
+        log_run(fit_run(trained.summary), "dvml.fit")
+    return trained
 
 
 @dataclasses.dataclass(frozen=True)

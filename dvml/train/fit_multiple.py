@@ -36,6 +36,8 @@ from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
+from dvml.tracking.mlflow_client import log_run, tracking_uri
+from dvml.tracking.runs import selection_run
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import (
     Config,
@@ -287,7 +289,9 @@ def fit_multiple(
             _register(reg, plan, history, records, evals, weights, start, end, points, name,
                       description, started)  # fmt: skip
             hopper.clear_checkpoints()
-    return ModelSelection(model_output, reg)
+    selection = ModelSelection(model_output, reg)
+    track_selection("fit_multiple", selection)
+    return selection
 
 
 def _plan(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
@@ -561,3 +565,13 @@ def _run_summary(
         "wall_seconds": time.time() - started,
         "resumed_from_iteration": resumed,
     }
+
+
+def track_selection(kind: str, selection: ModelSelection) -> None:
+    """Log a finished fit_multiple or automl run to MLflow, when the user asked for it."""
+    if tracking_uri() is None:
+        return
+    import json
+
+    rows = json.loads(selection.info.to_json(orient="records"))  # plain values, NaN as None
+    log_run(selection_run(kind, selection.name, selection.summary, rows), f"dvml.{kind}")
