@@ -12,7 +12,7 @@ import numpy as np
 from dvml._version import __version__
 from dvml.exceptions import ArgumentError, ConfigError
 from dvml.registry.database import Registry, open_registry
-from dvml.tracking.mlflow_client import _bounded_http, _mlflow, tracking_uri
+from dvml.tracking.mlflow_client import bounded_http, import_mlflow, tracking_uri
 
 
 def export_to_mlflow(
@@ -52,13 +52,13 @@ def export_to_mlflow(
             "no tracking.mlflow-uri in the config. Pass mlflow_uri='http://host:5000' or set "
             "the key."
         )
-    mlflow = _mlflow()
+    mlflow = import_mlflow()
     reg = open_registry(registry)
     record = reg.get_model(model, require=("model_arch", "class_values", "x_shapes"))
     summary = record["summary"]
     _check_exportable(model, summary)
     name = registered_model_name or model
-    with tempfile.TemporaryDirectory(prefix="dvml-export-") as tmp, _bounded_http():
+    with tempfile.TemporaryDirectory(prefix="dvml-export-") as tmp, bounded_http():
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps({
             "model_json": summary["model_arch"], "class_values": summary["class_values"],

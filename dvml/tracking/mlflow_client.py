@@ -28,7 +28,8 @@ def tracking_uri() -> str | None:
     return str(uri) if uri else None
 
 
-def _mlflow() -> Any:
+def import_mlflow() -> Any:
+    """``mlflow``, or a ConfigError that says how to install it."""
     try:
         import mlflow
     except ImportError:
@@ -41,7 +42,8 @@ def _mlflow() -> Any:
 
 
 @contextlib.contextmanager
-def _bounded_http() -> Iterator[None]:
+def bounded_http() -> Iterator[None]:
+    """MLflow's HTTP retries and timeout bounded while inside (the user's settings win)."""
     saved = {k: os.environ.get(k) for k in _HTTP}
     for key, value in _HTTP.items():
         os.environ.setdefault(key, value)  # the user's own settings win
@@ -55,7 +57,7 @@ def _bounded_http() -> Iterator[None]:
 
 def client(uri: str) -> Any:
     """An ``MlflowClient`` of ``uri``."""
-    return _mlflow().MlflowClient(tracking_uri=uri)
+    return import_mlflow().MlflowClient(tracking_uri=uri)
 
 
 def experiment_id(mlflow_client: Any) -> str:
@@ -74,9 +76,9 @@ def log_run(payload: RunPayload, what: str) -> str | None:
     uri = tracking_uri()
     if uri is None:
         return None
-    _mlflow()  # installed, or a ConfigError that says how
+    import_mlflow()  # installed, or a ConfigError that says how
     try:
-        with _bounded_http():
+        with bounded_http():
             c = client(uri)
             exp = experiment_id(c)
             run_id = _log_one(c, exp, payload, None)

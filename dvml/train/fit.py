@@ -17,6 +17,7 @@ from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.runs import fit_run
+from dvml.train.job_scalars import JobScalars, iteration_scalars
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.outputs import check_outputs_free, model_exists
@@ -164,15 +165,20 @@ def fit(
         # checkpoints. Held until the model is saved; refused with the running job's name.
         with holding_model(config.state_dir(), model, plan.key):
             start_iteration, weights_blob, history = _resume(client, plan, resume)
+            scalars = JobScalars(tensorboard_dir) if tensorboard_dir else None
             collector = _Progress(
                 {w.address: w.name for w in plan.job.workers},
-                model, num_iterations, on_iteration, progress,
+                model, num_iterations, on_iteration, progress, scalars,
             )  # fmt: skip
             start = now()
-            results = run_lockstep(
-                client, plan.job.workers, _job(plan, start_iteration, history),
-                plan.per_worker_batch, weights_blob, collector, plan.job.timeout,
-            )  # fmt: skip
+            try:
+                results = run_lockstep(
+                    client, plan.job.workers, _job(plan, start_iteration, history),
+                    plan.per_worker_batch, weights_blob, collector, plan.job.timeout,
+                )  # fmt: skip
+            finally:
+                if scalars is not None:
+                    scalars.close()
             end = now()
             iterations = _aggregate(history, results)
             summary = _summary(
@@ -418,10 +424,11 @@ class _Progress:
         total: int,
         callback: Callable[[dict[str, Any]], None] | None,
         echo: bool,
+        scalars: JobScalars | None = None,
     ) -> None:
         # the trainers' worker names by address (Dask's log_event sets "worker" to the address)
         self.names, self.n, self.model, self.total = names, len(names), model, total
-        self.callback, self.echo = callback, echo
+        self.callback, self.echo, self.scalars = callback, echo, scalars
         self.pending: dict[int, list[dict[str, Any]]] = {}
         self.timings: list[list[TrainerTiming]] = []  # of this run's iterations, in order
 
@@ -445,6 +452,8 @@ class _Progress:
         self.timings.append(timings_of(named))
         slow = stragglers(cumulative(self.timings))
         record["stragglers"] = [dataclasses.asdict(s) for s in slow]
+        if self.scalars is not None:  # the job's TensorBoard stream (tensorboard_dir/job)
+            self.scalars.write(record["iteration"], iteration_scalars(record, named))
         if self.echo:
             metrics = record.get("training_metrics") or {}
             extra = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())

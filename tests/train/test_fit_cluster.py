@@ -440,6 +440,19 @@ def test_custom_loss_and_tensorboard(env: dict[str, Any]) -> None:
     assert model.summary["loss_type"] == "scaled_ce"
     assert model.summary["custom_objects"] == ["scaled_ce"]
     assert any(p.name.startswith("events.out.tfevents") for p in logs.rglob("*"))
+    # the job's own stream: per-iteration scalars of the job and of every trainer
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    job = EventAccumulator(str(logs / "job"))
+    job.Reload()
+    tags = set(job.Tags()["scalars"])
+    summary = model.summary
+    for worker, seconds in summary["trainer_step_seconds"].items():
+        (event,) = job.Scalars(f"trainer/{worker}/step_seconds")
+        assert event.step == 1 and event.value == pytest.approx(seconds, abs=1e-5)
+        assert f"trainer/{worker}/fit_loss" in tags
+    (loss,) = job.Scalars("training_loss")
+    assert loss.value == pytest.approx(summary["training_loss"][0], rel=1e-5)
     result = dvml.evaluate(
         "custom", "fit_digits_val", registry=env["registry"], client=env["client"]
     )
