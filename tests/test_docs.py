@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import dvml
+from tests.helpers.browser import visible_text
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -225,23 +226,6 @@ def _browse(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProces
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
 
-class _Text(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.parts: list[str] = []
-        self._skip = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self._skip += tag in ("script", "style")
-
-    def handle_endtag(self, tag: str) -> None:
-        self._skip -= tag in ("script", "style") and self._skip > 0
-
-    def handle_data(self, data: str) -> None:
-        if not self._skip:
-            self.parts.append(data)
-
-
 @pytest.mark.parametrize(
     ("page", "expected"),
     [
@@ -268,9 +252,7 @@ def test_page_renders_in_headless_chromium(
     assert dark > 0.005, f"{page}: almost no dark pixels ({dark:.2%}): no text was drawn"
 
     dom = _browse(url, tmp_path, "--dump-dom").stdout
-    text = _Text()
-    text.feed(dom)
-    visible = " ".join(" ".join(text.parts).split())
+    visible = visible_text(dom)
     assert expected in visible, f"{page}: {expected!r} is not on the page: {visible[:500]}"
     found = [e for e in ERROR_TEXT if e in visible]
     assert not found, f"{page} shows error text {found}: {visible[:1000]}"

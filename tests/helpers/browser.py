@@ -11,7 +11,7 @@ import subprocess
 import urllib.request
 from typing import Any
 
-__all__ = ["ARTIFACTS", "get_json", "rendered_text"]
+__all__ = ["ARTIFACTS", "get_json", "rendered_text", "visible_text"]
 
 ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts"
 """Where tests keep what a person may want to look at after a run (screenshots)."""
@@ -34,6 +34,13 @@ class _Text(html.parser.HTMLParser):
             self.parts.append(data)
 
 
+def visible_text(document: str) -> str:
+    """The text a reader sees in an HTML document (no script or style), whitespace collapsed."""
+    text = _Text()
+    text.feed(document)
+    return " ".join(" ".join(text.parts).split())
+
+
 def rendered_text(url: str, tmp: pathlib.Path, screenshot: pathlib.Path | None = None) -> str:
     """The visible text of ``url`` in headless chromium, 3 s (virtual time) after it loaded,
     whitespace collapsed; ``screenshot`` also saves a 1280x1400 PNG of it there."""
@@ -45,9 +52,7 @@ def rendered_text(url: str, tmp: pathlib.Path, screenshot: pathlib.Path | None =
            f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=3000",
            "--dump-dom", *extra, url]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)
-    text = _Text()
-    text.feed(done.stdout)
-    return " ".join(" ".join(text.parts).split())
+    return visible_text(done.stdout)
 
 
 def get_json(url: str) -> Any:
