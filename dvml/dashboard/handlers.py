@@ -5,7 +5,8 @@ Added by the scheduler preload :mod:`dvml.dashboard`, beside Dask's own pages:
 - ``/dvml``: the page (it asks for ``/dvml/api/state.json`` every second and redraws);
 - ``/dvml/api/state.json``: everything the page shows (:func:`dvml.dashboard.views.page_state`);
 - ``/dvml/api/workers.json``, ``/dvml/api/datasets.json``, ``/dvml/api/jobs.json``,
-  ``/dvml/api/hop_jobs.json``, ``/dvml/api/searches.json``: its parts.
+  ``/dvml/api/hop_jobs.json``, ``/dvml/api/searches.json``, ``/dvml/api/faults.json``: its
+  parts.
 
 The handlers read only what the scheduler holds (its workers, their heartbeat metrics, the
 events dvml logs): a request costs the scheduler no call to a worker or a daemon.
@@ -105,6 +106,12 @@ class SearchesJSON(_JSON):
     part = "searches"
 
 
+class FaultsJSON(_JSON):
+    """Failed jobs with their error and workers that left a job, newest first."""
+
+    part = "faults"
+
+
 class Page(RequestHandler):
     """The page: a table each for workers, datasets and jobs, redrawn every second."""
 
@@ -122,5 +129,6 @@ routes: list[tuple[str, Any, dict[str, Any]]] = [
     (f"{PATH}/api/jobs.json", JobsJSON, {}),
     (f"{PATH}/api/hop_jobs.json", HopJobsJSON, {}),
     (f"{PATH}/api/searches.json", SearchesJSON, {}),
+    (f"{PATH}/api/faults.json", FaultsJSON, {}),
 ]
 """The routes, in the form of distributed's ``distributed.scheduler.http.routes`` modules."""

@@ -38,6 +38,9 @@ PAGE = """<!DOCTYPE html>
 <table id="hop_jobs"><thead><tr><th>job / model</th><th>state</th><th>hops</th>
 <th>iteration</th><th>worker</th><th>loss</th><th>training s</th><th>elapsed</th></tr></thead>
 <tbody></tbody></table>
+<h2>Faults</h2>
+<table id="faults"><thead><tr><th>when</th><th>model</th><th>what</th></tr></thead>
+<tbody></tbody></table>
 <h2>Searches (ASHA)</h2>
 <table id="searches"><thead><tr><th>search / trial</th><th>state</th><th>rung</th>
 <th>iterations</th><th>loss</th><th>worker</th></tr></thead><tbody></tbody></table>
@@ -120,6 +123,12 @@ function draw(state) {
               cell(String(m.iteration), "num"), cell(m.worker || ""), cell(loss(m.fit_loss), "num"),
               cell(secs(m.train_s), "num"), cell("")], "trainer");
     }
+  }
+  const f = document.querySelector("#faults tbody");
+  f.replaceChildren();
+  for (const x of state.faults) {
+    row(f, [cell(new Date(x.at * 1000).toLocaleTimeString()), cell(x.model || x.job),
+            cell(x.what, "slow")]);
   }
   const s = document.querySelector("#searches tbody");
   s.replaceChildren();

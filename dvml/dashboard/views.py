@@ -172,6 +172,7 @@ def _job_view(job_id: str, events: Events, names: Mapping[str, str], now: float)
         "training": start.get("training"),
         "num_iterations": total,
         "state": "running" if ended is None else ended.get("outcome", "done"),
+        "error": (ended or {}).get("error"),
         "started": started,
         "iteration": done,
         "elapsed": elapsed,
@@ -199,6 +200,11 @@ def hop_jobs_view(
             continue
         start: Mapping[str, Any] = next((m for _, m in events if _kind(m) == "job"), {})
         ended = next((m for _, m in events if _kind(m) == "ended"), None)
+        departed = [
+            {"at": m.get("at", at), "workers": list(m.get("workers") or [])}
+            for at, m in events
+            if _kind(m) == "departed"
+        ]
         models: dict[int, dict[str, Any]] = {}
         for _, m in events:
             if _kind(m) == "hop":
@@ -224,6 +230,7 @@ def hop_jobs_view(
                 "started": started,
                 "elapsed": max((ended or {}).get("at", now) - started, 0.0),
                 "workers": list(start.get("workers") or []),
+                "departed": departed,
                 "hops": sum(m["hops"] for m in models.values()),
                 "models": [models[k] for k in sorted(models)],
             }
@@ -304,21 +311,41 @@ def _search(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def faults_view(
+    jobs: Sequence[Mapping[str, Any]], hop_jobs: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Faults as events, newest first: failed training jobs with their error, and workers that
+    left a model-hopper job (``at``, ``job``, ``model``, ``what``)."""
+    found = [
+        {"at": j["started"] + j["elapsed"], "job": j["job"], "model": j["model"],
+         "what": j.get("error") or "failed"}
+        for j in jobs
+        if j["state"] == "failed"
+    ]  # fmt: skip
+    for j in hop_jobs:
+        for d in j.get("departed") or []:
+            found.append({"at": d["at"], "job": j["job"], "model": j["model"],
+                          "what": f"worker(s) {', '.join(d['workers'])} left"})  # fmt: skip
+    return sorted(found, key=lambda f: -f["at"])
+
+
 def page_state(
     workers: Iterable[Mapping[str, Any]],
     topics: Mapping[str, Events],
     now: float,
 ) -> dict[str, Any]:
     """Everything the page shows: ``workers``, ``datasets``, ``jobs`` (lock-step fits),
-    ``hop_jobs`` (model hoppers) and ``searches`` (ASHA), see the views."""
+    ``hop_jobs`` (model hoppers), ``searches`` (ASHA) and ``faults``, see the views."""
     datasets = datasets_view(topics.get(DATASETS_TOPIC, ()))
     listed = list(workers)
     names = {str(w["address"]): str(w["name"]) for w in listed}
+    jobs, hop_jobs = jobs_view(topics, names, now), hop_jobs_view(topics, names, now)
     return {
         "time": now,
         "workers": workers_view(listed, datasets),
         "datasets": datasets,
-        "jobs": jobs_view(topics, names, now),
-        "hop_jobs": hop_jobs_view(topics, names, now),
+        "jobs": jobs,
+        "hop_jobs": hop_jobs,
         "searches": searches_view(topics),
+        "faults": faults_view(jobs, hop_jobs),
     }

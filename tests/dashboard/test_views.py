@@ -163,3 +163,19 @@ def test_a_search_shows_rungs_trial_states_and_the_best_so_far() -> None:
     (search,) = searches_view({"dvml-search-hp": events})
     assert search["state"] == "stopped" and search["rungs"] == {"0": 2, "1": 1}
     assert search["best"] == {"trial": 1, "loss": 0.2, "rung": 1}
+
+
+def test_faults_are_failed_jobs_and_departed_workers_newest_first() -> None:
+    failed = [(100.0, JOB), (105.0, {"kind": "ended", "outcome": "failed", "at": 105.0,
+                                      "error": "TrainerFailedError: w1 died"})]  # fmt: skip
+    hop = [(10.0, {"kind": "job", "model": "mop", "started": 10.0}),
+           (20.0, {"kind": "departed", "workers": ["w1"], "at": 120.0}),
+           (20.0, {"kind": "ended", "outcome": "failed", "at": 120.0}),
+           (21.0, {"kind": "ended", "outcome": "done", "at": 121.0})]  # fmt: skip
+    state = page_state([], {"dvml-fit-a": failed, "dvml-hop-b": hop}, now=200.0)
+    assert state["jobs"][0]["state"] == "failed"
+    assert state["hop_jobs"][0]["state"] == "failed"  # the first end says how it ended
+    assert [(f["model"], f["what"]) for f in state["faults"]] == [
+        ("mop", "worker(s) w1 left"),
+        ("m", "TrainerFailedError: w1 died"),
+    ]

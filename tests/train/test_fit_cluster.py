@@ -625,6 +625,12 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
     error = outcome.get("error")
     assert isinstance(error, TrainerFailedError), repr(error)
     assert "worker-1" in str(error)
+    # dvml's dashboard page lists the failed job with the error that stopped it
+    from tests.helpers.browser import get_json
+
+    faults = get_json(f"{cluster2.dvml_dashboard_link}/api/faults.json")
+    mine = [f for f in faults if f["model"] == "resumable"]
+    assert mine and "TrainerFailedError" in mine[0]["what"] and "worker-1" in mine[0]["what"]
     # the other trainer is gone too
     assert poll_for(lambda: all(pid_gone(pid) for pid in others), 30)
 

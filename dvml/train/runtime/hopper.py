@@ -309,6 +309,8 @@ class ModelHopper:
 
     def departure_error(self, gone: list[WorkerInfo]) -> TrainerFailedError:
         """The error that stops the job because workers ``gone`` left the cluster."""
+        self._log({"kind": "departed", "workers": [w.name for w in gone], "at": time.time()})
+        self._log({"kind": "ended", "outcome": "failed", "at": time.time()})
         return TrainerFailedError(
             f"{describe_departure(gone)}; job {self.name!r} was stopped. Bring the worker back "
             "(or preprocess onto the remaining workers) and run it again: it resumes from the "
@@ -387,6 +389,7 @@ class ModelHopper:
         on a departed one, or its task was cancelled). Returns the forgotten models' keys: the
         scheduler adds them again from a checkpoint (:meth:`add`), or gives them up."""
         self.workers = [w for w in self.workers if w not in gone]
+        self._log({"kind": "departed", "workers": [w.name for w in gone], "at": time.time()})
         self.cancel()
         kept = {w.address for w in self.workers}
         finished = [f for f in self.states.values() if f.status == "finished"]

@@ -109,13 +109,16 @@ def run_lockstep(
     names = [w.name for w in workers]
     _log_job(client, topic, {"kind": "job", "started": started, "workers": names,
                              **{k: base_job.get(k) for k in _JOB_FIELDS}})  # fmt: skip
-    outcome = "failed"
+    ended: dict[str, Any] = {"kind": "ended", "outcome": "failed"}
     try:
         results = _wait_trainers(client, futures, workers, abort, what)
-        outcome = "done"
+        ended["outcome"] = "done"
         return results
+    except BaseException as exc:  # the page names what stopped the job
+        ended["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        raise
     finally:
-        _log_job(client, topic, {"kind": "ended", "outcome": outcome, "at": time.time()})
+        _log_job(client, topic, {**ended, "at": time.time()})
         client.unsubscribe_topic(topic)
 
 
