@@ -9,6 +9,11 @@ other x shapes is refused and leaves the dataset as it was.
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -21,6 +26,7 @@ from dvml.exceptions import DataError, DatasetInUseError
 from dvml.resolve.by_id import read_buffer
 from dvml.store.leases import holding
 from dvml.store.versions import buffer_digest, field_digest
+from tests.helpers import tls_environment
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -167,3 +173,26 @@ def test_a_new_class_or_another_schema_is_refused(
         dvml.datasets.append(NAME, _iris(slice(0, 10)).rename(columns={"x": "z"}), client=client)
     after = dvml.datasets.describe(NAME, client=client)
     assert (after.id, after.version, after.layout) == (before.id, before.version, before.layout)
+
+
+def test_cli_append_records_the_files_of_the_source(
+    cluster2: dvml.LocalCluster, packed: dvml.Dataset, tmp_path: pathlib.Path
+) -> None:
+    client = cluster2.client
+    before = dvml.datasets.describe(NAME, client=client)
+    path = tmp_path / "day-2.parquet"
+    _iris(slice(60, 80)).assign(x=lambda f: f["x"].map(list)).to_parquet(path)
+    done = subprocess.run(
+        [sys.executable, "-m", "dvml", "datasets", "append", NAME, str(path), "--json",
+         "--scheduler", cluster2.scheduler_address],
+        capture_output=True, text=True, timeout=180, check=False,
+        env={**os.environ, **tls_environment(cluster2)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert (out["version"], out["rows_added"]) == (before.version + 1, 20)
+    source = dvml.datasets.describe(NAME, client=client).versions[-1]["source"]
+    (entry,) = source["files"]
+    assert entry["path"].endswith("day-2.parquet")
+    assert (entry["size"], entry["mtime"]) == (path.stat().st_size, path.stat().st_mtime)
+    assert source["params"]["seed"] == before.summary["seed"] + before.version
