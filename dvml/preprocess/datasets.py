@@ -1,7 +1,12 @@
-"""``dvml.datasets``: the catalog functions of :mod:`dvml.store.datasets` and :func:`append`.
+"""Datasets as first-class objects: list, describe, version, append, exists, drop.
 
-The store layer lists, describes and drops datasets; appending rows packs them, which is the
-preprocessor's job, so the public namespace is gathered here, one layer up.
+Every call runs small tasks on the workers (which own the vineyard instances); no tensor data
+reaches the client. :func:`append` packs new rows as a dataset's next version over its old
+buffers; :func:`describe` (``version=``) and :func:`versions` read the versions
+(:mod:`dvml.store.versions`).
+
+(The catalog functions live in :mod:`dvml.store.datasets`; appending packs rows, the
+preprocessor's job, so the public namespace ``dvml.datasets`` is gathered here, one layer up.)
 """
 
 from __future__ import annotations
