@@ -57,7 +57,7 @@ _EXPORTS: dict[str, str] = {
 
 # public sub-namespaces, imported on first use: dvml.datasets.list(), ...
 _MODULES: dict[str, str] = {
-    "datasets": "dvml.store.datasets",
+    "datasets": "dvml.preprocess.datasets",
     "features": "dvml.features",
 }
 
@@ -110,6 +110,7 @@ if TYPE_CHECKING:
     from dvml.cluster import Cluster, LocalCluster, WorkerInfo, connect, gpu_configuration
     from dvml.exceptions import DvmlError
     from dvml.placement import DistributionRules
+    from dvml.preprocess import datasets
     from dvml.preprocess.api import training_preprocessor, validation_preprocessor
     from dvml.registry import (
         Registry,
@@ -125,7 +126,6 @@ if TYPE_CHECKING:
     from dvml.resolve.local_dataset import tf_dataset
     from dvml.search.driver import automl
     from dvml.search.hyperband import hyperband_schedule
-    from dvml.store import datasets
     from dvml.store.datasets import Dataset
     from dvml.tracking.export import export_to_mlflow
     from dvml.train.fit import fit

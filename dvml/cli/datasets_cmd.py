@@ -1,4 +1,4 @@
-"""``dvml datasets list|describe|drop``: the named datasets in the cluster's vineyard.
+"""``dvml datasets list|describe|append|drop``: the named datasets in the cluster's vineyard.
 
 Every command attaches to ``--scheduler ADDR`` or to the cluster recorded by ``dvml cluster
 up``; the listing and summaries are read by tasks on the workers (no tensor data moves).
@@ -64,8 +64,27 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     describe.add_argument("name", help="the dataset's name.")
     describe.add_argument("--placement", action="store_true", help="also print one row per buffer.")
+    describe.add_argument(
+        "--version", type=int, default=None, dest="at_version",
+        help="describe this version (1, 2, ...) instead of the latest.",
+    )  # fmt: skip
     add_json_option(describe)
     add_cluster_options(describe)
+
+    append = add_command(
+        commands, "append", _append,
+        help="pack new rows into a dataset as its next version (no old byte copied).",
+        description="Read SOURCE (files or a URL, as the preprocessors take), encode it as the "
+        "dataset's first version was and publish version n+1: the old buffers plus the new.",
+    )  # fmt: skip
+    append.add_argument("name", help="the dataset's name.")
+    append.add_argument("source", nargs="+", help="the new rows: paths, globs or URLs.")
+    append.add_argument(
+        "--on-invalid", choices=["raise", "drop"], default="raise",
+        help="rows whose x holds NaN or inf: refuse (default) or drop them.",
+    )  # fmt: skip
+    add_json_option(append)
+    add_cluster_options(append)
 
     add_drop_command(commands, _drop, "dataset")
 
@@ -91,6 +110,8 @@ def summary_lines(ds: Any) -> list[str]:
         f"id:       {ds.id}",
         f"rows:     {ds.rows} in {len(ds.layout['buffers'])} buffers ({format_nbytes(ds.nbytes)})",
         f"status:   {ds.status}" + (f": {ds.damage()}" if ds.damaged else ""),
+        f"version:  {getattr(ds, 'version', 1)} (versions: "
+        f"{[v['version'] for v in getattr(ds, 'versions', []) if v.get('readable', True)]})",
     ]
     s = ds.summary
     rules = s.get("distribution_rules") or {}
@@ -107,9 +128,10 @@ def _describe(args: argparse.Namespace) -> int:
     from dvml.store import datasets
 
     with attached(args) as cluster:
-        ds = datasets.describe(args.name, cluster.client)
+        ds = datasets.describe(args.name, cluster.client, version=args.at_version)
     if args.json:
         print_json({"name": ds.name, "kind": ds.kind, "id": ds.id, "rows": ds.rows,
+                    "version": ds.version, "versions": ds.versions,
                     "nbytes": ds.nbytes, "status": ds.status,
                     "lost_buffers": list(ds.lost_buffers), "summary": ds.summary,
                     "placement": ds.placement().to_dict(orient="records")})  # fmt: skip
@@ -121,6 +143,24 @@ def _describe(args: argparse.Namespace) -> int:
         rows = with_bytes(ds.placement().to_dict(orient="records"))
         print()
         print(format_table(rows, _PLACEMENT_COLUMNS))
+    return 0
+
+
+def _append(args: argparse.Namespace) -> int:
+    from dvml.preprocess.datasets import append
+
+    source = args.source[0] if len(args.source) == 1 else list(args.source)
+    with attached(args) as cluster:
+        ds = append(args.name, source, on_invalid=args.on_invalid, client=cluster.client)
+    added = ds.versions[-1]
+    if args.json:
+        print_json({"name": ds.name, "version": ds.version, "rows": ds.rows,
+                    "rows_added": added["rows"], "buffers_added": added["buffers"]})  # fmt: skip
+        return 0
+    print(
+        f"Appended {added['rows']} rows to {ds.name!r} in {len(added['buffers'])} new buffer(s): "
+        f"version {ds.version}, {ds.rows} rows."
+    )
     return 0
 
 

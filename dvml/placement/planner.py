@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -125,6 +125,7 @@ def plan_layout(
     row_bytes: int,
     max_buffer_bytes: int,
     seed: int,
+    rows_per_worker: Mapping[str, int] | None = None,
 ) -> Layout:
     """Plan the buffers of a dataset and which rows of which partition fill them.
 
@@ -142,6 +143,9 @@ def plan_layout(
         Byte budget of one buffer, for the default buffer size.
     seed : int
         Seed of the draw: the same inputs and seed give the same layout.
+    rows_per_worker : mapping of str to int, optional
+        Rows each target receives, when not the balanced split (an append's new rows,
+        :func:`dvml.store.versions.balance_new_rows`); a target may then receive none.
 
     Returns
     -------
@@ -179,7 +183,18 @@ def plan_layout(
             f"Cannot place an empty input: the partitions hold 0 rows. Received: "
             f"{len(sizes)} partition(s). Check the input and any filter applied to it."
         )
-    if n_rows < len(targets):
+    if rows_per_worker is not None:
+        given = {t: int(rows_per_worker.get(t, 0)) for t in targets}
+        if (
+            sum(given.values()) != n_rows
+            or min(given.values()) < 0
+            or set(rows_per_worker) - set(targets)
+        ):
+            raise PlacementError(
+                f"rows_per_worker must give each target a count >= 0, summing to the input's "
+                f"{n_rows} rows. Received: rows_per_worker={dict(rows_per_worker)}."
+            )
+    elif n_rows < len(targets):
         raise DataError(
             f"The input has fewer rows than target workers: each worker would get "
             f"{n_rows} // {len(targets)} = 0 rows, and a trainer without rows cannot take "
@@ -205,16 +220,19 @@ def plan_layout(
             )
         buffer_size = int(buffer_size)
 
-    rows_per_worker = _balanced(n_rows, targets)
+    if rows_per_worker is None:
+        per_worker = _balanced(n_rows, targets)
+    else:
+        per_worker = {t: int(rows_per_worker.get(t, 0)) for t in targets}
     buffers: list[BufferPlan] = []
-    for target, rows in rows_per_worker.items():
+    for target, rows in per_worker.items():
         full, rest = divmod(rows, buffer_size)
         for size in [buffer_size] * full + ([rest] if rest else []):
             buffers.append(BufferPlan(len(buffers), target, size))
 
     counts = _draw_counts(sizes, [b.rows for b in buffers], seed)
     counts.flags.writeable = False
-    return Layout(tuple(buffers), counts, max(b.rows for b in buffers), rows_per_worker)
+    return Layout(tuple(buffers), counts, max(b.rows for b in buffers), per_worker)
 
 
 def _check_partition(position: int, n: object) -> int:

@@ -31,15 +31,17 @@ from dvml.preprocess.encode import (
     label_vartype,
 )
 from dvml.preprocess.graph import compute_stats, pack_and_publish
+from dvml.preprocess.source_info import source_record
 from dvml.preprocess.sources import source_parts
 from dvml.preprocess.tasks import storage_dtypes
 from dvml.store.datasets import Dataset, describe, exists
 from dvml.store.leases import check_not_leased
+from dvml.store.versions import balance_new_rows
 
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["INTERNAL_PREFIX", "training_preprocessor", "validation_preprocessor"]
+__all__ = ["INTERNAL_PREFIX", "append", "training_preprocessor", "validation_preprocessor"]
 
 
 def training_preprocessor(
@@ -241,6 +243,83 @@ def validation_preprocessor(
     )
 
 
+def append(
+    name: str,
+    source: Any,
+    *,
+    on_invalid: str = "raise",
+    progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    client: Client | None = None,
+) -> Dataset:
+    """Pack only ``source``'s rows and publish them as the next version of dataset ``name``.
+
+    The new rows are read, normalized and encoded as the dataset's first version was (its
+    ``x``, ``y``, class values, ``normalizing_const``, ``num_classes``, storage format, image
+    size, buffer size and distribution rules), and placed on the rules' workers where they
+    keep the workers' rows equal (:func:`dvml.store.versions.balance_new_rows`). Version n+1
+    is version n's buffers plus the new ones: no byte of version n is copied or moved, and a
+    job reading version n (``describe(name, version=n)``, or a fit that started before) keeps
+    reading it.
+
+    Parameters
+    ----------
+    name : str
+        A dataset made by :func:`training_preprocessor` or :func:`validation_preprocessor`.
+    source : DataFrame, dict of arrays, str or list of str
+        The new rows, in any form the preprocessors take, with the same columns.
+    on_invalid, progress, storage_options, client
+        As for :func:`training_preprocessor`.
+
+    Returns
+    -------
+    Dataset
+        The new version (``.version``, ``.versions``).
+
+    Raises
+    ------
+    DataError
+        When the new rows hold a label outside the dataset's class values (fixed by its first
+        version) or x of another shape: nothing is written.
+    DatasetNotFoundError
+        For an unknown name.
+    """
+    client = current_client(client)
+    old = describe(name, client)
+    s = old.summary
+    if old.kind != "dataset" or s.get("kind") not in ("training", "validation"):
+        raise ArgumentError(
+            f"Rows are appended to datasets made by training_preprocessor or "
+            f"validation_preprocessor. Received: {name!r}, a {old.kind} "
+            f"({s.get('kind')!r})."
+        )
+    image = s.get("image_size")
+    return _preprocess(
+        kind=s["kind"],
+        source=source,
+        y=s["dependent_varname"],
+        x=s["independent_varname"],
+        buffer_size=int(s["buffer_size"]),
+        normalizing_const=s["normalizing_const"],
+        num_classes=s["num_classes"],
+        distribution_rules=s["distribution_rules"]["given"],
+        name=name,
+        overwrite=False,
+        force=False,
+        on_invalid=on_invalid,
+        image_size=tuple(image) if image else None,
+        channels=s.get("channels"),
+        # each version draws its own shuffle
+        seed=int(s.get("seed", 0)) + old.version,
+        progress=progress,
+        client=client,
+        training=old,
+        files=_files_options(storage_options, s.get("image_ext"), s.get("label_ext")),
+        compact=bool((s.get("storage") or {}).get("compact", False)),
+        append_to=old,
+    )
+
+
 def _files_options(
     storage_options: dict[str, Any] | None, image_ext: Any, label_ext: Any
 ) -> dict[str, Any]:
@@ -281,18 +360,19 @@ def _preprocess(
     training: Dataset | None,
     files: dict[str, Any],
     compact: bool = False,
+    append_to: Dataset | None = None,
 ) -> Dataset:
     name = _check_arguments(name, buffer_size, normalizing_const, num_classes, channels)
     client = current_client(client)
     seed = int(config.get("preprocess.seed", seed))
     rules = DistributionRules.parse(distribution_rules)
     targets = resolve_rules(rules, discover_workers(client))
-    if not overwrite and exists(name, client):
+    if append_to is None and not overwrite and exists(name, client):
         raise DatasetExistsError(
             f"A dataset named {name!r} already exists. Pass overwrite=True to replace it, or "
             "choose another name."
         )
-    if overwrite:
+    if overwrite and append_to is None:
         # A fit reading it holds a lease (dvml.store.leases): refuse before packing anything;
         # the replacement itself checks again.
         check_not_leased(name, "overwrite", force, client)
@@ -335,6 +415,23 @@ def _preprocess(
             shard_exts=(files["image_ext"], files["label_ext"]) if src.shards else None,
             compact=compact,
             watch=watch,
+            append_to=append_to,
+            source=source_record(
+                source,
+                _source_params(
+                    buffer_size,
+                    normalizing_const,
+                    num_classes,
+                    x,
+                    y,
+                    seed,
+                    on_invalid,
+                    image_size,
+                    channels,
+                    compact,
+                ),
+                files["storage_options"],
+            ),
         )
     finally:
         # Parts not yet handed to the pack graph (which empties the list) are freed here.
@@ -364,6 +461,8 @@ def _plan_and_pack(
     shard_exts: tuple[Any, Any] | None = None,
     compact: bool = False,
     watch: NannyWatch | None = None,
+    append_to: Dataset | None = None,
+    source: dict[str, Any] | None = None,
 ) -> Dataset:
     if on_invalid == "raise":
         _raise_if_not_finite(stats)
@@ -374,7 +473,7 @@ def _plan_and_pack(
             f"Dropped rows: {sum(s['dropped'] for s in stats)}."
         )
     x_shapes = _common_shapes(stats, src.x_names)
-    outputs = _outputs(stats, src.y, num_classes, training, x_shapes)
+    outputs = _outputs(stats, src.y, num_classes, training, x_shapes, append_to is not None)
     class_values, n_classes, _ = outputs[0]
     dtypes = _storage_dtypes(stats, outputs, compact)
     row_bytes = _all_row_bytes(x_shapes, outputs, dtypes)
@@ -384,12 +483,21 @@ def _plan_and_pack(
         # Validation rows are only evaluated (MADlib evaluates any validation table): a
         # worker may hold none, so a set smaller than the cluster goes on the first workers.
         addresses = addresses[: max(1, sum(rows))]
-    layout = plan_layout(rows, addresses, buffer_size, row_bytes, max_bytes, seed)
+    per_worker = None
+    if append_to is not None:  # new rows go where they keep the workers equal
+        held = {t.address: 0 for t in targets if t.address in addresses}
+        by_name = {t.name: t.address for t in targets}
+        for b in append_to.layout["buffers"]:
+            if b["worker_name"] in by_name and by_name[b["worker_name"]] in held:
+                held[by_name[b["worker_name"]]] += int(b["rows"])
+        per_worker = balance_new_rows(held, sum(rows))
+    layout = plan_layout(rows, addresses, buffer_size, row_bytes, max_bytes, seed, per_worker)
     by_address = {t.address: t for t in targets}
     buffer_targets = [by_address[b.worker] for b in layout.buffers]
     # Admission: refused here, before a split or pack task exists, when it cannot fit.
     plan = pack_plan(
-        client, layout.rows_per_worker, targets, row_bytes, name if overwrite else None,
+        client, layout.rows_per_worker, targets, row_bytes,
+        name if overwrite and append_to is None else None,  # an append frees nothing
         None if compact else _compact_row_bytes(stats, x_shapes, outputs),
     )  # fmt: skip
     check_pack_fits(plan, name, sum(rows), compact)
@@ -422,7 +530,9 @@ def _plan_and_pack(
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "dvml_version": __version__,
     }
-    if training is not None:
+    if append_to is not None:
+        summary = _appended_summary(append_to.summary, summary)
+    elif training is not None:
         summary["training_dataset"] = {
             "name": training.name,
             "dataset_id": training.summary["dataset_id"],
@@ -450,7 +560,38 @@ def _plan_and_pack(
         overwrite,
         force,
         watch,
+        append_to=append_to,
+        source=source,
     )
+
+
+def _appended_summary(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a dataset after an append: the first version's, with the totals of
+    every version (placement keys are recomputed from the whole layout at publication)."""
+    invalid = dict(old.get("invalid_counts") or {})
+    for key, n in (new.get("invalid_counts") or {}).items():
+        invalid[key] = invalid.get(key, 0) + n
+    return {
+        **old,
+        "rows": int(old["rows"]) + int(new["rows"]),
+        "dropped_rows": int(old.get("dropped_rows", 0)) + int(new["dropped_rows"]),
+        "invalid_counts": invalid,
+        "appended_at": new["created_at"],
+        "dvml_version": new["dvml_version"],
+    }
+
+
+def _source_params(
+    buffer_size: Any, normalizing_const: Any, num_classes: Any, x: Any, y: Any, seed: int,
+    on_invalid: str, image_size: Any, channels: Any, compact: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The preprocessing parameters a version records with its source (JSON values)."""
+    return {
+        "x": x, "y": y, "buffer_size": buffer_size, "normalizing_const": float(normalizing_const),
+        "num_classes": num_classes, "seed": seed, "on_invalid": on_invalid,
+        "image_size": list(image_size) if image_size else None, "channels": channels,
+        "compact": bool(compact),
+    }  # fmt: skip
 
 
 _Output = tuple[list[Any] | None, int, str | None]  # class_values, width, array dtype
@@ -462,6 +603,7 @@ def _outputs(
     num_classes: int | list[int] | None,
     training: Dataset | None,
     x_shapes: list[list[int]],
+    appending: bool = False,
 ) -> list[_Output]:
     """Each output's class values (None for labels already one-hot encoded), one-hot width
     and array dtype: one output per label column (MADlib's several dependent variables)."""
@@ -474,7 +616,8 @@ def _outputs(
         )
     if training is not None and len(_as_list(training.summary["dependent_varname"])) != len(names):
         raise DataError(
-            f"The validation set has {len(names)} label columns {names} but the training set "
+            f"The {'appended rows have' if appending else 'validation set has'} {len(names)} "
+            f"label columns {names} but the training set "
             f"{training.name!r} has {training.summary['dependent_varname']}. Give both the "
             "same outputs."
         )
@@ -487,7 +630,7 @@ def _outputs(
             values = None if array_dtype else class_values_of(labels)
         else:
             values = _per_output(training.summary["class_values"], len(names))[k]
-            _check_like_training(training, labels, x_shapes, values, array_dtype)
+            _check_like_training(training, labels, x_shapes, values, array_dtype, appending)
         outputs.append((values, _num_classes(widths[k], values, part), array_dtype))
     return outputs
 
@@ -718,10 +861,27 @@ def _check_like_training(
     x_shapes: list[list[int]],
     class_values: list[Any] | None,
     array_dtype: str | None = None,
+    appending: bool = False,
 ) -> None:
+    what = "appended" if appending else "validation"
+    if appending:
+        unseen = sorted({v for v in labels if v not in (class_values or [])}, key=repr)
+        if class_values is not None and unseen:
+            raise DataError(
+                f"Cannot append to {training.name!r}: the new rows' labels {unseen[:5]} "
+                f"({len(unseen)} values) are not among its class values {class_values}, "
+                "fixed by its first version. Remove these rows, or preprocess the grown source "
+                "again as a new dataset (training_preprocessor(..., overwrite=True))."
+            )
+        if x_shapes != training.summary["x_shapes"]:
+            raise DataError(
+                f"Cannot append to {training.name!r}: the new rows' x shapes {x_shapes} differ "
+                f"from the dataset's {training.summary['x_shapes']}. Give the same columns "
+                "and shapes, or preprocess the new source as a new dataset."
+            )
     if (class_values is None) != (array_dtype is not None):
         raise DataError(
-            f"The validation labels are {'arrays' if array_dtype else 'class values'} but the "
+            f"The {what} labels are {'arrays' if array_dtype else 'class values'} but the "
             f"training set {training.name!r} has "
             f"{'labels already one-hot encoded' if class_values is None else 'class values'}. "
             "Give both sets the same kind of label column."

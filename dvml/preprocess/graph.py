@@ -189,6 +189,8 @@ def pack_and_publish(
     overwrite: bool,
     force: bool = False,
     watch: NannyWatch | None = None,
+    append_to: Dataset | None = None,
+    source: dict[str, Any] | None = None,
 ) -> Dataset:
     """Split, pack and publish; on any failure delete every object this run put.
 
@@ -197,7 +199,8 @@ def pack_and_publish(
     so that each prepared part is freed on its worker as soon as its group is split, not when
     the whole run ends. Should a split result be lost with a worker, Dask recomputes it (and
     the parts, from their source). ``watch`` follows the targets (:class:`~dvml.cluster.
-    pinned.NannyWatch`): one that left for good fails the pack at once.
+    pinned.NannyWatch`): one that left for good fails the pack at once. ``append_to`` and
+    ``source``: as :func:`~dvml.store.publish.publish_run`.
     """
 
     def produce(run_id: str) -> list[dict[str, Any]]:
@@ -205,7 +208,8 @@ def pack_and_publish(
             client, prepared, sizes, counts, buffer_targets, split_args, seed, run_id, watch
         )
 
-    return publish_run(client, name, kind, summary, produce, overwrite=overwrite, force=force)
+    return publish_run(client, name, kind, summary, produce, overwrite=overwrite, force=force,
+                       append_to=append_to, source=source)  # fmt: skip
 
 
 def _pack(

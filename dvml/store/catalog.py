@@ -5,7 +5,8 @@ every buffer is in place (so the name never points at a partial dataset)::
 
     dvml::Dataset (global)     dvml_kind, dvml_summary (JSON), dvml_layout (JSON),
     │                          dvml_global_tensors (JSON: field -> id of its GlobalTensor),
-    │                          dvml_run (the run that wrote it: see dvml.store.staging)
+    │                          dvml_run (the run that wrote it: see dvml.store.staging),
+    │                          dvml_versions (JSON: one record per version, dvml.store.versions)
     ├── x_0-0 … x_0-N: vineyard::Tensor<float>     buffer i of input 0
     └── y-0 … y-N:     vineyard::Tensor<float>     buffer i of the one-hot labels
 
@@ -26,7 +27,13 @@ import json
 from typing import Any
 
 from dvml.cluster.connection import local_client
-from dvml.exceptions import ArgumentTypeError, DatasetExistsError, DatasetNotFoundError
+from dvml.exceptions import (
+    ArgumentTypeError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    StoreError,
+)
+from dvml.store import versions as ver
 from dvml.store.tensors import STAGING_PREFIX
 
 __all__ = [
@@ -68,13 +75,20 @@ def _record_from_meta(meta: Any, name: str) -> dict[str, Any]:
             f"The vineyard name {name!r} points at a {meta.typename}, not a dvml dataset. "
             "Choose another name or drop that object with a vineyard client."
         )
+    summary = json.loads(meta["dvml_summary"])
+    layout = json.loads(meta["dvml_layout"])
+    # A dataset published before versions existed reads as version 1.
+    stored = json.loads(meta["dvml_versions"]) if "dvml_versions" in meta else None
+    versions = ver.versions_of(stored, layout, summary.get("created_at"))
     return {
         "name": name,
         "id": int(meta.id),
         "kind": meta["dvml_kind"],
-        "summary": json.loads(meta["dvml_summary"]),
-        "layout": json.loads(meta["dvml_layout"]),
+        "summary": summary,
+        "layout": layout,
         "global_tensors": json.loads(meta["dvml_global_tensors"]),
+        "versions": versions,
+        "version": ver.latest_version(versions),
     }
 
 
@@ -101,6 +115,8 @@ def publish(
     layout: dict[str, Any],
     overwrite: bool,
     run_id: str = "",
+    append_to: int | None = None,
+    source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Create the global objects of a dataset and name it; return ``{"id", "replaced"}``.
 
@@ -108,7 +124,10 @@ def publish(
     ``replaced`` is the record of a dataset that had the name before (its objects are
     deleted by the caller on the workers that own them), or None. ``run_id`` is recorded in
     the dataset, so that the run's cleanup keeps its tensors even when this call's result is
-    lost on its way back. Writes through etcd: one persist per field and one for the root,
+    lost on its way back. ``append_to``: the id of the dataset this publication appends to
+    (the name must still point at it); the layout's buffers without a ``"version"`` are the
+    new version's, recorded with ``source`` (:mod:`dvml.store.versions`). Writes through
+    etcd: one persist per field and one for the root,
     then the name; none per buffer.
     """
     from dvml.vineyard_runtime import import_vineyard
@@ -124,6 +143,21 @@ def publish(
                 f"A dataset named {name!r} already exists. Pass overwrite=True to "
                 "replace it, or choose another name."
             )
+    if append_to is not None and (old is None or int(old) != int(append_to)):
+        raise StoreError(
+            f"Dataset {name!r} was replaced or dropped while rows were appended to it "
+            f"(expected object {append_to}, found {None if old is None else int(old)}). Nothing "
+            "was published; append again."
+        )
+    created_at = summary.get("appended_at") or summary.get("created_at") or ""
+    previous = replaced["versions"] if replaced is not None else None
+    new_buffers = [b for b in layout["buffers"] if "version" not in b]
+    versions = ver.next_versions(
+        previous, new_buffers, source, str(created_at), append=append_to is not None
+    )
+    version = versions[-1]["version"]
+    layout = {**layout, "buffers": [{**b, "version": b.get("version", version)}
+                                    for b in layout["buffers"]]}  # fmt: skip
     gmetas = []
     for field, spec in layout["fields"].items():
         gmeta = vineyard.ObjectMeta()
@@ -149,6 +183,7 @@ def publish(
     root["dvml_layout"] = json.dumps(layout)
     root["dvml_global_tensors"] = json.dumps(global_tensors)
     root["dvml_run"] = run_id
+    root["dvml_versions"] = json.dumps(versions)
     for i, buf in enumerate(layout["buffers"]):
         for field, obj in buf["fields"].items():
             root.add_member(f"{field}-{i}", vineyard.ObjectID(obj["id"]))
@@ -156,7 +191,8 @@ def publish(
     client.persist(root_id)
     # The name appears last and in one step: readers never see a partial dataset.
     client.put_name(root_id, name)
-    return {"id": int(root_id), "replaced": replaced, "global_tensors": global_tensors}
+    return {"id": int(root_id), "replaced": replaced, "global_tensors": global_tensors,
+            "layout": layout, "versions": versions, "version": version}  # fmt: skip
 
 
 def drop_metadata(record: dict[str, Any], drop_name: bool) -> None:

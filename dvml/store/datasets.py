@@ -17,6 +17,7 @@ from dvml.store import catalog
 from dvml.store.events import log_dropped
 from dvml.store.leases import unleased
 from dvml.store.tensors import delete_objects
+from dvml.store.versions import at_version
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,6 +33,7 @@ __all__ = [
     "lost_buffers",
     "resolve_dataset",
     "run_on",
+    "versions",
     "vineyard_workers",
 ]
 
@@ -128,6 +130,11 @@ class Dataset:
     #: Indexes of the buffers whose vineyardd no live worker serves (filled in by
     #: :func:`describe` and :func:`list`; empty for a dataset that is intact).
     lost_buffers: tuple[int, ...] = ()
+    #: One record per version (:mod:`dvml.store.versions`): number, buffers, rows, digest
+    #: per buffer, source; the oldest first.
+    versions: builtins.list[dict[str, Any]] = dataclasses.field(default_factory=builtins.list)
+    #: The version this handle reads: its layout holds that version's buffers only.
+    version: int = 1
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Dataset:
@@ -239,14 +246,58 @@ def read_record(client: Client, name: str) -> dict[str, Any]:
     return dict(record)
 
 
-def describe(name: str, client: Client | None = None) -> Dataset:
-    """The dataset called ``name``: summary, placement and health (raises DatasetNotFoundError).
+def describe(name: str, client: Client | None = None, version: int | None = None) -> Dataset:
+    """The dataset called ``name``: summary, placement, versions and health.
 
-    ``.status`` is ``"damaged"`` (and ``.damage()`` says what was lost) when some buffers lived
-    on a vineyardd that no live worker serves.
+    Parameters
+    ----------
+    name : str
+        The dataset (or feature cache).
+    client : distributed.Client, optional
+        Default: the current one.
+    version : int, optional
+        The version to read (1, 2, ...; ``.versions`` lists them): the handle's layout holds
+        only that version's buffers, so a fit or a reader given it reads that version. Default:
+        the latest.
+
+    Returns
+    -------
+    Dataset
+        ``.status`` is ``"damaged"`` (and ``.damage()`` says what was lost) when some buffers
+        lived on a vineyardd that no live worker serves.
+
+    Raises
+    ------
+    DatasetNotFoundError
+        For an unknown name, or a version that it never had or that an overwrite freed.
     """
     client = current_client(client)
-    return with_health(client, [Dataset.from_record(read_record(client, name))])[0]
+    ds = Dataset.from_record(read_record(client, name))
+    if version is not None and version != ds.version:
+        layout = at_version(name, ds.layout, ds.versions, version)
+        rows = sum(int(b["rows"]) for b in layout["buffers"])
+        ds = dataclasses.replace(
+            ds, layout=layout, version=version, summary={**ds.summary, "rows": rows}
+        )
+    return with_health(client, [ds])[0]
+
+
+def versions(name: str, client: Client | None = None) -> pd.DataFrame:
+    """One row per version of ``name``: version, rows added, total rows, buffers, created,
+    readable, source; the oldest first (:mod:`dvml.store.versions`)."""
+    import pandas as pd
+
+    ds = describe(name, client)
+    rows, total = [], 0
+    for v in ds.versions:
+        total = v["rows"] + (total if v.get("parent") is not None else 0)
+        rows.append({
+            "version": v["version"], "rows_added": v["rows"], "rows": total,
+            "buffers": len(v["buffers"]), "created": v.get("created_at"),
+            "readable": bool(v.get("readable", True)),
+            "source": (v.get("source") or {}).get("description"),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def resolve_dataset(value: str | Dataset, client: Client) -> Dataset:

@@ -46,6 +46,7 @@ from dvml.store.datasets import Dataset, delete_layout, run_on, vineyard_workers
 from dvml.store.events import log_published
 from dvml.store.leases import unleased
 from dvml.store.tensors import STAGING_PREFIX
+from dvml.store.versions import buffer_version
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -56,6 +57,7 @@ logger = logging.getLogger("dvml.store")
 
 __all__ = [
     "LAYOUT_KEYS",
+    "appended_layout",
     "cleanup_run",
     "layout_of",
     "placement_summary",
@@ -65,6 +67,8 @@ __all__ = [
 ]
 
 LAYOUT_KEYS = ("index", "rows", "instance_id", "worker", "worker_name", "host", "fields")
+# "version": the version that added a buffer (dvml.store.versions), set at publication.
+_OPTIONAL_KEYS = ("version",)
 
 
 def staging_name(run_id: str, index: int, attempt: int) -> str:
@@ -83,7 +87,19 @@ def layout_of(buffers: list[dict[str, Any]]) -> dict[str, Any]:
         shape = list(spec["shape"])
         shape[0] = sum(b["fields"][field]["shape"][0] for b in ordered)
         fields[field] = {"shape": shape}
-    return {"fields": fields, "buffers": [{k: b[k] for k in LAYOUT_KEYS} for b in ordered]}
+    keys = LAYOUT_KEYS + _OPTIONAL_KEYS
+    return {"fields": fields, "buffers": [{k: b[k] for k in keys if k in b} for b in ordered]}
+
+
+def appended_layout(base: dict[str, Any], new: list[dict[str, Any]]) -> dict[str, Any]:
+    """The layout of ``base``'s buffers followed by ``new`` ones (indexed after them).
+
+    The base buffers keep their objects and record the version that added them; the new
+    ones carry no version yet (:func:`dvml.store.catalog.publish` gives them the next).
+    """
+    old = [{**b, "version": buffer_version(b)} for b in base["buffers"]]
+    offset = len(old)
+    return layout_of([*old, *({**b, "index": offset + b["index"]} for b in new)])
 
 
 def placement_summary(layout: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +132,8 @@ def publish_run(
     finish: Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]] | None = None,
     overwrite: bool = True,
     force: bool = False,
+    append_to: Dataset | None = None,
+    source: dict[str, Any] | None = None,
 ) -> Dataset:
     """Produce the buffers of a run, publish them under ``name`` (replacing it), clean up.
 
@@ -125,6 +143,12 @@ def publish_run(
         ``produce(run_id) -> buffer records``; puts objects under :func:`staging_name`.
     finish : callable, optional
         ``finish(summary, buffers) -> summary``: last additions to the summary.
+    append_to : Dataset, optional
+        Publish the produced buffers as the next version of this dataset: its buffers plus
+        the new ones, none copied (:mod:`dvml.store.versions`). Nothing is freed, so no lease
+        is needed; the name must still point at ``append_to`` when the version is published.
+    source : dict, optional
+        The source description recorded in the new version.
     """
     run_id = uuid.uuid4().hex[:16]
     publishing = None
@@ -133,11 +157,12 @@ def publish_run(
     guard = contextlib.ExitStack()
     try:
         buffers = produce(run_id)
-        layout = layout_of(buffers)
+        fresh = layout_of(buffers)
+        layout = fresh if append_to is None else appended_layout(append_to.layout, buffers)
         summary = {**summary, **placement_summary(layout)}
         if finish is not None:
             summary = finish(summary, buffers)
-        by_instance = _ids_by_instance(layout)
+        by_instance = _ids_by_instance(fresh)  # an append's old buffers are persisted
         workers = vineyard_workers(client)  # asks every worker: once for the whole publication
         lost = sorted(set(by_instance) - set(workers))
         if lost:
@@ -147,10 +172,11 @@ def publish_run(
                 "published; check `dvml cluster status` and run again."
             )
         _on_instances(client, workers, staging.persist_staged, by_instance, run_id)
-        if overwrite:
+        if overwrite and append_to is None:  # an append frees nothing: readers keep theirs
             guard.enter_context(unleased(name, "overwrite", force, client))
         publishing = client.submit(
-            catalog.publish, name, kind, summary, layout, overwrite, run_id,
+            catalog.publish, name, kind, summary, layout, overwrite or append_to is not None,
+            run_id, None if append_to is None else append_to.id, source,
             workers=[workers[min(workers)].address], allow_other_workers=False, pure=False,
         )  # fmt: skip
         wait_watched(client, [publishing], f"publishing {name!r}")
@@ -162,14 +188,26 @@ def publish_run(
         guard.close()
         raise
     with guard:
+        layout = published["layout"]
         cleanup_run(client, run_id, keep=layout, workers=workers)
         replaced = published["replaced"]
         if replaced is not None:
-            delete_layout(client, replaced["layout"])
+            # Only the buffers the new version does not share (all of them after an overwrite,
+            # none after an append).
+            delete_layout(client, _without(replaced["layout"], layout))
             run_on(client, None, catalog.drop_metadata, replaced, False)
     log_published(client, name, kind, layout)
     return Dataset(name=name, id=published["id"], kind=kind, summary=summary, layout=layout,
-                   global_tensors=published["global_tensors"])  # fmt: skip
+                   global_tensors=published["global_tensors"], versions=published["versions"],
+                   version=published["version"])  # fmt: skip
+
+
+def _without(layout: dict[str, Any], kept: dict[str, Any]) -> dict[str, Any]:
+    """``layout`` less the buffers whose objects ``kept`` holds too."""
+    ids = {f["id"] for b in kept["buffers"] for f in b["fields"].values()}
+    buffers = [b for b in layout["buffers"]
+               if not any(f["id"] in ids for f in b["fields"].values())]  # fmt: skip
+    return {**layout, "buffers": buffers}
 
 
 def cleanup_run(

@@ -44,6 +44,7 @@ import numpy as np
 from dvml.cluster.connection import local_client, this_worker_name
 from dvml.exceptions import StoreError, VineyardMemoryError
 from dvml.store import readers
+from dvml.store.versions import field_digest
 
 __all__ = [
     "STAGED_TYPENAME",
@@ -247,7 +248,7 @@ def write_buffers(
     -------
     list of dict
         Per buffer, ``{"instance_id": int, "fields": {field: {"id", "shape", "dtype",
-        "nbytes"}}}``.
+        "nbytes", "digest"}}}`` (``digest``: :func:`dvml.store.versions.field_digest`).
 
     Raises
     ------
@@ -304,6 +305,10 @@ def write_buffers(
         del flat
         for b in range(len(layouts)):
             fill(b, views[b])
+            # The content digest of a version (dvml.store.versions), where the bytes are
+            # written: they are still in this core's cache.
+            for field, view in views[b].items():
+                records[b]["fields"][field]["digest"] = field_digest(view)
             views[b] = {}  # the blob's memory is not ours to keep
     except NotEnoughMemoryException:
         _abort_quietly(client, builders, created)

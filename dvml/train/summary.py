@@ -261,6 +261,9 @@ def build_summary(
         "image_size": ts.get("image_size"),
         "channels": ts.get("channels"),
         "training_dataset_id": ts["dataset_id"],
+        # the version trained on (dvml.store.versions): the name may have moved on since
+        "training_dataset_version": getattr(training, "version", 1),
+        "validation_dataset_version": getattr(validation, "version", None),
         "trainers": trainers,
         "weights_identical_on_all_trainers": weights_identical,
         "warm_start": warm_start,

@@ -37,7 +37,8 @@ def job_file(tmp_path: pathlib.Path, text: str = JOB) -> pathlib.Path:
 @pytest.mark.parametrize(
     "args",
     [["datasets", "--help"], ["datasets", "list", "--help"], ["datasets", "describe", "--help"],
-     ["datasets", "drop", "--help"], ["models", "--help"], ["models", "list", "--help"],
+     ["datasets", "drop", "--help"], ["datasets", "append", "--help"], ["models", "--help"],
+     ["models", "list", "--help"],
      ["models", "show", "--help"], ["fit", "--help"], ["evaluate", "--help"],
      ["predict", "--help"], ["features", "--help"], ["features", "list", "--help"],
      ["features", "describe", "--help"], ["features", "drop", "--help"]],
