@@ -57,7 +57,7 @@ _EXPORTS: dict[str, str] = {
 
 # public sub-namespaces, imported on first use: dvml.datasets.list(), ...
 _MODULES: dict[str, str] = {
-    "datasets": "dvml.preprocess.datasets",
+    "datasets": "dvml.preprocess.datasets_api",
     "features": "dvml.features",
 }
 
@@ -110,7 +110,7 @@ if TYPE_CHECKING:
     from dvml.cluster import Cluster, LocalCluster, WorkerInfo, connect, gpu_configuration
     from dvml.exceptions import DvmlError
     from dvml.placement import DistributionRules
-    from dvml.preprocess import datasets
+    from dvml.preprocess import datasets_api as datasets
     from dvml.preprocess.api import training_preprocessor, validation_preprocessor
     from dvml.registry import (
         Registry,

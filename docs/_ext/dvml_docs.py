@@ -48,7 +48,7 @@ SECTIONS: dict[str, str] = {
 
 # Public sub-namespaces users import, as ``dvml.<name>``, and the module behind each.
 NAMESPACES: dict[str, str] = {
-    "datasets": "dvml.preprocess.datasets",
+    "datasets": "dvml.preprocess.datasets_api",
     "features": "dvml.features",
     "exceptions": "dvml.exceptions",
 }

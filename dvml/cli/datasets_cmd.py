@@ -147,7 +147,7 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _append(args: argparse.Namespace) -> int:
-    from dvml.preprocess.datasets import append
+    from dvml.preprocess.datasets_api import append
 
     source = args.source[0] if len(args.source) == 1 else list(args.source)
     with attached(args) as cluster:

@@ -28,8 +28,8 @@ PAGE = """<!DOCTYPE html>
 <table id="workers"><thead><tr><th>worker</th><th>host</th><th>GPUs</th>
 <th>vineyardd</th><th>used / size</th><th>datasets</th></tr></thead><tbody></tbody></table>
 <h2>Datasets</h2>
-<table id="datasets"><thead><tr><th>dataset</th><th>kind</th><th>rows</th><th>bytes</th>
-<th>rows per worker</th></tr></thead><tbody></tbody></table>
+<table id="datasets"><thead><tr><th>dataset</th><th>kind</th><th>version</th><th>rows</th>
+<th>bytes</th><th>rows per worker</th></tr></thead><tbody></tbody></table>
 <h2>Training jobs</h2>
 <table id="jobs"><thead><tr><th>model / trainer</th><th>state</th><th>iteration</th>
 <th>steps</th><th>s / step (input + compute)</th><th>s / step waiting</th><th>elapsed</th>
@@ -94,7 +94,8 @@ function draw(state) {
   d.replaceChildren();
   for (const x of state.datasets) {
     const per = Object.entries(x.workers).map(([n, v]) => n + ": " + v.rows).join(", ");
-    row(d, [cell(x.name), cell(x.kind || ""), cell(String(x.rows), "num"),
+    row(d, [cell(x.name), cell(x.kind || ""), cell(String(x.version), "num"),
+            cell(String(x.rows), "num"),
             cell(bytes(x.nbytes), "num"), cell(per)]);
   }
   const j = document.querySelector("#jobs tbody");

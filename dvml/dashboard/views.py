@@ -46,8 +46,8 @@ def datasets_view(events: Events) -> list[dict[str, Any]]:
     Returns
     -------
     list of dict
-        One per dataset, by name: ``name``, ``kind``, ``rows``, ``nbytes``, ``published``
-        (the event's time) and ``workers`` (``{worker: {"rows", "nbytes"}}``).
+        One per dataset, by name: ``name``, ``kind``, ``version``, ``rows``, ``nbytes``,
+        ``published`` (the event's time) and ``workers`` (``{worker: {"rows", "nbytes"}}``).
     """
     live: dict[str, dict[str, Any]] = {}
     for at, message in events:
@@ -57,6 +57,7 @@ def datasets_view(events: Events) -> list[dict[str, Any]]:
             live[message["name"]] = {
                 "name": message["name"],
                 "kind": message.get("kind"),
+                "version": int(message.get("version") or 1),
                 "rows": int(message.get("rows") or 0),
                 "nbytes": int(message.get("nbytes") or 0),
                 "published": at,

@@ -29,6 +29,8 @@ def published_event(name: str, kind: str, layout: dict[str, Any]) -> dict[str, A
         "op": "publish",
         "name": name,
         "kind": kind,
+        # the version this publication made (dvml.store.versions: each buffer keeps its own)
+        "version": max((int(b.get("version") or 1) for b in layout["buffers"]), default=1),
         "rows": sum(w["rows"] for w in workers.values()),
         "nbytes": sum(w["nbytes"] for w in workers.values()),
         "workers": workers,

@@ -45,6 +45,7 @@ def test_the_dvml_page_shows_datasets_workers_and_a_running_fit(
         described = dvml.datasets.describe("dash_digits", client=client)
         (listed,) = [d for d in _get(f"{page}/api/datasets.json") if d["name"] == "dash_digits"]
         assert listed["rows"] == described.rows == packed.rows
+        assert listed["version"] == described.version == 1
         assert listed["nbytes"] == described.nbytes
         per_worker = described.distribution().set_index("worker_name")
         assert {w: v["rows"] for w, v in listed["workers"].items()} == per_worker["rows"].to_dict()
