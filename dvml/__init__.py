@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
 _MODULES: dict[str, str] = {
     "datasets": "dvml.store.datasets",
     "features": "dvml.features",
+    "plan": "dvml.train.plans",
 }
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "load_model_configs",
     "model_configs",
     "model_selection_table",
+    "plan",
     "plot_history",
     "predict",
     "predict_byom",
@@ -125,6 +127,7 @@ if TYPE_CHECKING:
     from dvml.search.hyperband import hyperband_schedule
     from dvml.store import datasets
     from dvml.store.datasets import Dataset
+    from dvml.train import plans as plan
     from dvml.train.fit import fit
     from dvml.train.fit_multiple import ModelSelection, fit_multiple
     from dvml.train.model import Model, plot_history

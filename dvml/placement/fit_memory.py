@@ -39,6 +39,7 @@ __all__ = [
     "HostRow",
     "TrainerMemory",
     "count_model",
+    "machine_rooms",
     "optimizer_slots",
     "plan_fit",
 ]
@@ -207,6 +208,31 @@ class HostRoom:
     @property
     def room(self) -> int:
         return min(v for v in (self.available, self.cgroup_free, self.cap) if v is not None)
+
+
+def machine_rooms(
+    readings: Mapping[str, tuple[str, int, int | None]], cap: int | None = None
+) -> tuple[list[HostRoom], dict[str, str]]:
+    """The rooms of the machines behind ``readings`` (host → (boot id, available, cgroup
+    free)), and each host's machine name.
+
+    Hosts that report one boot id run on one kernel, so they share its memory (simulated
+    hosts of a LocalCluster, network namespaces, pods of one node): their trainers add up
+    against one room, named by its hosts joined with " + ". That room takes the smallest
+    cgroup room of its hosts (safe when their pods have limits of their own). An empty boot
+    id (unreadable) keeps the host on its own.
+    """
+    by_machine: dict[str, list[str]] = {}
+    for host, (boot, _, _) in readings.items():
+        by_machine.setdefault(boot or f"host:{host}", []).append(host)
+    rooms, name_of = [], {}
+    for hosts in by_machine.values():
+        name = " + ".join(hosts)
+        cgroups = [cg for h in hosts if (cg := readings[h][2]) is not None]
+        available = min(readings[h][1] for h in hosts)
+        rooms.append(HostRoom(name, available, min(cgroups) if cgroups else None, cap))
+        name_of.update(dict.fromkeys(hosts, name))
+    return rooms, name_of
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, Dataset
 from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
-from dvml.preprocess.admission import check_pack_fits, pack_plan
+from dvml.preprocess.admission import Planned, check_pack_fits, is_planning, pack_plan
 from dvml.preprocess.encode import (
     check_normalizing_const,
     class_values_of,
@@ -297,7 +297,7 @@ def _preprocess(
         # the replacement itself checks again.
         check_not_leased(name, "overwrite", force, client)
 
-    if training is None:
+    if training is None and not is_planning():
         # A training set: its workers run the next fit's trainers. Their standby trainers
         # import TensorFlow now, at a low priority, while the data packs.
         warm_trainers(client, targets)
@@ -392,6 +392,8 @@ def _plan_and_pack(
         client, layout.rows_per_worker, targets, row_bytes, name if overwrite else None,
         None if compact else _compact_row_bytes(stats, x_shapes, outputs),
     )  # fmt: skip
+    if is_planning():  # dvml.plan.pack: the plan is all it asked for
+        raise Planned(plan)
     check_pack_fits(plan, name, sum(rows), compact)
 
     summary = {

@@ -19,7 +19,7 @@ from dask.utils import parse_bytes
 from dvml import config
 from dvml.cluster.health import wait_watched
 from dvml.exceptions import MemoryPlanError
-from dvml.placement.fit_memory import FitMemoryPlan, HostRoom, plan_fit
+from dvml.placement.fit_memory import FitMemoryPlan, HostRoom, machine_rooms, plan_fit
 from dvml.placement.memory import format_size
 
 if TYPE_CHECKING:
@@ -40,9 +40,14 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
 
 
-def host_memory() -> tuple[int, int | None]:
-    """This host's ``MemAvailable`` and, when this process's cgroup has a memory limit, that
-    limit less the cgroup's usage (cgroup v2, else v1); bytes. Runs on a worker."""
+def host_memory() -> tuple[str, int, int | None]:
+    """This kernel's boot id (hosts that share it share one machine's memory), its
+    ``MemAvailable`` and, when this process's cgroup has a memory limit, that limit less the
+    cgroup's usage (cgroup v2, else v1); bytes. Runs on a worker."""
+    try:
+        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
     available = 0
     with open("/proc/meminfo") as f:
         for line in f:
@@ -55,12 +60,15 @@ def host_memory() -> tuple[int, int | None]:
     ):
         limit, usage = _read_int(limit_file), _read_int(usage_file)
         if limit is not None and usage is not None and limit < _NO_LIMIT:
-            return available, max(0, limit - usage)
-    return available, None
+            return boot, available, max(0, limit - usage)
+    return boot, available, None
 
 
-def host_rooms(client: Client, workers: Sequence[WorkerInfo]) -> list[HostRoom]:
-    """The room of each host of ``workers``: one task per host, all at once, capped by
+def host_rooms(
+    client: Client, workers: Sequence[WorkerInfo]
+) -> tuple[list[HostRoom], dict[str, str]]:
+    """The room of each machine of ``workers`` (:func:`~dvml.placement.fit_memory.
+    machine_rooms`) and each host's machine: one task per host, all at once, capped by
     ``dvml.memory.host-memory``."""
     one_each: dict[str, WorkerInfo] = {}
     for w in workers:
@@ -72,9 +80,8 @@ def host_rooms(client: Client, workers: Sequence[WorkerInfo]) -> list[HostRoom]:
     wait_watched(client, futures, "reading the hosts' memory")
     cap_value = config.get("memory.host-memory")
     cap = None if cap_value is None else int(parse_bytes(str(cap_value)))
-    found = zip(one_each, client.gather(futures), strict=True)
-    return [HostRoom(host, int(avail), None if cg is None else int(cg), cap)
-            for host, (avail, cg) in found]  # fmt: skip
+    readings = dict(zip(one_each, client.gather(futures), strict=True))
+    return machine_rooms(readings, cap)
 
 
 def fit_memory_plan(
@@ -88,13 +95,14 @@ def fit_memory_plan(
 ) -> FitMemoryPlan:
     """The memory plan of a fit whose trainers run on ``workers`` with these batches;
     ``weights``, when the fit starts from stored ones, give the parameters' bytes exactly."""
+    rooms, machine_of = host_rooms(client, workers)
     return plan_fit(
-        [(w.name, w.host, b) for w, b in zip(workers, per_worker_batch, strict=True)],
+        [(w.name, machine_of[w.host], b) for w, b in zip(workers, per_worker_batch, strict=True)],
         [list(s) for s in dataset_summary["x_shapes"]],
         int(dataset_summary["num_classes"]),
         json.loads(arch["model_json"]),
         compile_params.get("optimizer", "rmsprop"),  # tf-keras' compile default
-        host_rooms(client, workers),
+        rooms,
         runtime=int(parse_bytes(str(config.get("memory.trainer-runtime")))),
         margin=float(config.get("memory.margin")),
         weights_bytes=sum(int(w.nbytes) for w in weights) if weights is not None else None,

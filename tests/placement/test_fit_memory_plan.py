@@ -14,6 +14,7 @@ from dvml.placement.fit_memory import (
     BATCHES_HELD,
     HostRoom,
     count_model,
+    machine_rooms,
     optimizer_slots,
     plan_fit,
 )
@@ -131,6 +132,20 @@ def test_room_is_the_least_of_available_cgroup_and_cap() -> None:
     assert HostRoom("a", 10, None, None).room == 10
     assert HostRoom("a", 10, 4, None).room == 4
     assert HostRoom("a", 10, 40, 6).room == 6
+
+
+def test_hosts_of_one_kernel_share_one_room() -> None:
+    readings = {"host-0": ("boot-a", 100, None), "host-1": ("boot-a", 90, 50),
+                "host-2": ("boot-b", 70, None), "host-3": ("", 60, None)}  # fmt: skip
+    rooms, machine_of = machine_rooms(readings, cap=80)
+    assert machine_of == {"host-0": "host-0 + host-1", "host-1": "host-0 + host-1",
+                          "host-2": "host-2", "host-3": "host-3"}  # fmt: skip
+    assert [(r.host, r.room) for r in rooms] == [("host-0 + host-1", 50), ("host-2", 70),
+                                                 ("host-3", 60)]  # fmt: skip
+    # trainers of the two hosts of one kernel add up against its one room
+    trainers = [("w0", machine_of["host-0"], 8), ("w1", machine_of["host-1"], 8)]
+    plan = plan_fit(trainers, [[4]], 3, MLP, "adam", rooms, runtime=30, margin=0.0)
+    assert len(plan.hosts) == 1 and not plan.fits  # 2 x (30 + ...) > 50
 
 
 def test_fixes_fewer_trainers_per_host() -> None:
