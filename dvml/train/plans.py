@@ -1,7 +1,8 @@
 """``dvml.plan``: a job's memory plan, computed as the job would, without doing the job.
 
-- :func:`fit`: the trainers' resident bytes per host (:class:`~dvml.placement.fit_memory.
-  FitMemoryPlan`), what :func:`dvml.fit` checks before any trainer starts;
+- :func:`fit`: the trainers' resident bytes per host (a
+  :class:`~dvml.placement.fit_memory.FitMemoryPlan`), what :func:`dvml.fit` checks before
+  any trainer starts;
 - :func:`pack`: the shared-memory bytes per vineyardd of a preprocessor call
   (:class:`~dvml.placement.memory.MemoryPlan`), what the preprocessors check before any write.
 

@@ -67,9 +67,9 @@ def host_memory() -> tuple[str, int, int | None]:
 def host_rooms(
     client: Client, workers: Sequence[WorkerInfo]
 ) -> tuple[list[HostRoom], dict[str, str]]:
-    """The room of each machine of ``workers`` (:func:`~dvml.placement.fit_memory.
-    machine_rooms`) and each host's machine: one task per host, all at once, capped by
-    ``dvml.memory.host-memory``."""
+    """The room of each machine of ``workers`` and each host's machine (see
+    :func:`~dvml.placement.fit_memory.machine_rooms`): one task per host, all at once, capped
+    by ``dvml.memory.host-memory``."""
     one_each: dict[str, WorkerInfo] = {}
     for w in workers:
         one_each.setdefault(w.host, w)
