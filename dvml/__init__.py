@@ -59,6 +59,7 @@ _EXPORTS: dict[str, str] = {
 _MODULES: dict[str, str] = {
     "datasets": "dvml.preprocess.datasets_api",
     "features": "dvml.features",
+    "plan": "dvml.train.plans",
 }
 
 __all__ = [
@@ -93,6 +94,7 @@ __all__ = [
     "load_model_configs",
     "model_configs",
     "model_selection_table",
+    "plan",
     "plot_history",
     "predict",
     "predict_byom",
@@ -128,6 +130,7 @@ if TYPE_CHECKING:
     from dvml.search.hyperband import hyperband_schedule
     from dvml.store.datasets import Dataset
     from dvml.tracking.export import export_to_mlflow
+    from dvml.train import plans as plan
     from dvml.train.fit import fit
     from dvml.train.fit_multiple import ModelSelection, fit_multiple
     from dvml.train.model import Model, plot_history

@@ -27,7 +27,7 @@ received, and what to do next.
     │   ├── DatasetExistsError
     │   ├── LeaseBrokenError                a dataset a job read was dropped with force=True
     │   └── VineyardMemoryError             a vineyardd has no room for a buffer
-    │       └── MemoryPlanError             a pack's plan does not fit: refused before a write
+    │       └── MemoryPlanError             a job's memory plan does not fit: refused first
     ├── ParameterError (ValueError)         a compile/fit parameter string or dict is invalid
     ├── RegistryError                       the model registry failed
     │   └── RegistryNotFoundError (LookupError)
@@ -160,9 +160,12 @@ class VineyardMemoryError(StoreError):
 
 
 class MemoryPlanError(VineyardMemoryError):
-    """A pack's memory plan does not fit its vineyardds: refused before any buffer is written.
+    """A job's memory plan does not fit: a pack's buffers do not fit its vineyardds (refused
+    before any buffer is written), or a fit's trainers do not fit their hosts (refused before
+    any trainer starts).
 
-    ``plan`` holds the :class:`~dvml.placement.memory.MemoryPlan` (``plan.table()``).
+    ``plan`` holds the plan: a :class:`~dvml.placement.memory.MemoryPlan` or a
+    :class:`~dvml.placement.fit_memory.FitMemoryPlan` (``plan.table()``, ``plan.fixes``).
     """
 
     def __init__(self, message: str, plan: object = None) -> None:

@@ -379,6 +379,7 @@ SETUP: dict[str, list[Callable[[PageContext], None]]] = {
     "docs/guides/fit-multiple.md": [_digits, _packed, _arch],
     "docs/guides/model-search.md": [_digits, _packed, _arch],
     "docs/guides/own-training-loop.md": [_digits, _packed],
+    "docs/guides/memory.md": [_digits, _packed, _arch],
     "docs/guides/transfer-learning.md": [_backbone],
 }
 

@@ -62,6 +62,10 @@ PRIVATE_CLASSES: dict[tuple[str, str], str] = {
     ("dvml/train/params.py", "_Refused"): (
         "internal to the params parser: always caught there and turned into ParameterError"
     ),
+    ("dvml/preprocess/admission.py", "Planned"): (
+        "control flow of dvml.plan.pack: raised only under planning_only() and caught there "
+        "(not a DvmlError, so that no handler of dvml errors wraps it)"
+    ),
 }
 
 

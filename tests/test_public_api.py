@@ -40,6 +40,7 @@ PUBLIC = [
     "load_model_configs",
     "model_configs",
     "model_selection_table",
+    "plan",
     "plot_history",
     "predict",
     "predict_byom",

@@ -51,6 +51,7 @@ NAMESPACES: dict[str, str] = {
     "datasets": "dvml.preprocess.datasets_api",
     "features": "dvml.features",
     "exceptions": "dvml.exceptions",
+    "plan": "dvml.train.plans",
 }
 
 
@@ -111,8 +112,8 @@ def api_pages() -> dict[str, str]:
     pages = {"index.rst": "\n".join(top)}
     for name in sorted(set(modules) | set(NAMESPACES)):
         module = importlib.import_module(NAMESPACES.get(name, dvml._MODULES.get(name, "")))
-        members = [m for m in getattr(module, "__all__", []) if m not in dvml.__all__]
-        shared = [m for m in getattr(module, "__all__", []) if m in dvml.__all__]
+        members = [m for m in getattr(module, "__all__", []) if not _shared(dvml, module, m)]
+        shared = [m for m in getattr(module, "__all__", []) if _shared(dvml, module, m)]
         text = [
             *_heading(f"dvml.{name}", "="),
             f".. automodule:: dvml.{name}",
@@ -139,9 +140,17 @@ def stub_names() -> list[str]:
     for name in sorted(set(NAMESPACES) | set(dvml._MODULES)):
         module = importlib.import_module(NAMESPACES.get(name, dvml._MODULES.get(name, "")))
         names += [
-            f"dvml.{name}.{m}.rst" for m in getattr(module, "__all__", []) if m not in dvml.__all__
+            f"dvml.{name}.{m}.rst"
+            for m in getattr(module, "__all__", [])
+            if not _shared(dvml, module, m)
         ]
     return names
+
+
+def _shared(dvml: Any, module: Any, name: str) -> bool:
+    """Whether ``module.name`` is the top-level ``dvml.name`` (documented there), not a name
+    of its own that happens to be spelt the same (``dvml.plan.fit`` is not ``dvml.fit``)."""
+    return name in dvml.__all__ and getattr(module, name) is getattr(dvml, name)
 
 
 def _code_sources(notebook: dict[str, Any]) -> list[str]:

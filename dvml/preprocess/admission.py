@@ -12,7 +12,9 @@ vineyardd between the plan and the writes).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.health import wait_watched
@@ -27,7 +29,33 @@ if TYPE_CHECKING:
 
     from dvml.cluster.workers import WorkerInfo
 
-__all__ = ["check_pack_fits", "pack_plan"]
+__all__ = ["Planned", "check_pack_fits", "is_planning", "pack_plan", "planning_only"]
+
+# Set by dvml.plan.pack: the preprocessor stops at its plan (raising Planned) instead of packing.
+_PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("dvml_planning", default=False)
+
+
+class Planned(Exception):
+    """Raised by a preprocessor under :func:`planning_only` with its plan, before any write."""
+
+    def __init__(self, plan: MemoryPlan) -> None:
+        super().__init__("planned")
+        self.plan = plan
+
+
+@contextlib.contextmanager
+def planning_only() -> Iterator[None]:
+    """Preprocessor calls inside stop at their memory plan (raising :class:`Planned`)."""
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
+def is_planning() -> bool:
+    """Whether a preprocessor call runs under :func:`planning_only`."""
+    return _PLANNING.get()
 
 
 def pack_plan(

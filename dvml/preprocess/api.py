@@ -23,7 +23,7 @@ from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, Dataset
 from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
-from dvml.preprocess.admission import check_pack_fits, pack_plan
+from dvml.preprocess.admission import Planned, check_pack_fits, is_planning, pack_plan
 from dvml.preprocess.encode import (
     check_normalizing_const,
     class_values_of,
@@ -377,7 +377,7 @@ def _preprocess(
         # the replacement itself checks again.
         check_not_leased(name, "overwrite", force, client)
 
-    if training is None:
+    if training is None and not is_planning():
         # A training set: its workers run the next fit's trainers. Their standby trainers
         # import TensorFlow now, at a low priority, while the data packs.
         warm_trainers(client, targets)
@@ -500,6 +500,8 @@ def _plan_and_pack(
         name if overwrite and append_to is None else None,  # an append frees nothing
         None if compact else _compact_row_bytes(stats, x_shapes, outputs),
     )  # fmt: skip
+    if is_planning():  # dvml.plan.pack: the plan is all it asked for
+        raise Planned(plan)
     check_pack_fits(plan, name, sum(rows), compact)
 
     summary = {

@@ -11,6 +11,7 @@ from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import current_client
 from dvml.exceptions import RegistryError, TrainingError
+from dvml.placement.fit_memory import FitMemoryPlan
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.store.datasets import Dataset
@@ -36,6 +37,7 @@ from dvml.train.stragglers import (
 )
 from dvml.train.summary import build_summary, iteration_record, weights_size_kb
 from dvml.train.sync import check_sync, choose_sync
+from dvml.train.trainer_memory import check_fit_fits, fit_memory_plan
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -161,6 +163,8 @@ def fit(
             reg, client, args, arch_id=arch_id, compile_params=compile_params,
             fit_params=fit_params, tensorboard_dir=tensorboard_dir, sync=requested_sync,
         )  # fmt: skip
+        # Refused before any trainer starts when the trainers do not fit their hosts.
+        check_fit_fits(plan.memory, model, int(plan.fit_params["batch_size"]))
         # One fit per model at a time: a second one would share (and resume from) this one's
         # checkpoints. Held until the model is saved; refused with the running job's name.
         with holding_model(config.state_dir(), model, plan.key):
@@ -209,6 +213,7 @@ class _Plan:
     tensorboard_dir: str | None
     sync: str | int
     key: str
+    memory: FitMemoryPlan  # the trainers' bytes per host (dvml.train.trainer_memory)
     checkpoint_dir: str
     compile_text: str  # the parameters as the user wrote them (MADlib keeps the text)
     fit_text: str
@@ -236,6 +241,10 @@ def _plan(
     logger.info("training %s with sync=%r: %s", args.output, sync_mode, sync_reason)
     per_worker, steps = batch_split(job.train, workers, int(spec.fit_params["batch_size"]))
     _check_tensorboard(tensorboard_dir)
+    memory = fit_memory_plan(
+        client, workers, per_worker, job.train.summary, spec.arch, spec.compile_params,
+        spec.weights,
+    )  # fmt: skip
     key = job_key(
         job.train.summary["dataset_id"],
         job.valid.summary["dataset_id"] if job.valid else None,
@@ -263,6 +272,7 @@ def _plan(
         tensorboard_dir=tensorboard_dir,
         sync=sync_mode,
         key=key,
+        memory=memory,
         checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{args.output}-{key}"),
         compile_text=params_text(compile_params, spec.compile_params),
         fit_text=params_text(fit_params, spec.fit_params),

@@ -363,6 +363,16 @@ def test_oversubscribed_pack_is_refused_before_a_write(small_cluster: dvml.Local
     )  # fmt: skip
     try:
         before = snapshot(small_cluster)
+        # dvml.plan.pack: the same plan without the pack, whether it fits or not
+        with get_task_stream(client=client) as stream:
+            planned = dvml.plan.pack(_float_rows(49152), y="y", x="x", name="pp_over",
+                                     client=client)  # fmt: skip
+        assert _pack_keys(stream) == []
+        assert snapshot(small_cluster) == before
+        assert not planned.fits and planned.row_bytes == 4 * (256 + 4)
+        assert {r.workers[0]: r.fits for r in planned.rows} == {"worker-0": False,
+                                                                "worker-1": True}  # fmt: skip
+        assert list(planned.table()["needed"]) == [24576 * 4 * (256 + 4)] * 2
         with get_task_stream(client=client) as stream, pytest.raises(MemoryPlanError) as info:
             dvml.training_preprocessor(
                 _float_rows(49152), y="y", x="x", name="pp_over", client=client
@@ -375,6 +385,7 @@ def test_oversubscribed_pack_is_refused_before_a_write(small_cluster: dvml.Local
         assert "worker-0 (vineyardd" in str(info.value) and "short by" in str(info.value)
     finally:
         dvml.datasets.drop(ballast.name, client=client)
+    assert dvml.plan.pack(_float_rows(49152), y="y", x="x", name="pp_over", client=client).fits
     ds = dvml.training_preprocessor(_float_rows(49152), y="y", x="x", name="pp_over",
                                     client=client)  # fmt: skip
     try:

@@ -17,6 +17,7 @@ import pytest
 import dvml
 from dvml.exceptions import (
     DatasetNotFoundError,
+    MemoryPlanError,
     ModelMismatchError,
     ParameterError,
     RegistryNotFoundError,
@@ -570,6 +571,33 @@ def test_fit_refuses_bad_inputs_before_training(env: dict[str, Any], cluster2: A
         dvml.datasets.drop("fit_other", client=client)
         dvml.datasets.drop("fit_other_val", client=client)
     assert "x" not in set(dvml.list_models(registry=env["registry"])["name"])
+
+
+def test_fit_whose_trainers_do_not_fit_the_host_is_refused_before_one_starts(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    """dvml.plan.fit gives the trainers' plan on this host (it fits); capped by
+    dvml.memory.host-memory to room for one trainer and its margin, the fit of two trainers on
+    the one host is refused before a trainer starts, with the fewer-trainers fix."""
+    plan = dvml.plan.fit("fit_digits", env["arch"], COMPILE, "batch_size=32",
+                         registry=env["registry"], client=env["client"])  # fmt: skip
+    assert plan.fits, plan.describe()
+    assert sorted(t.worker for t in plan.trainers) == ["worker-0", "worker-1"]
+    assert [t.batch for t in plan.trainers] == [16, 16]
+    # a LocalCluster's simulated hosts share this machine: its two trainers add up
+    assert len(plan.hosts) == 1 and plan.hosts[0].host == "host-0 + host-1"
+    # the CNN's weights, gradients and Adam's two slots: 4 float32 per parameter
+    assert plan.trainers[0].weights == cnn().count_params() * 4 * 4
+    one = plan.trainers[0].total
+    cap = int(one * 1.5)  # one trainer and its 20% margin, not two
+    with dask.config.set({"dvml.memory.host-memory": cap}), pytest.raises(MemoryPlanError) as info:
+        run_fit(env, "too_big")
+    error = info.value
+    assert not error.plan.fits and error.plan.hosts[0].room.room == cap
+    assert "No trainer was started" in str(error) and "batch_size=32" in str(error)
+    assert any("1 of 2 fit on" in fix for fix in error.plan.fixes), error.plan.fixes
+    assert worker_trainers(cluster2, model="too_big") == []
+    assert "too_big" not in set(dvml.list_models(registry=env["registry"])["name"])
 
 
 def test_warm_start_refuses_other_shapes(env: dict[str, Any]) -> None:

@@ -1,0 +1,87 @@
+"""``dvml.plan``: a job's memory plan, computed as the job would, without doing the job.
+
+- :func:`fit`: the trainers' resident bytes per host (a
+  :class:`~dvml.placement.fit_memory.FitMemoryPlan`), what :func:`dvml.fit` checks before
+  any trainer starts;
+- :func:`pack`: the shared-memory bytes per vineyardd of a preprocessor call
+  (:class:`~dvml.placement.memory.MemoryPlan`), what the preprocessors check before any write.
+
+Each returns the plan whether it fits or not (``plan.fits``, ``plan.table()``,
+``plan.describe()``, ``plan.fixes``); nothing is written and no trainer starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.workers import current_client
+from dvml.exceptions import PlacementError
+from dvml.placement.fit_memory import FitMemoryPlan
+from dvml.placement.memory import MemoryPlan
+from dvml.preprocess import api as preprocess_api
+from dvml.preprocess.admission import Planned, planning_only
+from dvml.registry.database import Registry, open_registry
+from dvml.store.datasets import Dataset
+from dvml.train.runtime.plan import JobArgs, batch_split, model_spec, place_job
+from dvml.train.trainer_memory import fit_memory_plan
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = ["fit", "pack"]
+
+
+def fit(
+    training_set: str | Dataset,
+    arch_id: int,
+    compile_params: str | dict[str, Any],
+    fit_params: str | dict[str, Any] | None = None,
+    *,
+    use_gpus: bool = False,
+    validation_set: str | Dataset | None = None,
+    custom_objects: list[str] | None = None,
+    registry: Registry | str | None = None,
+    client: Client | None = None,
+) -> FitMemoryPlan:
+    """The memory plan of ``dvml.fit(training_set, ..., arch_id, compile_params, fit_params)``.
+
+    Takes :func:`dvml.fit`'s arguments (those that change its memory) and checks them as it
+    does, then reads each trainer host's room (one task per host). Starts no trainer.
+
+    Returns
+    -------
+    FitMemoryPlan
+        One row per trainer in ``.table()``; ``.fits``; ``.fixes`` when it does not fit.
+    """
+    reg = open_registry(registry)
+    client = current_client(client)
+    args = JobArgs("memory_plan", training_set, validation_set, 1, None, use_gpus, False,
+                   custom_objects, None, None)  # fmt: skip
+    job = place_job(reg, client, args)
+    spec = model_spec(reg, arch_id, compile_params, fit_params, job.train, custom_objects or [])
+    per_worker, _ = batch_split(job.train, job.workers, int(spec.fit_params["batch_size"]))
+    return fit_memory_plan(
+        client, job.workers, per_worker, job.train.summary, spec.arch, spec.compile_params,
+        spec.weights,
+    )  # fmt: skip
+
+
+def pack(source: Any, *, validation: bool = False, **kwargs: Any) -> MemoryPlan:
+    """The memory plan of ``dvml.training_preprocessor(source, **kwargs)`` (or of
+    ``dvml.validation_preprocessor`` with ``validation=True``).
+
+    The source is read and its rows counted as the preprocessor does (that is most of a pack's
+    time for a large source); then, instead of splitting and packing, the plan is returned.
+    Nothing is written to any vineyardd.
+    """
+    api = preprocess_api
+    call = api.validation_preprocessor if validation else api.training_preprocessor
+    try:
+        with planning_only():
+            call(source, **kwargs)
+    except Planned as planned:
+        return planned.plan
+    raise PlacementError(  # only when a preprocessor path skipped its plan: a dvml bug
+        "The preprocessor packed without computing its memory plan. Received: "
+        f"validation={validation}. Report this as a dvml bug."
+    )

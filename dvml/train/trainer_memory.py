@@ -1,0 +1,124 @@
+"""Admission of a fit: its trainers' memory plan against each host's room, before any starts.
+
+The plan is pure (:func:`dvml.placement.fit_memory.plan_fit`); this module reads what it
+needs at the edge: each host's available memory and cgroup limit (one task per host, all at
+once, on a worker of that host) and the ``dvml.memory`` configuration. A fit whose trainers do
+not fit their hosts is refused with :class:`~dvml.exceptions.MemoryPlanError` carrying the
+plan and its fixes.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dask.utils import parse_bytes
+
+from dvml import config
+from dvml.cluster.health import wait_watched
+from dvml.exceptions import MemoryPlanError
+from dvml.placement.fit_memory import FitMemoryPlan, HostRoom, machine_rooms, plan_fit
+from dvml.placement.memory import format_size
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from dvml.cluster.workers import WorkerInfo
+
+__all__ = ["check_fit_fits", "fit_memory_plan", "host_memory"]
+
+_NO_LIMIT = 2**60  # cgroup v1 reports "no limit" as a huge number (9223372036854771712)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = pathlib.Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
+
+
+def host_memory() -> tuple[str, int, int | None]:
+    """This kernel's boot id (hosts that share it share one machine's memory), its
+    ``MemAvailable`` and, when this process's cgroup has a memory limit, that limit less the
+    cgroup's usage (cgroup v2, else v1); bytes. Runs on a worker."""
+    try:
+        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    available = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    v1 = "/sys/fs/cgroup/memory/memory."
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (v1 + "limit_in_bytes", v1 + "usage_in_bytes"),
+    ):
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < _NO_LIMIT:
+            return boot, available, max(0, limit - usage)
+    return boot, available, None
+
+
+def host_rooms(
+    client: Client, workers: Sequence[WorkerInfo]
+) -> tuple[list[HostRoom], dict[str, str]]:
+    """The room of each machine of ``workers`` and each host's machine (see
+    :func:`~dvml.placement.fit_memory.machine_rooms`): one task per host, all at once, capped
+    by ``dvml.memory.host-memory``."""
+    one_each: dict[str, WorkerInfo] = {}
+    for w in workers:
+        one_each.setdefault(w.host, w)
+    futures = [
+        client.submit(host_memory, workers=[w.address], allow_other_workers=False, pure=False)
+        for w in one_each.values()
+    ]
+    wait_watched(client, futures, "reading the hosts' memory")
+    cap_value = config.get("memory.host-memory")
+    cap = None if cap_value is None else int(parse_bytes(str(cap_value)))
+    readings = dict(zip(one_each, client.gather(futures), strict=True))
+    return machine_rooms(readings, cap)
+
+
+def fit_memory_plan(
+    client: Client,
+    workers: Sequence[WorkerInfo],
+    per_worker_batch: Sequence[int],
+    dataset_summary: Mapping[str, Any],
+    arch: Mapping[str, Any],
+    compile_params: Mapping[str, Any],
+    weights: Sequence[Any] | None = None,
+) -> FitMemoryPlan:
+    """The memory plan of a fit whose trainers run on ``workers`` with these batches;
+    ``weights``, when the fit starts from stored ones, give the parameters' bytes exactly."""
+    rooms, machine_of = host_rooms(client, workers)
+    return plan_fit(
+        [(w.name, machine_of[w.host], b) for w, b in zip(workers, per_worker_batch, strict=True)],
+        [list(s) for s in dataset_summary["x_shapes"]],
+        int(dataset_summary["num_classes"]),
+        json.loads(arch["model_json"]),
+        compile_params.get("optimizer", "rmsprop"),  # tf-keras' compile default
+        rooms,
+        runtime=int(parse_bytes(str(config.get("memory.trainer-runtime")))),
+        margin=float(config.get("memory.margin")),
+        weights_bytes=sum(int(w.nbytes) for w in weights) if weights is not None else None,
+    )
+
+
+def check_fit_fits(plan: FitMemoryPlan, model: str, batch_size: int) -> None:
+    """Raise :class:`MemoryPlanError` when ``plan`` does not fit; its message has the plan."""
+    if plan.fits:
+        return
+    short = plan.short
+    raise MemoryPlanError(
+        f"The fit of model {model!r} does not fit in its hosts' memory: {len(short)} of "
+        f"{len(plan.hosts)} hosts lack room for their trainers. No trainer was started. "
+        f"Received: {len(plan.trainers)} trainers, batch_size={batch_size}, host room "
+        f"{', '.join(f'{h.host}: {format_size(h.room.room)}' for h in plan.hosts)}. The plan, "
+        f"per host and trainer:\n{plan.describe()}",
+        plan,
+    )
