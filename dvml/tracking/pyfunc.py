@@ -21,6 +21,10 @@ class ClassifierModel(PythonModel):
     ``class_value`` (from the model's ``class_values``) and ``prob``.
     """
 
+    # MLflow reads predict's type hints as an input schema and warns when there are none; the
+    # input here (an array, or a frame of arrays) is what its schema cannot describe.
+    _skip_type_hint_validation = True
+
     def load_context(self, context: Any) -> None:
         from dvml import tf_runtime
 
@@ -32,7 +36,6 @@ class ClassifierModel(PythonModel):
         self.class_values = spec["class_values"]
         self.normalizing_const = float(spec["normalizing_const"] or 1.0)
 
-    # No annotations: MLflow reads predict's type hints as an input schema (and warns on Any).
     def predict(self, context, model_input, params=None):
         import pandas as pd
 
@@ -43,4 +46,5 @@ class ClassifierModel(PythonModel):
         probs = np.asarray(self.model.predict(x / self.normalizing_const, verbose=0))
         top = probs.argmax(axis=1)
         values = self.class_values or list(range(probs.shape[1]))
-        return pd.DataFrame({"class_value": [values[k] for k in top], "prob": probs.max(axis=1)})
+        classes = [values[k] for k in top]
+        return pd.DataFrame({"class_value": classes, "prob": probs.max(axis=1)})
