@@ -99,7 +99,7 @@ def fit_memory_plan(
     return plan_fit(
         [(w.name, machine_of[w.host], b) for w, b in zip(workers, per_worker_batch, strict=True)],
         [list(s) for s in dataset_summary["x_shapes"]],
-        int(dataset_summary["num_classes"]),
+        label_width(dataset_summary["num_classes"]),
         json.loads(arch["model_json"]),
         compile_params.get("optimizer", "rmsprop"),  # tf-keras' compile default
         rooms,
@@ -107,6 +107,14 @@ def fit_memory_plan(
         margin=float(config.get("memory.margin")),
         weights_bytes=sum(int(w.nbytes) for w in weights) if weights is not None else None,
     )
+
+
+def label_width(num_classes: Any) -> int:
+    """The one-hot width of a row's labels: a multi-output dataset's ``num_classes`` is one
+    count per output, and their sum is what a row carries."""
+    if isinstance(num_classes, list | tuple):
+        return sum(int(n or 0) for n in num_classes)
+    return int(num_classes or 0)
 
 
 def check_fit_fits(plan: FitMemoryPlan, model: str, batch_size: int) -> None:

@@ -200,3 +200,14 @@ def test_refusal_carries_the_plan_and_pickles() -> None:
     again = pickle.loads(pickle.dumps(info.value))
     assert again.plan == plan
     check_fit_fits(_plan([8], ["a"], 1024), "m", 8)  # a plan that fits passes
+
+
+@pytest.mark.parametrize(
+    ("num_classes", "width"), [(10, 10), ([3, 3], 6), ([2, 5, 1], 8), (None, 0)]
+)
+def test_a_rows_label_width_adds_the_outputs_of_a_multi_output_dataset(
+    num_classes: Any, width: int
+) -> None:
+    from dvml.train.trainer_memory import label_width
+
+    assert label_width(num_classes) == width
