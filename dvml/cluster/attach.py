@@ -94,10 +94,12 @@ def _register_worker_plugins(client: Client, wait: bool = True) -> None:
         for task in tasks:
             # Retrieved whatever happens, so that a late failure is not logged as never retrieved.
             task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
-        try:
-            await asyncio.wait_for(asyncio.shield(asyncio.gather(*tasks)), bound)
-        except TimeoutError:
-            pass
+        # no gather: a gathering future that fails after the bound would be a second holder
+        # of the error, never retrieved
+        done, _ = await asyncio.wait(tasks, timeout=bound)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
 
     bound = min(_PLUGIN_WAIT_S, daemon_timeout() / 4) if wait else 0.0
 
