@@ -37,7 +37,7 @@ COMPILE = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy
 NAME = "lease_digits"
 # Enough iterations that the fit still trains while the three attempts run (~10 s: one is a
 # `python -m dvml` process); the test checks that it did.
-ITERATIONS = 12
+ITERATIONS = 36  # the fit must outlast three refused attempts on a loaded machine (~8 s)
 
 
 def _digits() -> pd.DataFrame:
@@ -76,8 +76,10 @@ def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pa
     frame = _digits()
     env = _other_client_env(cluster2, tmp_path)
     attempts: dict[str, Any] = {}
+    ready_cli: subprocess.Popen[str] | None = None
 
     def attempt_all() -> None:
+        assert ready_cli is not None
         for what, call in (
             ("drop", lambda: dvml.datasets.drop(NAME, client=client)),
             ("overwrite", lambda: dvml.training_preprocessor(
@@ -89,7 +91,7 @@ def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pa
                 attempts[what] = None
             except Exception as exc:
                 attempts[what] = exc
-        attempts["cli"] = _cli_drop(cluster2, env, NAME)
+        attempts["cli"] = ready_cli.communicate("go\n", timeout=120)
 
     with dask.config.set({"dvml.cluster.state-dir": str(state)}):
         dvml.training_preprocessor(
@@ -102,10 +104,13 @@ def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pa
             fitting = Background(
                 lambda seen: dvml.fit(
                     NAME, "lease_model", arch, compile_params=COMPILE,
-                    fit_params="batch_size=32, epochs=2", num_iterations=ITERATIONS,
+                    fit_params="batch_size=32, epochs=1", num_iterations=ITERATIONS,
                     registry=registry, client=client, on_iteration=seen, progress=False,
                 )
             )  # fmt: skip
+            # The other client's `dvml datasets drop` starts now and waits, imported, for the
+            # word: the fit need not outlast a Python start on a loaded machine.
+            ready_cli = _cli_drop_when_told(cluster2, env, NAME)
             # The trainers run (one iteration is done) and read the dataset from now on.
             assert fitting.first.wait(300), "the fit did not reach its first iteration"
             attempt_all()
@@ -114,17 +119,20 @@ def test_drop_and_overwrite_during_a_fit_are_refused(cluster2: Any, tmp_path: pa
             accuracy = model.summary["training_metrics_final"]
         finally:
             registry.close()
+            if ready_cli is not None and ready_cli.poll() is None:  # a failure before its turn
+                ready_cli.kill()
+                ready_cli.communicate()
         try:
             for what in ("drop", "overwrite"):
                 error = attempts[what]
                 assert isinstance(error, DatasetInUseError), (what, error)
                 assert "dvml.fit of model 'lease_model'" in str(error)
                 assert f"Cannot {what} dataset {NAME!r}" in str(error)
-            cli = attempts["cli"]
-            assert cli.returncode == 1, (cli.stdout, cli.stderr)
-            assert cli.stderr.startswith("dvml: error: Cannot drop dataset"), cli.stderr
-            assert "dvml.fit of model 'lease_model'" in cli.stderr
-            assert "Wait for that job to end" in cli.stderr and "--force" in cli.stderr
+            cli_out, cli_err = attempts["cli"]
+            assert ready_cli.returncode == 1, (cli_out, cli_err)
+            assert cli_err.startswith("dvml: error: Cannot drop dataset"), cli_err
+            assert "dvml.fit of model 'lease_model'" in cli_err
+            assert "Wait for that job to end" in cli_err and "--force" in cli_err
             assert accuracy > 0.5  # trained on the data it was given, not on freed memory
             assert dvml.datasets.exists(NAME, client=client)
             # Item 7: the state directory and what the fit made in it are owner-only.
@@ -147,6 +155,20 @@ def _other_client_env(cluster: Any, tmp_path: pathlib.Path) -> dict[str, str]:
         "PYTHONPATH": str(REPO),
         "DASK_DVML__CLUSTER__STATE_DIR": str(tmp_path / "other-client-state"),
     }
+
+
+def _cli_drop_when_told(cluster: Any, env: dict[str, str], name: str) -> Any:
+    """``dvml datasets drop NAME`` as ``python -m dvml`` runs it, started now: it imports the
+    command line, then waits for a line on its stdin before it runs (``communicate``)."""
+    code = (
+        "import sys\nfrom dvml.cli import main\nsys.stdin.readline()\n"
+        f"sys.exit(main(['datasets', 'drop', {name!r}, '--scheduler', "
+        f"{cluster.scheduler_address!r}]))\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
 
 
 def _cli_drop(cluster: Any, env: dict[str, str], name: str, *extra: str) -> Any:
