@@ -61,8 +61,16 @@ def _finite(value: Any) -> Any:
     return value
 
 
-class _JSON(RequestHandler):
-    part: str | None = None
+PARTS = ("workers", "datasets", "jobs", "hop_jobs", "searches", "faults")
+"""The parts of the page's state served alone (``/dvml/api/<part>.json``)."""
+
+
+class StateJSON(RequestHandler):
+    """The page's state as JSON: all of it, or one of :data:`PARTS` (the route's ``part``)."""
+
+    def initialize(self, dask_server: Any = None, part: str | None = None) -> None:
+        super().initialize(dask_server=dask_server)
+        self.part = part
 
     def get(self) -> None:
         state = scheduler_state(self.server)
@@ -70,46 +78,6 @@ class _JSON(RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.write(json.dumps(_finite(body), default=str))
-
-
-class StateJSON(_JSON):
-    """Everything the page shows."""
-
-
-class WorkersJSON(_JSON):
-    """Each worker with its vineyardd's bytes and the datasets it holds."""
-
-    part = "workers"
-
-
-class DatasetsJSON(_JSON):
-    """The datasets published on this cluster, with rows and bytes per worker."""
-
-    part = "datasets"
-
-
-class JobsJSON(_JSON):
-    """Training jobs, newest first, with their trainers' step times and the straggler."""
-
-    part = "jobs"
-
-
-class HopJobsJSON(_JSON):
-    """Model-hopper jobs (fit_multiple, the searches) with each model's hops."""
-
-    part = "hop_jobs"
-
-
-class SearchesJSON(_JSON):
-    """ASHA searches: rungs, each trial's state and the best so far."""
-
-    part = "searches"
-
-
-class FaultsJSON(_JSON):
-    """Failed jobs with their error and workers that left a job, newest first."""
-
-    part = "faults"
 
 
 class Page(RequestHandler):
@@ -124,11 +92,6 @@ routes: list[tuple[str, Any, dict[str, Any]]] = [
     (PATH, Page, {}),
     (f"{PATH}/", Page, {}),
     (f"{PATH}/api/state.json", StateJSON, {}),
-    (f"{PATH}/api/workers.json", WorkersJSON, {}),
-    (f"{PATH}/api/datasets.json", DatasetsJSON, {}),
-    (f"{PATH}/api/jobs.json", JobsJSON, {}),
-    (f"{PATH}/api/hop_jobs.json", HopJobsJSON, {}),
-    (f"{PATH}/api/searches.json", SearchesJSON, {}),
-    (f"{PATH}/api/faults.json", FaultsJSON, {}),
+    *((f"{PATH}/api/{part}.json", StateJSON, {"part": part}) for part in PARTS),
 ]
 """The routes, in the form of distributed's ``distributed.scheduler.http.routes`` modules."""

@@ -131,9 +131,7 @@ def jobs_view(
 
 
 def _job_view(job_id: str, events: Events, names: Mapping[str, str], now: float) -> dict[str, Any]:
-    start: Mapping[str, Any] = next((m for _, m in events if _kind(m) == "job"), {})
-    ended = next((m for _, m in events if _kind(m) == "ended"), None)
-    started = start.get("started") or (events[0][0] if events else now)
+    start, ended, started, elapsed = _lifetime(events, now)
     iterations = []
     for _, m in events:
         if _kind(m) == "iteration":
@@ -158,8 +156,6 @@ def _job_view(job_id: str, events: Events, names: Mapping[str, str], now: float)
     done = min((t["iteration"] for t in trainers), default=0)
     first = int(start.get("start_iteration") or 1)
     total = start.get("num_iterations")
-    end_time = ended.get("at", now) if ended else now
-    elapsed = max(end_time - started, 0.0)
     finished = done - first + 1
     eta = None
     if ended is None and total and finished > 0:
@@ -183,6 +179,18 @@ def _job_view(job_id: str, events: Events, names: Mapping[str, str], now: float)
     }
 
 
+def _lifetime(
+    events: Events, now: float
+) -> tuple[Mapping[str, Any], Mapping[str, Any] | None, float, float]:
+    """A job's first ``job`` event, its first ``ended`` event (None while it runs), when it
+    started and how long it ran (until its end, or until ``now``)."""
+    start: Mapping[str, Any] = next((m for _, m in events if _kind(m) == "job"), {})
+    ended = next((m for _, m in events if _kind(m) == "ended"), None)
+    started = float(start.get("started") or (events[0][0] if events else now))
+    end_time = float(ended.get("at", now)) if ended else now
+    return start, ended, started, max(end_time - started, 0.0)
+
+
 def _kind(message: Any) -> Any:
     return message.get("kind") if isinstance(message, Mapping) else None
 
@@ -199,8 +207,7 @@ def hop_jobs_view(
     for topic, events in topics.items():
         if not topic.startswith(HOP_TOPIC_PREFIX):
             continue
-        start: Mapping[str, Any] = next((m for _, m in events if _kind(m) == "job"), {})
-        ended = next((m for _, m in events if _kind(m) == "ended"), None)
+        start, ended, started, elapsed = _lifetime(events, now)
         departed = [
             {"at": m.get("at", at), "workers": list(m.get("workers") or [])}
             for at, m in events
@@ -222,14 +229,13 @@ def hop_jobs_view(
         if ended is not None:
             for model in models.values():
                 model["state"] = "parked" if model["state"] == "parked" else "done"
-        started = start.get("started") or (events[0][0] if events else now)
         jobs.append(
             {
                 "job": topic[len(HOP_TOPIC_PREFIX) :],
                 "model": start.get("model"),
                 "state": "running" if ended is None else ended.get("outcome", "done"),
                 "started": started,
-                "elapsed": max((ended or {}).get("at", now) - started, 0.0),
+                "elapsed": elapsed,
                 "workers": list(start.get("workers") or []),
                 "departed": departed,
                 "hops": sum(m["hops"] for m in models.values()),
