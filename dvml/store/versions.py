@@ -22,6 +22,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import xxhash
+
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DatasetNotFoundError
 
 __all__ = [
@@ -37,16 +39,19 @@ __all__ = [
     "versions_of",
 ]
 
-DIGEST = "sha256"
-"""How a buffer's content digest is computed: SHA-256 of each field's bytes
-(:func:`field_digest`), then of the fields' digests in name order (:func:`buffer_digest`).
-SHA-256 rather than BLAKE2b: with the SHA extensions of current x86 and ARM cores OpenSSL
-hashes about 1.5 GB/s a core here, BLAKE2b 0.8 (measured on this project's machines)."""
+DIGEST = "xxh3_128+sha256"
+"""How a buffer's content digest is computed: XXH3-128 of each field's bytes
+(:func:`field_digest`), then SHA-256 of the fields' digests in name order
+(:func:`buffer_digest`). The digest identifies content (which bytes a version holds, for
+lineage and change detection); it is not a defence against forged data. XXH3 rather than
+SHA-256 for the bytes because the pack hashes every byte it writes: SHA-256 took 12 % of B5a's
+pack time here, XXH3 (about 8 GB/s a core against SHA-256's 1.4) about 3 % (B5, side by side).
+Records keep the algorithm (``digest_algorithm``): versions published with SHA-256 keep theirs."""
 
 
 def field_digest(data: Any) -> str:
-    """The hex SHA-256 digest of a C-contiguous array's (or buffer's) bytes."""
-    return hashlib.sha256(data).hexdigest()
+    """The hex XXH3-128 digest of a C-contiguous array's (or buffer's) bytes."""
+    return xxhash.xxh3_128_hexdigest(data)
 
 
 def buffer_digest(buffer: Mapping[str, Any]) -> str | None:
