@@ -138,3 +138,33 @@ def selection_run(
         summary=dict(summary),
         children=children,
     )
+
+
+def user_run(
+    name: str,
+    params: Mapping[str, Any],
+    datasets: Mapping[str, tuple[str, str]],
+    history: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any],
+) -> RunPayload:
+    """A ``dvml.run``'s run: named after the run, its ``params`` (the call's settings and
+    ``config``), every reported metric at its report step, and its datasets (``{key: (name,
+    digest)}``: the first is the training input, the others validation)."""
+    metrics = [
+        (key, float(value), int(record["step"]))
+        for record in history
+        for key, value in record.items()
+        if key != "step" and isinstance(value, int | float) and math.isfinite(float(value))
+    ]
+    inputs = [
+        DatasetInput(dataset, digest, "training" if i == 0 else "validation")
+        for i, (dataset, digest) in enumerate(datasets.values())
+    ]
+    return RunPayload(
+        name=name,
+        tags={"dvml.kind": "run", "dvml.version": str(summary.get("version", ""))},
+        params={k: param_text(v) for k, v in params.items() if v is not None},
+        metrics=metrics,
+        inputs=inputs,
+        summary=dict(summary),
+    )

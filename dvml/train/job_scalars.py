@@ -1,6 +1,7 @@
-"""A fit's own TensorBoard stream: one event file per job under ``tensorboard_dir/job``, with
-per-iteration scalars of the job and of every trainer (written by the client as the trainers'
-iterations arrive; the trainers' own Keras streams are ``tensorboard_dir/<worker>``).
+"""A job's own TensorBoard stream: one event file per job under ``tensorboard_dir/job``, with
+per-iteration (``fit``) or per-report (``dvml.run``) scalars of the job and of every trainer
+(written by the client as the trainers' messages arrive; the trainers' own Keras streams are
+``tensorboard_dir/<worker>``).
 
 Written with TensorBoard's protobufs, not TensorFlow: the client never imports TensorFlow.
 """
@@ -43,6 +44,26 @@ def iteration_scalars(
         found[f"{prefix}/steps"] = steps
         found[f"{prefix}/step_seconds"] = max(fit_s - wait_s, 0.0) / steps
         found[f"{prefix}/averaging_seconds"] = wait_s
+    return _finite(found)
+
+
+def report_scalars(
+    record: Mapping[str, Any], reports: Iterable[Mapping[str, Any]]
+) -> dict[str, float]:
+    """The scalars of one ``dvml.run`` report step (pure): each metric averaged over the
+    trainers (``record``, as the run's history holds it) and, under ``trainer/<worker>/``,
+    each trainer's own value and its seconds since the run started (``elapsed``)."""
+    found: dict[str, Any] = {k: v for k, v in record.items() if k not in ("step", "elapsed_s")}
+    found["seconds/elapsed"] = record.get("elapsed_s")
+    for m in reports:
+        prefix = f"trainer/{m['worker']}"
+        found[f"{prefix}/elapsed_seconds"] = m.get("elapsed")
+        for metric, value in (m.get("metrics") or {}).items():
+            found[f"{prefix}/{metric}"] = value
+    return _finite(found)
+
+
+def _finite(found: Mapping[str, Any]) -> dict[str, float]:
     return {
         k: float(v)
         for k, v in found.items()

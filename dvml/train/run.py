@@ -28,6 +28,9 @@ from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes
 from dvml.store.datasets import Dataset, resolve_dataset
 from dvml.store.leases import holding
+from dvml.tracking.mlflow_client import log_run, tracking_uri
+from dvml.tracking.runs import user_run
+from dvml.train.job_scalars import JobScalars, report_scalars
 from dvml.train.model_lock import holding_model
 from dvml.train.params import parse_compile_params
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
@@ -103,6 +106,7 @@ def run(
     resume: bool = True,
     progress: bool = True,
     on_report: Callable[[dict[str, Any]], None] | None = None,
+    tensorboard_dir: str | None = None,
     registry: Registry | str | None = None,
     client: Client | None = None,
 ) -> RunResult:
@@ -145,6 +149,14 @@ def run(
         Print one line per report step.
     on_report : callable, optional
         Called on the client with each step's record once every trainer reported it.
+    tensorboard_dir : str, optional
+        Write the run's TensorBoard stream to ``tensorboard_dir/job``: per report step, each
+        metric averaged over the trainers and every trainer's own value and elapsed seconds
+        (``trainer/<worker>/...``).
+    registry : Registry or str, optional
+        Where ``context.save_model`` stores models (default: the configured registry).
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
 
     Returns
     -------
@@ -157,20 +169,7 @@ def run(
         A trainer raised (its traceback is in the message), died, or its host left: every
         trainer is stopped.
     """
-    if not callable(train_fn):
-        raise ArgumentTypeError(
-            f"train_fn must be a function taking the training context. Received: "
-            f"{type(train_fn).__name__}. Write def train_fn(context): ... and pass it."
-        )
-    if sync not in SYNC_MODES:
-        raise ArgumentError(
-            f"sync must be one of {list(SYNC_MODES)}. Received: sync={sync!r}. 'step' gives "
-            "train_fn a MultiWorkerMirroredStrategy; 'none' runs each trainer on its own."
-        )
-    if name is None:  # the function's name, as a valid dvml name ("_loop" -> "loop")
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", getattr(train_fn, "__name__", "")).lstrip("_.-")
-        name = name[:128] or "run"
-    check_name(name, "name")
+    name = _checked(train_fn, sync, name)
     client = current_client(client)
     named = {k: resolve_dataset(v, client) for k, v in _named(datasets).items()}
     primary = next(iter(named.values()))
@@ -194,11 +193,17 @@ def run(
         job = _job(name, key, sync, seed, named, batch_size, steps, directory, use_gpus,
                    config, resumed)  # fmt: skip
         job["sources"] = sources
-        collector = _Reports(len(workers), name, on_report, progress)
-        results = run_lockstep(
-            client, workers, job, per_worker, resumed[1] if resumed else None, collector,
-            timeout, what="dvml.run", payload=payload,
-        )  # fmt: skip
+        scalars = JobScalars(tensorboard_dir) if tensorboard_dir else None
+        names = {w.address: w.name for w in workers}
+        collector = _Reports(len(workers), name, on_report, progress, scalars, names)
+        try:
+            results = run_lockstep(
+                client, workers, job, per_worker, resumed[1] if resumed else None, collector,
+                timeout, what="dvml.run", payload=payload,
+            )  # fmt: skip
+        finally:
+            if scalars is not None:
+                scalars.close()
         lease.check()  # a dataset dropped with force=True: fail, register nothing
         models = _register(registry, results, primary, name)
         clear_checkpoints(client, workers, directory)
@@ -208,7 +213,7 @@ def run(
 
         value = cloudpickle.loads(results[0]["value"])
     reports = [r for result in results for r in result["iterations"]]
-    return RunResult(
+    result = RunResult(
         name=name,
         value=value,
         history=_history(collector.records),
@@ -217,6 +222,45 @@ def run(
         workers=[w.name for w in workers],
         resumed_from_step=resumed[0] - 1 if resumed else None,
     )
+    if tracking_uri() is not None:  # the run in MLflow, when the user asked for it
+        settings_used = {"sync": sync, "batch_size": batch_size, "seed": seed,
+                         "use_gpus": use_gpus}  # fmt: skip
+        _log_to_mlflow(result, settings_used, config, named, collector.records)
+    return result
+
+
+def _checked(train_fn: Any, sync: str, name: str | None) -> str:
+    """``train_fn`` and ``sync`` checked; the run's name (default: the function's)."""
+    if not callable(train_fn):
+        raise ArgumentTypeError(
+            f"train_fn must be a function taking the training context. Received: "
+            f"{type(train_fn).__name__}. Write def train_fn(context): ... and pass it."
+        )
+    if sync not in SYNC_MODES:
+        raise ArgumentError(
+            f"sync must be one of {list(SYNC_MODES)}. Received: sync={sync!r}. 'step' gives "
+            "train_fn a MultiWorkerMirroredStrategy; 'none' runs each trainer on its own."
+        )
+    if name is None:  # the function's name, as a valid dvml name ("_loop" -> "loop")
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", getattr(train_fn, "__name__", "")).lstrip("_.-")
+        name = name[:128] or "run"
+    check_name(name, "name")
+    return name
+
+
+def _log_to_mlflow(
+    result: RunResult,
+    settings_used: dict[str, Any],
+    config: Mapping[str, Any] | None,
+    named: dict[str, Dataset],
+    records: list[dict[str, Any]],
+) -> None:
+    """The run, its settings and ``config`` as parameters, its reports as metrics."""
+    params = {**settings_used, **{f"config.{k}": v for k, v in (config or {}).items()}}
+    inputs = {k: (d.name, str(d.summary["dataset_id"])) for k, d in named.items()}
+    summary = {"name": result.name, "workers": result.workers, "models": result.models,
+               "resumed_from_step": result.resumed_from_step, "version": __version__}  # fmt: skip
+    log_run(user_run(result.name, params, inputs, records, summary), "dvml.run")
 
 
 def _job(
@@ -308,8 +352,11 @@ class _Reports:
         name: str,
         callback: Callable[[dict[str, Any]], None] | None,
         echo: bool,
+        scalars: JobScalars | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         self.n, self.name, self.callback, self.echo = n_trainers, name, callback, echo
+        self.scalars, self.names = scalars, dict(names or {})
         self.pending: dict[int, list[dict[str, Any]]] = {}
         self.records: list[dict[str, Any]] = []
         self.started = time.monotonic()
@@ -328,6 +375,11 @@ class _Reports:
             values = [m["metrics"][metric] for m in bucket if metric in m["metrics"]]
             record[metric] = sum(values) / len(values)
         self.records.append(record)
+        if self.scalars is not None:
+            # Dask's log_event sets "worker" to the address: the stream names the worker
+            named = [{**m, "worker": self.names.get(str(m.get("worker")), m.get("worker"))}
+                     for m in bucket]  # fmt: skip
+            self.scalars.write(record["step"], report_scalars(record, named))
         if self.echo:
             shown = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k not in
                              ("step", "elapsed_s"))  # fmt: skip

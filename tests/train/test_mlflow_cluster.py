@@ -122,6 +122,35 @@ def test_fit_multiple_is_a_parent_run_with_a_child_per_configuration(env: dict[s
         assert [m.value for m in history] == pytest.approx(info.loc[k, "training_loss"], rel=1e-6)
 
 
+def reports_two_steps(context: Any) -> int:
+    """A training loop that reports two steps (shipped to the trainers by value)."""
+    for epoch in range(2):
+        context.report({"loss": 1.0 / (epoch + 1), "rank_seen": float(context.rank)})
+    return int(context.rank)
+
+
+def test_a_dvml_run_is_logged_with_its_reports_and_datasets(env: dict[str, Any]) -> None:
+    import mlflow
+
+    with dask.config.set({"dvml.tracking.mlflow-uri": env["uri"]}):
+        result = dvml.run(
+            reports_two_steps, {"train": "mlf_train", "val": "mlf_val"}, config={"lr": 0.01},
+            name="mlf_loop", progress=False, registry=env["registry"], client=env["client"],
+        )  # fmt: skip
+    runs = _runs(env["uri"])
+    (run_id,) = runs.loc[runs["name"] == "mlf_loop", "run_id"]
+    mlflow_client = mlflow.MlflowClient(tracking_uri=env["uri"])
+    run = mlflow_client.get_run(run_id)
+    assert run.data.tags["dvml.kind"] == "run" and run.data.params["config.lr"] == "0.01"
+    assert run.data.params["sync"] == "step"
+    for key in ("loss", "rank_seen"):
+        history = sorted(mlflow_client.get_metric_history(run_id, key), key=lambda m: m.step)
+        assert [m.step for m in history] == result.history["step"].tolist()
+        assert [m.value for m in history] == pytest.approx(result.history[key].tolist())
+    inputs = {(d.dataset.name, d.tags[0].value) for d in run.inputs.dataset_inputs}
+    assert inputs == {("mlf_train", "training"), ("mlf_val", "validation")}
+
+
 def test_an_exported_model_predicts_dvml_predicts_classes(env: dict[str, Any]) -> None:
     import mlflow
     import numpy as np

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import pathlib
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -177,8 +178,11 @@ def saves_a_model(context: Any) -> None:
 # -- tests -----------------------------------------------------------------------------------
 
 
-def test_a_custom_gradient_tape_loop_trains_in_lockstep(env: dict[str, Any]) -> None:
-    result = run(env, gradient_tape_loop, batch_size=64,
+def test_a_custom_gradient_tape_loop_trains_in_lockstep(
+    env: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    logs = tmp_path / "tb"
+    result = run(env, gradient_tape_loop, batch_size=64, tensorboard_dir=str(logs),
                  config={"model_json": env["model_json"], "epochs": 3})  # fmt: skip
     assert result.value["rank"] == 0 and result.value["world"] == 2  # the chief's return
     assert result.value["rows"] > 0
@@ -191,6 +195,16 @@ def test_a_custom_gradient_tape_loop_trains_in_lockstep(env: dict[str, Any]) -> 
         by_step.setdefault(r["step"], set()).add(round(r["metrics"]["weights_sum"], 4))
     assert all(len(v) == 1 for v in by_step.values()), by_step
     assert sorted({r["worker"] for r in result.reports}) == sorted(result.workers)
+    # the run's own TensorBoard stream: each report step, averaged and per trainer
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    job = EventAccumulator(str(logs / "job"))
+    job.Reload()
+    assert [e.step for e in job.Scalars("loss")] == [1, 2, 3]
+    assert [e.value for e in job.Scalars("loss")] == pytest.approx(history["loss"].tolist())
+    for r in result.reports:
+        events = {e.step: e.value for e in job.Scalars(f"trainer/{r['worker']}/weights_sum")}
+        assert events[r["step"]] == pytest.approx(r["metrics"]["weights_sum"], rel=1e-5)
 
 
 def test_a_subclassed_model_with_model_fit(env: dict[str, Any]) -> None:
