@@ -134,9 +134,17 @@ def training_dataset(
     seed: int,
     shuffle: bool = True,
     augment: Callable[[Any], Any] | None = None,
+    first_epoch: int = 0,
 ) -> Any:
     """An endless dataset (infinite cardinality) of ``steps`` batches per epoch, reshuffled by
     index every epoch.
+
+    Epoch ``e``'s order is a function of ``seed`` and ``e`` alone
+    (:class:`~dvml.resolve.batches.BatchPlan`): a dataset built with ``first_epoch=e`` yields
+    what the dataset built with ``first_epoch=0`` yields from its epoch ``e`` on. That is the
+    data position a job resumes at: a training run that builds a new dataset for each call of
+    ``model.fit`` (each iteration) or after a restart continues with the next unseen epoch
+    instead of replaying epoch 0.
 
     The generator gathers a group of batches per call (one copy of their rows, shaped
     ``(group, batch_size, ...)``) and ``unbatch`` hands them to Keras one batch at a time.
@@ -150,7 +158,7 @@ def training_dataset(
     group = _group_size(parts, batch_size, steps)
 
     def groups() -> Iterator[tuple[Any, Any]]:
-        epoch = 0
+        epoch = int(first_epoch)
         while True:
             batches = list(plan.epoch(epoch, shuffle))
             for start in range(0, len(batches), group):

@@ -53,6 +53,24 @@ def test_an_epoch_is_every_planned_row_once(
     assert not np.array_equal(first, second)  # reshuffled every epoch
 
 
+def test_a_dataset_from_a_later_epoch_continues_the_same_sequence() -> None:
+    # The data position: an iteration (or a resumed job) that builds its dataset anew starts
+    # at the epoch where the previous one stopped, not at epoch 0 again.
+    parts = _parts((37, 50, 13))
+    batch, steps = 8, 12
+
+    def ids(first_epoch: int, epochs: int) -> list[list[int]]:
+        dataset = tfdata.training_dataset(parts, batch, steps, seed=5, first_epoch=first_epoch)
+        return [
+            x0.numpy()[:, 0].astype(int).tolist() for (x0, _), _ in dataset.take(epochs * steps)
+        ]
+
+    whole = ids(0, 3)
+    assert ids(2, 1) == whole[2 * steps :]
+    assert ids(1, 2) == whole[steps:]
+    assert ids(0, 1) != ids(1, 1)  # epoch 1 is not epoch 0 again
+
+
 def test_the_training_dataset_says_it_is_endless() -> None:
     # Under MultiWorkerMirroredStrategy a dataset of unknown length costs an all-reduce per
     # step (do all trainers still have a batch?); an infinite one does not.

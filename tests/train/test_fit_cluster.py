@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -661,6 +662,13 @@ def test_killed_trainer_stops_all_and_rerun_resumes(env: dict[str, Any], cluster
     assert mine and "TrainerFailedError" in mine[0]["what"] and "worker-1" in mine[0]["what"]
     # the other trainer is gone too
     assert poll_for(lambda: all(pid_gone(pid) for pid in others), 30)
+    # each kept checkpoint records where the next iteration reads: its first epoch
+    kept = list((env["tmp"] / "state" / "checkpoints").glob("resumable-*/*.npz.json"))
+    assert kept, "no checkpoint kept after the first iteration"
+    for path in kept:
+        meta = json.loads(path.read_text())
+        done = meta["iteration"]
+        assert meta["data_position"] == {"iteration": done + 1, "epoch": done * 2}, path
 
     resumed = run_fit(
         env, "resumable", num_iterations=4, fit_params="batch_size=32, epochs=2", sync="iteration"

@@ -158,7 +158,8 @@ def checkpointed(context: Any) -> int:
         model.set_weights(found.weights)
         start = found.step
     for epoch in range(start, context.config["epochs"]):
-        model.fit(context.dataset_creator("train"), epochs=1,
+        # one model.fit per epoch: each starts at its epoch (the data position)
+        model.fit(context.dataset_creator("train", epoch=epoch), epochs=1,
                   steps_per_epoch=context.steps_per_epoch, verbose=0)  # fmt: skip
         context.report({"epoch": epoch}, checkpoint=model)
     return start

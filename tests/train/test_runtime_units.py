@@ -35,6 +35,13 @@ def test_every_iteration_model_and_worker_has_its_own_reproducible_seed() -> Non
     assert all(0 <= s < 2**32 for s in drawn)  # a valid numpy / tf.data seed
 
 
+def test_the_data_position_of_an_iteration_is_its_first_epoch() -> None:
+    assert seeds.data_position(1, 3) == {"iteration": 1, "epoch": 0}
+    assert seeds.data_position(4, 3) == {"iteration": 4, "epoch": 9}
+    with pytest.raises(ValueError, match="iteration=0"):
+        seeds.data_position(0, 1)
+
+
 # -- startup ----------------------------------------------------------------------------------
 
 

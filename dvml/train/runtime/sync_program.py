@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dvml import tf_runtime
@@ -36,7 +37,7 @@ from dvml.train.runtime.local_model import (
     local_metrics,
 )
 from dvml.train.runtime.protocol import Finished, Iteration, Resolved, emit
-from dvml.train.runtime.seeds import shuffle_seed
+from dvml.train.runtime.seeds import data_position, shuffle_seed
 from dvml.train.runtime.startup import Startup
 
 __all__ = ["run"]
@@ -50,7 +51,7 @@ class _Setup:
     evaluator: Any  # a plain model with the same weights: metrics on LOCAL rows only
     averager: Any  # None with sync="step"
     every_k: Any  # the averaging callback with sync=k
-    data: Any  # the strategy's dataset creator (sync="step")
+    data: Callable[[int], Any]  # iteration -> what model.fit reads in it (data_position)
     callbacks: list[Any]
     augment: Any  # x -> x on each training batch, or None (dvml.train.runtime.augment)
 
@@ -140,22 +141,31 @@ def _build(job: dict[str, Any], keras: Any, strategy: Any, train: Any, startup: 
         callbacks.append(every_k)
 
     augment = decode_augment(job.get("augment"))
+    shuffle = job["fit_params"].get("shuffle", True)
+    epochs = int(fit_kwargs(job["fit_params"])["epochs"])
+    task = int(job["tf_config"]["task"]["index"])
 
-    def dataset_fn(context: Any) -> Any:
-        seed = shuffle_seed(job["seed"], worker=context.input_pipeline_id)
-        shuffle = job["fit_params"].get("shuffle", True)
-        return training_dataset(
-            train, per_worker_batch, steps, seed, shuffle=shuffle, augment=augment
-        )
+    def data(iteration: int) -> Any:
+        """The data of ``iteration``: its epochs continue where the previous one stopped."""
+        if averager is not None:  # a new shuffle each iteration, on the local rows only
+            seed = shuffle_seed(job["seed"], iteration=iteration, worker=task)
+            return training_dataset(train, per_worker_batch, steps, seed, shuffle, augment)
+        first = data_position(iteration, epochs)["epoch"]
 
-    data = keras.utils.experimental.DatasetCreator(dataset_fn)
+        def dataset_fn(context: Any) -> Any:  # called by each model.fit: one per iteration
+            seed = shuffle_seed(job["seed"], worker=context.input_pipeline_id)
+            return training_dataset(
+                train, per_worker_batch, steps, seed, shuffle, augment, first_epoch=first
+            )
+
+        return keras.utils.experimental.DatasetCreator(dataset_fn)
+
     return _Setup(model, evaluator, averager, every_k, data, callbacks, augment)
 
 
 def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> list[Any]:
     """Run the job's iterations (reporting and checkpointing each); the final weights."""
     per_worker_batch, steps = int(job["per_worker_batch"]), int(job["steps_per_epoch"])
-    task = int(job["tf_config"]["task"]["index"])
     store = CheckpointStore(job["checkpoint_dir"]) if job.get("checkpoint_dir") else None
     kwargs = fit_kwargs(job["fit_params"])
     history: list[dict[str, Any]] = list(job.get("history", []))
@@ -166,13 +176,7 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
     for iteration in range(first, last + 1):
         t0 = time.monotonic()
         averaged = (averager.count, averager.seconds) if averager is not None else (0, 0.0)
-        data = setup.data
-        if averager is not None:  # a new shuffle each iteration, on the local rows only
-            seed = shuffle_seed(job["seed"], iteration=iteration, worker=task)
-            shuffle = job["fit_params"].get("shuffle", True)
-            data = training_dataset(
-                train, per_worker_batch, steps, seed, shuffle=shuffle, augment=setup.augment
-            )
+        data = setup.data(iteration)
         fitted = setup.model.fit(data, steps_per_epoch=steps, callbacks=setup.callbacks, **kwargs)
         if setup.every_k is not None:
             setup.every_k.flush(setup.model)
@@ -213,5 +217,7 @@ def _checkpoint(
 ) -> None:
     from dvml.registry.weights import weights_to_bytes
 
-    meta = {"job_key": job["job_key"], "iteration": iteration, "history": history}
+    epochs = int(fit_kwargs(job["fit_params"])["epochs"])
+    meta = {"job_key": job["job_key"], "iteration": iteration, "history": history,
+            "data_position": data_position(iteration + 1, epochs)}  # fmt: skip
     store.save(job["worker_name"], weights_to_bytes(weights), meta)

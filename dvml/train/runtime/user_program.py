@@ -99,31 +99,39 @@ class TrainContext:
             self._parts[key] = open_local(self.job["datasets"][key], require=False)
         return key, self._parts[key]
 
-    def dataset(self, name: str | None = None, shuffle: bool = True) -> Any:
+    def dataset(self, name: str | None = None, shuffle: bool = True, epoch: int = 0) -> Any:
         """This worker's LOCAL rows of dataset ``name`` (default: the primary) as ``(x, y)``
         batches of :attr:`batch_size`, read zero-copy from shared memory.
 
         The primary dataset is endless, :attr:`steps_per_epoch` batches per epoch on every
         trainer, reshuffled each epoch: take that many steps per epoch, so every trainer runs
-        the same number of collectives. Any other dataset (a validation set) yields every
-        local row once.
+        the same number of collectives. It starts at ``epoch`` (the data position): a loop
+        that builds its dataset again (one ``model.fit(..., epochs=1)`` per epoch, or a run
+        resumed from :meth:`checkpoint`) passes the epoch it is at and reads the batches an
+        uninterrupted run would, not epoch 0's again. Any other dataset (a validation set)
+        yields every local row once.
         """
         key, parts = self._local(name)
         if key != self.datasets[0]:
             return evaluation_dataset(parts, self.batch_size)
         seed = shuffle_seed(int(self.job["seed"]), worker=self.rank)
-        return training_dataset(parts, self.batch_size, self.steps_per_epoch, seed, shuffle)
+        return training_dataset(
+            parts, self.batch_size, self.steps_per_epoch, seed, shuffle, first_epoch=epoch
+        )
 
-    def distributed_dataset(self, name: str | None = None) -> Any:
+    def distributed_dataset(self, name: str | None = None, epoch: int = 0) -> Any:
         """:meth:`dataset` for ``strategy.run`` in a custom loop (each trainer its own rows)."""
         if self.strategy is None:
-            return self.dataset(name)
-        return self.strategy.distribute_datasets_from_function(lambda _: self.dataset(name))
+            return self.dataset(name, epoch=epoch)
+        return self.strategy.distribute_datasets_from_function(
+            lambda _: self.dataset(name, epoch=epoch)
+        )
 
-    def dataset_creator(self, name: str | None = None) -> Any:
-        """:meth:`dataset` for ``model.fit`` under the strategy (with ``steps_per_epoch``)."""
+    def dataset_creator(self, name: str | None = None, epoch: int = 0) -> Any:
+        """:meth:`dataset` for ``model.fit`` under the strategy (with ``steps_per_epoch``);
+        ``model.fit`` builds its dataset anew on every call: pass the epoch the call starts."""
         keras = tf_runtime.keras()
-        return keras.utils.experimental.DatasetCreator(lambda _: self.dataset(name))
+        return keras.utils.experimental.DatasetCreator(lambda _: self.dataset(name, epoch=epoch))
 
     def local_rows(self, name: str | None = None) -> int:
         """Rows of dataset ``name`` on this worker."""
