@@ -19,6 +19,7 @@ from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.runs import fit_run
 from dvml.train.job_scalars import JobScalars, iteration_scalars
+from dvml.train.memory_use import over_plan, trainer_memory_use
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.outputs import check_outputs_free, model_exists
@@ -172,7 +173,7 @@ def fit(
             scalars = JobScalars(tensorboard_dir) if tensorboard_dir else None
             collector = _Progress(
                 {w.address: w.name for w in plan.job.workers},
-                model, num_iterations, on_iteration, progress, scalars,
+                model, num_iterations, on_iteration, progress, scalars, _planned(plan),
             )  # fmt: skip
             start = now()
             try:
@@ -392,7 +393,15 @@ def _summary(
     # The trainer that held the others back, if one did (dvml.train.stragglers): this run's
     # iterations only (a resumed run's earlier ones ran on trainers that are gone).
     summary.update(run_summary(by_iteration(m for r in results for m in r["iterations"])))
+    # each trainer's planned resident bytes and the peak it sampled (dvml.train.memory_use)
+    samples = [(r["worker"], m.get("resident_bytes")) for r in results for m in r["iterations"]]
+    summary.update(trainer_memory_use(_planned(plan), samples, float(config.get("memory.margin"))))
     return summary
+
+
+def _planned(plan: _Plan) -> dict[str, int]:
+    """Each trainer's planned resident bytes, by worker name."""
+    return {t.worker: t.total for t in plan.memory.trainers}
 
 
 def _save(
@@ -435,12 +444,32 @@ class _Progress:
         callback: Callable[[dict[str, Any]], None] | None,
         echo: bool,
         scalars: JobScalars | None = None,
+        planned: dict[str, int] | None = None,
     ) -> None:
         # the trainers' worker names by address (Dask's log_event sets "worker" to the address)
         self.names, self.n, self.model, self.total = names, len(names), model, total
         self.callback, self.echo, self.scalars = callback, echo, scalars
         self.pending: dict[int, list[dict[str, Any]]] = {}
         self.timings: list[list[TrainerTiming]] = []  # of this run's iterations, in order
+        self.planned: dict[str, int] = dict(planned or {})
+        self.named_over: set[str] = set()  # trainers already named over their memory plan
+
+    def _over_plan(self, named: list[dict[str, Any]]) -> list[str]:
+        """A line's note for each trainer over its memory plan (once per trainer)."""
+        margin = float(config.get("memory.margin"))
+        notes = []
+        for m in named:
+            worker, used = m["worker"], m.get("resident_bytes")
+            planned = self.planned.get(worker)
+            if worker in self.named_over or planned is None or used is None:
+                continue
+            if over_plan(planned, used, margin):
+                self.named_over.add(worker)
+                notes.append(
+                    f"the trainer on {worker} uses {used / 2**20:.0f} MiB, over its planned "
+                    f"{planned / 2**20:.0f} MiB (+{margin:.0%} margin)"
+                )
+        return notes
 
     def __call__(self, event: tuple[float, dict[str, Any]]) -> None:
         _, message = event
@@ -462,6 +491,8 @@ class _Progress:
         self.timings.append(timings_of(named))
         slow = stragglers(cumulative(self.timings))
         record["stragglers"] = [dataclasses.asdict(s) for s in slow]
+        over = self._over_plan(named)  # named once, in the line and the record
+        record["memory_over_plan"] = over
         if self.scalars is not None:  # the job's TensorBoard stream (tensorboard_dir/job)
             self.scalars.write(record["iteration"], iteration_scalars(record, named))
         if self.echo:
@@ -477,6 +508,7 @@ class _Progress:
                 f"loss={record['fit_loss']:.4f} {extra} ({record['elapsed_s']:.1f}s)"
             )
             line += "".join(f"; {describe(s)}" for s in slow)
+            line += "".join(f"; {note}" for note in over)
             logger.info(line)
             print(line, flush=True)
         if self.callback is not None:

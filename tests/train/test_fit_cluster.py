@@ -601,6 +601,24 @@ def test_fit_whose_trainers_do_not_fit_the_host_is_refused_before_one_starts(
     assert "too_big" not in set(dvml.list_models(registry=env["registry"])["name"])
 
 
+def test_the_summary_holds_each_trainers_planned_and_peak_memory(
+    env: dict[str, Any], trained: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    use = trained["summary"]["trainer_memory"]
+    assert sorted(use) == ["worker-0", "worker-1"]
+    for row in use.values():
+        assert row["planned_bytes"] > 0
+        assert row["peak_bytes"] > 100 * 2**20  # TensorFlow's runtime alone is hundreds of MiB
+    assert trained["summary"]["memory_over_plan"] == []  # the default plan holds
+    assert all(r["memory_over_plan"] == [] for r in trained["seen"])
+    # A plan that leaves TensorFlow's runtime out: each trainer is named once, as it goes over
+    with dask.config.set({"dvml.memory.trainer-runtime": "1MiB"}):
+        under = run_fit(env, "under_planned", num_iterations=2, progress=True)
+    assert under.summary["memory_over_plan"] == ["worker-0", "worker-1"]
+    lines = [x for x in capsys.readouterr().out.splitlines() if "[dvml.fit under_planned]" in x]
+    assert [x.count("over its planned") for x in lines] == [2, 0], lines
+
+
 def test_warm_start_refuses_other_shapes(env: dict[str, Any]) -> None:
     run_fit(env, "shape_a", num_iterations=1)
     other = dvml.load_keras_model(

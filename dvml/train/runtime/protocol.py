@@ -108,6 +108,8 @@ class Iteration(Line):
     metrics_seconds: float | None = None
     # steps trained in the iteration (every epoch): the straggler rule's unit (train.stragglers)
     steps: int | None = None
+    # the trainer's resident bytes at the iteration's end (train.runtime.memory_sample)
+    resident_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

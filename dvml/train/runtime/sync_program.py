@@ -27,6 +27,7 @@ from typing import Any
 from dvml import tf_runtime
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import training_dataset
+from dvml.train.runtime import memory_sample
 from dvml.train.runtime.augment import decode as decode_augment
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.local_model import (
@@ -201,6 +202,7 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
             if valid is not None and valid.rows:
                 record["validation"] = local_metrics(setup.evaluator, valid, per_worker_batch)
             record["metrics_seconds"] = time.monotonic() - t1
+        record["resident_bytes"] = memory_sample.sample()  # after evaluation: its peak
         history.append(record)
         if store is not None:
             _checkpoint(store, job, iteration, weights, history)
