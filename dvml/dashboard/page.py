@@ -32,8 +32,8 @@ PAGE = """<!DOCTYPE html>
 <th>bytes</th><th>rows per worker</th></tr></thead><tbody></tbody></table>
 <h2>Training jobs</h2>
 <table id="jobs"><thead><tr><th>model / trainer</th><th>state</th><th>iteration</th>
-<th>steps</th><th>s / step (input + compute)</th><th>s / step waiting</th><th>elapsed</th>
-<th>ETA</th></tr></thead><tbody></tbody></table>
+<th>steps</th><th>s / step (input + compute)</th><th>s / step waiting</th>
+<th>resident (peak)</th><th>elapsed</th><th>ETA</th></tr></thead><tbody></tbody></table>
 <h2>Model hopper jobs (fit_multiple, searches)</h2>
 <table id="hop_jobs"><thead><tr><th>job / model</th><th>state</th><th>hops</th>
 <th>iteration</th><th>worker</th><th>loss</th><th>training s</th><th>elapsed</th></tr></thead>
@@ -105,13 +105,15 @@ function draw(state) {
     const slow = x.straggler ? " (slow: " + x.straggler.worker + " " +
       x.straggler.ratio.toFixed(1) + "x)" : "";
     row(j, [cell((x.model || x.job) + slow, x.straggler ? "slow" : ""), cell(x.state),
-            cell(of, "num"), cell(""), cell(""), cell(""), cell(secs(x.elapsed), "num"),
+            cell(of, "num"), cell(""), cell(""), cell(""), cell(""), cell(secs(x.elapsed), "num"),
             cell(secs(x.eta_seconds), "num")], "job");
     for (const t of x.trainers) {
       const named = x.straggler && x.straggler.worker === t.worker;
       row(j, [cell(t.worker, named ? "slow" : ""), cell(""), cell(String(t.iteration), "num"),
               cell(String(t.steps), "num"), cell(step(t.step_seconds), "num"),
-              cell(step(t.waiting_step_seconds), "num"), cell(""), cell("")], "trainer");
+              cell(step(t.waiting_step_seconds), "num"),
+              cell(t.peak_resident_bytes == null ? "" : bytes(t.peak_resident_bytes), "num"),
+              cell(""), cell("")], "trainer");
     }
   }
   const h = document.querySelector("#hop_jobs tbody");

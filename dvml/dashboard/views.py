@@ -119,8 +119,9 @@ def jobs_view(
         (``running``, ``done``, ``failed``), ``iteration`` (the last every trainer finished),
         ``elapsed``, ``eta_seconds`` (None until an iteration is done), ``trainers`` (per
         trainer: ``worker``, ``iteration``, ``steps``, ``step_seconds`` (its own input and
-        compute per step over the run), ``waiting_step_seconds`` (per step in the averaging))
-        and ``straggler`` (the slowest trainer named by :mod:`dvml.train.stragglers`, or None).
+        compute per step over the run), ``waiting_step_seconds`` (per step in the averaging),
+        ``peak_resident_bytes`` (its highest sample at an iteration's end, or None)) and
+        ``straggler`` (the slowest trainer named by :mod:`dvml.train.stragglers`, or None).
     """
     jobs = [
         _job_view(topic[len(JOB_TOPIC_PREFIX) :], events, names, now)
@@ -140,8 +141,11 @@ def _job_view(job_id: str, events: Events, names: Mapping[str, str], now: float)
     per_iteration = by_iteration(iterations)
     totals = {t.worker: t for t in cumulative(per_iteration)}
     last: dict[str, int] = {}
+    peak: dict[str, int] = {}  # the highest resident-bytes sample (train.runtime.memory_sample)
     for m in iterations:
         last[m["worker"]] = max(last.get(m["worker"], 0), int(m["iteration"]))
+        if m.get("resident_bytes") is not None:
+            peak[m["worker"]] = max(peak.get(m["worker"], 0), int(m["resident_bytes"]))
     workers = list(start.get("workers") or sorted(last))
     trainers = [
         {
@@ -150,6 +154,7 @@ def _job_view(job_id: str, events: Events, names: Mapping[str, str], now: float)
             "steps": totals[w].steps if w in totals else 0,
             "step_seconds": totals[w].step_seconds if w in totals else None,
             "waiting_step_seconds": totals[w].waiting_step_seconds if w in totals else None,
+            "peak_resident_bytes": peak.get(w),
         }
         for w in workers
     ]

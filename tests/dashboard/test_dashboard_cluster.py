@@ -122,6 +122,8 @@ def test_the_dvml_page_shows_datasets_workers_and_a_running_fit(
             assert t["step_seconds"] == pytest.approx(
                 summary["trainer_step_seconds"][t["worker"]], abs=1e-6
             )
+            peak = summary["trainer_memory"][t["worker"]]["peak_bytes"]
+            assert t["peak_resident_bytes"] == peak and peak > 0
         assert (done["straggler"] or {}).get("worker") == summary["straggler_worker"]
         after = rendered_text(page, tmp_path)
         assert "25 / 25" in after and "done" in after, after[:800]

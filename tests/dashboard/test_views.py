@@ -67,6 +67,8 @@ def test_a_running_job_shows_its_trainers_progress_eta_and_the_slow_one() -> Non
     for k in (1, 2):
         events += [_iteration("tcp://a", k, 10, 1.0), _iteration("tcp://b", k, 10, 3.0)]
     events.append(_iteration("tcp://a", 3, 10, 1.0))  # w0 is ahead; w1 holds iteration 3
+    events[1][1]["resident_bytes"] = 700
+    events[3][1]["resident_bytes"] = 900  # w0's peak over its samples
     (job,) = jobs_view({"dvml-fit-abc": events, "dvml-fit-abort-abc": []}, NAMES, now=110.0)
     assert job["job"] == "abc" and job["model"] == "m" and job["state"] == "running"
     assert job["iteration"] == 2  # the last every trainer finished
@@ -75,6 +77,8 @@ def test_a_running_job_shows_its_trainers_progress_eta_and_the_slow_one() -> Non
     by_worker = {t["worker"]: t for t in job["trainers"]}
     assert by_worker["w0"]["iteration"] == 3 and by_worker["w0"]["steps"] == 30
     assert by_worker["w1"]["step_seconds"] == pytest.approx(0.3)
+    assert by_worker["w0"]["peak_resident_bytes"] == 900
+    assert by_worker["w1"]["peak_resident_bytes"] is None  # it sent no sample
     assert job["straggler"]["worker"] == "w1" and job["straggler"]["ratio"] == pytest.approx(3.0)
 
 
