@@ -34,6 +34,7 @@ from dvml.exceptions import (
 )
 from dvml.features import featurize
 from dvml.features.backbone import Backbone, resolve_backbone
+from dvml.features.incremental import covered_buffers, new_buffers, source_digests
 from dvml.features.keys import (
     cache_key,
     check_batch_size,
@@ -159,6 +160,7 @@ def cache(
         if same is not None:
             logger.info("feature cache %s: hit (key %s)", same.name, key[:12])
             return same
+    named = name is not None  # else a cache to extend is found by its lineage key
     name = name or default_name(key)
 
     found = existing(client, name)
@@ -176,6 +178,15 @@ def cache(
         else:
             logger.info("feature cache %s: key changed, recomputing", name)
 
+    lineage = None
+    if plan.dataset is not None:  # the key without the version: what an append may extend
+        lineage = cache_key(bb.fingerprint, layer, pooling, plan.preprocessing,
+                            {"dataset_id": plan.identity["dataset_id"]},
+                            link and {"dataset_id": link["dataset_id"]})  # fmt: skip
+        extended = _extend(client, plan, bb, key, lineage, found if named else None,
+                           batch_size, use_gpus, link, overwrite)  # fmt: skip
+        if extended is not None:
+            return extended
     hidden = None
     try:
         if plan.dataset is None:
@@ -183,11 +194,51 @@ def cache(
             src = pack_source(plan, hidden, rules, client, training_cache)
         else:
             src = plan.dataset
-        summary = _summary(plan, src, bb, key, name, batch_size, use_gpus, link)
+        summary = _summary(plan, src, bb, key, name, batch_size, use_gpus, link, lineage)
         return _featurize(client, src, bb, batch_size, use_gpus, name, summary)
     finally:
         if hidden is not None:
             _drop_quietly(client, hidden)
+
+
+def _extend(
+    client: Client, plan: SourcePlan, bb: Backbone, key: str, lineage: str,
+    named: Dataset | None, batch_size: int, use_gpus: bool, link: dict[str, Any] | None,
+    overwrite: bool,
+) -> Dataset | None:  # fmt: skip
+    """The cache of an earlier version of the same dataset, extended with the features of
+    the buffers appended since (:mod:`dvml.features.incremental`); None when there is none to
+    extend (``named``: the cache of the requested name, else found by the lineage key)."""
+    src = plan.dataset
+    if src is None or overwrite:
+        return None
+    digests = source_digests(src.versions, src.version)
+    candidates = [named] if named is not None else _by_lineage(client, lineage)
+    for prev in candidates:
+        if prev.kind != KIND or not intact(client, prev):
+            continue
+        covered = covered_buffers(prev.summary, lineage, digests)
+        if covered is None or covered >= src.version:
+            continue
+        positions = new_buffers(src.layout, covered)
+        if not positions:  # a version with no new rows (the same buffers, moved): same features
+            return prev
+        summary = _summary(plan, src, bb, key, prev.name, batch_size, use_gpus, link, lineage)
+        summary["dataset_id"] = prev.summary["dataset_id"]  # an append keeps it (validation)
+        summary["incremental"] = {"from_version": covered, "buffers_computed": len(positions)}
+        logger.info("feature cache %s: extending version %d of %s with %d new buffers",
+                    prev.name, covered, src.name, len(positions))  # fmt: skip
+        return _featurize(client, src, bb, batch_size, use_gpus, prev.name, summary,
+                          positions, append_to=prev)  # fmt: skip
+    return None
+
+
+def _by_lineage(client: Client, lineage: str) -> list[Dataset]:
+    """Feature caches computed under ``lineage``, newest first."""
+    records = run_on(client, None, catalog.list_records)
+    found = [Dataset.from_record(r) for r in records
+             if r["kind"] == KIND and r["summary"].get("lineage_key") == lineage]  # fmt: skip
+    return sorted(found, key=lambda ds: ds.summary.get("created_at") or "", reverse=True)
 
 
 def _check_placement(client: Client, plan: SourcePlan, rules: Any, use_gpus: bool,
@@ -299,8 +350,8 @@ def _same_features(summary: dict[str, Any], bb: Backbone) -> bool:
 
 
 def _summary(plan: SourcePlan, src: Dataset, bb: Backbone, key: str, name: str,
-             batch_size: int, use_gpus: bool,
-             link: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+             batch_size: int, use_gpus: bool, link: dict[str, Any] | None,
+             lineage: str | None = None) -> dict[str, Any]:  # fmt: skip
     s = src.summary
     summary = {
         "kind": KIND,
@@ -321,7 +372,13 @@ def _summary(plan: SourcePlan, src: Dataset, bb: Backbone, key: str, name: str,
             "name": src.name if plan.kind == "dataset" else None,
             "dataset_id": s["dataset_id"],
             "kept": plan.kind == "dataset",
+            # what dvml.features.incremental needs to extend this cache after an append
+            "version": src.version if plan.kind == "dataset" else None,
+            "digests": source_digests(src.versions, src.version)
+            if plan.kind == "dataset"
+            else None,
         },
+        "lineage_key": lineage,
         "source_table": plan.description,
         "output_table": name,
         "dependent_varname": s["dependent_varname"],
@@ -351,9 +408,14 @@ def _summary(plan: SourcePlan, src: Dataset, bb: Backbone, key: str, name: str,
 
 
 def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_gpus: bool,
-               name: str, summary: dict[str, Any]) -> Dataset:  # fmt: skip
-    buffers = src.layout["buffers"]
+               name: str, summary: dict[str, Any], positions: list[int] | None = None,
+               append_to: Dataset | None = None) -> Dataset:  # fmt: skip
+    """Featurize ``src``'s buffers (those at ``positions`` only, to extend ``append_to``)."""
     targets = source_workers(client, src)
+    if positions is None:
+        positions = list(range(len(src.layout["buffers"])))
+    buffers = [src.layout["buffers"][i] for i in positions]
+    targets = [targets[i] for i in positions]
     spec = bb.spec(use_gpus)
     addresses = sorted({t.address for t in targets})
     # A list of one: Client.scatter would read a dict as {key: data}.
@@ -389,7 +451,8 @@ def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_
                     f"Features of buffer {b['index']} landed on vineyard instance "
                     f"{r['instance_id']}, not beside their images on {b['instance_id']}."
                 )
-        return list(results)
+        # the cache's own buffer numbers: 0, 1, ... (an extension's follow the cache's)
+        return [{**r, "index": k} for k, r in enumerate(results)]
 
     def finish(summary: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -399,7 +462,7 @@ def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_
         }
 
     try:
-        return publish_run(client, name, KIND, summary, produce, finish)
+        return publish_run(client, name, KIND, summary, produce, finish, append_to=append_to)
     finally:
         client.cancel([shared])
 

@@ -6,7 +6,7 @@ runs small tasks on the workers and no tensor data reaches the client.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,16 +47,30 @@ def describe(name: str, client: Client | None = None) -> Dataset:
     return ds
 
 
+def _current(now: tuple[Any, int] | None, source: dict[str, Any]) -> bool | None:
+    """Whether the cache's source dataset is still what it featurized (None: a raw source)."""
+    if not source.get("kept"):
+        return None
+    if now is None or now[0] != source.get("dataset_id"):
+        return False
+    return source.get("version") is None or source["version"] == now[1]  # None: before versions
+
+
 def list(client: Client | None = None) -> pd.DataFrame:
     """Every feature cache: size, backbone, layer, pooling, source and bytes per worker.
 
     ``source_current`` says whether the packed dataset it was computed from still exists
-    unchanged (None when the source was raw images, packed only for the cache).
+    unchanged, at the version it featurized (False after an append: ask for the cache again
+    and only the new rows are featurized), None when the source was raw images, packed only
+    for the cache.
     """
     import pandas as pd
 
     records = run_on(current_client(client), None, catalog.list_records)
-    current = {r["name"]: r["summary"].get("dataset_id") for r in records}
+    # a dataset's identity and its latest version: an append keeps the id and adds rows
+    current = {
+        r["name"]: (r["summary"].get("dataset_id"), Dataset.from_record(r).version) for r in records
+    }
     rows = []
     for r in records:
         if r["kind"] != KIND:
@@ -72,8 +86,7 @@ def list(client: Client | None = None) -> pd.DataFrame:
             "layer": (s.get("backbone") or {}).get("output_layer"),
             "pooling": (s.get("backbone") or {}).get("pooling"),
             "source": source.get("description"),
-            "source_current": (current.get(source["name"]) == source.get("dataset_id")
-                               if source.get("kept") else None),
+            "source_current": _current(current.get(source["name"]), source),
             "workers": len({b["worker_name"] for b in ds.layout["buffers"]}),
             "nbytes": ds.nbytes,
             "bytes_per_worker": dict(s.get("bytes_per_worker") or {}),

@@ -156,7 +156,9 @@ def _dataset(name: str, client: Client, kwargs: dict[str, Any]) -> SourcePlan:
     }
     return SourcePlan(
         kind="dataset", description=name, input_shape=list(s["x_shapes"][0]),
-        identity={"dataset_id": s["dataset_id"]}, preprocessing=preprocessing, dataset=ds,
+        # the version too: an append keeps the dataset_id and adds rows (dvml.features.incremental)
+        identity={"dataset_id": s["dataset_id"], "version": ds.version},
+        preprocessing=preprocessing, dataset=ds,
     )  # fmt: skip
 
 

@@ -195,6 +195,8 @@ def test_features_stay_beside_their_images(env: dict[str, Any], cleanup: None) -
         "name": "fc_src",
         "dataset_id": src.summary["dataset_id"],
         "kept": True,
+        "version": 1,  # and its buffers' digests: what an append may extend (incremental)
+        "digests": src.versions[0]["digests"],
     }
     table = dvml.features.list(client=client)
     row = table.set_index("name").loc["fc_placed"]
@@ -312,6 +314,52 @@ def test_a_replaced_or_dropped_source_is_never_served_stale(
     with pytest.raises(DatasetNotFoundError, match="No dataset named 'fc_tmp_src'"):
         dvml.features.cache("fc_tmp_src", bb, pooling="avg", name="fc_stale", client=client)
     assert source_current(client, "fc_stale") is False
+
+
+def _ids(ds: Any) -> list[dict[str, int]]:
+    return [{f: v["id"] for f, v in b["fields"].items()} for b in ds.layout["buffers"]]
+
+
+def test_an_append_extends_the_cache_with_the_new_rows_only(
+    env: dict[str, Any], cleanup: None
+) -> None:
+    """Issue 39 item 4: after an append, the backbone runs on the appended rows alone; the old
+    feature buffers are shared by the cache's next version; the features are all right."""
+    client, x, y = env["client"], env["x"], env["y"]
+
+    def arrays(rows: slice) -> dict[str, Any]:
+        return {
+            "image": da.from_array(x[rows], chunks=12),
+            "label": da.from_array(y[rows], chunks=12),
+        }
+
+    dvml.training_preprocessor(arrays(slice(0, 24)), y="label", x="image", normalizing_const=255.0,
+                               name="fc_grow", client=client)  # fmt: skip
+    bb = tiny_backbone(seed=3)
+    first = dvml.features.cache("fc_grow", bb, pooling="avg", name="fc_grow_f", client=client)
+    assert first.rows == 24 and first.summary["source"]["version"] == 1
+    dvml.datasets.append("fc_grow", arrays(slice(24, 40)), client=client)
+    assert source_current(client, "fc_grow_f") is False  # the dataset has moved on
+    rows_before = dvml.features.calls(client)["rows"]
+    grown = dvml.features.cache("fc_grow", bb, pooling="avg", name="fc_grow_f", client=client)
+    assert dvml.features.calls(client)["rows"] - rows_before == 16  # the new rows only
+    assert grown.summary["incremental"]["from_version"] == 1 and grown.version == 2
+    assert grown.rows == 40 and grown.summary["source"]["version"] == 2
+    assert _ids(grown)[: len(_ids(first))] == _ids(first)  # the old features, not copied
+    assert grown.summary["dataset_id"] == first.summary["dataset_id"]
+    got = dvml.features.to_numpy("fc_grow_f", client=client)["x_0"]
+    expected = local_features(bb, x[:40], "avg")
+    np.testing.assert_allclose(sort_rows(got), sort_rows(expected), rtol=1e-4, atol=1e-5)
+    assert source_current(client, "fc_grow_f") is True
+    # the same request again, without a name: found by its key, nothing computed
+    before = batches(client)
+    again = dvml.features.cache("fc_grow", bb, pooling="avg", client=client)
+    assert again.name == "fc_grow_f" and batches(client) == before
+    # another backbone is not an extension: every row is featurized
+    rows_before = dvml.features.calls(client)["rows"]
+    other = dvml.features.cache("fc_grow", tiny_backbone(seed=4), pooling="avg", client=client)
+    assert dvml.features.calls(client)["rows"] - rows_before == 40
+    assert "incremental" not in other.summary
 
 
 def test_bad_requests_fail_before_any_work(env: dict[str, Any], cleanup: None) -> None:
