@@ -26,7 +26,16 @@ from dvml.train.outputs import check_outputs_free, model_exists
 from dvml.train.params import params_text
 from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
-from dvml.train.runtime.plan import Job, JobArgs, batch_split, job_key, model_spec, now, place_job
+from dvml.train.runtime.plan import (
+    Job,
+    JobArgs,
+    batch_split,
+    dataset_key,
+    job_key,
+    model_spec,
+    now,
+    place_job,
+)
 from dvml.train.stragglers import (
     TrainerTiming,
     by_iteration,
@@ -247,8 +256,8 @@ def _plan(
         spec.weights,
     )  # fmt: skip
     key = job_key(
-        job.train.summary["dataset_id"],
-        job.valid.summary["dataset_id"] if job.valid else None,
+        dataset_key(job.train),
+        dataset_key(job.valid),
         arch_id,
         spec.compile_params,
         spec.fit_params,

@@ -37,6 +37,7 @@ from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_
 from dvml.train.runtime.plan import (
     batch_split,
     check_colocated,
+    dataset_key,
     job_key,
     now,
     training_workers,
@@ -179,7 +180,7 @@ def run(
     per_worker, steps = batch_split(primary, workers, batch_size)
     seed = int(settings.get("preprocess.seed", seed))
     timeout = float(settings.get("train.trainer-timeout", timeout))
-    ids = {k: d.summary["dataset_id"] for k, d in named.items()}
+    ids = {k: dataset_key(d) for k, d in named.items()}
     key = job_key("run", name, ids, [w.name for w in workers], batch_size, seed, sync)
     directory = str(settings.state_dir() / "checkpoints" / f"run-{name}-{key}")
     payload = pickle_by_value(train_fn)

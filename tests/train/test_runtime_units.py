@@ -42,6 +42,17 @@ def test_the_data_position_of_an_iteration_is_its_first_epoch() -> None:
         seeds.data_position(0, 1)
 
 
+def test_a_job_key_holds_each_datasets_id_and_version() -> None:
+    from types import SimpleNamespace
+
+    from dvml.train.runtime.plan import dataset_key, job_key
+
+    v1 = SimpleNamespace(summary={"dataset_id": "abc"}, version=1)
+    v2 = SimpleNamespace(summary={"dataset_id": "abc"}, version=2)  # the same, appended to
+    assert dataset_key(v1) == ["abc", 1] and dataset_key(None) is None
+    assert job_key("fit", dataset_key(v1)) != job_key("fit", dataset_key(v2))
+
+
 # -- startup ----------------------------------------------------------------------------------
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "batch_split",
     "check_colocated",
     "check_fit_args",
+    "dataset_key",
     "job_key",
     "machine",
     "model_spec",
@@ -259,6 +260,15 @@ def batch_split(
             dict(zip([w.name for w in workers], per_worker, strict=True)),
         )
     return per_worker, steps
+
+
+def dataset_key(dataset: Any) -> list[Any] | None:
+    """What a job key holds of a dataset: its ``dataset_id`` (new each time it is preprocessed)
+    and the version it reads (an append keeps the id and adds rows): a rerun after an append
+    trains on other rows, so it starts afresh rather than resuming. None for no dataset."""
+    if dataset is None:
+        return None
+    return [dataset.summary["dataset_id"], int(getattr(dataset, "version", 1))]
 
 
 def job_key(*parts: Any) -> str:
