@@ -129,6 +129,24 @@ def test_quick_b12_runs_partition_and_buffer_rows(tmp_path: pathlib.Path) -> Non
     assert rows["B12g"]["details"]["buffers"] == 4  # quick: 2, 4, 8, 16 buffers
 
 
+@pytest.mark.cluster
+@pytest.mark.tf
+def test_quick_b24_appends_and_extends_the_feature_cache(tmp_path: pathlib.Path) -> None:
+    """B24 (issue 39): an append against a repack, the extended feature cache against a full
+    one; the append adds to the vineyardds exactly the new rows' packed bytes."""
+    out = tmp_path / "results"
+    _run_quick("B24", out)
+    rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    assert set(rows) == {"B24a", "B24b"}
+    for key, row in rows.items():
+        assert row["error"] is None, (key, row["error"])
+        assert row["dvml"] > 0 and row["baseline"] > 0
+    written = rows["B24a"]["details"]["added / new rows' bytes (target <= 1.1)"]
+    assert written is not None and 0.99 <= written <= 1.1
+    extension = rows["B24b"]["details"]["extension"]
+    assert extension["from_version"] == 1 and extension["buffers_computed"] >= 1
+
+
 def test_a_missing_optional_peer_skips_rows_and_the_others_still_run() -> None:
     # Issue 42 item 9: a peer that is not installed is a skipped row (with the command that
     # installs it), never an error; rows that do not need it still run.

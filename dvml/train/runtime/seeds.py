@@ -1,12 +1,15 @@
 """The one seed function of every trainer (shuffles and initialisations from the job's seed)
 and the data position: where a job's reading of its rows stands.
 
-Kept apart from the planner: trainer processes import it, and it needs nothing but numpy.
+Kept apart from the planner: trainer processes import it, and it needs only numpy (and dvml's
+errors).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from dvml.exceptions import ArgumentError
 
 __all__ = ["data_position", "shuffle_seed"]
 
@@ -32,8 +35,9 @@ def data_position(iteration: int, epochs_per_iteration: int) -> dict[str, int]:
     position of the next iteration (``data_position``), so every epoch is trained once.
     """
     if iteration < 1 or epochs_per_iteration < 1:
-        raise ValueError(
+        raise ArgumentError(
             "An iteration is numbered from 1 and trains at least one epoch. Received: "
-            f"iteration={iteration}, epochs_per_iteration={epochs_per_iteration}."
+            f"iteration={iteration}, epochs_per_iteration={epochs_per_iteration}. Pass the "
+            "1-based iteration and fit_params' epochs."
         )
     return {"iteration": int(iteration), "epoch": (int(iteration) - 1) * int(epochs_per_iteration)}
