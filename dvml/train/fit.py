@@ -18,6 +18,7 @@ from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.runs import fit_run
+from dvml.train.admission import admitted
 from dvml.train.job_scalars import JobScalars, iteration_scalars
 from dvml.train.memory_use import over_plan, trainer_memory_use
 from dvml.train.model import Model
@@ -47,7 +48,7 @@ from dvml.train.stragglers import (
 )
 from dvml.train.summary import build_summary, iteration_record, weights_size_kb
 from dvml.train.sync import check_sync, choose_sync
-from dvml.train.trainer_memory import check_fit_fits, fit_memory_plan
+from dvml.train.trainer_memory import fit_memory_plan
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -173,11 +174,12 @@ def fit(
             reg, client, args, arch_id=arch_id, compile_params=compile_params,
             fit_params=fit_params, tensorboard_dir=tensorboard_dir, sync=requested_sync,
         )  # fmt: skip
-        # Refused before any trainer starts when the trainers do not fit their hosts.
-        check_fit_fits(plan.memory, model, int(plan.fit_params["batch_size"]))
-        # One fit per model at a time: a second one would share (and resume from) this one's
-        # checkpoints. Held until the model is saved; refused with the running job's name.
-        with holding_model(config.state_dir(), model, plan.key):
+        # Refused before any trainer starts when the trainers do not fit their hosts, alone or
+        # beside the running jobs (whose memory reservations it then shares). One fit per model
+        # at a time: a second one would share (and resume from) this one's checkpoints. Both
+        # held until the model is saved; refused with the running job's name.
+        lock = holding_model(config.state_dir(), model, plan.key)
+        with admitted(client, plan.memory, model, int(plan.fit_params["batch_size"])), lock:
             start_iteration, weights_blob, history = _resume(client, plan, resume)
             scalars = JobScalars(tensorboard_dir) if tensorboard_dir else None
             collector = _Progress(

@@ -601,6 +601,43 @@ def test_fit_whose_trainers_do_not_fit_the_host_is_refused_before_one_starts(
     assert "too_big" not in set(dvml.list_models(registry=env["registry"])["name"])
 
 
+def test_two_concurrent_fits_are_admitted_by_their_sum(env: dict[str, Any], cluster2: Any) -> None:
+    """Capped to room for one fit's two trainers (not two fits'), a second fit started while
+    the first trains is refused before any of its trainers starts, naming the first; once
+    the first has ended, the same second fit is admitted."""
+    from dvml.train.admission import read_reservations
+
+    plan = dvml.plan.fit("fit_digits", env["arch"], COMPILE, "batch_size=32",
+                         registry=env["registry"], client=env["client"])  # fmt: skip
+    cap = int(plan.hosts[0].with_margin * 1.5)  # one fit and its margin, not two
+    outcome: dict[str, Any] = {}
+
+    def first() -> None:
+        try:
+            outcome["model"] = run_fit(env, "first_of_two", num_iterations=6)
+        except BaseException as e:  # reported by the assert below
+            outcome["error"] = e
+
+    with dask.config.set({"dvml.memory.host-memory": cap}):
+        thread = threading.Thread(target=first)
+        thread.start()
+        try:
+            assert poll_for(lambda: read_reservations(env["client"]) != [], timeout=60)
+            held = read_reservations(env["client"])
+            assert [r["job"] for r in held] == ["dvml.fit of model 'first_of_two'"]
+            with pytest.raises(MemoryPlanError) as info:
+                run_fit(env, "second_of_two", num_iterations=1)
+            assert worker_trainers(cluster2, model="second_of_two") == []
+        finally:
+            thread.join()
+        assert "error" not in outcome, outcome
+        message = str(info.value)
+        assert "'first_of_two'" in message and "No trainer was started" in message, message
+        assert read_reservations(env["client"]) == []  # the first fit gave its bytes back
+        second = run_fit(env, "second_of_two", num_iterations=1)
+    assert second.summary["num_iterations"] == 1
+
+
 def test_the_summary_holds_each_trainers_planned_and_peak_memory(
     env: dict[str, Any], trained: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
