@@ -1,7 +1,7 @@
 """Memory reservations of running jobs, and the admission of a new job against them (pure).
 
 A job admitted by its plan holds a *reservation* of its planned bytes per machine for as long
-as it runs (:mod:`dvml.train.admission` keeps them on the Dask scheduler). The next job's
+as it runs (:mod:`dvml.train.fit_admission` keeps them on the Dask scheduler). The next job's
 plan is admitted only if, on each of its machines, its bytes fit in the machine's room less
 what running jobs reserved there. A machine is named by its hosts joined with ``" + "``
 (hosts that share one kernel, :func:`~dvml.placement.fit_memory.machine_rooms`): two jobs

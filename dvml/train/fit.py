@@ -18,7 +18,7 @@ from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.runs import fit_run
-from dvml.train.admission import admitted
+from dvml.train.fit_admission import admitted
 from dvml.train.job_scalars import JobScalars, iteration_scalars
 from dvml.train.memory_use import over_plan, trainer_memory_use
 from dvml.train.model import Model

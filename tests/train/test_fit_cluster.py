@@ -605,7 +605,7 @@ def test_two_concurrent_fits_are_admitted_by_their_sum(env: dict[str, Any], clus
     """Capped to room for one fit's two trainers (not two fits'), a second fit started while
     the first trains is refused before any of its trainers starts, naming the first; once
     the first has ended, the same second fit is admitted."""
-    from dvml.train.admission import read_reservations
+    from dvml.train.fit_admission import read_reservations
 
     plan = dvml.plan.fit("fit_digits", env["arch"], COMPILE, "batch_size=32",
                          registry=env["registry"], client=env["client"])  # fmt: skip
