@@ -55,6 +55,7 @@ from dvml.search.asha import Asha
 from dvml.search.hyperband import rank_key
 from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
 from dvml.train.hop_job import HopJob
+from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
 from dvml.train.runtime.watcher import departed_workers, describe_departure
@@ -522,10 +523,11 @@ class AshaDriver:
         ]
         times = {"start": self.start_text, "end": now(), "name": self.name,
                  "description": self.description, "wall_seconds": self.now()}  # fmt: skip
-        outcome = build_outcome(
-            self.job, self.model_output, configurations, self.history, weights, times=times,
-            journal=self.search.journal.dumps(), best=self.search.best(),
-        )  # fmt: skip
+        tables = build_tables(self.job, self.model_output, configurations, self.history,
+                              weights, times)  # fmt: skip
+        journal = self.search.journal.dumps()
+        outcome = build_outcome(tables, self.job, self.history, times=times, journal=journal,
+                                best=self.search.best())  # fmt: skip
         outcome.summary.update(
             rungs=list(self.search.levels),
             rung_sizes=self.search.rung_sizes(),

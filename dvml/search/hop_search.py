@@ -34,6 +34,7 @@ from dvml.train.config_search import ModelConfig
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import History, model_histories
+from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
@@ -235,8 +236,10 @@ class HopSearch:
         ]
         times = {"start": self.start_text, "end": now(), "name": self.name,
                  "description": self.description, "wall_seconds": self._wall()}  # fmt: skip
-        outcome = build_outcome(self.job, self.model_output, configurations, self.history,
-                                weights, times=times, journal=journal, best=best)  # fmt: skip
+        tables = build_tables(self.job, self.model_output, configurations, self.history,
+                              weights, times)  # fmt: skip
+        outcome = build_outcome(tables, self.job, self.history, times=times, journal=journal,
+                                best=best)  # fmt: skip
         outcome.summary["departed"] = self.departed
         outcome.summary["failed"] = sorted(self.failed)  # their state went with a departed worker
         self.hopper.clear_checkpoints()

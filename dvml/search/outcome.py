@@ -12,31 +12,18 @@ search) and the run summary's common fields. Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 from dvml.train.hop_schedule import History
-from dvml.train.hop_tables import Trained, build_tables, run_summary
-from dvml.train.params import format_params
+from dvml.train.hop_tables import Tables, Trained, run_summary
 from dvml.train.runtime.plan import Job
 
 __all__ = ["Configuration", "SearchOutcome", "build_outcome"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Configuration:
-    """One configuration as the search trained it."""
-
-    mst_key: int
-    model_id: int
-    spec: dict[str, Any]
-    """:meth:`~dvml.train.runtime.plan.ModelSpec.config`: the parsed parameters."""
-    num_iterations: int
-    """The iterations it trained in all."""
-    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """The method's own fields of its model's summary."""
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """The method's own ``.info`` columns (Hyperband's ``s`` and ``i``, ASHA's ``status``)."""
+Configuration = Trained
+"""One configuration as the search trained it (:class:`dvml.train.hop_tables.Trained`: its
+parameters' text is written from its parsed ``spec``)."""
 
 
 @dataclasses.dataclass
@@ -51,37 +38,21 @@ class SearchOutcome:
 
 
 def build_outcome(
+    tables: Tables,
     job: Job,
-    model_output: str,
-    configurations: Sequence[Configuration],
     history: History,
-    weights: dict[int, bytes],
     *,
     times: dict[str, Any],
     journal: str,
     best: int | None,
 ) -> SearchOutcome:
-    """MADlib's ``.info`` rows, every model to register (one per configuration that has
-    weights) and the run summary's common fields (:func:`dvml.train.hop_tables.build_tables`,
-    the one builder of MADlib's tables for every model-hopper run).
+    """What a search registers: its models and ``.info`` rows from ``tables``
+    (:func:`dvml.train.hop_tables.build_tables`, the one builder of MADlib's tables for every
+    model-hopper run) and the run summary's common fields.
 
     ``times`` holds ``start`` and ``end`` (ISO text), ``name``, ``description`` and
     ``wall_seconds``.
     """
-    trained = [
-        Trained(
-            c.mst_key,
-            c.model_id,
-            c.spec,
-            format_params(c.spec["compile_params"]),
-            format_params(c.spec["fit_params"]),
-            c.num_iterations,
-            extra=c.summary,
-            info=c.info,
-        )
-        for c in configurations
-    ]
-    tables = build_tables(job, model_output, trained, history, weights, times)
     info = {row["mst_key"]: row for row in tables.info}
     return SearchOutcome(info, tables.models, _run_summary(job, history, times), journal, best)
 

@@ -403,11 +403,11 @@ def _register(
     times = {"start": start, "end": end, "name": name, "description": description}
     trained = [
         Trained(
-            c["mst_key"], c["model_id"], plan.parsed[c["mst_key"]],
-            params_text(c["compile_params"], plan.parsed[c["mst_key"]]["compile_params"]),
-            params_text(c["fit_params"], plan.parsed[c["mst_key"]]["fit_params"]),
-            plan.job.args.num_iterations, warm_start=plan.job.args.warm_start,
-            extra={"resumed_from_iteration": points[c["mst_key"]] or None},
+            c["mst_key"], c["model_id"], plan.parsed[c["mst_key"]], plan.job.args.num_iterations,
+            summary={"resumed_from_iteration": points[c["mst_key"]] or None},
+            texts=(params_text(c["compile_params"], plan.parsed[c["mst_key"]]["compile_params"]),
+                   params_text(c["fit_params"], plan.parsed[c["mst_key"]]["fit_params"])),
+            warm_start=plan.job.args.warm_start,
         )
         for c in plan.configs
     ]  # fmt: skip

@@ -17,6 +17,7 @@ from typing import Any
 from dvml._version import __version__
 from dvml.registry.weights import weights_from_bytes
 from dvml.train.hop_schedule import History, build_info, iteration_rows
+from dvml.train.params import format_params
 from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.plan import Job
 from dvml.train.summary import build_summary, class_value_fields, madlib_values, weights_size_kb
@@ -32,16 +33,22 @@ class Trained:
     model_id: int
     spec: Mapping[str, Any]
     """:meth:`~dvml.train.runtime.plan.ModelSpec.config`: the parsed parameters, the arch."""
-    compile_text: str
-    """The compile parameters as the summary and ``.info`` show them (MADlib keeps the text)."""
-    fit_text: str
     num_iterations: int
     """The iterations it trained in all."""
-    warm_start: bool = False
-    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    summary: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """The scheduler's own fields of the model's summary (last: they win)."""
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """The scheduler's own ``.info`` columns (Hyperband's ``s`` and ``i``, ASHA's ``status``)."""
+    texts: tuple[str, str] | None = None
+    """The compile and fit parameters as the user wrote them (MADlib keeps the text); None:
+    written from ``spec`` (:func:`~dvml.train.params.format_params`)."""
+    warm_start: bool = False
+
+    def params_texts(self) -> tuple[str, str]:
+        """The compile and fit parameters' text for the summary and ``.info``."""
+        if self.texts is not None:
+            return self.texts
+        return format_params(self.spec["compile_params"]), format_params(self.spec["fit_params"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,10 +124,11 @@ def _model_summary(
     times: Mapping[str, Any],
 ) -> dict[str, Any]:
     """MADlib's fit summary of one configuration's model."""
+    texts = t.params_texts()
     summary = build_summary(
         training=job.train, validation=job.valid, model=name, arch_id=t.model_id,
         compile_params=t.spec["compile_params"], fit_params=t.spec["fit_params"],
-        compile_text=t.compile_text, fit_text=t.fit_text, num_iterations=t.num_iterations,
+        compile_text=texts[0], fit_text=texts[1], num_iterations=t.num_iterations,
         metrics_compute_frequency=job.frequency, name=times["name"],
         description=times["description"], start=times["start"], end=times["end"],
         iterations=iterations, model_size_kb=weights_size_kb(final),
@@ -130,7 +138,7 @@ def _model_summary(
     summary.update(
         custom_objects=sorted(job.custom_sources), augment=describe_augment(job.augment),
         sync="model_hopper", model_arch=t.spec["model_json"],  # the model stands on its own
-        mst_key=t.mst_key, model_selection=model_output, **t.extra,
+        mst_key=t.mst_key, model_selection=model_output, **t.summary,
     )  # fmt: skip
     return summary
 
