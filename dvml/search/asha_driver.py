@@ -125,14 +125,15 @@ class Running:
 
 
 class AshaDriver:
-    """Carry an :class:`Asha` search out on one :class:`ModelHopper` (see the module).
+    """Carry an :class:`Asha` search out on one :class:`~dvml.train.hop_job.HopJob` (see the
+    module).
 
     Parameters
     ----------
     client, reg
         The Dask client and the registry.
     job : Job
-        :func:`~dvml.train.runtime.plan.place_job`'s job (datasets, workers, seed, timeout).
+        The placed job the search's :class:`~dvml.train.hop_job.HopJob` runs.
     search : Asha
         A fresh search, or one rebuilt from its journal (``resumed``).
     model_output : str

@@ -50,14 +50,15 @@ logger = logging.getLogger("dvml.search")
 
 
 class HopSearch:
-    """The trainers, states and history of one Hyperband or hyperopt search.
+    """The trainers (one :class:`~dvml.train.hop_job.HopJob`), states and history of one
+    Hyperband or hyperopt search.
 
     Parameters
     ----------
     client, reg
         The Dask client and the registry.
     job : Job
-        :func:`~dvml.train.runtime.plan.place_job`'s job (datasets, workers, seed, timeout).
+        The placed job (:func:`~dvml.train.runtime.plan.place_job`) the search runs on.
     model_output : str
         The search's name (its models are ``f"{model_output}_{mst_key}"``).
     header : dict
