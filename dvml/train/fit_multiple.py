@@ -7,8 +7,11 @@ one long-lived serving trainer (TensorFlow imported once per worker and job, one
 model per configuration, no distribution strategy). An iteration is ``W`` rounds over the
 ``W`` workers (:func:`dvml.train.hop_schedule.hop_schedule`): in round ``r`` model ``m`` trains
 its ``epochs`` on worker ``(m + r) mod W``'s local rows, then its weights AND optimizer
-variables go to the next worker. This module only decides that schedule and builds MADlib's
-tables; the runtime moves the states, checkpoints them and watches the trainers.
+variables go to the next worker. This module only decides that schedule; its
+:class:`~dvml.train.hop_job.HopJob` (shared with the searches) sets up the trainers, reads the
+checkpoints back and builds MADlib's tables (:mod:`dvml.train.hop_tables`), and the runtime
+moves the states, checkpoints them and watches the trainers. A worker that leaves the cluster
+stops the job (the searches go on without it).
 
 After each iteration every model's state (weights and optimizer variables) is checkpointed on
 the worker that holds it, with that iteration's records; a rerun of the same call resumes EACH
@@ -233,8 +236,10 @@ def fit_multiple(
     Raises
     ------
     TrainerFailedError
-        A trainer or a worker failed during a hop: every trainer is stopped and nothing is
-        registered; run the same call again to resume.
+        A trainer or a worker failed during a hop, or a worker left the cluster: every trainer
+        is stopped and nothing is registered; run the same call again to resume. Unlike
+        ``automl``, ``fit_multiple`` does not go on without a departed worker (every model
+        visits every partition in every iteration; :class:`~dvml.train.hop_job.HopJob`).
     FitRunningError
         Another ``fit_multiple`` or ``automl`` of ``model_output`` is running (in this or
         another process of this state directory); nothing was started.
