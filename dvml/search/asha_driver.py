@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.client import FutureCancelledError
 
-from dvml import config
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import TrainerFailedError
 from dvml.registry.database import Registry
@@ -55,7 +54,8 @@ from dvml.search import journal as j
 from dvml.search.asha import Asha
 from dvml.search.hyperband import rank_key
 from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
-from dvml.train.runtime.hopper import ModelHopper
+from dvml.train.hop_job import HopJob
+from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
 from dvml.train.runtime.watcher import departed_workers, describe_departure
@@ -125,14 +125,15 @@ class Running:
 
 
 class AshaDriver:
-    """Carry an :class:`Asha` search out on one :class:`ModelHopper` (see the module).
+    """Carry an :class:`Asha` search out on one :class:`~dvml.train.hop_job.HopJob` (see the
+    module).
 
     Parameters
     ----------
     client, reg
         The Dask client and the registry.
     job : Job
-        :func:`~dvml.train.runtime.plan.place_job`'s job (datasets, workers, seed, timeout).
+        The placed job the search's :class:`~dvml.train.hop_job.HopJob` runs.
     search : Asha
         A fresh search, or one rebuilt from its journal (``resumed``).
     model_output : str
@@ -177,9 +178,6 @@ class AshaDriver:
             search.seed, search.space.grids(), [w.name for w in self.workers], job.seed,
             *job.augment_key,
         )  # fmt: skip
-        self.checkpoint_dir = str(
-            config.state_dir() / "checkpoints" / f"{model_output}-asha-{self.key}"
-        )
         # time already spent by the runs this one resumes (the time budget counts them)
         self.offset = max((float(r["event"].get("now", 0.0)) for r in search.journal.records),
                           default=0.0)  # fmt: skip
@@ -193,13 +191,10 @@ class AshaDriver:
         self.resumed_from: dict[int, int] = {}  # trial -> the checkpointed iteration restored
         self.trained = 0  # model-iterations this run trained
         self.stopping = False
-        self.hopper = ModelHopper(
-            client, name=model_output, training=job.train.name,
-            validation=job.valid.name if job.valid else None, workers=self.workers,
-            seed=job.seed, job_key=self.key, checkpoint_dir=self.checkpoint_dir,
-            custom_sources=job.custom_sources, use_gpus=job.args.use_gpus, timeout=job.timeout,
-            augment=job.augment, started_at=self.started - self.offset,
-        )  # fmt: skip
+        self.hop = HopJob(client, job, model_output, kind="asha", key=self.key,
+                          started_at=self.started - self.offset)  # fmt: skip
+        self.hopper = self.hop.hopper
+        self.checkpoint_dir = self.hop.checkpoint_dir
 
     # ------------------------------------------------------------------ the loop
 
@@ -236,7 +231,9 @@ class AshaDriver:
                     self._departed(gone, kept)
                 # not those whose trainer died or that left the cluster
                 self.idle[:] = [w for w in self.idle if w in self.workers]
-            weights = self._final_weights()
+            # every model's weights (those whose state is lost are left out); a worker that
+            # departs now is left out too, its models' states reloaded from checkpoints
+            weights = self.hop.final_weights(lambda gone: self._departed(gone, {}))
         except BaseException:
             self.hopper.cancel()
             raise
@@ -411,16 +408,12 @@ class AshaDriver:
         # already reported (parked, finished, failed) is not interrupted
         interrupted = set(self.search.running)
         self.running.clear()
-        lost = set(self.hopper.lose(gone))
+        self.workers = [w for w in self.workers if w not in gone]
+        lost = set(self.hop.lose(gone, self.workers, "Bring the workers back and run "
+                                 "dvml.automl(..., resume=True): it resumes from the journal's "
+                                 "last decision."))  # fmt: skip
         # the state of an interrupted job is some hop of it: start again from a checkpoint
         self.hopper.forget(sorted(interrupted - lost))
-        self.workers = [w for w in self.workers if w not in gone]
-        if not self.workers:
-            raise TrainerFailedError(
-                f"{describe_departure(gone)}; no worker of search {self.model_output!r} is "
-                "left. Bring the workers back and run dvml.automl(..., resume=True): it "
-                "resumes from the journal's last decision."
-            )
         latest = self._checkpoints()
         requeue, failed = [], []
         for trial in self.search.trials.values():
@@ -508,25 +501,13 @@ class AshaDriver:
     def _checkpoints(self) -> dict[int, dict[int, WorkerInfo]]:
         """Every checkpointed state of this search, by trial and iteration, and its holder;
         the history of every checkpointed iteration is read back too."""
-        latest: dict[int, dict[int, WorkerInfo]] = {}
-        for w, meta in self.hopper.checkpoints():
-            k, t = int(meta["mst_key"]), int(meta["iteration"])
+        found = self.hop.checkpoints()
+        for (k, t), meta in found.records.items():
             self.history.setdefault(k, {})[t] = {"records": meta["records"],
                                                   "evals": meta["evals"]}  # fmt: skip
-            if meta["has_state"]:
-                latest.setdefault(k, {})[t] = w
-        return latest
+        return found.holders
 
     # ------------------------------------------------------------------ outputs
-
-    def _final_weights(self) -> dict[int, bytes]:
-        """Every model's weights (those whose state is lost are left out); a worker that
-        departs now is left out too, its models' states reloaded from checkpoints."""
-        while True:
-            weights, gone = self.hopper.all_weights()
-            if not gone:
-                return weights
-            self._departed(gone, {})
 
     def _outcome(self, weights: dict[int, bytes]) -> SearchOutcome:
         """MADlib's info rows and every model to register (one per configuration)."""
@@ -543,10 +524,11 @@ class AshaDriver:
         ]
         times = {"start": self.start_text, "end": now(), "name": self.name,
                  "description": self.description, "wall_seconds": self.now()}  # fmt: skip
-        outcome = build_outcome(
-            self.job, self.model_output, configurations, self.history, weights, times=times,
-            journal=self.search.journal.dumps(), best=self.search.best(),
-        )  # fmt: skip
+        tables = build_tables(self.job, self.model_output, configurations, self.history,
+                              weights, times)  # fmt: skip
+        journal = self.search.journal.dumps()
+        outcome = build_outcome(tables, self.job, self.history, times=times, journal=journal,
+                                best=self.search.best())  # fmt: skip
         outcome.summary.update(
             rungs=list(self.search.levels),
             rung_sizes=self.search.rung_sizes(),

@@ -27,15 +27,15 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dvml import config
 from dvml.exceptions import TrainerFailedError
 from dvml.registry.database import Registry
 from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
 from dvml.train.config_search import ModelConfig
+from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import History, model_histories
+from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.checkpoints import resume_iteration
-from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
 from dvml.train.runtime.watcher import departed_workers, describe_departure
@@ -50,14 +50,15 @@ logger = logging.getLogger("dvml.search")
 
 
 class HopSearch:
-    """The trainers, states and history of one Hyperband or hyperopt search.
+    """The trainers (one :class:`~dvml.train.hop_job.HopJob`), states and history of one
+    Hyperband or hyperopt search.
 
     Parameters
     ----------
     client, reg
         The Dask client and the registry.
     job : Job
-        :func:`~dvml.train.runtime.plan.place_job`'s job (datasets, workers, seed, timeout).
+        The placed job (:func:`~dvml.train.runtime.plan.place_job`) the search runs on.
     model_output : str
         The search's name (its models are ``f"{model_output}_{mst_key}"``).
     header : dict
@@ -85,14 +86,8 @@ class HopSearch:
             [w.name for w in job.workers], job.seed, *job.augment_key,
         )  # fmt: skip
         self.start_text = now()
-        self.hopper = ModelHopper(
-            client, name=model_output, training=job.train.name,
-            validation=job.valid.name if job.valid else None, workers=list(job.workers),
-            seed=job.seed, job_key=key,
-            checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{model_output}-hop-{key}"),
-            custom_sources=job.custom_sources, use_gpus=job.args.use_gpus, timeout=job.timeout,
-            augment=job.augment,
-        )  # fmt: skip
+        self.hop = HopJob(client, job, model_output, kind="hop", key=key)
+        self.hopper = self.hop.hopper
         self.configs: dict[int, tuple[int, dict[str, Any]]] = {}  # mst_key -> arch, spec
         self.iterations: dict[int, int] = {}  # mst_key -> iterations trained
         self.last: dict[int, int] = {}  # mst_key -> the search's iteration of its last state
@@ -177,15 +172,12 @@ class HopSearch:
         self.departed.extend(w.name for w in gone)
         line = f"{describe_departure(gone)}: the search goes on without it"
         logger.warning("[dvml.automl %s] %s", self.model_output, line)
-        lost = self.hopper.lose(gone)
-        if not self.hopper.workers:
-            raise TrainerFailedError(
-                f"{describe_departure(gone)}; no worker of search {self.model_output!r} is "
-                "left. Bring the workers back and run the search again."
-            )
+        remaining = [w for w in self.hopper.workers if w not in gone]
+        lost = self.hop.lose(gone, remaining, "Bring the workers back and run the search again.")
         step = sorted(k for k in began if k not in self.failed)
         self.hopper.forget([k for k in step if k in self.hopper.states])  # mid-step states
-        latest, metas = self._checkpoints()
+        found = self.hop.checkpoints()
+        latest, metas = found.holders, list(found.records.values())
         for k in lost:  # outside the step: its last state, for its weights
             if k not in began and self.last.get(k, 0) in latest.get(k, {}):
                 self._load(k, self.last[k], latest[k][self.last[k]])
@@ -221,19 +213,6 @@ class HopSearch:
         """Add a model again from its checkpoint after ``iteration``, kept on ``holder``."""
         self._add(mst_key, self.hopper.load(mst_key, iteration, holder))
 
-    def _checkpoints(self) -> tuple[dict[int, dict[int, Any]], list[dict[str, Any]]]:
-        """Every checkpointed state of the search on the remaining workers and its holder,
-        and every checkpoint record (``mst_key``, ``iteration``, ``records``, ``evals``)."""
-        latest: dict[int, dict[int, Any]] = {}
-        metas: dict[tuple[int, int], dict[str, Any]] = {}
-        for w, meta in self.hopper.checkpoints():
-            k, t = int(meta["mst_key"]), int(meta["iteration"])
-            metas[(k, t)] = {"mst_key": k, "iteration": t, "records": meta["records"],
-                             "evals": meta["evals"]}  # fmt: skip
-            if meta["has_state"]:
-                latest.setdefault(k, {})[t] = w
-        return latest, list(metas.values())
-
     def _loss(self, evals: Evaluations, mst_key: int, iteration: int) -> float | None:
         found = [e[self.loss_part] for e in evals.get((mst_key, iteration), [])
                  if self.loss_part in e]  # fmt: skip
@@ -247,7 +226,9 @@ class HopSearch:
         ``info`` holds the method's own ``.info`` columns of each configuration.
         """
         try:
-            weights = self._weights()
+            # a worker that departs now is left out, and the states it held are reloaded
+            # from their checkpoints (or their models failed)
+            weights = self.hop.final_weights(lambda gone: self._go_on_without(gone, {}, 0, 0))
         finally:
             self.hopper.stop()
         configurations = [
@@ -256,21 +237,14 @@ class HopSearch:
         ]
         times = {"start": self.start_text, "end": now(), "name": self.name,
                  "description": self.description, "wall_seconds": self._wall()}  # fmt: skip
-        outcome = build_outcome(self.job, self.model_output, configurations, self.history,
-                                weights, times=times, journal=journal, best=best)  # fmt: skip
+        tables = build_tables(self.job, self.model_output, configurations, self.history,
+                              weights, times)  # fmt: skip
+        outcome = build_outcome(tables, self.job, self.history, times=times, journal=journal,
+                                best=best)  # fmt: skip
         outcome.summary["departed"] = self.departed
         outcome.summary["failed"] = sorted(self.failed)  # their state went with a departed worker
         self.hopper.clear_checkpoints()
         return outcome
-
-    def _weights(self) -> dict[int, bytes]:
-        """Every model's weights; a worker that departs now is left out, and the states it
-        held are reloaded from their checkpoints (or their models failed)."""
-        while True:
-            weights, gone = self.hopper.all_weights()
-            if not gone:
-                return weights
-            self._go_on_without(gone, {}, 0, 0)  # no step in flight
 
     def _wall(self) -> float:
         return time.time() - float(self.hopper.job["started_at"])

@@ -7,8 +7,11 @@ one long-lived serving trainer (TensorFlow imported once per worker and job, one
 model per configuration, no distribution strategy). An iteration is ``W`` rounds over the
 ``W`` workers (:func:`dvml.train.hop_schedule.hop_schedule`): in round ``r`` model ``m`` trains
 its ``epochs`` on worker ``(m + r) mod W``'s local rows, then its weights AND optimizer
-variables go to the next worker. This module only decides that schedule and builds MADlib's
-tables; the runtime moves the states, checkpoints them and watches the trainers.
+variables go to the next worker. This module only decides that schedule; its
+:class:`~dvml.train.hop_job.HopJob` (shared with the searches) sets up the trainers, reads the
+checkpoints back and builds MADlib's tables (:mod:`dvml.train.hop_tables`), and the runtime
+moves the states, checkpoints them and watches the trainers. A worker that leaves the cluster
+stops the job (the searches go on without it).
 
 After each iteration every model's state (weights and optimizer variables) is checkpointed on
 the worker that holds it, with that iteration's records; a rerun of the same call resumes EACH
@@ -28,41 +31,28 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dvml import config
-from dvml._version import __version__
-from dvml.cluster.workers import WorkerInfo, current_client
+from dvml.cluster.workers import current_client
 from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError
 from dvml.names import check_suffixed_name
 from dvml.registry.database import Registry, open_registry
-from dvml.registry.weights import weights_from_bytes
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.runs import selection_run
+from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
-from dvml.train.hop_schedule import (
-    Config,
-    build_info,
-    check_configs,
-    iteration_rows,
-    model_histories,
-    resumed_from,
-)
+from dvml.train.hop_schedule import Config, check_configs, model_histories, resumed_from
+from dvml.train.hop_tables import Trained, build_tables, model_name
+from dvml.train.hop_tables import run_summary as hop_run_summary
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_output
 from dvml.train.model_selection import resolve_model_configs
 from dvml.train.outputs import check_outputs_free, existing_outputs, model_exists
 from dvml.train.params import params_text
-from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.checkpoints import resume_points
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, JobArgs, job_key, model_spec, now, place_job
-from dvml.train.summary import (
-    build_summary,
-    class_value_fields,
-    madlib_values,
-    weights_size_kb,
-)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -70,11 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["ModelSelection", "fit_multiple", "model_name"]
 
 logger = logging.getLogger("dvml.train")
-
-
-def model_name(model_output: str, mst_key: int) -> str:
-    """The registry name of configuration ``mst_key``'s model: ``f"{model_output}_{mst_key}"``."""
-    return f"{model_output}_{int(mst_key)}"
 
 
 class ModelSelection:
@@ -160,7 +145,6 @@ class _Plan:
     parsed: dict[int, dict[str, Any]]  # mst_key -> compile/fit params parsed, arch JSON
     initial: dict[int, bytes]  # mst_key -> starting state (weights, no optimizer state)
     key: str
-    checkpoint_dir: str
 
 
 def fit_multiple(
@@ -252,8 +236,10 @@ def fit_multiple(
     Raises
     ------
     TrainerFailedError
-        A trainer or a worker failed during a hop: every trainer is stopped and nothing is
-        registered; run the same call again to resume.
+        A trainer or a worker failed during a hop, or a worker left the cluster: every trainer
+        is stopped and nothing is registered; run the same call again to resume. Unlike
+        ``automl``, ``fit_multiple`` does not go on without a departed worker (every model
+        visits every partition in every iteration; :class:`~dvml.train.hop_job.HopJob`).
     FitRunningError
         Another ``fit_multiple`` or ``automl`` of ``model_output`` is running (in this or
         another process of this state directory); nothing was started.
@@ -280,10 +266,11 @@ def fit_multiple(
                             f"dvml.fit_multiple {plan.key}", "dvml.fit_multiple"):  # fmt: skip
             start = now()
             started = time.time()
-            with _hopper(client, plan, started) as hopper:
-                points, states, history = _resume(hopper, plan, resume)
+            hop = _hop_job(client, plan, started)
+            with hop.hopper as hopper:
+                points, states, history = _resume(hop, plan, resume)
                 records, evals = _run(hopper, plan, points, states, progress)
-                weights = hopper.weights([c["mst_key"] for c in plan.configs])
+                weights = hop.final_weights()  # a departed worker stops the job
             end = now()
             lease.check()  # a dataset dropped with force=True: fail, register nothing
             _register(reg, plan, history, records, evals, weights, start, end, points, name,
@@ -335,31 +322,21 @@ def _plan(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
         parsed=parsed,
         initial=initial,
         key=key,
-        checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{args.output}-mop-{key}"),
     )
 
 
-def _hopper(client: Client, plan: _Plan, started: float) -> ModelHopper:
-    """The runtime's serving trainers for this job (one per worker holding data)."""
-    return ModelHopper(
-        client,
-        name=plan.model_output,
-        training=plan.job.train.name,
-        validation=plan.job.valid.name if plan.job.valid else None,
-        workers=plan.job.workers,
-        seed=plan.job.seed,
-        job_key=plan.key,
-        checkpoint_dir=plan.checkpoint_dir,
-        custom_sources=plan.job.custom_sources,
-        use_gpus=plan.job.args.use_gpus,
-        timeout=plan.job.timeout,
-        augment=plan.job.augment,
-        started_at=started,
-    )
+def _hop_job(client: Client, plan: _Plan, started: float) -> HopJob:
+    """The model-hopper job: the runtime's serving trainers (one per worker holding data).
+
+    A worker that departs stops the job (:class:`HopJob`'s documented choice for
+    ``fit_multiple``); the same call run again resumes from the models' checkpoints.
+    """
+    return HopJob(client, plan.job, plan.model_output, kind="mop", key=plan.key,
+                  started_at=started)  # fmt: skip
 
 
 def _resume(
-    hopper: ModelHopper, plan: _Plan, resume: bool
+    hop: HopJob, plan: _Plan, resume: bool
 ) -> tuple[dict[int, int], dict[int, Any], list[dict[str, Any]]]:
     """Each model's resume point (0: afresh), its starting state (future or bytes), and the
     history up to its resume point.
@@ -375,24 +352,17 @@ def _resume(
     points = dict.fromkeys(keys, 0)
     if not resume:
         return points, dict(plan.initial), []
-    holders: dict[tuple[int, int], WorkerInfo] = {}
-    history: dict[tuple[int, int], dict[str, Any]] = {}
-    for w, meta in hopper.checkpoints():
-        at = (int(meta["mst_key"]), int(meta["iteration"]))
-        if meta["has_state"]:
-            holders[at] = w
-        history.setdefault(at, meta)
-    points = resume_points(
-        {k: [i for (m, i) in history if m == k] for k in keys},
-        lambda k, iteration: (k, iteration) in holders,
-    )
+    found = hop.checkpoints()
+    points = resume_points({k: found.iterations(k) for k in keys}, found.has_state)
     if any(points.values()):
         logger.warning("resuming %s: models from iterations %s", plan.model_output, points)
     states = {
-        k: hopper.load(k, points[k], holders[(k, points[k])]) if points[k] else plan.initial[k]
+        k: hop.hopper.load(k, points[k], found.holders[k][points[k]])
+        if points[k]
+        else plan.initial[k]
         for k in keys
     }
-    kept = [h for (k, i), h in sorted(history.items()) if k in points and i <= points[k]]
+    kept = [h for (k, i), h in sorted(found.records.items()) if k in points and i <= points[k]]
     return points, states, kept
 
 
@@ -434,84 +404,31 @@ def _register(
     started: float,
 ) -> None:
     """Build every model's summary and the info/summary tables; register all in one go."""
-    per_model = model_histories([c["mst_key"] for c in plan.configs], history, records, evals)
-    resumed = resumed_from(points)
+    keys = [c["mst_key"] for c in plan.configs]
     times = {"start": start, "end": end, "name": name, "description": description}
-    models, summaries, seconds, names = [], {}, {}, {}
-    for c in plan.configs:
-        k = c["mst_key"]
-        names[k] = model_name(plan.model_output, k)
-        iterations, seconds[k] = iteration_rows(per_model[k])
-        final = weights_from_bytes(weights[k])
-        summaries[k] = _model_summary(
-            plan, c, names[k], iterations, final, times, points[k] or None
+    trained = [
+        Trained(
+            c["mst_key"], c["model_id"], plan.parsed[c["mst_key"]], plan.job.args.num_iterations,
+            summary={"resumed_from_iteration": points[c["mst_key"]] or None},
+            texts=(params_text(c["compile_params"], plan.parsed[c["mst_key"]]["compile_params"]),
+                   params_text(c["fit_params"], plan.parsed[c["mst_key"]]["fit_params"])),
+            warm_start=plan.job.args.warm_start,
         )
-        models.append(
-            {
-                "name": names[k],
-                "arch_id": c["model_id"],
-                "weights": final,
-                "summary": summaries[k],
-                "iterations": iterations,
-            }
-        )
-    info = build_info(plan.configs, names, summaries, seconds)
-    metrics_iters = summaries[plan.configs[0]["mst_key"]]["metrics_iters"]
-    run_summary = _run_summary(plan, records, names, metrics_iters, times, resumed, started)
-    run_summary["resumed_from_iterations"] = [points[c["mst_key"]] for c in plan.configs]
+        for c in plan.configs
+    ]  # fmt: skip
+    per_model = model_histories(keys, history, records, evals)
+    tables = build_tables(plan.job, plan.model_output, trained, per_model, weights, times)
+    names = {k: model_name(plan.model_output, k) for k in keys}
+    run_summary = _run_summary(plan, records, names, tables.summaries[keys[0]]["metrics_iters"],
+                               times, resumed_from(points), started)  # fmt: skip
+    run_summary["resumed_from_iterations"] = [points[k] for k in keys]
     try:
-        reg.save_model_selection_run(plan.model_output, models, info, run_summary)
+        reg.save_model_selection_run(plan.model_output, tables.models, tables.info, run_summary)
     except RegistryError as exc:  # a full disk, a lock: the training itself is not lost
         raise RegistryError(
             f"{exc} Every model's checkpoint is kept on the workers: once the registry can be "
             "written, run the same fit_multiple again and it resumes from its last iteration."
         ) from exc
-
-
-def _model_summary(
-    plan: _Plan,
-    c: Config,
-    name: str,
-    iterations: list[dict[str, Any]],
-    final: list[Any],
-    times: dict[str, Any],
-    resumed: int | None,
-) -> dict[str, Any]:
-    """MADlib's fit summary of one configuration's model."""
-    parsed = plan.parsed[c["mst_key"]]
-    summary = build_summary(
-        training=plan.job.train,
-        validation=plan.job.valid,
-        model=name,
-        arch_id=c["model_id"],
-        compile_params=parsed["compile_params"],
-        fit_params=parsed["fit_params"],
-        compile_text=params_text(c["compile_params"], parsed["compile_params"]),
-        fit_text=params_text(c["fit_params"], parsed["fit_params"]),
-        num_iterations=plan.job.args.num_iterations,
-        metrics_compute_frequency=plan.job.frequency,
-        name=times["name"],
-        description=times["description"],
-        start=times["start"],
-        end=times["end"],
-        iterations=iterations,
-        model_size_kb=weights_size_kb(final),
-        trainers=[w.name for w in plan.job.workers],
-        weights_identical=True,
-        warm_start=plan.job.args.warm_start,
-        version=__version__,
-        custom_objects=sorted(plan.job.custom_sources),
-    )
-    summary.update(
-        custom_objects=sorted(plan.job.custom_sources),
-        augment=describe_augment(plan.job.augment),
-        sync="model_hopper",
-        model_arch=parsed["model_json"],  # the model stands on its own (MADlib)
-        mst_key=c["mst_key"],
-        model_selection=plan.model_output,
-        resumed_from_iteration=resumed,
-    )
-    return summary
 
 
 def _run_summary(
@@ -524,37 +441,19 @@ def _run_summary(
     started: float,
 ) -> dict[str, Any]:
     """MADlib's ``<model_output>_summary`` row, and dvml's own fields about the hops."""
-    ts = plan.job.train.summary
     return {
-        "source_table": plan.job.train.name,
-        "validation_table": plan.job.valid.name if plan.job.valid else None,
+        **hop_run_summary(plan.job, times, plan.job.frequency),
         "model": plan.model_output,
         "model_info": f"{plan.model_output}_info",
-        "dependent_varname": ts["dependent_varname"],
-        "independent_varname": ts["independent_varname"],
-        "model_arch_table": "model_arch",
         "model_selection_table": "model_configs",
-        "object_table": madlib_values(sorted(plan.job.custom_sources))["object_table"],
-        "use_gpus": bool(plan.job.args.use_gpus),
         "num_iterations": plan.job.args.num_iterations,
-        "metrics_compute_frequency": plan.job.frequency,
         "warm_start": plan.job.args.warm_start,
-        "name": times["name"],
-        "description": times["description"],
         "start_training_time": times["start"],
         "end_training_time": times["end"],
-        "madlib_version": __version__,
-        "version": __version__,
-        "num_classes": ts["num_classes"],
-        **class_value_fields(ts),  # MADlib's <dependent_varname>_class_values, per output
-        "class_values": ts["class_values"],
-        "dependent_vartype": ts["dependent_vartype"],
-        "normalizing_const": ts["normalizing_const"],
         "metrics_iters": metrics_iters,
         # dvml's own fields
         "mst_keys": [c["mst_key"] for c in plan.configs],
         "model_names": [names[c["mst_key"]] for c in plan.configs],
-        "workers": [w.name for w in plan.job.workers],
         "rounds_per_iteration": len(plan.job.workers),
         "hops": len(hops),
         "hop_workers": sorted({(r["mst_key"], r["iteration"], r["worker"]) for r in hops}),
