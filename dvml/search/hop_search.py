@@ -37,7 +37,7 @@ from dvml.train.hop_schedule import History, model_histories
 from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.model_state import state_bytes
-from dvml.train.runtime.plan import Job, job_key, model_spec, now
+from dvml.train.runtime.plan import Job, dataset_key, job_key, model_spec, now
 from dvml.train.runtime.watcher import departed_workers, describe_departure
 from dvml.train.summary import aggregate
 
@@ -81,8 +81,7 @@ class HopSearch:
         self.progress, self.name, self.description = progress, name, description
         self.loss_part = "validation" if job.valid is not None else "training"
         key = job_key(
-            "automl-hop", model_output, job.train.summary["dataset_id"],
-            job.valid.summary["dataset_id"] if job.valid else None, header,
+            "automl-hop", model_output, dataset_key(job.train), dataset_key(job.valid), header,
             [w.name for w in job.workers], job.seed, *job.augment_key,
         )  # fmt: skip
         self.start_text = now()

@@ -52,7 +52,7 @@ from dvml.train.params import params_text
 from dvml.train.runtime.checkpoints import resume_points
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
-from dvml.train.runtime.plan import Job, JobArgs, job_key, model_spec, now, place_job
+from dvml.train.runtime.plan import Job, JobArgs, dataset_key, job_key, model_spec, now, place_job
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -305,8 +305,8 @@ def _plan(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
     key = job_key(
         "fit_multiple",
         args.output,
-        job.train.summary["dataset_id"],
-        job.valid.summary["dataset_id"] if job.valid else None,
+        dataset_key(job.train),
+        dataset_key(job.valid),
         [(c["mst_key"], c["model_id"], parsed[c["mst_key"]]) for c in checked],
         args.num_iterations,
         job.frequency,
