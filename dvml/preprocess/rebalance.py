@@ -1,6 +1,6 @@
 """Rebalance a dataset onto workers that joined: copy whole buffers, publish a new version.
 
-The plan is pure (:func:`dvml.placement.rebalance.plan_rebalance`); this module runs it. Each
+The plan is pure (:func:`dvml.placement.move_plan.plan_rebalance`); this module runs it. Each
 moved buffer is read on the worker that holds it (a copy of its fields leaves shared memory
 as the task's result) and written into the new worker's vineyardd by a task pinned there:
 bytes go worker to worker through Dask, as the pack's shuffle sends them; the client sees
@@ -28,7 +28,7 @@ import numpy as np
 
 from dvml.cluster.health import wait_watched
 from dvml.cluster.workers import current_client, discover_workers
-from dvml.placement.rebalance import GROWABLE_KINDS, plan_rebalance
+from dvml.placement.move_plan import GROWABLE_KINDS, plan_rebalance
 from dvml.placement.rules import resolve_rules
 from dvml.store import catalog, staging
 from dvml.store.datasets import (

@@ -1,11 +1,11 @@
-"""The pure move plan of a rebalance (dvml.placement.rebalance): no cluster."""
+"""The pure move plan of a rebalance (dvml.placement.move_plan): no cluster."""
 
 from __future__ import annotations
 
 import pytest
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError
-from dvml.placement.rebalance import plan_rebalance
+from dvml.placement.move_plan import plan_rebalance
 
 
 def _buffers(per_worker: dict[str, list[int]], row_bytes: int = 8) -> list[dict]:

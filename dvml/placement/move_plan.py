@@ -13,7 +13,7 @@ the current workers, so a ``gpu_workers`` dataset sees only GPU workers as targe
 workers, hosts or a table name their workers once and for all, so their datasets do not move.
 
 Plain values in, plain values out (:func:`plan_rebalance`); copying the bytes and publishing
-the new version is :func:`dvml.store.rebalance.rebalance`'s job.
+the new version is :func:`dvml.preprocess.rebalance.rebalance`'s job.
 """
 
 from __future__ import annotations
