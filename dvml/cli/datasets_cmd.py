@@ -1,4 +1,4 @@
-"""``dvml datasets list|describe|append|drop``: the named datasets in the cluster's vineyard.
+"""``dvml datasets list|describe|append|rebalance|drop``: the datasets in the vineyardds.
 
 Every command attaches to ``--scheduler ADDR`` or to the cluster recorded by ``dvml cluster
 up``; the listing and summaries are read by tasks on the workers (no tensor data moves).
@@ -86,7 +86,35 @@ def register(subparsers: Any) -> None:
     add_json_option(append)
     add_cluster_options(append)
 
+    rebalance = add_command(
+        commands, "rebalance", _rebalance,
+        help="spread a dataset onto workers that joined (whole buffers copied, a new version).",
+        description="Re-apply the dataset's distribution rules to the current workers and copy "
+        "whole buffers from the most-loaded workers to the new ones (worker to worker; the "
+        "source is not read again), then publish the next version. all_workers and gpu_workers "
+        "datasets grow; explicit workers, hosts or tables do not move.",
+    )  # fmt: skip
+    rebalance.add_argument("name", help="the dataset's name.")
+    add_json_option(rebalance)
+    add_cluster_options(rebalance)
+
     add_drop_command(commands, _drop, "dataset")
+
+
+def _rebalance(args: argparse.Namespace) -> int:
+    from dvml.preprocess.rebalance import rebalance
+
+    with attached(args) as cluster:
+        out = rebalance(args.name, cluster.client)
+    if args.json:
+        print_json(out)
+        return 0
+    print(f"{args.name}: version {out['version']}, {len(out['moves'])} buffers moved "
+          f"({format_nbytes(out['bytes_moved'])}; the new workers' share "
+          f"{format_nbytes(out['share_bytes'])})")  # fmt: skip
+    for worker, rows in out["rows_per_worker"].items():
+        print(f"  {worker}: {rows} rows")
+    return 0
 
 
 def _list(args: argparse.Namespace) -> int:

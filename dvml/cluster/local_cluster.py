@@ -190,6 +190,7 @@ class LocalCluster(Cluster):
             self.etcd_endpoint = f"http://127.0.0.1:{client_port}"
         # A fresh prefix per cluster: vineyard instances never see another cluster's objects.
         prefix = f"/dvml/{uuid.uuid4().hex[:12]}"
+        self._prefix = prefix  # a worker added later joins the same vineyard cluster
         # vineyardds join one at a time: daemons that register concurrently race for their
         # instance rank and crash (SIGTRAP, vineyard 0.24.2). Dask starts meanwhile, in this
         # thread; workers need their socket only when they run tasks.
@@ -261,6 +262,69 @@ class LocalCluster(Cluster):
                 + (hint or " Check that the scheduler_port and dashboard_address are free;")
                 + " The cluster was cleaned up."
             ) from exc
+
+    # -- grow ------------------------------------------------------------------------------
+
+    def add_worker(self, gpus: int = 0, host: str | None = None) -> str:
+        """Start one more Dask worker with its own vineyardd and wait until it is ready.
+
+        The worker gets the same spec as the others (vineyard memory, threads, memory limit,
+        TLS, the cluster's etcd) plus ``gpus`` declared GPUs (``resources={"GPU": gpus}``).
+        dvml's worker plugins reach it through the scheduler, which keeps them for workers
+        that join; :meth:`refresh` is called so that :attr:`workers` lists it. Datasets packed
+        before do not hold rows on it until :func:`dvml.datasets.rebalance` moves some there.
+        :meth:`close` stops it with the rest.
+
+        Parameters
+        ----------
+        gpus : int
+            GPUs declared for the new worker.
+        host : str, optional
+            Its simulated host (default: a host of its own).
+
+        Returns
+        -------
+        str
+            The new worker's address.
+        """
+        from distributed import Nanny
+
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+            raise ArgumentError(f"gpus must be an int >= 0. Received: gpus={gpus!r}.")
+        if self._closed or self._state.dask is None:
+            raise ClusterStartError(
+                "add_worker needs a running LocalCluster. Received: a closed cluster; start "
+                "a new one."
+            )
+        check_shared_memory(self.vineyard_memory, 1)
+        i = max(s.index for s in self.specs) + 1
+        host = host or f"host-{i}"
+        first = sum(len(s.gpus) for s in self.specs if s.host == host)
+        spec = LocalWorkerSpec(
+            index=i,
+            name=f"worker-{i}",
+            host=host,
+            gpus=tuple(
+                f"GPU {g}: Declared GPU (simulated) on {host}" for g in range(first, first + gpus)
+            ),
+            socket_name=f"vineyard-{i}.sock",
+        )
+        self._start_vineyardd(spec, self._prefix)
+        self.specs.append(spec)
+        self._wait_for_vineyardd(spec, self.vineyardds[-1])
+        dask_cluster = self._state.dask
+        known = set(self._client.scheduler_info(n_workers=-1)["workers"])
+        # SpecCluster starts whatever its worker_spec lists that is not running yet.
+        dask_cluster.worker_spec[spec.name] = self._worker_spec(spec, Nanny)
+        dask_cluster.sync(dask_cluster._correct_state)
+        self._client.wait_for_workers(len(self.specs), timeout=self._timeout)
+        added = set(self._client.scheduler_info(n_workers=-1)["workers"]) - known
+        self.refresh()
+        if len(added) != 1:
+            raise ClusterStartError(
+                f"add_worker expected one new worker on the scheduler. Received: {sorted(added)}."
+            )
+        return added.pop()
 
     @property
     def etcd(self) -> ManagedProcess | None:

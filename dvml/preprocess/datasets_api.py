@@ -2,7 +2,8 @@
 
 Every call runs small tasks on the workers (which own the vineyard instances); no tensor data
 reaches the client. :func:`append` packs new rows as a dataset's next version over its old
-buffers; :func:`describe` (``version=``) and :func:`versions` read the versions
+buffers; :func:`rebalance` spreads a dataset onto workers that joined;
+:func:`describe` (``version=``) and :func:`versions` read the versions
 (:mod:`dvml.store.versions`).
 
 (The catalog functions live in :mod:`dvml.store.datasets`; appending packs rows, the
@@ -12,6 +13,7 @@ preprocessor's job, so the public namespace ``dvml.datasets`` is gathered here, 
 from __future__ import annotations
 
 from dvml.preprocess.api import append
+from dvml.preprocess.rebalance import rebalance
 from dvml.store.datasets import (
     Dataset,
     buffer_workers,
@@ -35,6 +37,7 @@ __all__ = [
     "exists",
     "list",
     "lost_buffers",
+    "rebalance",
     "resolve_dataset",
     "run_on",
     "versions",

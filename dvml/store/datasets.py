@@ -364,6 +364,10 @@ def drop(name: str, client: Client | None = None, force: bool = False) -> None:
     with unleased(name, "drop", force, client):
         record = read_record(client, name)
         delete_layout(client, record["layout"])
+        # Old copies of buffers a rebalance moved while a job read them (dvml.preprocess.rebalance).
+        kept = (record.get("summary") or {}).get("rebalance_pending_free") or {}
+        if kept:
+            delete_by_instance(client, {int(i): builtins.list(v) for i, v in kept.items()}, {})
         run_on(client, None, catalog.drop_metadata, record, True)
     log_dropped(client, name)
 
