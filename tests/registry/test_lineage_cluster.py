@@ -25,7 +25,7 @@ from tests.helpers.models import iris_mlp
 pytestmark = pytest.mark.cluster
 
 NAME = "lineage_iris"
-COMPILE = "loss='sparse_categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
+COMPILE = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
 FIT = "batch_size=16, epochs=1"
 
 
