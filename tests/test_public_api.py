@@ -33,6 +33,7 @@ PUBLIC = [
     "fit_multiple",
     "gpu_configuration",
     "hyperband_schedule",
+    "lineage",
     "list_architectures",
     "list_model_configs",
     "list_models",

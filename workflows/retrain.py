@@ -217,6 +217,7 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
         model_exists,
         resolve_model_section,
     )
+    from dvml.registry.model_lineage import promoted
     from dvml.train.fit import fit
     from dvml.train.predict import evaluate
 
@@ -308,7 +309,12 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
             "previous": prod,
             "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        copy_model(registry, candidate, name, {"promotion": record})
+        over = registry.get_model(name) if prod is not None else None
+        lineage = promoted(
+            registry.get_model(candidate)["summary"] or {}, record,
+            {"name": name, "registry_version": over["version"]} if over else None,
+        )  # fmt: skip
+        copy_model(registry, candidate, name, {"promotion": record, "lineage": lineage})
         log.info("promoted %s to production %s", candidate, name)
         return {**outcome, "outcome": f"promoted {candidate} to {name}"}
     log.info(

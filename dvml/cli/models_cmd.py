@@ -1,4 +1,4 @@
-"""``dvml models list|show``: the trained models in the registry (no cluster needed)."""
+"""``dvml models list|show|lineage``: the trained models in the registry (no cluster needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from dvml.cli._cluster_options import add_json_option, print_json
 from dvml.cli._common import add_command, add_group, format_table
 
-__all__ = ["register"]
+__all__ = ["lineage_lines", "register"]
 
 _LIST_COLUMNS = ["id", "name", "arch_id", "version", "n_iterations", "created_at", "updated_at"]
 _HISTORY_COLUMNS = [
@@ -60,6 +60,18 @@ def register(subparsers: Any) -> None:
     _add_registry(show)
     add_json_option(show)
 
+    lineage = add_command(
+        commands, "lineage", _lineage,
+        help="which data, preprocessing and code trained a model (dvml.lineage).",
+        description="Print a model's lineage: the dataset versions it trained and validated "
+        "on with their content digests and sources (files, preprocessing parameters), the "
+        "dvml version, architecture and parameters, its promotions, then the same for each "
+        "model it was warm-started from.",
+    )  # fmt: skip
+    lineage.add_argument("name", help="the model's name.")
+    _add_registry(lineage)
+    add_json_option(lineage)
+
 
 def _list(args: argparse.Namespace) -> int:
     from dvml.registry import Registry
@@ -103,4 +115,64 @@ def _show(args: argparse.Namespace) -> int:
             print(f"{key}: {_short(summary[key])}")
     print()
     print(format_table([{k: _short(v) for k, v in r.items()} for r in rows], _HISTORY_COLUMNS))
+    return 0
+
+
+def _data_lines(part: str, read: dict[str, Any] | None) -> list[str]:
+    if not read:
+        return []
+    lines = [
+        f"  {part}: {read.get('name')} version {read.get('version')}, "
+        f"{read.get('rows', '?')} rows, content digest {read.get('content_digest')}"
+    ]
+    for index, digest in sorted((read.get("digests") or {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(f"    buffer {index}: {digest}")
+    for s in read.get("sources") or []:
+        source = s.get("source") or {}
+        lines.append(
+            f"    version {s['version']} (+{s.get('rows_added')} rows, {s.get('created_at')}): "
+            f"{source.get('description')}; params {_short(source.get('params') or {})}"
+        )
+        for f in source.get("files") or []:
+            stamp = f"etag {f['etag']}" if f.get("etag") else f"mtime {f.get('mtime')}"
+            lines.append(f"      {f['path']} ({f.get('size')} bytes, {stamp})")
+    return lines
+
+
+def lineage_lines(lineage: Any) -> list[str]:
+    """The lines ``dvml models lineage`` prints for a lineage (:func:`dvml.lineage`)."""
+    lines: list[str] = []
+    for depth, node in enumerate(lineage.chain()):
+        head = "model" if depth == 0 else "warm-started from"
+        lines.append(
+            f"{head}: {node.model} (registry version {node.registry_version}, trained as "
+            f"{node.trained_as})" + (" [recorded before lineage]" if node.legacy else "")
+        )
+        lines += _data_lines("training", node.training)
+        lines += _data_lines("validation", node.validation)
+        code = node.code
+        lines.append(
+            f"  code: dvml {code.get('dvml_version')}, architecture {code.get('architecture_id')} "
+            f"(sha256 {code.get('architecture_sha256')})"
+        )
+        lines.append(f"  compile_params: {code.get('compile_params')}")
+        lines.append(f"  fit_params: {code.get('fit_params')}")
+        for p in node.promotions:
+            over = p.get("over") or {}
+            lines.append(
+                f"  promoted from {p.get('from')} over {over.get('name', '(none)')} "
+                f"v{over.get('registry_version', '-')} on {p.get('promoted')}: {p.get('metric')} "
+                f"{_short(p.get('candidate'))} against {_short(p.get('previous'))}"
+            )
+    return lines
+
+
+def _lineage(args: argparse.Namespace) -> int:
+    from dvml.registry import lineage
+
+    found = lineage(args.name, registry=args.registry)
+    if args.json:
+        print_json(found.to_dict())
+    else:
+        print("\n".join(lineage_lines(found)))
     return 0

@@ -183,6 +183,9 @@ def copy_model(
     entry = registry.get_model(source)
     summary = dict(entry["summary"] or {})
     summary.update(extra_summary or {})
+    if isinstance(summary.get("lineage"), Mapping):  # a warm start from the copy names the source
+        copied = {"name": source, "registry_version": entry["version"]}
+        summary["lineage"] = {**summary["lineage"], "copied_from": copied}
     history = registry.model_iterations(source)
     iterations = [
         {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from dvml.registry.database import Registry
+    from dvml.registry.model_lineage import Lineage
 
 # The database (SQLAlchemy, ~0.3 s to import) loads on first use: trainers import this
 # package for the weights codec alone.
@@ -55,6 +56,7 @@ __all__ = [
     "delete_architecture",
     "delete_custom_function",
     "delete_model",
+    "lineage",
     "list_architectures",
     "list_custom_functions",
     "list_models",
@@ -127,6 +129,38 @@ def list_models(registry: Registry | str | None = None) -> pd.DataFrame:
     """The trained models in the registry, without weights."""
     with _opened(registry) as reg:
         return reg.list_models()
+
+
+def lineage(model: Any, registry: Registry | str | None = None) -> Lineage:
+    """Which data, which preprocessing and which code trained ``model``.
+
+    Parameters
+    ----------
+    model : str or dvml.Model
+        The model (its name in the registry).
+    registry : Registry or str, optional
+        The registry (default: config ``dvml.registry.url``).
+
+    Returns
+    -------
+    dvml.registry.model_lineage.Lineage
+        The dataset versions it trained and validated on with their digests and sources
+        (files, sizes, mtimes or ETags, preprocessing parameters), the code (dvml version,
+        architecture id and content hash, compile/fit parameters), the model it warm-started
+        from (``parent``, a chain) and its promotions by the retrain workflow. ``to_dict()``
+        gives plain values.
+
+    Raises
+    ------
+    RegistryNotFoundError
+        When no model has that name.
+    """
+    from dvml.registry.model_lineage import from_summary
+
+    name = model if isinstance(model, str) else getattr(model, "name", model)
+    with _opened(registry) as reg:
+        entry = reg.get_model(name)
+    return from_summary(entry["name"], entry["version"], entry["summary"])
 
 
 def show_model(name: str, registry: Registry | str | None = None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from dvml import config
 from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, RegistryNotFoundError
 from dvml.names import check_name
-from dvml.registry import custom, keras_json
+from dvml.registry import custom, keras_json, model_lineage
 from dvml.registry import values as v
 from dvml.registry.schema import (
     custom_functions,
@@ -420,7 +420,8 @@ class Registry:
         values.update(
             weights_format=WEIGHTS_FORMAT, summary=v.dumps(dict(summary or {}), "summary")
         )
-        return {"name": name, "values": values, "rows": v.iteration_rows(iterations)}
+        entry = {"name": name, "values": values, "rows": v.iteration_rows(iterations)}
+        return {**entry, "summary": dict(summary or {})}
 
     def _write_model(self, conn: sa.Connection, entry: dict[str, Any], replace: bool) -> int:
         """Insert (or replace) one model inside the caller's transaction; its id."""
@@ -428,13 +429,20 @@ class Registry:
         arch_id = values["arch_id"]
         now = v.now()
         values["updated_at"] = now
-        arch = sa.select(model_arch.c.id).where(model_arch.c.id == arch_id)
-        if conn.execute(arch).first() is None:
+        arch = sa.select(model_arch.c.id, model_arch.c.model_json).where(model_arch.c.id == arch_id)
+        arch_row = conn.execute(arch).first()
+        if arch_row is None:
             raise self._not_found(
                 f"architecture with id {arch_id}", f"arch_id={arch_id}", "list_architectures"
             )
-        query = sa.select(models.c.id, models.c.version).where(models.c.name == name)
-        existing = conn.execute(query).first()
+        query = sa.select(models.c.id, models.c.version, models.c.summary)
+        existing = conn.execute(query.where(models.c.name == name)).first()
+        if "lineage" in entry.get("summary", {}):  # completed here: arch hash, warm-start parent
+            before = None if existing is None else {
+                "version": existing.version, "summary": v.loads(existing.summary)
+            }  # fmt: skip
+            summary = model_lineage.completed(entry["summary"], arch_row.model_json, before, name)
+            values["summary"] = v.dumps(summary, "summary")
         if existing is not None and not replace:
             raise RegistryError(
                 f"A model named {name!r} exists in the registry at {self.url}. Received: "

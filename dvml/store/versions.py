@@ -32,9 +32,11 @@ __all__ = [
     "balance_new_rows",
     "buffer_digest",
     "buffer_version",
+    "dataset_lineage",
     "field_digest",
     "latest_version",
     "next_versions",
+    "version_digest",
     "version_record",
     "versions_of",
 ]
@@ -63,6 +65,19 @@ def buffer_digest(buffer: Mapping[str, Any]) -> str | None:
             return None
         parts.append(f"{field}={digest}")
     return hashlib.sha256(";".join(parts).encode()).hexdigest()
+
+
+def version_digest(digests: Mapping[str, str | None]) -> str | None:
+    """One content digest for a version: SHA-256 of its buffers' digests, sorted.
+
+    ``digests`` maps buffer index to :func:`buffer_digest` (a version record's ``"digests"``
+    or those of every buffer a reader saw). Sorted, so the placement of the buffers does not
+    matter; None when a buffer has no digest.
+    """
+    values = list(digests.values())
+    if not values or any(d is None for d in values):
+        return None
+    return hashlib.sha256(";".join(sorted(str(d) for d in values)).encode()).hexdigest()
 
 
 def buffer_version(buffer: Mapping[str, Any]) -> int:
@@ -211,3 +226,47 @@ def balance_new_rows(existing: Mapping[str, int], new_rows: int) -> dict[str, in
             given[w] += 1
             left -= 1
     return given
+
+
+def dataset_lineage(
+    name: str,
+    version: int,
+    layout: Mapping[str, Any],
+    versions: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """What a job read of a dataset, for a model's lineage (pure).
+
+    ``layout`` is the layout of ``version`` the job read (its buffers only), ``versions`` the
+    dataset's version records at that moment. Returns the name, version, the digest of every
+    buffer read (``digests``, by buffer index), their :func:`version_digest`
+    (``content_digest``) and ``sources``: the record (version, rows added, creation time,
+    source description with files and preprocessing parameters) of every version whose
+    buffers ``version`` holds, from the last full publication up to it.
+    """
+    digests = {str(b["index"]): buffer_digest(b) for b in layout["buffers"]}
+    chain: list[dict[str, Any]] = []
+    for record in sorted(versions, key=lambda r: -int(r["version"])):
+        if int(record["version"]) > int(version):
+            continue
+        if chain and int(chain[-1].get("parent") or 0) != int(record["version"]):
+            break
+        chain.append(dict(record))
+        if record.get("parent") is None:
+            break
+    return {
+        "name": name,
+        "version": int(version),
+        "digest_algorithm": DIGEST,
+        "digests": digests,
+        "content_digest": version_digest(digests),
+        "rows": int(sum(int(b["rows"]) for b in layout["buffers"])),
+        "sources": [
+            {
+                "version": int(r["version"]),
+                "rows_added": int(r.get("rows", 0)),
+                "created_at": r.get("created_at"),
+                "source": dict(r.get("source") or {}),
+            }
+            for r in reversed(chain)
+        ],
+    }

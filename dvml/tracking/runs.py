@@ -83,14 +83,30 @@ def _params(summary: Mapping[str, Any], keys: Sequence[str]) -> dict[str, str]:
     return {k: param_text(summary[k]) for k in keys if summary.get(k) is not None}
 
 
+DIGEST_CHARS = 36
+"""Characters of a version's content digest logged to MLflow (its SQL stores keep 36)."""
+
+
+def _input(summary: Mapping[str, Any], part: str, table: str) -> DatasetInput:
+    """MLflow's input for one dataset a fit read: named ``<dataset>@v<version>``, with the
+    version's content digest (``dvml.store.versions.version_digest``) as its digest; a model
+    saved before lineage was recorded falls back to the dataset's id, then its name."""
+    read = ((summary.get("lineage") or {}).get("data") or {}).get(part) or {}
+    version = read.get("version") or summary.get(f"{part}_dataset_version")
+    name = f"{summary[table]}@v{version}" if version is not None else str(summary[table])
+    content = read.get("content_digest")
+    # MLflow's SQL stores keep 36 characters of a digest: the first 36 hex digits of SHA-256
+    digest = content[:DIGEST_CHARS] if content else None
+    digest = digest or summary.get(f"{part}_dataset_id") or summary[table]
+    return DatasetInput(name, str(digest), part)
+
+
 def _inputs(summary: Mapping[str, Any]) -> list[DatasetInput]:
     found = []
     if summary.get("source_table"):
-        digest = summary.get("training_dataset_id") or summary["source_table"]
-        found.append(DatasetInput(str(summary["source_table"]), str(digest), "training"))
+        found.append(_input(summary, "training", "source_table"))
     if summary.get("validation_table"):
-        digest = summary.get("validation_dataset_id") or summary["validation_table"]
-        found.append(DatasetInput(str(summary["validation_table"]), str(digest), "validation"))
+        found.append(_input(summary, "validation", "validation_table"))
     return found
 
 

@@ -28,8 +28,9 @@ from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes
 from dvml.store.datasets import Dataset, resolve_dataset
 from dvml.store.leases import holding
+from dvml.store.versions import dataset_lineage
 from dvml.tracking.mlflow_client import log_run, tracking_uri
-from dvml.tracking.runs import user_run
+from dvml.tracking.runs import DIGEST_CHARS, user_run
 from dvml.train.job_scalars import JobScalars, report_scalars
 from dvml.train.model_lock import holding_model
 from dvml.train.params import parse_compile_params
@@ -258,10 +259,20 @@ def _log_to_mlflow(
 ) -> None:
     """The run, its settings and ``config`` as parameters, its reports as metrics."""
     params = {**settings_used, **{f"config.{k}": v for k, v in (config or {}).items()}}
-    inputs = {k: (d.name, str(d.summary["dataset_id"])) for k, d in named.items()}
+    inputs = {k: _input(d) for k, d in named.items()}
     summary = {"name": result.name, "workers": result.workers, "models": result.models,
                "resumed_from_step": result.resumed_from_step, "version": __version__}  # fmt: skip
     log_run(user_run(result.name, params, inputs, records, summary), "dvml.run")
+
+
+def _input(dataset: Dataset) -> tuple[str, str]:
+    """A dataset as MLflow's input: ``<name>@v<version>`` and the version's content digest
+    (its first :data:`~dvml.tracking.runs.DIGEST_CHARS` characters; the dataset id before
+    versions had digests)."""
+    read = dataset_lineage(dataset.name, dataset.version, dataset.layout, dataset.versions)
+    content = read.get("content_digest")
+    digest = content[:DIGEST_CHARS] if content else str(dataset.summary["dataset_id"])
+    return f"{dataset.name}@v{dataset.version}", digest
 
 
 def _job(

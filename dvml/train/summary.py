@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dvml.exceptions import ModelMismatchError
+from dvml.store.versions import dataset_lineage
 from dvml.train.params import format_params
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "check_shapes",
     "class_value_fields",
     "iteration_record",
+    "lineage_record",
     "madlib_values",
     "metric_names",
     "output_names",
@@ -189,6 +191,47 @@ def _metric_series(
     return out
 
 
+def _read(dataset: Any | None) -> dict[str, Any] | None:
+    """What a job read of ``dataset`` (a :class:`~dvml.store.datasets.Dataset` resolved
+    under the job's lease, so its version is the one the job read); None for no dataset."""
+    if dataset is None:
+        return None
+    layout = getattr(dataset, "layout", None)
+    if layout is None:  # not a catalog Dataset: only its name is known
+        return {"name": getattr(dataset, "name", str(dataset)), "version": None}
+    version = int(getattr(dataset, "version", 1))
+    return dataset_lineage(dataset.name, version, layout, getattr(dataset, "versions", []) or [])
+
+
+def lineage_record(
+    *,
+    training: Any,
+    validation: Any | None,
+    model: str,
+    arch_id: int,
+    compile_params: dict[str, Any],
+    fit_params: dict[str, Any],
+    version: str,
+    warm_start: bool,
+) -> dict[str, Any]:
+    """A model's lineage as its fit knows it: the data read and the code (pure).
+
+    The registry completes it when it saves the model (:mod:`dvml.registry.lineage`): the
+    architecture's content hash and, for a warm start, the model it started from.
+    """
+    return {
+        "model": model,
+        "data": {"training": _read(training), "validation": _read(validation)},
+        "code": {
+            "dvml_version": version,
+            "architecture_id": int(arch_id),
+            "compile_params": format_params(compile_params),
+            "fit_params": format_params(fit_params),
+        },
+        "warm_start": bool(warm_start),
+    }
+
+
 def build_summary(
     *,
     training: Any,
@@ -223,6 +266,9 @@ def build_summary(
     metrics, loss = metric_names(compile_params)
     evaluated = [r for r in iterations if r.get("training_loss") is not None]
     ts = training.summary
+    lineage = lineage_record(training=training, validation=validation, model=model,
+                             arch_id=arch_id, compile_params=compile_params, fit_params=fit_params,
+                             version=version, warm_start=warm_start)  # fmt: skip
     return {
         "source_table": training.name,
         "model": model,
@@ -267,4 +313,6 @@ def build_summary(
         "trainers": trainers,
         "weights_identical_on_all_trainers": weights_identical,
         "warm_start": warm_start,
+        # which data and code trained the model (dvml.lineage reads it)
+        "lineage": lineage,
     }

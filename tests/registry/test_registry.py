@@ -798,6 +798,7 @@ def test_public_names():
         "delete_architecture",
         "delete_custom_function",
         "delete_model",
+        "lineage",
         "list_architectures",
         "list_custom_functions",
         "list_models",

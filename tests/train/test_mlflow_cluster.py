@@ -88,7 +88,12 @@ def test_a_fit_is_logged_only_when_asked_and_as_its_summary_says(
         logged = [m.value for m in sorted(history, key=lambda m: m.step)]
         assert logged == pytest.approx(summary[key], rel=1e-6), key
     inputs = {(d.dataset.name, d.tags[0].value) for d in run.inputs.dataset_inputs}
-    assert inputs == {("mlf_train", "training"), ("mlf_val", "validation")}
+    # named with the version trained on; the digest is that version's content digest
+    assert inputs == {("mlf_train@v1", "training"), ("mlf_val@v1", "validation")}
+    digests = {d.dataset.name: d.dataset.digest for d in run.inputs.dataset_inputs}
+    lineage = dvml.lineage("mlf_model", registry=env["registry"])
+    assert lineage.training is not None
+    assert digests["mlf_train@v1"] == lineage.training["content_digest"][:36]
     stored = mlflow_client.download_artifacts(
         run_id, "summary.json", str(pathlib.Path(env["registry"].url.split("///")[1]).parent)
     )
@@ -148,7 +153,7 @@ def test_a_dvml_run_is_logged_with_its_reports_and_datasets(env: dict[str, Any])
         assert [m.step for m in history] == result.history["step"].tolist()
         assert [m.value for m in history] == pytest.approx(result.history[key].tolist())
     inputs = {(d.dataset.name, d.tags[0].value) for d in run.inputs.dataset_inputs}
-    assert inputs == {("mlf_train", "training"), ("mlf_val", "validation")}
+    assert inputs == {("mlf_train@v1", "training"), ("mlf_val@v1", "validation")}
 
 
 def test_an_exported_model_predicts_dvml_predicts_classes(env: dict[str, Any]) -> None:
