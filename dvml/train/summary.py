@@ -216,7 +216,7 @@ def lineage_record(
 ) -> dict[str, Any]:
     """A model's lineage as its fit knows it: the data read and the code (pure).
 
-    The registry completes it when it saves the model (:mod:`dvml.registry.lineage`): the
+    The registry completes it when it saves the model (:mod:`dvml.registry.model_lineage`): the
     architecture's content hash and, for a warm start, the model it started from.
     """
     return {
