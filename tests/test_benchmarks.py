@@ -6,6 +6,7 @@ import json
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -87,6 +88,17 @@ def _run_quick(only: str, out: pathlib.Path) -> subprocess.CompletedProcess[str]
     return result
 
 
+def _quick_rows(only: str, out: pathlib.Path) -> dict[str, dict[str, Any]]:
+    """The rows of a quick run of ``only``, each checked to have run without error and to
+    have a positive figure on both sides."""
+    _run_quick(only, out)
+    rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    for key, row in rows.items():
+        assert row["error"] is None, (key, row["error"])
+        assert row["dvml"] > 0 and row["baseline"] > 0
+    return rows
+
+
 @pytest.mark.cluster
 def test_quick_b8_run_writes_results(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "results"
@@ -105,12 +117,9 @@ def test_quick_b8_run_writes_results(tmp_path: pathlib.Path) -> None:
 def test_quick_pack_benchmarks_report_first_runs(tmp_path: pathlib.Path) -> None:
     """B2 and B5 (both sources) run end to end and report their untimed first runs."""
     out = tmp_path / "results"
-    _run_quick("B2,B5", out)
-    rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    rows = _quick_rows("B2,B5", out)
     assert set(rows) == {"B2", "B5a", "B5b"}
-    for key, row in rows.items():
-        assert row["error"] is None, (key, row["error"])
-        assert row["dvml"] > 0 and row["baseline"] > 0
+    for row in rows.values():
         firsts = [v for k, v in row["details"].items() if k.startswith("first")]
         assert len(firsts) == 2 and all(v > 0 for v in firsts), row["details"]
 
@@ -119,12 +128,8 @@ def test_quick_pack_benchmarks_report_first_runs(tmp_path: pathlib.Path) -> None
 def test_quick_b12_runs_partition_and_buffer_rows(tmp_path: pathlib.Path) -> None:
     """B12 (issue 17) runs a partition row and a buffer row on one cluster, end to end."""
     out = tmp_path / "results"
-    _run_quick("B12a,B12g", out)
-    rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    rows = _quick_rows("B12a,B12g", out)
     assert set(rows) == {"B12a", "B12g"}
-    for key, row in rows.items():
-        assert row["error"] is None, (key, row["error"])
-        assert row["dvml"] > 0 and row["baseline"] > 0
     assert rows["B12a"]["details"]["partitions"] == 4
     assert rows["B12g"]["details"]["buffers"] == 4  # quick: 2, 4, 8, 16 buffers
 
@@ -135,12 +140,8 @@ def test_quick_b24_appends_and_extends_the_feature_cache(tmp_path: pathlib.Path)
     """B24 (issue 39): an append against a repack, the extended feature cache against a full
     one; the append adds to the vineyardds exactly the new rows' packed bytes."""
     out = tmp_path / "results"
-    _run_quick("B24", out)
-    rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    rows = _quick_rows("B24", out)
     assert set(rows) == {"B24a", "B24b"}
-    for key, row in rows.items():
-        assert row["error"] is None, (key, row["error"])
-        assert row["dvml"] > 0 and row["baseline"] > 0
     written = rows["B24a"]["details"]["added / new rows' bytes (target <= 1.1)"]
     assert written is not None and 0.99 <= written <= 1.1
     extension = rows["B24b"]["details"]["extension"]

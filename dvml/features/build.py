@@ -43,7 +43,7 @@ from dvml.features.keys import (
     check_pooling,
     default_name,
 )
-from dvml.features.lookup import by_key, existing, intact, source_workers
+from dvml.features.lookup import by_key, existing, intact, source_workers, with_summary
 from dvml.features.manage import KIND
 from dvml.features.manage import describe as describe_cache
 from dvml.features.source import SourcePlan, pack_source, plan_source
@@ -213,7 +213,9 @@ def _extend(
     if src is None or overwrite:
         return None
     digests = source_digests(src.versions, src.version)
-    candidates = [named] if named is not None else _by_lineage(client, lineage)
+    candidates = (
+        [named] if named is not None else with_summary(client, KIND, "lineage_key", lineage)
+    )
     for prev in candidates:
         if prev.kind != KIND or not intact(client, prev):
             continue
@@ -231,14 +233,6 @@ def _extend(
         return _featurize(client, src, bb, batch_size, use_gpus, prev.name, summary,
                           positions, append_to=prev)  # fmt: skip
     return None
-
-
-def _by_lineage(client: Client, lineage: str) -> list[Dataset]:
-    """Feature caches computed under ``lineage``, newest first."""
-    records = run_on(client, None, catalog.list_records)
-    found = [Dataset.from_record(r) for r in records
-             if r["kind"] == KIND and r["summary"].get("lineage_key") == lineage]  # fmt: skip
-    return sorted(found, key=lambda ds: ds.summary.get("created_at") or "", reverse=True)
 
 
 def _check_placement(client: Client, plan: SourcePlan, rules: Any, use_gpus: bool,

@@ -12,7 +12,7 @@ from dvml.store.datasets import Dataset, buffer_workers, lost_buffers, run_on, v
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["by_key", "existing", "intact", "source_workers"]
+__all__ = ["by_key", "existing", "intact", "source_workers", "with_summary"]
 
 
 def existing(client: Client, name: str) -> Dataset | None:
@@ -21,19 +21,23 @@ def existing(client: Client, name: str) -> Dataset | None:
     return None if record is None else Dataset.from_record(record)
 
 
+def with_summary(client: Client, kind: str, field: str, value: str) -> list[Dataset]:
+    """Every dataset of ``kind`` whose summary's ``field`` is ``value``, newest first."""
+    records = run_on(client, None, catalog.list_records)
+    found = [Dataset.from_record(r) for r in records
+             if r["kind"] == kind and r["summary"].get(field) == value]  # fmt: skip
+    return sorted(found, key=lambda ds: (ds.summary.get("created_at") or "", ds.name),
+                  reverse=True)  # fmt: skip
+
+
 def by_key(client: Client, kind: str, key: str) -> Dataset | None:
     """The newest intact dataset of ``kind`` whose summary's ``cache_key`` is ``key``, or None.
 
     A cache is found by what it holds, not by what it is called: a request without a name must
     hit a cache stored under another name rather than compute a duplicate.
     """
-    records = run_on(client, None, catalog.list_records)
-    matches = [Dataset.from_record(r) for r in records
-               if r["kind"] == kind and r["summary"].get("cache_key") == key]  # fmt: skip
-    matches = [ds for ds in matches if intact(client, ds)]
-    if not matches:
-        return None
-    return max(matches, key=lambda ds: (ds.summary.get("created_at") or "", ds.name))
+    return next((ds for ds in with_summary(client, kind, "cache_key", key)
+                 if intact(client, ds)), None)  # fmt: skip
 
 
 def intact(client: Client, ds: Dataset) -> bool:

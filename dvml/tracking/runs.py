@@ -87,18 +87,25 @@ DIGEST_CHARS = 36
 """Characters of a version's content digest logged to MLflow (its SQL stores keep 36)."""
 
 
+def dataset_input(
+    name: str, version: int | None, content: str | None, fallback: str, context: str
+) -> DatasetInput:
+    """MLflow's input for one dataset read: named ``<dataset>@v<version>``, with the version's
+    content digest (``dvml.store.versions.version_digest``) as its digest, or ``fallback``
+    when it has none (a dataset or model from before versions had digests)."""
+    label = f"{name}@v{version}" if version is not None else name
+    # MLflow's SQL stores keep 36 characters of a digest: the first 36 hex digits of SHA-256
+    digest = content[:DIGEST_CHARS] if content else fallback
+    return DatasetInput(label, str(digest), context)
+
+
 def _input(summary: Mapping[str, Any], part: str, table: str) -> DatasetInput:
-    """MLflow's input for one dataset a fit read: named ``<dataset>@v<version>``, with the
-    version's content digest (``dvml.store.versions.version_digest``) as its digest; a model
-    saved before lineage was recorded falls back to the dataset's id, then its name."""
+    """A fit's dataset input, from its summary's lineage; a model saved before lineage was
+    recorded falls back to the dataset's id, then its name."""
     read = ((summary.get("lineage") or {}).get("data") or {}).get(part) or {}
     version = read.get("version") or summary.get(f"{part}_dataset_version")
-    name = f"{summary[table]}@v{version}" if version is not None else str(summary[table])
-    content = read.get("content_digest")
-    # MLflow's SQL stores keep 36 characters of a digest: the first 36 hex digits of SHA-256
-    digest = content[:DIGEST_CHARS] if content else None
-    digest = digest or summary.get(f"{part}_dataset_id") or summary[table]
-    return DatasetInput(name, str(digest), part)
+    fallback = summary.get(f"{part}_dataset_id") or summary[table]
+    return dataset_input(str(summary[table]), version, read.get("content_digest"), fallback, part)
 
 
 def _inputs(summary: Mapping[str, Any]) -> list[DatasetInput]:
@@ -159,28 +166,24 @@ def selection_run(
 def user_run(
     name: str,
     params: Mapping[str, Any],
-    datasets: Mapping[str, tuple[str, str]],
+    inputs: Sequence[DatasetInput],
     history: Sequence[Mapping[str, Any]],
     summary: Mapping[str, Any],
 ) -> RunPayload:
     """A ``dvml.run``'s run: named after the run, its ``params`` (the call's settings and
-    ``config``), every reported metric at its report step, and its datasets (``{key: (name,
-    digest)}``: the first is the training input, the others validation)."""
+    ``config``), every reported metric at its report step, and the ``inputs`` it read
+    (:func:`dataset_input`)."""
     metrics = [
         (key, float(value), int(record["step"]))
         for record in history
         for key, value in record.items()
         if key != "step" and isinstance(value, int | float) and math.isfinite(float(value))
     ]
-    inputs = [
-        DatasetInput(dataset, digest, "training" if i == 0 else "validation")
-        for i, (dataset, digest) in enumerate(datasets.values())
-    ]
     return RunPayload(
         name=name,
         tags={"dvml.kind": "run", "dvml.version": str(summary.get("version", ""))},
         params={k: param_text(v) for k, v in params.items() if v is not None},
         metrics=metrics,
-        inputs=inputs,
+        inputs=list(inputs),
         summary=dict(summary),
     )

@@ -30,7 +30,7 @@ from dvml.store.datasets import Dataset, resolve_dataset
 from dvml.store.leases import holding
 from dvml.store.versions import dataset_lineage
 from dvml.tracking.mlflow_client import log_run, tracking_uri
-from dvml.tracking.runs import DIGEST_CHARS, user_run
+from dvml.tracking.runs import DatasetInput, dataset_input, user_run
 from dvml.train.job_scalars import JobScalars, report_scalars
 from dvml.train.model_lock import holding_model
 from dvml.train.params import parse_compile_params
@@ -259,20 +259,18 @@ def _log_to_mlflow(
 ) -> None:
     """The run, its settings and ``config`` as parameters, its reports as metrics."""
     params = {**settings_used, **{f"config.{k}": v for k, v in (config or {}).items()}}
-    inputs = {k: _input(d) for k, d in named.items()}
+    inputs = [_input(d, "training" if i == 0 else "validation")  # the first is the primary
+              for i, d in enumerate(named.values())]  # fmt: skip
     summary = {"name": result.name, "workers": result.workers, "models": result.models,
                "resumed_from_step": result.resumed_from_step, "version": __version__}  # fmt: skip
     log_run(user_run(result.name, params, inputs, records, summary), "dvml.run")
 
 
-def _input(dataset: Dataset) -> tuple[str, str]:
-    """A dataset as MLflow's input: ``<name>@v<version>`` and the version's content digest
-    (its first :data:`~dvml.tracking.runs.DIGEST_CHARS` characters; the dataset id before
-    versions had digests)."""
+def _input(dataset: Dataset, context: str) -> DatasetInput:
+    """A dataset the run read, as MLflow's input (the dataset id before versions had digests)."""
     read = dataset_lineage(dataset.name, dataset.version, dataset.layout, dataset.versions)
-    content = read.get("content_digest")
-    digest = content[:DIGEST_CHARS] if content else str(dataset.summary["dataset_id"])
-    return f"{dataset.name}@v{dataset.version}", digest
+    return dataset_input(dataset.name, dataset.version, read.get("content_digest"),
+                         str(dataset.summary["dataset_id"]), context)  # fmt: skip
 
 
 def _job(
