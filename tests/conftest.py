@@ -9,12 +9,19 @@ Every test is checked for leaked child processes: a child of the test process th
 during the test and still runs after it (a few seconds of grace) fails the test. The session
 clusters' processes and multiprocessing's resource tracker are not counted.
 
+Under pytest-xdist (``./scripts/check`` runs ``-n 2``) each worker process gets its own dvml
+state directory (cluster state file, default registry) and trainer-zygote directory, so the two
+never share a registry or a zygote; tests marked ``serial`` run afterwards, alone.
+
 Helpers (polling, probes, builders) live in the importable package ``tests.helpers``; this
-file holds fixtures only.
+file holds fixtures and that per-worker set-up only.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -33,6 +40,33 @@ from tests.helpers.vineyard_probes import snapshot
 
 if TYPE_CHECKING:
     import dvml
+
+
+_WORKER_ROOT = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give an xdist worker process its own state and zygote directories (see above)."""
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker is None:  # the controller, or a run without -n
+        return
+    import dask
+
+    root = tempfile.mkdtemp(prefix=f"dvml-{worker}-")  # owner-only, as the zygote requires
+    config.stash[_WORKER_ROOT] = root
+    state, zygotes = os.path.join(root, "state"), os.path.join(root, "z")
+    os.mkdir(state, 0o700)
+    os.mkdir(zygotes, 0o700)
+    # The environment reaches every process a test starts; dask.config this process's reads.
+    os.environ["DASK_DVML__CLUSTER__STATE_DIR"] = state
+    os.environ["DVML_ZYGOTE_DIR"] = zygotes
+    dask.config.set({"dvml.cluster.state-dir": state})
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = config.stash.get(_WORKER_ROOT, None)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

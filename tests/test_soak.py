@@ -25,6 +25,7 @@ def test_leaks_counts_only_what_appeared() -> None:
 @pytest.mark.cluster
 @pytest.mark.tf
 @pytest.mark.slow
+@pytest.mark.serial  # counts every new entry under /tmp and /dev/shm
 def test_one_soak_cycle_leaks_nothing() -> None:
     """Start, pack, fit, kill a worker, recover, stop: nothing is left behind."""
     run = subprocess.run(

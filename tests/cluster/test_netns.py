@@ -23,7 +23,7 @@ import pytest
 from dvml.testing import netns
 from tests.helpers import netns_argv, netns_client, running_netns_cluster, tensors_by_instance
 
-pytestmark = [pytest.mark.cluster, pytest.mark.netns]
+pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,13 @@ from tests.helpers import (
     running_netns_cluster,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.tf, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.netns,
+    pytest.mark.serial,
+    pytest.mark.tf,
+    pytest.mark.slow,
+]
 
 BOUND = 150  # seconds from the fault to a clear error on the client
 
