@@ -5,8 +5,8 @@ Added by the scheduler preload :mod:`dvml.dashboard`, beside Dask's own pages:
 - ``/dvml``: the page (it asks for ``/dvml/api/state.json`` every second and redraws);
 - ``/dvml/api/state.json``: everything the page shows (:func:`dvml.dashboard.views.page_state`);
 - ``/dvml/api/workers.json``, ``/dvml/api/datasets.json``, ``/dvml/api/jobs.json``,
-  ``/dvml/api/hop_jobs.json``, ``/dvml/api/searches.json``, ``/dvml/api/faults.json``: its
-  parts.
+  ``/dvml/api/hop_jobs.json``, ``/dvml/api/searches.json``, ``/dvml/api/faults.json``,
+  ``/dvml/api/models.json``, ``/dvml/api/reservations.json``: its parts.
 
 The handlers read only what the scheduler holds (its workers, their heartbeat metrics, the
 events dvml logs): a request costs the scheduler no call to a worker or a daemon.
@@ -31,6 +31,7 @@ PATH = "/dvml"
 def scheduler_state(scheduler: Any) -> dict[str, Any]:
     """The page's state from a running :class:`distributed.Scheduler` (read on its loop)."""
     from dvml.cluster.worker_metrics import METRIC
+    from dvml.train.fit_admission import reservations_on_scheduler
 
     workers = [
         {
@@ -47,7 +48,7 @@ def scheduler_state(scheduler: Any) -> dict[str, Any]:
         for topic, events in scheduler.get_events().items()
         if topic.startswith("dvml-")
     }
-    return page_state(workers, topics, time.time())
+    return page_state(workers, topics, time.time(), reservations_on_scheduler(scheduler))
 
 
 def _finite(value: Any) -> Any:
@@ -61,7 +62,9 @@ def _finite(value: Any) -> Any:
     return value
 
 
-PARTS = ("workers", "datasets", "jobs", "hop_jobs", "searches", "faults")
+PARTS = (
+    "workers", "datasets", "jobs", "hop_jobs", "searches", "faults", "models", "reservations",
+)  # fmt: skip
 """The parts of the page's state served alone (``/dvml/api/<part>.json``)."""
 
 

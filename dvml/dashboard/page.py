@@ -30,6 +30,9 @@ PAGE = """<!DOCTYPE html>
 <h2>Datasets</h2>
 <table id="datasets"><thead><tr><th>dataset</th><th>kind</th><th>version</th><th>rows</th>
 <th>bytes</th><th>rows per worker</th></tr></thead><tbody></tbody></table>
+<h2>Memory reserved by running jobs</h2>
+<table id="reservations"><thead><tr><th>job</th><th>since</th><th>bytes per machine</th>
+<th>total</th></tr></thead><tbody></tbody></table>
 <h2>Training jobs</h2>
 <table id="jobs"><thead><tr><th>model / trainer</th><th>state</th><th>iteration</th>
 <th>steps</th><th>s / step (input + compute)</th><th>s / step waiting</th>
@@ -44,6 +47,10 @@ PAGE = """<!DOCTYPE html>
 <h2>Searches (ASHA)</h2>
 <table id="searches"><thead><tr><th>search / trial</th><th>state</th><th>rung</th>
 <th>iterations</th><th>loss</th><th>worker</th></tr></thead><tbody></tbody></table>
+<h2>Models (latest registered)</h2>
+<table id="models"><thead><tr><th>model</th><th>registered</th><th>trained by</th>
+<th>training data</th><th>validation data</th><th>warm start</th></tr></thead><tbody></tbody>
+</table>
 <script>
 const api = location.pathname.replace(/\\/?$/, "/") + "api/state.json";
 function bytes(n) {
@@ -55,6 +62,11 @@ function bytes(n) {
 }
 function secs(s) { return s === null || s === undefined ? "" : s.toFixed(1) + " s"; }
 function loss(v) { return v === null || v === undefined ? "" : v.toFixed(4); }
+function data(d) {
+  if (!d) return "";
+  const v = d.version === null || d.version === undefined ? "" : "@v" + d.version;
+  return d.name + v + (d.content_digest ? " " + d.content_digest.slice(0, 12) : "");
+}
 function step(s) { return s === null || s === undefined ? "" : s.toFixed(4); }
 function cell(text, cls) {
   const td = document.createElement("td");
@@ -97,6 +109,12 @@ function draw(state) {
     row(d, [cell(x.name), cell(x.kind || ""), cell(String(x.version), "num"),
             cell(String(x.rows), "num"),
             cell(bytes(x.nbytes), "num"), cell(per)]);
+  }
+  const r = document.querySelector("#reservations tbody");
+  r.replaceChildren();
+  for (const x of state.reservations) {
+    const per = Object.entries(x.machines).map(([m, b]) => m + ": " + bytes(b)).join(", ");
+    row(r, [cell(x.job), cell(x.since), cell(per), cell(bytes(x.total), "num")]);
   }
   const j = document.querySelector("#jobs tbody");
   j.replaceChildren();
@@ -146,6 +164,12 @@ function draw(state) {
           "trainer");
     }
   }
+  const m = document.querySelector("#models tbody");
+  m.replaceChildren();
+  for (const x of state.models) {
+    row(m, [cell(x.name), cell(new Date(x.at * 1000).toLocaleTimeString()), cell(x.trained_by),
+            cell(data(x.training)), cell(data(x.validation)), cell(x.warm_start ? "yes" : "")]);
+  }
   document.getElementById("updated").textContent =
     "updated " + new Date(state.time * 1000).toLocaleTimeString();
 }
@@ -154,7 +178,13 @@ async function refresh() {
     const r = await fetch(api, {cache: "no-store"});
     if (r.ok) draw(await r.json());
   } catch (e) {
-    document.getElementById("updated").textContent = "the scheduler does not answer";
+    const m = document.querySelector("#models tbody");
+  m.replaceChildren();
+  for (const x of state.models) {
+    row(m, [cell(x.name), cell(new Date(x.at * 1000).toLocaleTimeString()), cell(x.trained_by),
+            cell(data(x.training)), cell(data(x.validation)), cell(x.warm_start ? "yes" : "")]);
+  }
+  document.getElementById("updated").textContent = "the scheduler does not answer";
   }
 }
 refresh();

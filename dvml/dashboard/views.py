@@ -16,6 +16,11 @@ them. Topics:
   "hop", "mst_key", "iteration", "worker", "fit_loss", "train_s", ...}``.
 - ``dvml-search-<model output>``: an ASHA search's journal (:mod:`dvml.search.journal`), as
   ``{"kind": "journal", "offset", "records"}``: the records from ``offset`` on.
+- ``dvml-models``: ``{"op": "save", "name", "at", "trained_by", "training", "validation",
+  "warm_start"}`` for each model registered (:mod:`dvml.tracking.model_events`).
+
+Besides the events, the page shows the memory reservations of the running jobs, as the
+scheduler holds them (:mod:`dvml.train.fit_admission`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ HOP_TOPIC_PREFIX = "dvml-hop-"
 
 SEARCH_TOPIC_PREFIX = "dvml-search-"
 """Every ASHA search's topic starts with this."""
+
+MODELS_TOPIC = "dvml-models"
+"""The topic of models registered."""
+
+RECENT_MODELS = 20
+"""How many of the latest registered models the page lists."""
 
 Events = Sequence[tuple[float, Any]]
 
@@ -341,13 +352,38 @@ def faults_view(
     return sorted(found, key=lambda f: -f["at"])
 
 
+def models_view(events: Events, limit: int = RECENT_MODELS) -> list[dict[str, Any]]:
+    """The ``limit`` latest registrations, newest first (a name registered again shows once,
+    at its latest): ``name``, ``at``, ``trained_by``, ``training`` and ``validation`` (the
+    dataset ``name``, ``version`` and ``content_digest`` its lineage records) and
+    ``warm_start``."""
+    latest: dict[str, dict[str, Any]] = {}
+    for _, m in events:
+        if isinstance(m, Mapping) and m.get("op") == "save":
+            latest[str(m["name"])] = {k: v for k, v in m.items() if k != "op"}
+    return sorted(latest.values(), key=lambda m: (-m["at"], m["name"]))[:limit]
+
+
+def reservations_view(reservations: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The running jobs' memory reservations, oldest first: ``job``, ``since`` (ISO 8601),
+    ``machines`` (``{machine: bytes reserved}``) and ``total`` bytes."""
+    found = [
+        {"job": r["job"], "since": r["since"], "machines": dict(r["machines"]),
+         "total": sum(int(b) for b in r["machines"].values())}
+        for r in reservations
+    ]  # fmt: skip
+    return sorted(found, key=lambda r: (r["since"], r["job"]))
+
+
 def page_state(
     workers: Iterable[Mapping[str, Any]],
     topics: Mapping[str, Events],
     now: float,
+    reservations: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """Everything the page shows: ``workers``, ``datasets``, ``jobs`` (lock-step fits),
-    ``hop_jobs`` (model hoppers), ``searches`` (ASHA) and ``faults``, see the views."""
+    ``hop_jobs`` (model hoppers), ``searches`` (ASHA), ``faults``, ``models`` (the latest
+    registered) and ``reservations`` (memory held by running jobs), see the views."""
     datasets = datasets_view(topics.get(DATASETS_TOPIC, ()))
     listed = list(workers)
     names = {str(w["address"]): str(w["name"]) for w in listed}
@@ -360,4 +396,6 @@ def page_state(
         "hop_jobs": hop_jobs,
         "searches": searches_view(topics),
         "faults": faults_view(jobs, hop_jobs),
+        "models": models_view(topics.get(MODELS_TOPIC, ())),
+        "reservations": reservations_view(reservations),
     }

@@ -65,6 +65,7 @@ from dvml.search.outcome import SearchOutcome
 from dvml.search.search_space import SearchSpace
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
+from dvml.tracking.model_events import log_models_saved
 from dvml.train import config_search as cs
 from dvml.train.fit_multiple import ModelSelection, track_selection
 from dvml.train.model_lock import holding_output
@@ -231,6 +232,8 @@ def automl(
                 outcome = _hop_search(reg, client, args, space, parsed, progress, name,
                                       description, lease.check)  # fmt: skip
         _save(reg, args, outcome, method, parsed, loss_column, started)
+        log_models_saved(client, [(m["name"], m["summary"]) for m in outcome.models],
+                         f"dvml.automl {model_output}")  # fmt: skip
     result = AutoMLResult(model_output, reg)
     track_selection("automl", result)
     return result

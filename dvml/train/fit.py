@@ -17,6 +17,7 @@ from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
+from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import fit_run
 from dvml.train.fit_admission import admitted
 from dvml.train.job_scalars import JobScalars, iteration_scalars
@@ -204,6 +205,7 @@ def fit(
             _save(reg, plan, results, summary, iterations)
             clear_checkpoints(client, plan.job.workers, plan.checkpoint_dir)
     trained = Model(model, reg)
+    log_models_saved(client, [(model, trained.summary)], "dvml.fit")
     if tracking_uri() is not None:  # the run in MLflow, when the user asked for it
         log_run(fit_run(trained.summary), "dvml.fit")
     return trained

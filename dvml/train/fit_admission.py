@@ -32,7 +32,7 @@ from dvml.placement.reservations import admission, refusal_message, reservation_
 from dvml.store.leases import GRACE, expired
 from dvml.train.trainer_memory import check_fit_fits
 
-__all__ = ["EXTENSION", "admitted", "read_reservations"]
+__all__ = ["EXTENSION", "admitted", "read_reservations", "reservations_on_scheduler"]
 
 EXTENSION = "dvml-reservations"
 """The key of the reservation table in ``scheduler.extensions``."""
@@ -66,7 +66,8 @@ def _release_on_scheduler(dask_scheduler: Any, reservation_id: str) -> None:
     dask_scheduler.extensions.setdefault(EXTENSION, {}).pop(reservation_id, None)
 
 
-def _list_on_scheduler(dask_scheduler: Any) -> list[dict[str, Any]]:
+def reservations_on_scheduler(dask_scheduler: Any) -> list[dict[str, Any]]:
+    """The reservations of the running jobs, read on the scheduler (its dashboard page)."""
     return list(_purged(dask_scheduler).values())
 
 
@@ -75,7 +76,7 @@ def _list_on_scheduler(dask_scheduler: Any) -> list[dict[str, Any]]:
 
 def read_reservations(client: Any) -> list[dict[str, Any]]:
     """The memory reservations of the jobs running on the cluster of ``client``."""
-    return list(client.run_on_scheduler(_list_on_scheduler))
+    return list(client.run_on_scheduler(reservations_on_scheduler))
 
 
 @contextlib.contextmanager

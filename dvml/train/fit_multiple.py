@@ -38,6 +38,7 @@ from dvml.registry.database import Registry, open_registry
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
+from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import selection_run
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
@@ -273,8 +274,9 @@ def fit_multiple(
                 weights = hop.final_weights()  # a departed worker stops the job
             end = now()
             lease.check()  # a dataset dropped with force=True: fail, register nothing
-            _register(reg, plan, history, records, evals, weights, start, end, points, name,
-                      description, started)  # fmt: skip
+            registered = _register(reg, plan, history, records, evals, weights, start, end,
+                                   points, name, description, started)  # fmt: skip
+            log_models_saved(client, registered, f"dvml.fit_multiple {model_output}")
             hopper.clear_checkpoints()
     selection = ModelSelection(model_output, reg)
     track_selection("fit_multiple", selection)
@@ -402,8 +404,9 @@ def _register(
     name: str | None,
     description: str | None,
     started: float,
-) -> None:
-    """Build every model's summary and the info/summary tables; register all in one go."""
+) -> list[tuple[str, dict[str, Any]]]:
+    """Build every model's summary and the info/summary tables; register all in one go.
+    Returns each model's name and summary."""
     keys = [c["mst_key"] for c in plan.configs]
     times = {"start": start, "end": end, "name": name, "description": description}
     trained = [
@@ -429,6 +432,7 @@ def _register(
             f"{exc} Every model's checkpoint is kept on the workers: once the registry can be "
             "written, run the same fit_multiple again and it resumes from its last iteration."
         ) from exc
+    return [(names[k], tables.summaries[k]) for k in keys]
 
 
 def _run_summary(

@@ -30,6 +30,7 @@ from dvml.store.datasets import Dataset, resolve_dataset
 from dvml.store.leases import holding
 from dvml.store.versions import dataset_lineage
 from dvml.tracking.mlflow_client import log_run, tracking_uri
+from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import DatasetInput, dataset_input, user_run
 from dvml.train.job_scalars import JobScalars, report_scalars
 from dvml.train.model_lock import holding_model
@@ -207,7 +208,8 @@ def run(
             if scalars is not None:
                 scalars.close()
         lease.check()  # a dataset dropped with force=True: fail, register nothing
-        models = _register(registry, results, primary, name)
+        registered = _register(registry, results, primary, name)
+        log_models_saved(client, registered, f"dvml.run {name}")
         clear_checkpoints(client, workers, directory)
     value = None
     if results[0]["value"] is not None:
@@ -220,7 +222,7 @@ def run(
         value=value,
         history=_history(collector.records),
         reports=reports,
-        models=models,
+        models=[m for m, _ in registered],
         workers=[w.name for w in workers],
         resumed_from_step=resumed[0] - 1 if resumed else None,
     )
@@ -317,8 +319,9 @@ def _named(datasets: Any) -> dict[str, str | Dataset]:
 
 def _register(
     registry: Registry | str | None, results: list[dict[str, Any]], train: Dataset, run: str
-) -> list[str]:
-    """Store the models the chief saved (``context.save_model``), as fit stores its model."""
+) -> list[tuple[str, dict[str, Any]]]:
+    """Store the models the chief saved (``context.save_model``), as fit stores its model;
+    their names and summaries."""
     saved = results[0]["models"]
     if not saved:
         return []
@@ -339,7 +342,7 @@ def _register(
         )  # fmt: skip
         summary["trained_by"] = f"dvml.run {run}"
         reg.save_model(m["name"], arch_id, weights, summary, [], replace=True)
-    return [m["name"] for m in saved]
+    return [(m["name"], reg.model_summary(m["name"])) for m in saved]
 
 
 def _history(records: list[dict[str, Any]]) -> pd.DataFrame:

@@ -2,9 +2,9 @@
 
 A fit runs while the page is opened: the rendered page (chromium's DOM after its script ran,
 and a screenshot kept in ``test-artifacts/``) shows the dataset, the workers' vineyard bytes
-and the running job's trainers with their step times, and shows the job done when it is. The
-JSON endpoints agree with :func:`dvml.datasets.describe`, the vineyardds' own figures and the
-fit's summary.
+and the running job's trainers with their step times and its memory reservation, and shows
+the job done when it is, its model with the data version that trained it. The JSON endpoints
+agree with :func:`dvml.datasets.describe`, the vineyardds' own figures and the fit's summary.
 """
 
 from __future__ import annotations
@@ -101,6 +101,9 @@ def test_the_dvml_page_shows_datasets_workers_and_a_running_fit(
             assert sorted(t["worker"] for t in running["trainers"]) == sorted(per_worker.index)
             assert all(t["step_seconds"] > 0 and t["steps"] > 0 for t in running["trainers"])
             assert running["num_iterations"] == 25 and running["eta_seconds"] is not None
+            # the fit holds its planned bytes per machine while it runs (its admission)
+            (held,) = [r for r in _get(f"{page}/api/reservations.json") if "dash_model" in r["job"]]
+            assert held["total"] == sum(held["machines"].values()) > 0
             shot = tmp_path / "dvml-page.png"
             seen = rendered_text(page, tmp_path, screenshot=shot)
         finally:
@@ -127,6 +130,15 @@ def test_the_dvml_page_shows_datasets_workers_and_a_running_fit(
         assert (done["straggler"] or {}).get("worker") == summary["straggler_worker"]
         after = rendered_text(page, tmp_path)
         assert "25 / 25" in after and "done" in after, after[:800]
+        # ... releases its reservation, and lists the model with the data that trained it
+        assert not [r for r in _get(f"{page}/api/reservations.json") if "dash_model" in r["job"]]
+        (listed_model,) = [m for m in _get(f"{page}/api/models.json") if m["name"] == "dash_model"]
+        trained_on = summary["lineage"]["data"]["training"]
+        assert listed_model["trained_by"] == "dvml.fit"
+        assert listed_model["training"] == {
+            "name": "dash_digits", "version": 1, "content_digest": trained_on["content_digest"]
+        }  # fmt: skip
+        assert f"dash_digits@v1 {trained_on['content_digest'][:12]}" in after, after
     finally:
         registry.close()
         dvml.datasets.drop("dash_digits", client=client)

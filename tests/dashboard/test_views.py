@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from dvml.dashboard.views import datasets_view, jobs_view, page_state, workers_view
+from dvml.dashboard.views import (
+    datasets_view,
+    jobs_view,
+    models_view,
+    page_state,
+    workers_view,
+)
+from dvml.tracking.model_events import model_event
 
 
 def _published(name: str, **per_worker: int) -> dict[str, Any]:
@@ -183,3 +190,39 @@ def test_faults_are_failed_jobs_and_departed_workers_newest_first() -> None:
         ("mop", "worker(s) w1 left"),
         ("m", "TrainerFailedError: w1 died"),
     ]
+
+
+def _lineage(name: str, version: int, digest: str, warm: bool = False) -> dict[str, Any]:
+    read = {"name": name, "version": version, "content_digest": digest, "digests": {"0": "x"}}
+    return {"lineage": {"data": {"training": read, "validation": None}, "warm_start": warm}}
+
+
+def test_models_show_the_data_that_trained_them_newest_first_once_per_name() -> None:
+    saved = [
+        (1.0, model_event("a", _lineage("digits", 1, "d1"), 10.0, "dvml.fit")),
+        (2.0, model_event("b", {"no": "lineage"}, 20.0, "dvml.run r")),
+        (3.0, model_event("a", _lineage("digits", 2, "d2", warm=True), 30.0, "dvml.fit")),
+    ]
+    listed = page_state([], {"dvml-models": saved}, now=40.0)["models"]
+    assert [(m["name"], m["at"]) for m in listed] == [("a", 30.0), ("b", 20.0)]
+    assert listed[0]["training"] == {"name": "digits", "version": 2, "content_digest": "d2"}
+    assert listed[0]["validation"] is None and listed[0]["warm_start"] is True
+    assert listed[1]["training"] is None and listed[1]["trained_by"] == "dvml.run r"
+    many = [(float(k), model_event(f"m{k}", {}, float(k), "dvml.fit")) for k in range(30)]
+    assert [m["name"] for m in models_view(many, limit=3)] == ["m29", "m28", "m27"]
+
+
+def test_reservations_show_each_jobs_bytes_per_machine_oldest_first() -> None:
+    held = [
+        {"job": "dvml.fit of model 'b'", "since": "2026-11-28T10:05:00+00:00",
+         "machines": {"host-0": 300, "host-1": 100}, "client": "c", "id": "2"},
+        {"job": "dvml.fit of model 'a'", "since": "2026-11-28T10:00:00+00:00",
+         "machines": {"host-0": 50}, "client": "c", "id": "1"},
+    ]  # fmt: skip
+    listed = page_state([], {}, now=0.0, reservations=held)["reservations"]
+    assert [(r["job"], r["total"]) for r in listed] == [
+        ("dvml.fit of model 'a'", 50),
+        ("dvml.fit of model 'b'", 400),
+    ]
+    assert listed[1]["machines"] == {"host-0": 300, "host-1": 100}
+    assert page_state([], {}, now=0.0)["reservations"] == []
