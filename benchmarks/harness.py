@@ -59,6 +59,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b18_object_store",
     "benchmarks.b19_own_loop",
     "benchmarks.b20_short_job",
+    "benchmarks.b23_memory_plan",
     "benchmarks.b24_versions",
     "benchmarks.b25_dashboard",
 )
@@ -88,8 +89,10 @@ class Benchmark:
         ``side(context) -> float``: run once and return the figure.
     target : float
         Bound on the ratio ``dvml / baseline``.
-    target_op : {"<=", ">="}
-        ``"<="`` when smaller figures are better (times), ``">="`` for rates.
+    target_op : {"<=", ">=", "within"}
+        ``"<="`` when smaller figures are better (times), ``">="`` for rates, ``"within"``
+        when the figures should agree (a plan against a measurement): ``1 / target <= ratio
+        <= target``.
     prepare : callable, optional
         ``prepare(quick) -> context``: build inputs (not timed); ``quick`` asks for small sizes.
     cleanup : callable, optional
@@ -112,9 +115,9 @@ class Benchmark:
     details: Callable[[Any], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
-        if self.target_op not in ("<=", ">="):
+        if self.target_op not in ("<=", ">=", "within"):
             raise ValueError(
-                f"target_op must be '<=' or '>='. Received: target_op={self.target_op!r} "
+                f"target_op must be '<=', '>=' or 'within'. Received: target_op={self.target_op!r} "
                 f"for {self.key}."
             )
 
@@ -305,7 +308,11 @@ def summarize(benchmark: Benchmark, measurement: Measurement) -> dict[str, Any]:
         "baseline": _median(measurement.baseline),
         "dvml_figures": list(measurement.dvml),
         "baseline_figures": list(measurement.baseline),
-        "target": f"ratio {benchmark.target_op} {benchmark.target:g}",
+        "target": (
+            f"{1 / benchmark.target:.3g} <= ratio <= {benchmark.target:g}"
+            if benchmark.target_op == "within"
+            else f"ratio {benchmark.target_op} {benchmark.target:g}"
+        ),
         "error": measurement.error,
         "skipped": measurement.skipped,
         "details": dict(measurement.details),
@@ -321,6 +328,8 @@ def summarize(benchmark: Benchmark, measurement: Measurement) -> dict[str, Any]:
         row["met"] = False
     elif benchmark.target_op == "<=":
         row["met"] = bool(median <= benchmark.target)
+    elif benchmark.target_op == "within":
+        row["met"] = bool(1 / benchmark.target <= median <= benchmark.target)
     else:
         row["met"] = bool(median >= benchmark.target)
     return row

@@ -39,6 +39,13 @@ def test_summarize_ratios_and_verdict() -> None:
     assert (row["ratio_median"], row["ratio_min"], row["ratio_max"]) == (2.0, 1.0, 3.0)
     assert row["met"] is False and row["target"] == "ratio <= 1.5"
     assert harness.summarize(_bench(">="), m)["met"] is True
+    # "within": a plan against what was used, off by at most the target either way
+    within = harness.summarize(_bench("within"), m)
+    assert within["met"] is False and within["target"] == "0.667 <= ratio <= 1.5"
+    close = harness.Measurement(dvml=[0.7, 1.4], baseline=[1.0, 1.0])
+    assert harness.summarize(_bench("within"), close)["met"] is True
+    low = harness.Measurement(dvml=[0.6], baseline=[1.0])
+    assert harness.summarize(_bench("within"), low)["met"] is False
 
     failed = harness.summarize(_bench(), harness.Measurement(error="RuntimeError: boom"))
     assert failed["met"] is False and failed["ratio_median"] is None

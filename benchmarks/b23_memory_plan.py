@@ -1,0 +1,269 @@
+"""B23: a job's memory plan against what the job used, and the admission of jobs that do not fit.
+
+B23a, plan accuracy: for each workload, the bytes it used (dvml side) against the bytes its
+plan, computed before it started, said it would use (baseline side). Target: the ratio
+within 10 % either way (above: a job can outgrow its plan and be killed; below: the plan
+refuses jobs that would fit); the details give each worker's figures.
+
+- B23a1, pack a table: Dask arrays of float32 features and integer labels, packed by
+  :func:`dvml.training_preprocessor`: the plan's shared-memory bytes per vineyardd
+  (:func:`dvml.plan.pack`) against the growth of each vineyardd's usage, as the vineyardd
+  reports it.
+- B23a2, pack images: uint8 images (``compact=True``, the layout images are stored in), the
+  same figures.
+- B23a3 and B23a4, ``dvml.fit`` with ``sync="iteration"`` and ``sync="step"``: each trainer's
+  planned resident bytes (:func:`dvml.plan.fit`) against its peak, PSS less shared memory,
+  sampled at every iteration's end (the fit's summary, ``trainer_memory``).
+
+B23b, admission: ten attempts at 1.2x to 3x oversubscription (packs larger than the free
+shared memory, fits whose trainers do not fit the host's memory as configured by
+``memory.host-memory``): the slowest refusal's seconds (dvml side) against 1 s (baseline).
+Target: ratio <= 1. The details count the refusals, the bytes any vineyardd gained (0) and the
+kernel's OOM kills meanwhile (``/proc/vmstat`` ``oom_kill``: 0).
+
+One LocalCluster of 2 workers (vineyardds of 512 MiB; ``--quick``: 192 MiB), digits for the
+fits (B4's CNN, 2 iterations).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from typing import Any
+
+from benchmarks import _training as t
+from benchmarks.harness import Benchmark, register
+
+MiB = 1 << 20
+SIZES = {False: (1 << 20, 512 * MiB), True: (1 << 16, 192 * MiB)}  # rows of B23a1, vineyardd
+IMAGES = {False: 20_000, True: 2_000}
+TABLE, PICTURES, DIGITS = "bench_b23_table", "bench_b23_images", "bench_b23_digits"
+COMPILE = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
+FIT = "batch_size=64, epochs=1"
+ATTEMPTS = (1.2, 1.5, 2.0, 2.5, 3.0)  # oversubscription of each kind of refused job
+
+
+def _table(rows: int) -> dict[str, Any]:
+    import dask.array as da
+
+    x = da.random.default_rng(23).random((rows, 64), chunks=(rows // 8, 64)).astype("float32")
+    return {"x": x, "label": da.random.default_rng(24).integers(0, 10, rows, chunks=rows // 8)}
+
+
+def _images(n: int) -> dict[str, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(23)
+    return {"image": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
+            "label": rng.integers(0, 10, n)}  # fmt: skip
+
+
+def _usage(cluster: Any) -> dict[str, int]:
+    """Each vineyardd's bytes in use, by one of its workers (a vineyardd once)."""
+    table = cluster.status()
+    seen: dict[str, int] = {}
+    for socket, used in zip(table["vineyard_socket"], table["memory_used"], strict=True):
+        seen.setdefault(str(socket), int(used or 0))
+    return seen
+
+
+def _pack_sides(kwargs_of: Any) -> tuple[Any, Any]:
+    """The (used, planned) sides of a pack workload; ``kwargs_of(context)`` gives its call."""
+
+    def used(context: dict[str, Any]) -> float:
+        import dvml
+
+        cluster, kwargs = context["cluster"], kwargs_of(context)
+        before = _usage(cluster)
+        dvml.training_preprocessor(client=cluster.client, **kwargs)
+        after = _usage(cluster)
+        grown = {s: after[s] - before.get(s, 0) for s in after}
+        context["figures"].setdefault(kwargs["name"], {})["used"] = grown
+        dvml.datasets.drop(kwargs["name"], client=cluster.client)
+        return float(sum(grown.values()))
+
+    def planned(context: dict[str, Any]) -> float:
+        import dvml
+
+        cluster, kwargs = context["cluster"], kwargs_of(context)
+        plan = dvml.plan.pack(client=cluster.client, **kwargs)
+        context["figures"].setdefault(kwargs["name"], {})["planned"] = plan
+        return float(sum(row.needed for row in plan.rows))
+
+    return used, planned
+
+
+def _fit_sides(sync: str) -> tuple[Any, Any]:
+    def used(context: dict[str, Any]) -> float:
+        import dvml
+
+        model = dvml.fit(DIGITS, f"bench_b23_{sync}", context["arch_id"], COMPILE, FIT,
+                         num_iterations=2, sync=sync, registry=context["registry"],
+                         client=context["cluster"].client)  # fmt: skip
+        memory = model.summary["trainer_memory"]
+        context["figures"][f"fit {sync}"] = memory
+        return float(sum(int(m["peak_bytes"] or 0) for m in memory.values()))
+
+    def planned(context: dict[str, Any]) -> float:
+        import dvml
+
+        plan = dvml.plan.fit(DIGITS, context["arch_id"], COMPILE, FIT,
+                             registry=context["registry"],
+                             client=context["cluster"].client)  # fmt: skip
+        return float(sum(trainer.total for trainer in plan.trainers))
+
+    return used, planned
+
+
+def _oom_kills() -> int:
+    with open("/proc/vmstat") as f:
+        for line in f:
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    return 0
+
+
+def _refused(attempt: Any) -> float:
+    """Seconds until ``attempt()`` was refused with MemoryPlanError (it must be)."""
+    from dvml.exceptions import MemoryPlanError
+
+    start = time.perf_counter()
+    try:
+        attempt()
+    except MemoryPlanError:
+        return time.perf_counter() - start
+    raise AssertionError("an oversubscribed job was admitted")
+
+
+def admission(context: dict[str, Any]) -> float:
+    """B23b's dvml side: the slowest of ten refusals (and the checks of what they left)."""
+    import dask
+    import dask.array as da
+
+    import dvml
+
+    cluster = context["cluster"]
+    client = cluster.client
+    before, kills = _usage(cluster), _oom_kills()
+    free = sum(context["limit"] - used for used in before.values())
+    row_bytes = 4 * 64 + 4 * 10  # float32 x and one-hot float32 y
+    seconds = []
+    for factor in ATTEMPTS:
+        rows = int(factor * free / row_bytes)
+        source = {"x": da.zeros((rows, 64), "float32", chunks=(rows // 4 + 1, 64)),
+                  "y": da.zeros(rows, "int64", chunks=rows // 4 + 1)}  # fmt: skip
+        seconds.append(_refused(lambda s=source: dvml.training_preprocessor(
+            s, y="y", x="x", name="bench_b23_over", num_classes=10, client=client)))  # fmt: skip
+    plan = dvml.plan.fit(DIGITS, context["arch_id"], COMPILE, FIT,
+                         registry=context["registry"], client=client)  # fmt: skip
+    per_host = max(h.with_margin for h in plan.hosts)
+    for factor in ATTEMPTS:
+        with dask.config.set({"dvml.memory.host-memory": int(per_host / factor)}):
+            seconds.append(_refused(lambda: dvml.fit(
+                DIGITS, "bench_b23_over", context["arch_id"], COMPILE, FIT, num_iterations=1,
+                registry=context["registry"], client=client)))  # fmt: skip
+    after = _usage(cluster)
+    packs, fits = seconds[: len(ATTEMPTS)], seconds[len(ATTEMPTS) :]
+    context["admission"] = {
+        "refused": f"{len(seconds)} of {2 * len(ATTEMPTS)}",
+        "bytes written by refused jobs": sum(after[s] - before.get(s, 0) for s in after),
+        "OOM kills": _oom_kills() - kills,
+        "pack refusals s": ", ".join(f"{v:.2f}" for v in packs),
+        "fit refusals s": ", ".join(f"{v:.2f}" for v in fits),
+    }
+    return max(seconds)
+
+
+def prepare(quick: bool) -> dict[str, Any]:
+    import dvml
+    from benchmarks import b4_end_to_end as b4
+    from dvml.examples import digits_cnn_json
+
+    rows, memory = SIZES[quick]
+    cluster = t.start_cluster(2, memory)
+    context: dict[str, Any] = {"cluster": cluster, "rows": rows, "images": IMAGES[quick],
+                               "limit": memory, "figures": {}}  # fmt: skip
+    try:
+        context["directory"] = tempfile.mkdtemp(prefix="dvml-bench-b23-")
+        context["registry"] = dvml.Registry(f"sqlite:///{context['directory']}/registry.db")
+        context["arch_id"] = dvml.load_keras_model(digits_cnn_json(), name="digits-cnn",
+                                                   registry=context["registry"])  # fmt: skip
+        train, _ = b4.digits_frames(2 if quick else 8)
+        dvml.training_preprocessor(train, y="label", x="pixels", normalizing_const=16.0,
+                                   name=DIGITS, client=cluster.client)  # fmt: skip
+    except BaseException:
+        cleanup(context)
+        raise
+    return context
+
+
+def cleanup(context: dict[str, Any]) -> None:
+    import shutil
+
+    registry = context.get("registry")
+    if registry is not None:
+        registry.close()
+    with contextlib.suppress(Exception):
+        context["cluster"].close()
+    if context.get("directory"):
+        shutil.rmtree(context["directory"], ignore_errors=True)
+
+
+def _details_of(name: str) -> Any:
+    """The details of the row whose figures ``context["figures"][name]`` holds."""
+
+    def details(context: dict[str, Any]) -> dict[str, Any]:
+        figures = context["figures"].get(name) or {}
+        if name.startswith("fit "):
+            return {
+                w: f"peak {int(m['peak_bytes'] or 0) / MiB:.0f} MiB, planned "
+                f"{int(m['planned_bytes']) / MiB:.0f} MiB "
+                f"({int(m['peak_bytes'] or 0) / int(m['planned_bytes']):.2f})"
+                for w, m in sorted(figures.items())
+            }
+        if "used" in figures and "planned" in figures:
+            planned = {row.instance_id: row.needed for row in figures["planned"].rows}
+            return {"planned MiB": sum(planned.values()) / MiB,
+                    "used MiB": sum(figures["used"].values()) / MiB}  # fmt: skip
+        return dict(context.get("admission", {}))
+
+    return details
+
+
+def _one_s(context: dict[str, Any]) -> float:
+    return 1.0
+
+
+_TABLE_USED, _TABLE_PLANNED = _pack_sides(
+    lambda c: {"source": _table(c["rows"]), "y": "label", "x": "x", "name": TABLE}
+)
+_IMAGES_USED, _IMAGES_PLANNED = _pack_sides(
+    lambda c: {
+        "source": _images(c["images"]),
+        "y": "label",
+        "x": "image",
+        "normalizing_const": 255.0,
+        "compact": True,
+        "name": PICTURES,
+    }
+)
+_ITERATION_USED, _ITERATION_PLANNED = _fit_sides("iteration")
+_STEP_USED, _STEP_PLANNED = _fit_sides("step")
+
+for _key, _title, _used, _planned, _name in (
+    ("B23a1", "pack a table: shared memory used vs planned", _TABLE_USED, _TABLE_PLANNED,
+     TABLE),
+    ("B23a2", "pack uint8 images: shared memory used vs planned", _IMAGES_USED,
+     _IMAGES_PLANNED, PICTURES),
+    ("B23a3", "fit, sync='iteration': trainers' peak resident bytes vs planned",
+     _ITERATION_USED, _ITERATION_PLANNED, "fit iteration"),
+    ("B23a4", "fit, sync='step': trainers' peak resident bytes vs planned", _STEP_USED,
+     _STEP_PLANNED, "fit step"),
+    ("B23b", "slowest refusal of 10 oversubscribed jobs vs 1 s", admission, _one_s,
+     "admission"),
+):  # fmt: skip
+    register(Benchmark(_key, _title, "s" if _key == "B23b" else "B", _used, _planned,
+                       1.0 if _key == "B23b" else 1.1,
+                       target_op="<=" if _key == "B23b" else "within", prepare=prepare,
+                       cleanup=cleanup, details=_details_of(_name)))  # fmt: skip
