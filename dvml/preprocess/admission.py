@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from dvml.cluster.health import wait_watched
 from dvml.exceptions import MemoryPlanError
@@ -29,7 +32,15 @@ if TYPE_CHECKING:
 
     from dvml.cluster.workers import WorkerInfo
 
-__all__ = ["Planned", "check_pack_fits", "is_planning", "pack_plan", "planning_only"]
+__all__ = [
+    "Planned",
+    "check_pack_fits",
+    "is_planning",
+    "known_x_bytes",
+    "pack_plan",
+    "planning_only",
+    "refuse_before_reading",
+]
 
 # Set by dvml.plan.pack: the preprocessor stops at its plan (raising Planned) instead of packing.
 _PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("dvml_planning", default=False)
@@ -101,20 +112,79 @@ def pack_plan(
     )
 
 
-def check_pack_fits(plan: MemoryPlan, name: str, rows: int, compact: bool) -> None:
-    """Raise :class:`MemoryPlanError` when ``plan`` does not fit; its message has the plan."""
+def check_pack_fits(
+    plan: MemoryPlan, name: str, rows: int, compact: bool, x_only: bool = False
+) -> None:
+    """Raise :class:`MemoryPlanError` when ``plan`` does not fit; its message has the plan.
+    ``x_only``: the plan counts the inputs only (:func:`refuse_before_reading`)."""
     if plan.fits:
         return
     short = plan.short
+    counted = ", the inputs alone, counted before reading the source" if x_only else ""
     raise MemoryPlanError(
         f"The dataset {name!r} does not fit in vineyard shared memory: {len(short)} of "
         f"{len(plan.rows)} vineyardds lack room. Nothing was written. Received: {rows} rows of "
         f"{plan.row_bytes} bytes ({format_size(plan.needed)}, "
-        f"{'compact' if compact else 'float32'} layout) over "
+        f"{'compact' if compact else 'float32'} layout{counted}) over "
         f"{sum(len(r.workers) for r in plan.rows)} target workers. The plan, per vineyardd:\n"
         f"{plan.describe()}",
         plan,
     )
+
+
+def known_x_bytes(source: Any, x: Any, compact: bool) -> tuple[int, int] | None:
+    """``(rows, bytes of one row's inputs as stored)`` of a source whose shapes are known
+    without reading it (a dict of Dask or numpy arrays with known chunks); None otherwise.
+
+    Inputs are stored as float32, or as uint8 for a uint8 source packed ``compact``
+    (:func:`dvml.preprocess.tasks.storage_dtypes`); the labels are left out (their width
+    needs the class values, which only reading finds): a lower bound of the packed bytes.
+    """
+
+    if not isinstance(source, Mapping) or x is None:
+        return None
+    names = (
+        [x] if isinstance(x, str) else [n for g in x for n in ([g] if isinstance(g, str) else g)]
+    )
+    rows, row_bytes = None, 0
+    for name in names:
+        array = source.get(name)
+        shape = getattr(array, "shape", None)
+        dtype = getattr(array, "dtype", None)
+        if shape is None or dtype is None or not shape or np.dtype(dtype).kind not in "biuf":
+            return None
+        if not all(isinstance(n, int | np.integer) for n in shape):  # unknown chunk sizes
+            return None
+        if rows is not None and int(shape[0]) != rows:
+            return None  # the preprocessor names the mismatch
+        rows = int(shape[0])
+        itemsize = 1 if compact and np.dtype(dtype) == np.uint8 else 4
+        row_bytes += math.prod(int(n) for n in shape[1:]) * itemsize
+    return None if rows is None else (rows, row_bytes)
+
+
+def refuse_before_reading(
+    client: Client,
+    bound: tuple[int, int],
+    targets: Sequence[WorkerInfo],
+    name: str,
+    replacing: str | None,
+    compact: bool,
+) -> None:
+    """Refuse a pack whose inputs alone (``bound``: :func:`known_x_bytes`) exceed the free
+    shared memory of its targets' vineyardds together, before its source is read.
+
+    A source several times larger than shared memory would otherwise be computed into the
+    workers' memory first, to count its rows and label values. Only the sum is compared: how
+    the rows spread over the vineyardds is the full plan's to say, later.
+    """
+    rows, row_bytes = bound
+    addresses = [t.address for t in targets]
+    share = {a: rows // len(addresses) + (k < rows % len(addresses))
+             for k, a in enumerate(addresses)}  # fmt: skip
+    plan = pack_plan(client, share, targets, row_bytes, replacing)
+    if plan.needed > sum(r.free for r in plan.rows):
+        check_pack_fits(plan, name, rows, compact, x_only=True)
 
 
 def _rooms(client: Client, chosen: Sequence[WorkerInfo]) -> list[VineyarddRoom]:

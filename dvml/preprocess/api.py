@@ -23,7 +23,14 @@ from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, Dataset
 from dvml.names import INTERNAL_PREFIX, check_name
 from dvml.placement.planner import plan_layout
 from dvml.placement.rules import DistributionRules, describe_resolution, resolve_rules
-from dvml.preprocess.admission import Planned, check_pack_fits, is_planning, pack_plan
+from dvml.preprocess.admission import (
+    Planned,
+    check_pack_fits,
+    is_planning,
+    known_x_bytes,
+    pack_plan,
+    refuse_before_reading,
+)
 from dvml.preprocess.encode import (
     check_normalizing_const,
     class_values_of,
@@ -381,6 +388,9 @@ def _preprocess(
         # A training set: its workers run the next fit's trainers. Their standby trainers
         # import TensorFlow now, at a low priority, while the data packs.
         warm_trainers(client, targets)
+    bound = known_x_bytes(source, x, compact)
+    if bound is not None and append_to is None and not is_planning():
+        refuse_before_reading(client, bound, targets, name, name if overwrite else None, compact)
     threads = sum(client.nthreads().values())
     src = source_parts(
         source, y, x, len(targets), on_invalid, image_size, channels, float(normalizing_const),

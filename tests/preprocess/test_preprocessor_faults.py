@@ -312,6 +312,14 @@ def _float_rows(n: int, width: int = 256, seed: int = 1) -> dict[str, Any]:
     }
 
 
+def _as_frame(rows: dict[str, Any]) -> tuple[Any, list[list[str]]]:
+    """The same rows as a Dask DataFrame (x one input of its float columns), whose row count
+    is known only by reading it: the pack reads the source, then plans every field."""
+    columns = [f"f{k}" for k in range(rows["x"].shape[1])]
+    x = dd.from_dask_array(rows["x"], columns=columns)
+    return dd.concat([x, dd.from_dask_array(rows["y"], columns="y")], axis=1), [columns]
+
+
 def _pack_keys(stream: Any) -> list[str]:
     """Keys of the split and pack tasks a task stream saw (the tasks that write buffers)."""
     return [str(t["key"]) for t in stream.data
@@ -330,9 +338,10 @@ def test_vineyardd_without_room(small_cluster: dvml.LocalCluster, buffer_size: i
     client = small_cluster.client
     n, width = 49152, 256  # 48 MiB of float32 x
     before = snapshot(small_cluster)
+    frame, x = _as_frame(_float_rows(n, width))
     with pytest.raises(MemoryPlanError) as info:
         dvml.training_preprocessor(
-            _float_rows(n, width), y="y", x="x", buffer_size=buffer_size,
+            frame, y="y", x=x, buffer_size=buffer_size,
             distribution_rules=["worker-0"], name="pp_full", client=client,
         )  # fmt: skip
     error = info.value
@@ -348,6 +357,37 @@ def test_vineyardd_without_room(small_cluster: dvml.LocalCluster, buffer_size: i
     assert "vineyard_memory: at least" in text and "more target workers" in text
     # Never a silent put on the other worker; nothing was put at all.
     assert_nothing_left(small_cluster, "pp_full", before)
+
+
+def test_a_source_larger_than_shared_memory_is_refused_before_it_is_read(
+    small_cluster: dvml.LocalCluster, tmp_path: Any
+) -> None:
+    """Dask arrays whose inputs alone (96 MiB of float32) exceed both vineyardds' free bytes
+    (2 x 32 MiB): refused from their shapes, without computing a chunk (each chunk would
+    leave a file behind), with the inputs' plan; nothing written."""
+    client = small_cluster.client
+    n, width = 98304, 256
+    rows = _float_rows(n, width)
+
+    def mark(block: np.ndarray, block_info: Any = None) -> np.ndarray:
+        (tmp_path / f"read-{block_info[0]['chunk-location'][0]}").touch()
+        return block
+
+    source = {"x": rows["x"].map_blocks(mark, dtype=rows["x"].dtype), "y": rows["y"]}
+    before = snapshot(small_cluster)
+    with pytest.raises(MemoryPlanError) as info:
+        dvml.training_preprocessor(source, y="y", x="x", name="pp_huge", client=client)
+    assert list(tmp_path.iterdir()) == []  # not one chunk was computed
+    plan = info.value.plan
+    assert plan.row_bytes == 4 * width and plan.needed == n * 4 * width
+    assert sorted(w for r in plan.rows for w in r.workers) == ["worker-0", "worker-1"]
+    text = str(info.value)
+    assert "'pp_huge' does not fit" in text and "Nothing was written" in text
+    assert (
+        f"Received: {n} rows of {4 * width} bytes (96.0 MiB, float32 layout, the inputs "
+        "alone, counted before reading the source)" in text
+    ), text
+    assert_nothing_left(small_cluster, "pp_huge", before)
 
 
 def test_oversubscribed_pack_is_refused_before_a_write(small_cluster: dvml.LocalCluster) -> None:
