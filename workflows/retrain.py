@@ -116,6 +116,8 @@ def run(ctx: RunContext) -> int:
         client = cluster.client
         log.info("connected to %s (%d workers)", cluster.scheduler_address, len(cluster.workers))
         recover(ctx, client)
+        if job["data"]["append"]:
+            return _run_appending(ctx, client)
         source = resolve_source(job["data"]["source"], ctx.base_dir)
         log.info("newest data: %s", source.describe())
         data_key, train_key = _keys(ctx, source.fingerprint)
@@ -148,6 +150,34 @@ def run(ctx: RunContext) -> int:
         ctx.write_state(state)
         ctx.clear_journal()
     log.info("done in %.1fs: %s", ctx.elapsed(), outcome["outcome"])
+    return EXIT_OK
+
+
+def _run_appending(ctx: RunContext, client: Any) -> int:
+    """``data.append: true``: pack the first files, then append only new ones, and train
+    (:mod:`dvml.jobs.appends`); nothing new: nothing is done."""
+    from dvml.jobs.appends import update_datasets
+    from dvml.registry import Registry
+
+    data = update_datasets(ctx.job, client, ctx, force=bool(ctx.args.force))
+    if data is None:
+        ctx.clear_journal()
+        return EXIT_OK
+    registry = Registry(ctx.job["registry"])
+    try:
+        outcome = _train_and_promote(ctx, client, registry, data)
+    finally:
+        registry.close()
+    state = ctx.read_state()
+    state["last_success"] = {
+        "run_id": ctx.run_id,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": ctx.job["data"]["source"],
+        **outcome,
+    }
+    ctx.write_state(state)
+    ctx.clear_journal()
+    ctx.log.info("done in %.1fs: %s", ctx.elapsed(), outcome["outcome"])
     return EXIT_OK
 
 
@@ -206,7 +236,11 @@ def _prepare(
     )
 
 
-def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str, Any]:
+def _train_and_promote(
+    ctx: RunContext, client: Any, registry: Any, data: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Train the candidate, evaluate it and production, promote when better. ``data``: what
+    an append run packed (files, versions, drift), recorded in the outcome and promotion."""
     from dvml.jobs.data import dataset_names
     from dvml.jobs.models import (
         copy_model,
@@ -296,6 +330,8 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
         f"{metric}={prod:.4f}" if prod is not None else "none yet",
     )
     outcome: dict[str, Any] = {"metric": metric, "candidate": cand, "production_before": prod}
+    if data is not None:
+        outcome["data"] = data
     if selected is not None:
         outcome["selection"] = {"from": model["from_selection"], **selected}
     if is_better(cand, prod, mode, promo["min_delta"]):
@@ -308,6 +344,7 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
             "candidate": cand,
             "previous": prod,
             "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"data": data} if data is not None else {}),
         }
         over = registry.get_model(name) if prod is not None else None
         lineage = promoted(

@@ -250,6 +250,7 @@ def append(
     on_invalid: str = "raise",
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
+    source_files: Sequence[str] | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Pack only ``source``'s rows and publish them as the next version of dataset ``name``.
@@ -270,6 +271,10 @@ def append(
         The new rows, in any form the preprocessors take, with the same columns.
     on_invalid, progress, storage_options, client
         As for :func:`training_preprocessor`.
+    source_files : list of str, optional
+        The files ``source``'s rows were read from, when ``source`` is a DataFrame of them
+        (e.g. the training part of a split): the version's source records these files
+        (sizes, times) instead of the DataFrame.
 
     Returns
     -------
@@ -317,6 +322,7 @@ def append(
         files=_files_options(storage_options, s.get("image_ext"), s.get("label_ext")),
         compact=bool((s.get("storage") or {}).get("compact", False)),
         append_to=old,
+        recorded_source=list(source_files) if source_files else None,
     )
 
 
@@ -361,6 +367,7 @@ def _preprocess(
     files: dict[str, Any],
     compact: bool = False,
     append_to: Dataset | None = None,
+    recorded_source: Any = None,
 ) -> Dataset:
     name = _check_arguments(name, buffer_size, normalizing_const, num_classes, channels)
     client = current_client(client)
@@ -417,7 +424,7 @@ def _preprocess(
             watch=watch,
             append_to=append_to,
             source=source_record(
-                source,
+                source if recorded_source is None else recorded_source,
                 _source_params(
                     buffer_size,
                     normalizing_const,
