@@ -316,6 +316,7 @@ def prepare_datasets(
     split = validation_fraction(job, source)
     x, y = columns(source, data)
     image_size = tuple(data["image_size"]) if data["image_size"] else None
+    files = list(source.paths) if source.paths is not None else None
     if split is not None:
         train_input, val_input = validation_split(read_rows(source), split, data["seed"])
     else:
@@ -335,6 +336,7 @@ def prepare_datasets(
         image_size=image_size,
         channels=data["channels"],
         seed=data["seed"],
+        source_files=files,
         client=client,
     )
     validation = validation_preprocessor(
@@ -346,6 +348,7 @@ def prepare_datasets(
         overwrite=True,
         on_invalid=data["on_invalid"],
         seed=data["seed"],
+        source_files=files if split is not None else None,
         client=client,
     )
     return train, validation

@@ -65,6 +65,7 @@ def training_preprocessor(
     image_ext: str | Sequence[str] | None = None,
     label_ext: str | Sequence[str] | None = None,
     compact: bool | None = None,
+    source_files: Sequence[str] | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess ``source`` into a placed, balanced, named dataset in vineyard.
@@ -141,6 +142,10 @@ def training_preprocessor(
         type), about a quarter of the float32 format; readers normalize and one-hot encode on
         the fly (:mod:`dvml.resolve`). Default: config ``dvml.preprocess.compact`` (false).
         The summary's ``storage`` records the format.
+    source_files : list of str, optional
+        The files ``source``'s rows were read from, when ``source`` is a DataFrame of them
+        (e.g. one part of a split): the version's source records these files (sizes, times)
+        instead of the DataFrame.
     client : distributed.Client, optional
         Default: the current default client.
 
@@ -176,6 +181,7 @@ def training_preprocessor(
         training=None,
         files=_files_options(storage_options, image_ext, label_ext),
         compact=bool(config.get("preprocess.compact", compact)),
+        recorded_source=list(source_files) if source_files else None,
     )
 
 
@@ -196,6 +202,7 @@ def validation_preprocessor(
     storage_options: dict[str, Any] | None = None,
     image_ext: str | Sequence[str] | None = None,
     label_ext: str | Sequence[str] | None = None,
+    source_files: Sequence[str] | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess a validation set with the class values and normalization of ``training``.
@@ -203,8 +210,8 @@ def validation_preprocessor(
     The training set's class values, ``num_classes``, ``normalizing_const``, image size,
     shard extensions (unless ``image_ext``/``label_ext`` are given) and (unless
     ``distribution_rules`` is given) distribution rules are reused; labels that the training
-    set never saw are refused. ``source`` and ``storage_options`` are as for
-    :func:`training_preprocessor`.
+    set never saw are refused. ``source``, ``storage_options`` and ``source_files`` are as
+    for :func:`training_preprocessor`.
     """
     if training is None:
         raise ArgumentError(
@@ -240,6 +247,7 @@ def validation_preprocessor(
         ),
         # a validation set is stored as its training set is
         compact=bool((s.get("storage") or {}).get("compact", False)),
+        recorded_source=list(source_files) if source_files else None,
     )
 
 

@@ -47,8 +47,8 @@ def test_psi_is_zero_for_equal_distributions_and_grows_with_the_shift() -> None:
     summary = drift.summarize(old, bins=10)
     assert summary["rows"] == 4000 and len(summary["edges"]) == 2
     same = drift.summarize(rng.normal(0, 1, (2000, 2)), summary["edges"])
-    shifted = drift.summarize(np.column_stack([rng.normal(0, 1, 2000),
-                                               rng.normal(1.5, 1, 2000)]), summary["edges"])  # fmt: skip
+    moved_rows = np.column_stack([rng.normal(0, 1, 2000), rng.normal(1.5, 1, 2000)])
+    shifted = drift.summarize(moved_rows, summary["edges"])
     calm = drift.compare(summary, same, names=["a", "b"])
     moved = drift.compare(summary, shifted, names=["a", "b"])
     assert calm["max_psi"] < 0.05 and calm["drifted"] == []
