@@ -53,11 +53,23 @@ def plan(ctx: RunContext) -> list[str]:
 
     job = ctx.job
     name = job["name"]
-    source = resolve_source(job["data"]["source"], ctx.base_dir)
+    if job["data"]["append"]:
+        from dvml.jobs.appends import append_plan
+
+        source, data_line, skip_line = append_plan(
+            job, ctx.base_dir, ctx.read_state(), ctx.args.force
+        )
+    else:
+        source = resolve_source(job["data"]["source"], ctx.base_dir)
+        _, train_key = _keys(ctx, source.fingerprint)
+        last = ctx.read_state().get("last_success") or {}
+        data_line = f"data: {source.describe()}"
+        skip_line = (
+            "skip: the last successful run already trained on this data (use --force)"
+            if last.get("train_key") == train_key and not ctx.args.force
+            else "data is new (or --force): train"
+        )
     validation_fraction(job, source)  # a job that cannot work is refused by the plan
-    _, train_key = _keys(ctx, source.fingerprint)
-    last = ctx.read_state().get("last_success") or {}
-    fresh = last.get("train_key") == train_key
     journal = ctx.read_journal()
     valid = job["validation"]
     validation = (
@@ -87,10 +99,8 @@ def plan(ctx: RunContext) -> list[str]:
             if journal
             else "no unfinished run; stop orphaned trainers if any"
         ),
-        f"data: {source.describe()}",
-        "skip: the last successful run already trained on this data (use --force)"
-        if fresh and not ctx.args.force
-        else "data is new (or --force): train",
+        data_line,
+        skip_line,
         f"preprocess into {train_name} and {val_name} (replaced atomically); {validation}",
         f"{what}; train {candidate_name(name)} for {model['num_iterations']} iteration(s), "
         + (

@@ -349,3 +349,30 @@ def update_datasets(
     log.info("appended: %s version %d, %s version %d", train_name, versions["train"],
              val_name, versions["validation"])  # fmt: skip
     return {"files": paths, "versions": versions, "drift": result["drift"]}
+
+
+def append_plan(
+    job: Mapping[str, Any], base_dir: Any, state: Mapping[str, Any], force: bool
+) -> tuple[Source, str, str]:
+    """For ``--dry-run``: the source of every file, and the data and skip lines of the plan
+    (files are only listed and stat'ed)."""
+    from dvml.jobs.data import list_files
+    from dvml.jobs.file_diff import diff_files
+
+    source, files = list_files(job["data"]["source"], base_dir)
+    record = state.get("appended") or {}
+    data = f"data: {source.describe()} (data.append: only files not seen are packed)"
+    if force or record.get("key") != _config_key(job):
+        return source, data, f"pack all {len(files)} file(s) as a new dataset, then train"
+    diff = diff_files(record["files"], files)
+    if diff.changed:
+        return source, data, f"refuse: {diff.changed[0][1]['path']} changed since it was packed"
+    if not diff.new:
+        return source, data, f"skip: no new file ({len(files)} seen); --force repacks everything"
+    limit = (job.get("drift") or {}).get("fail_above")
+    refused = f", refused above {limit:g}" if limit is not None else ", reported"
+    step = (
+        f"append {len(diff.new)} new file(s) ({diff.new[0]['path']}...) after checking their "
+        f"schema, class values and drift (PSI{refused}), then train"
+    )
+    return source, data, step

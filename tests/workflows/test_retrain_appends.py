@@ -89,9 +89,9 @@ promotion:
 """,
         )
 
-    def run(self) -> tuple[int, str]:
+    def run(self, *args: str) -> tuple[int, str]:
         proc = subprocess.run(
-            [sys.executable, "-m", "workflows.retrain", "--config", str(self.config)],
+            [sys.executable, "-m", "workflows.retrain", "--config", str(self.config), *args],
             cwd=REPO, env=self.env, capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
         return proc.returncode, proc.stdout + proc.stderr
@@ -132,6 +132,8 @@ def test_appends_only_new_files_warm_starts_and_reports_drift(job: Job, cluster2
     new = [job.drops / "day-4.parquet", job.drops / "day-5.parquet"]
     digits(1200, 1400).to_parquet(new[0])
     digits(1400, 1600).to_parquet(new[1])
+    code, out = job.run("--dry-run")
+    assert code == 0 and "append 2 new file(s)" in out, out
     code, out = job.run()
     assert code == 0, out
     assert "2 new file(s)" in out and "drift (PSI, 400 new rows against 1200)" in out, out
