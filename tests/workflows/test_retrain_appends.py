@@ -184,3 +184,15 @@ def test_a_new_class_value_is_refused_and_nothing_is_written(job: Job, cluster2:
     assert job.state.read_text() == state
     assert [dvml.datasets.describe(f"{NAME}-{k}", client=client).version
             for k in ("train", "val")] == versions  # fmt: skip
+
+
+def test_drift_above_fail_above_is_refused(job: Job, cluster2: Any) -> None:
+    (job.drops / "day-6.parquet").unlink()  # the refused file of the test before
+    strict = job.config.read_text() + "drift:\n  fail_above: 0.0\n"
+    job.config.write_text(strict)
+    digits(1600, 1700).to_parquet(job.drops / "day-7.parquet")
+    before = dvml.datasets.describe(f"{NAME}-train", client=cluster2.client).version
+    code, out = job.run()
+    assert code == 1, out
+    assert "The new rows drifted" in out and "drift.fail_above=0.0" in out, out
+    assert dvml.datasets.describe(f"{NAME}-train", client=cluster2.client).version == before
