@@ -138,7 +138,8 @@ def test_quick_b12_runs_partition_and_buffer_rows(tmp_path: pathlib.Path) -> Non
 @pytest.mark.tf
 def test_quick_b24_appends_and_extends_the_feature_cache(tmp_path: pathlib.Path) -> None:
     """B24 (issue 39): an append against a repack, the extended feature cache against a full
-    one, the retrain workflow after an append against one from scratch; the append adds to the vineyardds exactly the new rows' packed bytes."""
+    one, the retrain workflow after an append against one from scratch; the append adds to
+    the vineyardds exactly the new rows' packed bytes."""
     out = tmp_path / "results"
     rows = _quick_rows("B24", out)
     assert set(rows) == {"B24a", "B24b", "B24c"}
