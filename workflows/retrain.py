@@ -8,6 +8,11 @@ killed run; find the newest data; preprocess it into ``<name>-train`` and ``<nam
 ``<name>@candidate``, warm-started from the production model ``<name>`` when one exists; evaluate
 both on ``<name>-val``; copy the candidate to ``<name>`` when it is better (promotion).
 
+With ``data.append: true`` the source is a directory or glob that grows: the first run packs
+every file, later runs append only the files not seen before as a new dataset version (after
+checking their schema, class values and drift: :mod:`dvml.jobs.appends`), and a run with no
+new file does nothing.
+
 The production pointer is the model NAME: ``<name>`` is what serves, ``<name>@candidate`` the
 last candidate (kept for inspection). Promoting is one registry transaction (a copy with
 ``replace=True``), and the production model's summary records the promotion under
