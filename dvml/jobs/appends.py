@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SAMPLE_ROWS",
+    "already_appended",
     "append_new_files",
     "features",
     "first_summary",
@@ -183,12 +184,18 @@ def first_summary(
     return found[0]["columns"], {**summary, "names": found[0]["names"]}
 
 
-def _already_appended(dataset: Any, paths: Sequence[str]) -> bool:
+def already_appended(dataset: Any, paths: Sequence[str]) -> bool:
     """Whether the dataset's latest version was appended from exactly these files (a run
     killed after that append: the next run must not append them twice)."""
     latest = dataset.versions[-1] if dataset.versions else {}
     files = (latest.get("source") or {}).get("files") or []
-    return latest.get("parent") is not None and sorted(f["path"] for f in files) == sorted(paths)
+    recorded = sorted(_local_path(f["path"]) for f in files)
+    return latest.get("parent") is not None and recorded == sorted(map(_local_path, paths))
+
+
+def _local_path(path: str) -> str:
+    # version records name local files as fsspec does (file:///...), listings as paths
+    return path[len("file://") :] if path.startswith("file://") else path
 
 
 def append_new_files(
@@ -246,7 +253,7 @@ def append_new_files(
     for key, name, rows in targets:
         if rows is None:
             continue
-        if _already_appended(describe(name, client), paths):
+        if already_appended(describe(name, client), paths):
             log(f"{name} already holds these files (an earlier run appended them)")
             versions[key] = describe(name, client).version
             continue

@@ -108,3 +108,18 @@ def test_job_files_validate_append_and_drift() -> None:
     with pytest.raises(ConfigError, match="bins"):
         validate({**base, "data": {"source": "d/"}, "drift": {"bins": 1}}, JOB_SCHEMA)
     assert "append" not in FIT_MULTIPLE_SCHEMA["data"].fields  # type: ignore[union-attr]
+
+
+def test_a_killed_runs_append_is_recognised_by_the_version_record() -> None:
+    from types import SimpleNamespace
+
+    from dvml.jobs.appends import already_appended
+
+    files = [{"path": "file:///d/c.parquet"}, {"path": "file:///d/d.parquet"}]
+    appended = SimpleNamespace(
+        versions=[{"parent": None}, {"parent": 1, "source": {"files": files}}]
+    )
+    assert already_appended(appended, ["/d/d.parquet", "/d/c.parquet"])
+    assert not already_appended(appended, ["/d/c.parquet"])
+    first = SimpleNamespace(versions=[{"parent": None, "source": {"files": files}}])
+    assert not already_appended(first, ["/d/c.parquet", "/d/d.parquet"])
