@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
 __all__ = [
+    "EDGE_FILES",
     "SAMPLE_ROWS",
     "already_appended",
     "append_new_files",
@@ -54,7 +55,9 @@ __all__ = [
 ]
 
 SAMPLE_ROWS = 20000
-"""Rows (over all files) whose quantiles fix the drift bins of the first version."""
+"""Rows (over the sampled files) whose quantiles fix the drift bins of the first version."""
+EDGE_FILES = 3
+"""Files of the first version sampled for the drift bins."""
 
 
 def features(frame: Any, x: Any, y: Any) -> tuple[np.ndarray, list[str]]:
@@ -170,18 +173,20 @@ def first_summary(
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """The schema of the first version's files and the drift summary of its rows.
 
-    Two reads of the feature columns, on the first run only: a sample fixes the bins, then
-    every row is counted in them.
+    On the first run only: a sample of the first :data:`EDGE_FILES` files fixes the bins
+    (those files are read twice), then every file is read once, checked against the first
+    file's schema and counted in the bins.
     """
     x, y = columns(source, data)
     paths = list(source.paths or [])
     kind = source.format or "parquet"
-    found = inspect_files(client, paths, kind, x, y)
-    refuse_incompatible(found, found[0]["columns"], None, source.spec)
-    edges = drift.bin_edges(np.vstack([f["sample"] for f in found]), bins)
+    head = inspect_files(client, paths[:EDGE_FILES], kind, x, y)
+    refuse_incompatible(head, head[0]["columns"], None, source.spec)
+    edges = drift.bin_edges(np.vstack([f["sample"] for f in head]), bins)
     counted = inspect_files(client, paths, kind, x, y, edges)
+    refuse_incompatible(counted, head[0]["columns"], None, source.spec)
     summary = functools.reduce(drift.merge, [info["summary"] for info in counted])
-    return found[0]["columns"], {**summary, "names": found[0]["names"]}
+    return head[0]["columns"], {**summary, "names": head[0]["names"]}
 
 
 def already_appended(dataset: Any, paths: Sequence[str]) -> bool:
