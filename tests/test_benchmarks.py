@@ -145,14 +145,18 @@ def test_quick_b12_runs_partition_and_buffer_rows(tmp_path: pathlib.Path) -> Non
 @pytest.mark.tf
 def test_quick_b24_appends_and_extends_the_feature_cache(tmp_path: pathlib.Path) -> None:
     """B24 (issue 39): an append against a repack, the extended feature cache against a full
-    one; the append adds to the vineyardds exactly the new rows' packed bytes."""
+    one, the retrain workflow after an append against one from scratch; the append adds to
+    the vineyardds exactly the new rows' packed bytes."""
     out = tmp_path / "results"
     rows = _quick_rows("B24", out)
-    assert set(rows) == {"B24a", "B24b"}
+    assert set(rows) == {"B24a", "B24b", "B24c"}
     written = rows["B24a"]["details"]["added / new rows' bytes (target <= 1.1)"]
     assert written is not None and 0.99 <= written <= 1.1
     extension = rows["B24b"]["details"]["extension"]
     assert extension["from_version"] == 1 and extension["buffers_computed"] >= 1
+    retrain = rows["B24c"]["details"]  # both workflow runs trained and evaluated a model
+    accuracies = [v for k, v in retrain.items() if k.startswith("final validation accuracy")]
+    assert len(accuracies) == 2 and all(0.0 < a <= 1.0 for a in accuracies), retrain
 
 
 def test_a_missing_optional_peer_skips_rows_and_the_others_still_run() -> None:

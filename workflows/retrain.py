@@ -8,6 +8,11 @@ killed run; find the newest data; preprocess it into ``<name>-train`` and ``<nam
 ``<name>@candidate``, warm-started from the production model ``<name>`` when one exists; evaluate
 both on ``<name>-val``; copy the candidate to ``<name>`` when it is better (promotion).
 
+With ``data.append: true`` the source is a directory or glob that grows: the first run packs
+every file, later runs append only the files not seen before as a new dataset version (after
+checking their schema, class values and drift: :mod:`dvml.jobs.appends`), and a run with no
+new file does nothing.
+
 The production pointer is the model NAME: ``<name>`` is what serves, ``<name>@candidate`` the
 last candidate (kept for inspection). Promoting is one registry transaction (a copy with
 ``replace=True``), and the production model's summary records the promotion under
@@ -53,11 +58,23 @@ def plan(ctx: RunContext) -> list[str]:
 
     job = ctx.job
     name = job["name"]
-    source = resolve_source(job["data"]["source"], ctx.base_dir)
+    if job["data"]["append"]:
+        from dvml.jobs.appends import append_plan
+
+        source, data_line, skip_line = append_plan(
+            job, ctx.base_dir, ctx.read_state(), ctx.args.force
+        )
+    else:
+        source = resolve_source(job["data"]["source"], ctx.base_dir)
+        _, train_key = _keys(ctx, source.fingerprint)
+        last = ctx.read_state().get("last_success") or {}
+        data_line = f"data: {source.describe()}"
+        skip_line = (
+            "skip: the last successful run already trained on this data (use --force)"
+            if last.get("train_key") == train_key and not ctx.args.force
+            else "data is new (or --force): train"
+        )
     validation_fraction(job, source)  # a job that cannot work is refused by the plan
-    _, train_key = _keys(ctx, source.fingerprint)
-    last = ctx.read_state().get("last_success") or {}
-    fresh = last.get("train_key") == train_key
     journal = ctx.read_journal()
     valid = job["validation"]
     validation = (
@@ -87,10 +104,8 @@ def plan(ctx: RunContext) -> list[str]:
             if journal
             else "no unfinished run; stop orphaned trainers if any"
         ),
-        f"data: {source.describe()}",
-        "skip: the last successful run already trained on this data (use --force)"
-        if fresh and not ctx.args.force
-        else "data is new (or --force): train",
+        data_line,
+        skip_line,
         f"preprocess into {train_name} and {val_name} (replaced atomically); {validation}",
         f"{what}; train {candidate_name(name)} for {model['num_iterations']} iteration(s), "
         + (
@@ -116,6 +131,8 @@ def run(ctx: RunContext) -> int:
         client = cluster.client
         log.info("connected to %s (%d workers)", cluster.scheduler_address, len(cluster.workers))
         recover(ctx, client)
+        if job["data"]["append"]:
+            return _run_appending(ctx, client)
         source = resolve_source(job["data"]["source"], ctx.base_dir)
         log.info("newest data: %s", source.describe())
         data_key, train_key = _keys(ctx, source.fingerprint)
@@ -148,6 +165,34 @@ def run(ctx: RunContext) -> int:
         ctx.write_state(state)
         ctx.clear_journal()
     log.info("done in %.1fs: %s", ctx.elapsed(), outcome["outcome"])
+    return EXIT_OK
+
+
+def _run_appending(ctx: RunContext, client: Any) -> int:
+    """``data.append: true``: pack the first files, then append only new ones, and train
+    (:mod:`dvml.jobs.appends`); nothing new: nothing is done."""
+    from dvml.jobs.appends import update_datasets
+    from dvml.registry import Registry
+
+    data = update_datasets(ctx.job, client, ctx, force=bool(ctx.args.force))
+    if data is None:
+        ctx.clear_journal()
+        return EXIT_OK
+    registry = Registry(ctx.job["registry"])
+    try:
+        outcome = _train_and_promote(ctx, client, registry, data)
+    finally:
+        registry.close()
+    state = ctx.read_state()
+    state["last_success"] = {
+        "run_id": ctx.run_id,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": ctx.job["data"]["source"],
+        **outcome,
+    }
+    ctx.write_state(state)
+    ctx.clear_journal()
+    ctx.log.info("done in %.1fs: %s", ctx.elapsed(), outcome["outcome"])
     return EXIT_OK
 
 
@@ -206,7 +251,11 @@ def _prepare(
     )
 
 
-def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str, Any]:
+def _train_and_promote(
+    ctx: RunContext, client: Any, registry: Any, data: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Train the candidate, evaluate it and production, promote when better. ``data``: what
+    an append run packed (files, versions, drift), recorded in the outcome and promotion."""
     from dvml.jobs.data import dataset_names
     from dvml.jobs.models import (
         copy_model,
@@ -296,6 +345,8 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
         f"{metric}={prod:.4f}" if prod is not None else "none yet",
     )
     outcome: dict[str, Any] = {"metric": metric, "candidate": cand, "production_before": prod}
+    if data is not None:
+        outcome["data"] = data
     if selected is not None:
         outcome["selection"] = {"from": model["from_selection"], **selected}
     if is_better(cand, prod, mode, promo["min_delta"]):
@@ -308,6 +359,7 @@ def _train_and_promote(ctx: RunContext, client: Any, registry: Any) -> dict[str,
             "candidate": cand,
             "previous": prod,
             "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"data": data} if data is not None else {}),
         }
         over = registry.get_model(name) if prod is not None else None
         lineage = promoted(

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Source",
     "dataset_names",
+    "list_files",
     "prepare_datasets",
     "read_rows",
     "resolve_source",
@@ -83,6 +84,9 @@ class Source:
         changes when new data arrives.
     format : {"parquet", "csv", "shards", "images"} or None
         What the files hold (None for ``sklearn:``).
+    paths : tuple of str or None
+        The files read instead of ``location`` (``data.append: true``: every file of a
+        directory or glob, :func:`list_files`), None otherwise.
     """
 
     spec: str
@@ -90,11 +94,14 @@ class Source:
     location: str
     fingerprint: str
     format: str | None = None
+    paths: tuple[str, ...] | None = None
 
     def describe(self) -> str:
         what = _KIND_NAMES[self.kind]
         if self.format in _FORMAT_NAMES:
             what = f"{_FORMAT_NAMES[self.format]} {what}"
+        if self.paths is not None:
+            return f"{what}: {len(self.paths)} file(s) of {self.spec}"
         if self.location == self.spec:
             return f"{what} {self.location}"
         return f"{what} {self.location} (newest match of {self.spec})"
@@ -189,6 +196,37 @@ def resolve_source(
     return Source(spec, kind, path, _digest(found), found.kind)
 
 
+def list_files(
+    spec: str, base_dir: str | os.PathLike[str] | None = None, key: str = "data.source"
+) -> tuple[Source, list[dict[str, Any]]]:
+    """Every file of a directory or glob (``data.append: true``), and the source of them all.
+
+    Returns
+    -------
+    (Source, list of dict)
+        The source reading all the files (``paths``), and one entry ``{"path", "size",
+        "stamp"}`` per file (stamp: ETag, else modification time), sorted by path.
+    """
+    from dvml.jobs.file_diff import entries
+
+    if spec.startswith("sklearn:"):
+        raise DataError(
+            f"data.append: true reads a directory or glob of files that grows. Received: "
+            f"{key}={spec!r}, an embedded data set. Remove data.append or name files."
+        )
+    found = locate(_absolute(spec, base_dir), storage_options(), key)
+    if found.kind not in TABLE_KINDS:
+        raise DataError(
+            f"data.append: true appends Parquet or CSV files. Received: {key}={spec!r}, which "
+            f"holds {found.kind}. Remove data.append (the whole source is then repacked)."
+        )
+    files = entries(found.paths, found.sizes or [0] * len(found.paths),
+                    found.stamps or [""] * len(found.paths))  # fmt: skip
+    paths = tuple(e["path"] for e in files)
+    source = Source(spec, "table", spec, _digest(found), found.kind, paths)
+    return source, files
+
+
 def read_rows(source: Source) -> Any:
     """The rows of a table source: pandas for ``sklearn:``, a Dask DataFrame for files."""
     if source.kind == "sklearn":
@@ -198,7 +236,7 @@ def read_rows(source: Source) -> Any:
             f"Rows can only be read from a table source (Parquet/CSV or sklearn:). Received: "
             f"{source.describe()}."
         )
-    return read_table(locate(source.location, storage_options()))
+    return read_table(locate(list(source.paths or [source.location]), storage_options()))
 
 
 def validation_split(rows: Any, fraction: float, seed: int) -> tuple[Any, Any]:
@@ -227,7 +265,7 @@ def _input(source: Source) -> Any:
         return read_rows(source)
     # A path, a URL or a pattern: the preprocessor lists it and the workers read it, with
     # the configuration's dvml.storage-options.
-    return source.location
+    return list(source.paths) if source.paths is not None else source.location
 
 
 def validation_fraction(job: Mapping[str, Any], source: Source) -> float | None:
@@ -278,6 +316,7 @@ def prepare_datasets(
     split = validation_fraction(job, source)
     x, y = columns(source, data)
     image_size = tuple(data["image_size"]) if data["image_size"] else None
+    files = list(source.paths) if source.paths is not None else None
     if split is not None:
         train_input, val_input = validation_split(read_rows(source), split, data["seed"])
     else:
@@ -297,6 +336,7 @@ def prepare_datasets(
         image_size=image_size,
         channels=data["channels"],
         seed=data["seed"],
+        source_files=files,
         client=client,
     )
     validation = validation_preprocessor(
@@ -308,6 +348,7 @@ def prepare_datasets(
         overwrite=True,
         on_invalid=data["on_invalid"],
         seed=data["seed"],
+        source_files=files if split is not None else None,
         client=client,
     )
     return train, validation

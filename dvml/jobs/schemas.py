@@ -11,10 +11,11 @@ file is loaded, and ``fit_multiple``); ``dvml model-configs generate --config`` 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.jobs.yaml_schema import Field, Schema, Section, describe
@@ -92,6 +93,20 @@ def _not_negative(value: Any) -> str | None:
 
 def _fraction(value: Any) -> str | None:
     return "must be a fraction between 0 and 1 (exclusive), e.g. 0.2" if not 0 < value < 1 else None
+
+
+def _two_or_more(value: Any) -> str | None:
+    return "must be 2 or more" if value < 2 else None
+
+
+def _data_check(section: dict[str, Any]) -> str | None:
+    if section.get("append") and str(section["source"]).startswith("sklearn:"):
+        return (
+            "data.append: true appends the new files of a directory or glob of Parquet/CSV "
+            f"files. Received: data.source={section['source']!r}. Name such files, or remove "
+            "data.append"
+        )
+    return None
 
 
 def _image_size(value: Any) -> str | None:
@@ -320,9 +335,30 @@ JOB_SCHEMA: Schema = {
                 help="what to do with rows holding NaN or inf",
             ),
             "seed": Field(int, default=0, check=_seed, help="shuffle and split seed"),
+            "append": Field(
+                bool,
+                default=False,
+                help="retrain workflow: data.source is a directory or glob of Parquet/CSV files "
+                "that grows; each run appends only the files it has not seen (a new dataset "
+                "version) instead of repacking them all",
+            ),
         },
         required=True,
+        check=_data_check,
         help="the training data and how to preprocess it",
+    ),
+    "drift": Section(
+        {
+            "fail_above": Field(
+                float,
+                check=_not_negative,
+                help="refuse an append (nothing written) when a feature's PSI is above this "
+                "(default: report only)",
+            ),
+            "bins": Field(int, default=10, check=_two_or_more, help="bins per feature"),
+        },
+        help="retrain workflow with data.append: the new rows' drift against the old, per "
+        "feature (population stability index)",
     ),
     "validation": Section(
         {
@@ -382,6 +418,12 @@ JOB_SCHEMA: Schema = {
         help="read by `dvml predict --config`",
     ),
 }
+
+# The data section of the other job files: appends are the retrain workflow's.
+_JOB_DATA = cast(Section, JOB_SCHEMA["data"])
+_SHARED_DATA = dataclasses.replace(
+    _JOB_DATA, fields={k: v for k, v in _JOB_DATA.fields.items() if k != "append"}, check=None
+)
 
 FEATURE_REFRESH_SCHEMA: Schema = {
     **_common(),
@@ -544,7 +586,7 @@ MODEL_CONFIGS_SCHEMA: Schema = {
 
 FIT_MULTIPLE_SCHEMA: Schema = {
     **_common(),
-    "data": JOB_SCHEMA["data"],
+    "data": _SHARED_DATA,
     "validation": JOB_SCHEMA["validation"],
     "model_selection": Section(
         {
@@ -610,7 +652,7 @@ _SPACE_FIELDS = {
 
 AUTOML_SCHEMA: Schema = {
     **_common(),
-    "data": JOB_SCHEMA["data"],
+    "data": _SHARED_DATA,
     "validation": JOB_SCHEMA["validation"],
     "model_selection": Section(
         _SPACE_FIELDS,

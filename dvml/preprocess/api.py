@@ -72,6 +72,7 @@ def training_preprocessor(
     image_ext: str | Sequence[str] | None = None,
     label_ext: str | Sequence[str] | None = None,
     compact: bool | None = None,
+    source_files: Sequence[str] | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess ``source`` into a placed, balanced, named dataset in vineyard.
@@ -148,6 +149,10 @@ def training_preprocessor(
         type), about a quarter of the float32 format; readers normalize and one-hot encode on
         the fly (:mod:`dvml.resolve`). Default: config ``dvml.preprocess.compact`` (false).
         The summary's ``storage`` records the format.
+    source_files : list of str, optional
+        The files ``source``'s rows were read from, when ``source`` is a DataFrame of them
+        (e.g. one part of a split): the version's source records these files (sizes, times)
+        instead of the DataFrame.
     client : distributed.Client, optional
         Default: the current default client.
 
@@ -183,6 +188,7 @@ def training_preprocessor(
         training=None,
         files=_files_options(storage_options, image_ext, label_ext),
         compact=bool(config.get("preprocess.compact", compact)),
+        recorded_source=list(source_files) if source_files else None,
     )
 
 
@@ -203,6 +209,7 @@ def validation_preprocessor(
     storage_options: dict[str, Any] | None = None,
     image_ext: str | Sequence[str] | None = None,
     label_ext: str | Sequence[str] | None = None,
+    source_files: Sequence[str] | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Preprocess a validation set with the class values and normalization of ``training``.
@@ -210,8 +217,8 @@ def validation_preprocessor(
     The training set's class values, ``num_classes``, ``normalizing_const``, image size,
     shard extensions (unless ``image_ext``/``label_ext`` are given) and (unless
     ``distribution_rules`` is given) distribution rules are reused; labels that the training
-    set never saw are refused. ``source`` and ``storage_options`` are as for
-    :func:`training_preprocessor`.
+    set never saw are refused. ``source``, ``storage_options`` and ``source_files`` are as
+    for :func:`training_preprocessor`.
     """
     if training is None:
         raise ArgumentError(
@@ -247,6 +254,7 @@ def validation_preprocessor(
         ),
         # a validation set is stored as its training set is
         compact=bool((s.get("storage") or {}).get("compact", False)),
+        recorded_source=list(source_files) if source_files else None,
     )
 
 
@@ -257,6 +265,7 @@ def append(
     on_invalid: str = "raise",
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
+    source_files: Sequence[str] | None = None,
     client: Client | None = None,
 ) -> Dataset:
     """Pack only ``source``'s rows and publish them as the next version of dataset ``name``.
@@ -277,6 +286,10 @@ def append(
         The new rows, in any form the preprocessors take, with the same columns.
     on_invalid, progress, storage_options, client
         As for :func:`training_preprocessor`.
+    source_files : list of str, optional
+        The files ``source``'s rows were read from, when ``source`` is a DataFrame of them
+        (e.g. the training part of a split): the version's source records these files
+        (sizes, times) instead of the DataFrame.
 
     Returns
     -------
@@ -324,6 +337,7 @@ def append(
         files=_files_options(storage_options, s.get("image_ext"), s.get("label_ext")),
         compact=bool((s.get("storage") or {}).get("compact", False)),
         append_to=old,
+        recorded_source=list(source_files) if source_files else None,
     )
 
 
@@ -368,6 +382,7 @@ def _preprocess(
     files: dict[str, Any],
     compact: bool = False,
     append_to: Dataset | None = None,
+    recorded_source: Any = None,
 ) -> Dataset:
     name = _check_arguments(name, buffer_size, normalizing_const, num_classes, channels)
     client = current_client(client)
@@ -427,7 +442,7 @@ def _preprocess(
             watch=watch,
             append_to=append_to,
             source=source_record(
-                source,
+                source if recorded_source is None else recorded_source,
                 _source_params(
                     buffer_size,
                     normalizing_const,
