@@ -44,6 +44,7 @@ from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import Config, check_configs, model_histories, resumed_from
 from dvml.train.hop_tables import Trained, build_tables, model_name
 from dvml.train.hop_tables import run_summary as hop_run_summary
+from dvml.train.memory_use import trainer_memory_use
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_output
 from dvml.train.model_selection import resolve_model_configs
@@ -259,7 +260,7 @@ def fit_multiple(
             model_output, training_set, validation_set, num_iterations, metrics_compute_frequency,
             use_gpus, warm_start, custom_objects, seed, timeout, augment,
         )  # fmt: skip
-        plan = _plan(reg, client, args, configs)
+        plan = prepare(reg, client, args, configs)
         # One run per model_output at a time (with automl's): a second would share this one's
         # checkpoints. Held until the models are saved; refused with the running job's name.
         with holding_output(config.state_dir(), model_output,
@@ -274,15 +275,17 @@ def fit_multiple(
             end = now()
             lease.check()  # a dataset dropped with force=True: fail, register nothing
             _register(reg, plan, history, records, evals, weights, start, end, points, name,
-                      description, started)  # fmt: skip
+                      description, started, hop.planned())  # fmt: skip
             hopper.clear_checkpoints()
     selection = ModelSelection(model_output, reg)
     track_selection("fit_multiple", selection)
     return selection
 
 
-def _plan(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
-    """Check every argument and configuration up front (no trainer starts before this)."""
+def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
+    """Check every argument and configuration up front (no trainer starts before this): the
+    placed job and each configuration parsed (``.job``, ``.parsed``), what ``dvml.plan``
+    plans from."""
     # A stored table's name, or rows given here: parsed and checked against the registry.
     table = resolve_model_configs(configs, reg, args.custom_objects)
     custom = args.custom_objects or list(table.attrs.get("custom_objects") or [])
@@ -332,7 +335,7 @@ def _hop_job(client: Client, plan: _Plan, started: float) -> HopJob:
     ``fit_multiple``); the same call run again resumes from the models' checkpoints.
     """
     return HopJob(client, plan.job, plan.model_output, kind="mop", key=plan.key,
-                  started_at=started)  # fmt: skip
+                  started_at=started, configs=list(plan.parsed.values()))  # fmt: skip
 
 
 def _resume(
@@ -402,6 +405,7 @@ def _register(
     name: str | None,
     description: str | None,
     started: float,
+    planned: dict[str, int],
 ) -> None:
     """Build every model's summary and the info/summary tables; register all in one go."""
     keys = [c["mst_key"] for c in plan.configs]
@@ -422,6 +426,9 @@ def _register(
     run_summary = _run_summary(plan, records, names, tables.summaries[keys[0]]["metrics_iters"],
                                times, resumed_from(points), started)  # fmt: skip
     run_summary["resumed_from_iterations"] = [points[k] for k in keys]
+    # each trainer's planned resident bytes and the peak it sampled at its hops' ends
+    samples = [(r["worker"], r.get("resident_bytes")) for r in records]
+    run_summary.update(trainer_memory_use(planned, samples, float(config.get("memory.margin"))))
     try:
         reg.save_model_selection_run(plan.model_output, tables.models, tables.info, run_summary)
     except RegistryError as exc:  # a full disk, a lock: the training itself is not lost
