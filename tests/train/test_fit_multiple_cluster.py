@@ -17,7 +17,10 @@ import pytest
 
 import dvml
 from dvml.exceptions import ArgumentTypeError, FitRunningError, MemoryPlanError, TrainerFailedError
+from dvml.placement.memory import format_size
 from tests.helpers import Background, cnn, pid_gone, poll_for, worker_trainers
+from tests.helpers.clusters import tls_environment
+from tests.helpers.jobs import dvml_command
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -243,6 +246,10 @@ def test_a_running_fit_multiple_holds_its_reservation_against_a_fit(
             assert poll_for(lambda: first.done() or read_reservations(env["client"]) != [], 120)
             held = read_reservations(env["client"])
             assert [r["job"] for r in held] == ["dvml.fit_multiple 'mop_held'"], first.outcome
+            # `dvml cluster status` shows it beside each worker's vineyardd, and on its own
+            status = dvml_command("cluster", "status", "--scheduler", cluster2.scheduler_address,
+                                  env={**os.environ, **tls_environment(cluster2)},
+                                  timeout=120)  # fmt: skip
             with pytest.raises(MemoryPlanError) as info:
                 dvml.fit("mop_digits", "fit_beside_mop", env["arch"], compile_params,
                          "batch_size=32", num_iterations=1, progress=False,
@@ -252,6 +259,13 @@ def test_a_running_fit_multiple_holds_its_reservation_against_a_fit(
             selection = first.result()
     message = str(info.value)
     assert "dvml.fit_multiple 'mop_held'" in message and "No trainer was started" in message
+    assert status.returncode == 0, status.stderr
+    assert "reserved" in status.stdout and "memory reservations" in status.stdout, status.stdout
+    job_rows = [x for x in status.stdout.splitlines() if "dvml.fit_multiple 'mop_held'" in x]
+    reserved = format_size(plan.hosts[0].with_margin)
+    assert len(job_rows) == 1 and reserved in job_rows[0], status.stdout
+    worker_rows = [x for x in status.stdout.splitlines() if x.startswith("worker-")]
+    assert len(worker_rows) == 2 and all(reserved in x for x in worker_rows), status.stdout
     assert selection.summary["num_iterations"] == 3
     assert read_reservations(env["client"]) == []  # given back when its trainers stopped
 
