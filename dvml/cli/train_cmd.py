@@ -25,7 +25,7 @@ from dvml.cli._common import format_table
 from dvml.cli._dry_memory import memory_architecture, print_memory_plan
 from dvml.exceptions import ArgumentError
 
-__all__ = ["register"]
+__all__ = ["dry_run_memory", "register"]
 
 _CONFIG_HELP = "the YAML job file (the schema of workflows/configs/retrain-digits.yaml)."
 
@@ -167,6 +167,16 @@ def _fit(args: argparse.Namespace) -> int:
         f"{_num(summary['validation_metrics_final'])}."
     )
     return 0
+
+
+def dry_run_memory(args: argparse.Namespace, job: dict[str, Any], base: Any) -> None:
+    """Print the memory plan of a job file's pack and fit (``args``: ``scheduler``,
+    ``state_dir`` and ``registry``, as the CLI's); what ``--dry-run`` of ``dvml fit`` and of
+    the retrain workflow print after their steps. Starts nothing, writes nothing."""
+    from dvml.jobs.data import resolve_source
+
+    source = resolve_source(job["data"]["source"], base)
+    print_memory_plan(args, job, base, source, _fit_trainers(job, base))
 
 
 def _fit_trainers(job: dict[str, Any], base: Any) -> Any:
