@@ -166,6 +166,39 @@ def test_fit_dry_run_prints_the_memory_plan_and_starts_nothing(
     assert after["dataset_id"] == before["dataset_id"]
     assert registry.stat().st_mtime_ns == stamp
     assert worker_trainers(cluster2, model=NAME) == []
+    # fit-multiple's dry run: the hopper's plan, two configurations of the same MLP
+    mop = session.tmp / "mop.yaml"
+    mop.write_text(
+        f"""\
+name: {NAME}
+registry: sqlite:///{session.tmp / "mop-registry.db"}
+data:
+  source: drops/day-*.parquet
+  x: pixels
+  y: label
+  normalizing_const: 16.0
+validation:
+  split: 0.25
+model_selection:
+  architectures: [mlp.json]
+  compile_params_grid:
+    loss: [categorical_crossentropy]
+    optimizer_params_list:
+      - optimizer: [Adam]
+        lr: [0.001, 0.01]
+    metrics: [accuracy]
+  fit_params_grid: {{batch_size: [16], epochs: [1]}}
+fit_multiple:
+  num_iterations: 1
+"""
+    )
+    out = session.ok("fit-multiple", "--config", str(mop), "--scheduler", session.scheduler,
+                     "--dry-run")  # fmt: skip
+    assert f"trainers on {NAME}-train's layout: fit their hosts" in out, out
+    assert "2 configurations: each trainer keeps every one compiled" in out, out
+    assert len([x for x in out.splitlines() if x.startswith("worker-")]) == 2, out
+    assert not (session.tmp / "mop-registry.db").exists()
+    assert worker_trainers(cluster2, model_output=NAME) == []
 
 
 def test_datasets_commands_with_the_recorded_cluster(session: Session) -> None:
