@@ -432,9 +432,10 @@ def plan_fit(
     return dataclasses.replace(plan, fixes=tuple(plan_fixes(plan)))
 
 
-def plan_fixes(plan: FitMemoryPlan) -> list[str]:
+def plan_fixes(plan: FitMemoryPlan, global_batch: bool = True) -> list[str]:
     """What would make a plan that does not fit fit: more room, fewer trainers per host, a
-    smaller batch (numbers included)."""
+    smaller batch (numbers included). ``global_batch``: ``batch_size`` is split over the
+    trainers (a fit), else it is each model's batch in its one trainer (a model hopper)."""
     fixes = []
     worst = max(plan.short, key=lambda h: h.with_margin - h.room.room)
     fixes.append(
@@ -457,10 +458,15 @@ def plan_fixes(plan: FitMemoryPlan) -> list[str]:
     if per_row and room_per_trainer > fixed:
         rows = int((room_per_trainer - fixed) // per_row)
         n = len(plan.trainers)
-        if 1 <= rows < one.batch:
+        if 1 <= rows < one.batch and global_batch:
             fixes.append(
                 f"a smaller batch_size: at most {rows * n} (global; {rows} rows per trainer, "
                 f"{format_size(int(per_row))} each in flight) fits"
+            )
+        elif 1 <= rows < one.batch:
+            fixes.append(
+                f"a smaller batch_size: at most {rows} in every configuration (each model's "
+                f"batch in its trainer, {format_size(int(per_row))} a row in flight) fits"
             )
     if room_per_trainer <= fixed:
         fixes.append(

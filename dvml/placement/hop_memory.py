@@ -171,7 +171,9 @@ def plan_hop(
     )
     if plan.fits:
         return plan
-    return dataclasses.replace(plan, fixes=tuple(plan_fixes(plan) + _fewer(plan, sized)))
+    return dataclasses.replace(
+        plan, fixes=tuple(plan_fixes(plan, global_batch=False) + _fewer(plan, sized))
+    )
 
 
 def _notes(sized: Sequence[_Sized], states: int) -> list[str]:

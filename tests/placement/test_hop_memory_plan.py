@@ -107,3 +107,26 @@ def test_the_plan_refuses_missing_rooms_and_empty_jobs() -> None:
         plan_hop(TRAINERS, [[4]], 3, [SMALL], [HostRoom("h0", GiB)])
     with pytest.raises(ArgumentError, match="0 configurations"):
         plan_hop(TRAINERS, [[4]], 3, [], ROOMS)
+
+
+def test_a_batch_too_large_gets_the_largest_batch_that_fits_per_configuration() -> None:
+    """Batches dominate: the fix names each configuration's batch (not a global one split
+    over trainers), and every configuration at that batch fits."""
+    wide = {
+        "class_name": "Sequential",
+        "config": {"layers": [{"class_name": "Dense", "config": {"units": 10}}]},
+    }
+    trainers = [("w0", "h0", 10_000), ("w1", "h0", 10_000)]
+
+    def plan(batch: int, room: int) -> Any:
+        configs = [HopConfig(wide, "adam", batch), HopConfig(wide, "sgd", batch // 2)]
+        return plan_hop(trainers, [[1000]], 10, configs, [HostRoom("h0", room)], runtime=MiB)
+
+    room = int(plan(1024, 64 * GiB).hosts[0].with_margin * 1.01)  # 1024 rows fit, 4096 not
+    refused = plan(4096, room)
+    assert not refused.fits
+    fix = [f for f in refused.fixes if f.startswith("a smaller batch_size")]
+    assert fix and "in every configuration" in fix[0] and "global" not in fix[0], refused.fixes
+    rows = int(fix[0].split("at most ")[1].split()[0])
+    assert 1024 <= rows < 4096
+    assert plan(rows, room).fits and not plan(rows + 64, room).fits
