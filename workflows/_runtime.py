@@ -283,6 +283,18 @@ def _state_dir(args: argparse.Namespace, job: Mapping[str, Any]) -> pathlib.Path
     return config.state_dir() / "workflows"
 
 
+def fit_memory_plan(ctx: RunContext) -> None:
+    """The memory plan of a job file's pack and fit, on the running cluster it would use
+    (``dvml fit --config FILE --dry-run`` prints the same): nothing is started or written."""
+    from dvml.cli.train_cmd import dry_run_memory
+
+    args = argparse.Namespace(scheduler=ctx.args.scheduler, state_dir=None, registry=None)
+    try:
+        dry_run_memory(args, dict(ctx.job), ctx.base_dir)
+    except Exception as exc:  # the steps are shown; a plan that cannot be made is said
+        print(f"Memory plan: not computed: {type(exc).__name__}: {exc}")
+
+
 Plan = Callable[[RunContext], list[str]]
 Run = Callable[[RunContext], int]
 
@@ -294,8 +306,12 @@ def run_workflow(
     plan: Plan,
     run: Run,
     argv: Sequence[str] | None,
+    memory: Callable[[RunContext], None] | None = None,
 ) -> int:
     """Parse arguments, check the job file, then show the plan (``--dry-run``) or run it.
+
+    ``memory`` prints the job's memory plan after the steps of a dry run
+    (:func:`fit_memory_plan` for a job file with a model to fit).
 
     The run holds the lock and keeps the journal; every failure is logged as one line (with
     the traceback under ``--debug``) and turned into an exit code.
@@ -332,6 +348,8 @@ def run_workflow(
         print(f"Plan for {workflow} {job['name']!r} (dry run: nothing was started or written):")
         for line in lines:
             print(f"  - {line}")
+        if memory is not None:
+            memory(ctx)
         return EXIT_OK
 
     lock = ctx.lock

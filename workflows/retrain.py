@@ -27,7 +27,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from workflows._runtime import EXIT_OK, RunContext, digest, recover, run_workflow
+from workflows._runtime import (
+    EXIT_OK,
+    RunContext,
+    digest,
+    fit_memory_plan,
+    recover,
+    run_workflow,
+)
 
 __all__ = ["candidate_name", "main"]
 
@@ -383,7 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the retrain workflow with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     from dvml.jobs.schemas import JOB_SCHEMA
 
-    return run_workflow("retrain", DESCRIPTION, JOB_SCHEMA, plan, run, argv)
+    return run_workflow(
+        "retrain", DESCRIPTION, JOB_SCHEMA, plan, run, argv, memory=fit_memory_plan
+    )  # --dry-run prints the memory plan too
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ __all__ = ["register"]
 _WORKER_COLUMNS = ["name", "host", "address", "vineyard_instance_id", "gpus", "pid"]
 _STATUS_COLUMNS = [
     "name", "host", "address", "vineyard_instance_id", "gpus", "vineyardd", "memory",
-    "etcd_reachable",
+    "reserved", "etcd_reachable",
 ]  # fmt: skip
 
 
@@ -67,8 +67,10 @@ def register(subparsers: Any) -> None:
         _status,
         help="show every worker with its vineyardd state and memory.",
         description="Attach to the recorded (or given) scheduler and print one row per worker "
-        "with its host, vineyard instance, GPUs, vineyardd state and memory. Exits with 1 when "
-        "no cluster runs or a vineyardd is not running.",
+        "with its host, vineyard instance, GPUs, vineyardd state and memory (used / size), "
+        "the bytes running jobs reserve on its machine by their memory plans, then one row per "
+        "reservation (job, machine, planned bytes). Exits with 1 when no cluster runs or a "
+        "vineyardd is not running.",
     )
     add_state_dir_argument(status)
     status.add_argument(
@@ -381,6 +383,28 @@ def _memory(row: dict[str, Any]) -> str | None:
     return f"{format_bytes(int(used))} / {format_bytes(int(limit))}"
 
 
+def _reservations(client: Any) -> list[dict[str, Any]] | None:
+    """The running jobs' memory reservations (on the scheduler); None when they cannot be
+    read (a scheduler that refuses ``run_on_scheduler``): the status goes on without them."""
+    from dvml.train.fit_admission import read_reservations
+
+    try:
+        return read_reservations(client)
+    except Exception:
+        return None
+
+
+def _reserved(host: str, reservations: list[dict[str, Any]] | None) -> str | None:
+    """The bytes reserved on ``host``'s machine, for the worker table ("-": none)."""
+    if reservations is None:
+        return None
+    from dvml.placement.memory import format_size
+    from dvml.placement.reservations import reserved_on
+
+    held = reserved_on(host, reservations)
+    return format_size(held) if held else "-"
+
+
 def _status(args: argparse.Namespace) -> int:
     import warnings
 
@@ -408,6 +432,7 @@ def _status(args: argparse.Namespace) -> int:
         cluster = connect(address, timeout=args.timeout, security=security)
     try:
         rows = cluster.status().to_dict(orient="records")
+        reservations = _reservations(cluster.client)
         try:
             dashboard: str | None = cluster.dashboard_link
         except Exception:  # a scheduler without a dashboard
@@ -416,6 +441,7 @@ def _status(args: argparse.Namespace) -> int:
         cluster.close()
     for row in rows:
         row["memory"] = _memory(row)
+        row["reserved"] = _reserved(str(row.get("host")), reservations)
         iid = row.get("vineyard_instance_id")  # a float column when one worker has none
         row["vineyard_instance_id"] = None if iid is None or iid != iid else int(iid)
 
@@ -424,6 +450,12 @@ def _status(args: argparse.Namespace) -> int:
     if dashboard:
         print(f"dvml page: {dvml_page_link(dashboard)}")
     print(format_table(rows, _STATUS_COLUMNS))
+    if reservations:
+        from dvml.placement.reservations import reservation_rows
+
+        print()
+        print("running jobs' memory reservations (their planned bytes, per machine):")
+        print(format_table(reservation_rows(reservations)))
     if state is not None:
         procs = [
             {"process": name, "pid": pid, "state": "running" if same_process(pid, t) else "gone"}

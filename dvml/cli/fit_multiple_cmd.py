@@ -18,6 +18,7 @@ from typing import Any
 
 from dvml.cli._cluster_options import add_cluster_options, training_session
 from dvml.cli._common import format_table
+from dvml.cli._dry_memory import memory_architecture, print_memory_plan
 
 __all__ = ["register"]
 
@@ -81,7 +82,7 @@ def resolve_fit_multiple() -> Callable[..., Any]:
 
 
 def _dry_run(args: argparse.Namespace, job: dict[str, Any], source: Any) -> int:
-    from dvml.jobs.data import dataset_names
+    from dvml.jobs.data import config_dir, dataset_names
     from dvml.jobs.job_cluster import cluster_plan
     from dvml.jobs.schemas import planned_configs
 
@@ -103,7 +104,35 @@ def _dry_run(args: argparse.Namespace, job: dict[str, Any], source: Any) -> int:
         print(format_table(rows, ["mst_key", "model_id", "compile_params", "fit_params"]))
     print(f"  - fit_multiple -> {output!r}: {settings['num_iterations']} iteration(s)"
           + (", warm start" if settings["warm_start"] else ""))  # fmt: skip
+    print_memory_plan(args, job, config_dir(args.config), source, _hop_trainers(job, args))
     return 0
+
+
+def _hop_trainers(job: dict[str, Any], args: argparse.Namespace) -> Any:
+    """The dry run's plan of the hopper's trainers (:func:`print_memory_plan`)."""
+    from dvml.jobs.data import config_dir
+
+    def plan(client: Any, memory: Any, stored: Any, train_name: str) -> Any:
+        from dvml.exceptions import ConfigError
+        from dvml.jobs.schemas import planned_configs
+        from dvml.train import plans
+
+        section = job["model_selection"]
+        if section["table"] is not None:
+            if stored is None:
+                raise ConfigError("model_selection.table needs the job's registry, which does "
+                                  "not exist yet. Received: no registry file.")  # fmt: skip
+            return plans.fit_multiple(train_name, section["table"], use_gpus=job["fit_multiple"]
+                                      ["use_gpus"], registry=stored, client=client)  # fmt: skip
+        base = config_dir(args.config)
+        ids = [memory_architecture(spec, memory, stored, base)
+               for spec in section["architectures"]]  # fmt: skip
+        rows = [{**c.as_dict(), "model_id": ids[c.model_id - 1]} for c in planned_configs(section)]
+        return plans.fit_multiple(train_name, rows, use_gpus=job["fit_multiple"]["use_gpus"],
+                                  custom_objects=section["custom_objects"] or None,
+                                  registry=memory, client=client)  # fmt: skip
+
+    return plan
 
 
 def _configs(job: dict[str, Any], registry: Any, base: Any) -> Any:

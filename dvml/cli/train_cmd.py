@@ -22,9 +22,10 @@ from dvml.cli._cluster_options import (
     training_session,
 )
 from dvml.cli._common import format_table
+from dvml.cli._dry_memory import memory_architecture, print_memory_plan
 from dvml.exceptions import ArgumentError
 
-__all__ = ["register"]
+__all__ = ["dry_run_memory", "register"]
 
 _CONFIG_HELP = "the YAML job file (the schema of workflows/configs/retrain-digits.yaml)."
 
@@ -131,6 +132,7 @@ def _fit(args: argparse.Namespace) -> int:
         print(f"  - train {name!r} from {arch} for "
               f"{model['num_iterations']} iteration(s)"
               + (", warm-started if it exists" if model["warm_start"] else ""))  # fmt: skip
+        print_memory_plan(args, job, base, source, _fit_trainers(job, base))
         return 0
     started = time.monotonic()
     with training_session(args, job) as (cluster, registry):
@@ -165,6 +167,40 @@ def _fit(args: argparse.Namespace) -> int:
         f"{_num(summary['validation_metrics_final'])}."
     )
     return 0
+
+
+def dry_run_memory(args: argparse.Namespace, job: dict[str, Any], base: Any) -> None:
+    """Print the memory plan of a job file's pack and fit (``args``: ``scheduler``,
+    ``state_dir`` and ``registry``, as the CLI's); what ``--dry-run`` of ``dvml fit`` and of
+    the retrain workflow print after their steps. Starts nothing, writes nothing."""
+    from dvml.jobs.data import resolve_source
+
+    source = resolve_source(job["data"]["source"], base)
+    print_memory_plan(args, job, base, source, _fit_trainers(job, base))
+
+
+def _fit_trainers(job: dict[str, Any], base: Any) -> Any:
+    """The dry run's plan of the fit's trainers (:func:`print_memory_plan`)."""
+
+    def plan(client: Any, memory: Any, stored: Any, train_name: str) -> Any:
+        from dvml.exceptions import ConfigError
+        from dvml.jobs.models import fit_arguments, resolve_model_section
+        from dvml.train import plans
+
+        model = job["model"]
+        spec: Any = model["architecture"]
+        if model["from_selection"]:
+            if stored is None:
+                raise ConfigError("model.from_selection needs the job's registry, which does "
+                                  "not exist yet. Received: no registry file.")  # fmt: skip
+            model, spec, _ = resolve_model_section(model, stored, base)  # reads only
+        arch_id = memory_architecture(spec, memory, stored, base)
+        kwargs = fit_arguments(model)
+        return plans.fit(train_name, arch_id, kwargs["compile_params"], kwargs["fit_params"],
+                         use_gpus=kwargs["use_gpus"], custom_objects=kwargs["custom_objects"],
+                         registry=memory, client=client)  # fmt: skip
+
+    return plan
 
 
 def _num(value: Any) -> str:

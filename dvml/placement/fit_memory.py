@@ -42,6 +42,7 @@ __all__ = [
     "machine_rooms",
     "optimizer_slots",
     "plan_fit",
+    "plan_fixes",
 ]
 
 _MiB = 2**20
@@ -179,7 +180,12 @@ def _spatial(size: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
 
 @dataclasses.dataclass(frozen=True)
 class TrainerMemory:
-    """One trainer's planned resident bytes, by what holds them (see the module's docstring)."""
+    """One trainer's planned resident bytes, by what holds them (see the module's docstring).
+
+    ``models`` and ``parked`` are a model hopper's (:mod:`dvml.placement.hop_memory`; 0 in a
+    fit): the other configurations' weights and slots kept compiled in the trainer, and the
+    parked states its worker's Dask process holds.
+    """
 
     worker: str
     host: str
@@ -188,10 +194,19 @@ class TrainerMemory:
     weights: int  # parameters, gradients and optimizer slots
     batches: int  # batches held and their activations
     evaluation: int
+    models: int = 0
+    parked: int = 0
 
     @property
     def total(self) -> int:
-        return self.runtime + self.weights + self.batches + self.evaluation
+        """The bytes on its host: the trainer's and its worker's parked states."""
+        return self.trainer_bytes + self.parked
+
+    @property
+    def trainer_bytes(self) -> int:
+        """The trainer process's own bytes, what it samples (its worker's parked states
+        left out)."""
+        return self.runtime + self.weights + self.models + self.batches + self.evaluation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,11 +316,11 @@ class FitMemoryPlan:
         """One row per trainer: its bytes by part, its host's room, and whether the host fits."""
         import pandas as pd
 
-        columns = ["worker", "host", "batch", "runtime", "weights", "batches", "evaluation",
-                   "total", "host_needed", "host_room", "fits"]  # fmt: skip
+        columns = ["worker", "host", "batch", "runtime", "weights", "models", "batches",
+                   "evaluation", "parked", "total", "host_needed", "host_room", "fits"]  # fmt: skip
         return pd.DataFrame(
             [
-                {**{k: getattr(t, k) for k in columns[:7]}, "total": t.total,
+                {**{k: getattr(t, k) for k in columns[:9]}, "total": t.total,
                  "host_needed": h.with_margin, "host_room": h.room.room, "fits": h.fits}
                 for h in self.hosts for t in h.trainers
             ],
@@ -323,12 +338,22 @@ class FitMemoryPlan:
                     f"{format_size(t.runtime)} + weights, gradients and optimizer slots "
                     f"{format_size(t.weights)} + {t.batch}-row batches in flight "
                     f"{format_size(t.batches)} + evaluation {format_size(t.evaluation)}"
+                    + _hopper_parts(t)
                 )
         if self.fixes:
             lines.append("What would make it fit:")
             lines.extend(f"  - {fix}" for fix in self.fixes)
         lines.extend(f"Note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def _hopper_parts(t: TrainerMemory) -> str:
+    parts = ""
+    if t.models:
+        parts += f" + the other configurations kept compiled {format_size(t.models)}"
+    if t.parked:
+        parts += f" + parked states in its Dask worker {format_size(t.parked)}"
+    return parts
 
 
 def plan_fit(
@@ -404,10 +429,13 @@ def plan_fit(
     )
     if plan.fits:
         return plan
-    return dataclasses.replace(plan, fixes=tuple(_fixes(plan)))
+    return dataclasses.replace(plan, fixes=tuple(plan_fixes(plan)))
 
 
-def _fixes(plan: FitMemoryPlan) -> list[str]:
+def plan_fixes(plan: FitMemoryPlan, global_batch: bool = True) -> list[str]:
+    """What would make a plan that does not fit fit: more room, fewer trainers per host, a
+    smaller batch (numbers included). ``global_batch``: ``batch_size`` is split over the
+    trainers (a fit), else it is each model's batch in its one trainer (a model hopper)."""
     fixes = []
     worst = max(plan.short, key=lambda h: h.with_margin - h.room.room)
     fixes.append(
@@ -424,16 +452,21 @@ def _fixes(plan: FitMemoryPlan) -> list[str]:
             f"({format_size(one.total)} each); pack the dataset onto workers of more hosts "
             "(distribution_rules)"
         )
-    fixed = one.runtime + one.weights
+    fixed = one.total - one.batches - one.evaluation
     per_row = (one.batches + one.evaluation) / max(1, one.batch)
     room_per_trainer = usable / len(worst.trainers)
     if per_row and room_per_trainer > fixed:
         rows = int((room_per_trainer - fixed) // per_row)
         n = len(plan.trainers)
-        if 1 <= rows < one.batch:
+        if 1 <= rows < one.batch and global_batch:
             fixes.append(
                 f"a smaller batch_size: at most {rows * n} (global; {rows} rows per trainer, "
                 f"{format_size(int(per_row))} each in flight) fits"
+            )
+        elif 1 <= rows < one.batch:
+            fixes.append(
+                f"a smaller batch_size: at most {rows} in every configuration (each model's "
+                f"batch in its trainer, {format_size(int(per_row))} a row in flight) fits"
             )
     if room_per_trainer <= fixed:
         fixes.append(

@@ -22,7 +22,15 @@ from typing import Any
 
 from dvml.placement.memory import format_size
 
-__all__ = ["Short", "admission", "hosts_of", "refusal_message", "reservation_record"]
+__all__ = [
+    "Short",
+    "admission",
+    "hosts_of",
+    "refusal_message",
+    "reservation_record",
+    "reservation_rows",
+    "reserved_on",
+]
 
 
 def hosts_of(machine: str) -> frozenset[str]:
@@ -101,3 +109,21 @@ def refusal_message(job: str, shorts: Sequence[Short], what: str = "trainer") ->
         "batch_size, fewer trainers per host), or give dvml more room "
         "(dvml.memory.host-memory, more hosts)."
     )
+
+
+def reserved_on(host: str, reservations: Iterable[Mapping[str, Any]]) -> int:
+    """The bytes running jobs reserve on the machine of ``host`` (a machine of several hosts:
+    its whole reservation, which its hosts share)."""
+    return sum(
+        int(b) for r in reservations for m, b in r["machines"].items() if host in hosts_of(m)
+    )
+
+
+def reservation_rows(reservations: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per running job and machine: what ``dvml cluster status`` prints."""
+    return [
+        {"job": r["job"], "machine": m, "reserved": format_size(int(b)), "since": r["since"],
+         "client pid": f"{r['host']}:{r['pid']}"}
+        for r in sorted(reservations, key=lambda r: str(r["since"]))
+        for m, b in sorted(r["machines"].items())
+    ]  # fmt: skip

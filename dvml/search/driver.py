@@ -62,6 +62,7 @@ from dvml.search.automl_params import (
 from dvml.search.hop_search import HopSearch
 from dvml.search.hyperopt_run import HyperoptRun
 from dvml.search.outcome import SearchOutcome
+from dvml.search.search_memory import bounding_configs
 from dvml.search.search_space import SearchSpace
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
@@ -410,8 +411,11 @@ def _hop_search(
         scheduler = HyperoptRun(space, parsed, len(job.workers), args.seed)
         count = parsed.num_configs
     check_suffixed_name(args.output, [f"_{k}" for k in range(1, count + 1)], "model_output")
+    # admitted by the memory plan of the space's largest configurations (search_memory)
+    bound = bounding_configs(reg, space, job, count)
     search = HopSearch(client, reg, job, args.output, scheduler.journal.header,
-                       progress=progress, name=name, description=description)  # fmt: skip
+                       progress=progress, name=name, description=description,
+                       memory_configs=bound)  # fmt: skip
     try:
         if isinstance(scheduler, hb.HyperbandRun):
             _hyperband(scheduler, space, args.seed, search, progress, check)

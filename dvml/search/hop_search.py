@@ -63,6 +63,9 @@ class HopSearch:
         The search's name (its models are ``f"{model_output}_{mst_key}"``).
     header : dict
         The scheduler's journal header: with the datasets and workers, the search's key.
+    memory_configs : list of dict, optional
+        The trainer configurations the job is admitted by (its memory plan, before any trainer
+        starts: :func:`dvml.search.search_memory.bounding_configs`); None: not planned.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class HopSearch:
         progress: bool = True,
         name: str | None = None,
         description: str | None = None,
+        memory_configs: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         self.client, self.reg, self.job, self.model_output = client, reg, job, model_output
         self.progress, self.name, self.description = progress, name, description
@@ -85,7 +89,8 @@ class HopSearch:
             [w.name for w in job.workers], job.seed, *job.augment_key,
         )  # fmt: skip
         self.start_text = now()
-        self.hop = HopJob(client, job, model_output, kind="hop", key=key)
+        # admitted by the plan of ``memory_configs`` (the space's largest configurations)
+        self.hop = HopJob(client, job, model_output, kind="hop", key=key, configs=memory_configs)
         self.hopper = self.hop.hopper
         self.configs: dict[int, tuple[int, dict[str, Any]]] = {}  # mst_key -> arch, spec
         self.iterations: dict[int, int] = {}  # mst_key -> iterations trained

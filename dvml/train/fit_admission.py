@@ -32,7 +32,7 @@ from dvml.placement.reservations import admission, refusal_message, reservation_
 from dvml.store.leases import GRACE, expired
 from dvml.train.trainer_memory import check_fit_fits
 
-__all__ = ["EXTENSION", "admitted", "read_reservations", "reservations_on_scheduler"]
+__all__ = ["EXTENSION", "admitted", "read_reservations", "reservations_on_scheduler", "reserved"]
 
 EXTENSION = "dvml-reservations"
 """The key of the reservation table in ``scheduler.extensions``."""
@@ -94,7 +94,21 @@ def admitted(
         message names those jobs and their bytes). Nothing is reserved then.
     """
     check_fit_fits(plan, model, batch_size)
-    job = f"dvml.fit of model {model!r}"
+    with reserved(client, plan, f"dvml.fit of model {model!r}") as record:
+        yield record
+
+
+@contextlib.contextmanager
+def reserved(client: Any, plan: FitMemoryPlan, job: str) -> Iterator[dict[str, Any]]:
+    """Reserve the bytes of ``plan`` (one that fits its hosts alone) for the ``with`` block,
+    under the name ``job``, unless it does not fit beside the running jobs' reservations.
+
+    Raises
+    ------
+    MemoryPlanError
+        On one of its machines, it does not fit in the room less the running jobs'
+        reservations (the message names those jobs and their bytes). Nothing is reserved.
+    """
     needed: Mapping[str, int] = {h.host: h.with_margin for h in plan.hosts}
     rooms = {h.host: h.room.room for h in plan.hosts}
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

@@ -45,6 +45,7 @@ from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import Config, check_configs, model_histories, resumed_from
 from dvml.train.hop_tables import Trained, build_tables, model_name
 from dvml.train.hop_tables import run_summary as hop_run_summary
+from dvml.train.memory_use import trainer_memory_use
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_output
 from dvml.train.model_selection import resolve_model_configs
@@ -260,7 +261,7 @@ def fit_multiple(
             model_output, training_set, validation_set, num_iterations, metrics_compute_frequency,
             use_gpus, warm_start, custom_objects, seed, timeout, augment,
         )  # fmt: skip
-        plan = _plan(reg, client, args, configs)
+        plan = prepare(reg, client, args, configs)
         # One run per model_output at a time (with automl's): a second would share this one's
         # checkpoints. Held until the models are saved; refused with the running job's name.
         with holding_output(config.state_dir(), model_output,
@@ -275,7 +276,7 @@ def fit_multiple(
             end = now()
             lease.check()  # a dataset dropped with force=True: fail, register nothing
             registered = _register(reg, plan, history, records, evals, weights, start, end,
-                                   points, name, description, started)  # fmt: skip
+                                   points, name, description, started, hop.planned())  # fmt: skip
             log_models_saved(client, registered, f"dvml.fit_multiple {model_output}")
             hopper.clear_checkpoints()
     selection = ModelSelection(model_output, reg)
@@ -283,8 +284,10 @@ def fit_multiple(
     return selection
 
 
-def _plan(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
-    """Check every argument and configuration up front (no trainer starts before this)."""
+def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
+    """Check every argument and configuration up front (no trainer starts before this): the
+    placed job and each configuration parsed (``.job``, ``.parsed``), what ``dvml.plan``
+    plans from."""
     # A stored table's name, or rows given here: parsed and checked against the registry.
     table = resolve_model_configs(configs, reg, args.custom_objects)
     custom = args.custom_objects or list(table.attrs.get("custom_objects") or [])
@@ -334,7 +337,7 @@ def _hop_job(client: Client, plan: _Plan, started: float) -> HopJob:
     ``fit_multiple``); the same call run again resumes from the models' checkpoints.
     """
     return HopJob(client, plan.job, plan.model_output, kind="mop", key=plan.key,
-                  started_at=started)  # fmt: skip
+                  started_at=started, configs=list(plan.parsed.values()))  # fmt: skip
 
 
 def _resume(
@@ -404,6 +407,7 @@ def _register(
     name: str | None,
     description: str | None,
     started: float,
+    planned: dict[str, int],
 ) -> list[tuple[str, dict[str, Any]]]:
     """Build every model's summary and the info/summary tables; register all in one go.
     Returns each model's name and summary."""
@@ -425,6 +429,9 @@ def _register(
     run_summary = _run_summary(plan, records, names, tables.summaries[keys[0]]["metrics_iters"],
                                times, resumed_from(points), started)  # fmt: skip
     run_summary["resumed_from_iterations"] = [points[k] for k in keys]
+    # each trainer's planned resident bytes and the peak it sampled at its hops' ends
+    samples = [(r["worker"], r.get("resident_bytes")) for r in records]
+    run_summary.update(trainer_memory_use(planned, samples, float(config.get("memory.margin"))))
     try:
         reg.save_model_selection_run(plan.model_output, tables.models, tables.info, run_summary)
     except RegistryError as exc:  # a full disk, a lock: the training itself is not lost

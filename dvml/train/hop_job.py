@@ -18,12 +18,16 @@ job that went on without a worker's partitions would silently break.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
 from dvml.exceptions import TrainerFailedError
+from dvml.placement.fit_memory import FitMemoryPlan
+from dvml.train.fit_admission import reserved
+from dvml.train.hop_admission import check_hop_fits, hop_memory_plan
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.plan import Job
 from dvml.train.runtime.watcher import describe_departure
@@ -107,7 +111,22 @@ class HopJob:
         The run's key (:func:`~dvml.train.runtime.plan.job_key`): the same call, the same key.
     started_at : float, optional
         Wall clock the job's records are timed from (an earlier run's, once resumed).
+    configs : sequence of dict, optional
+        The trainer configurations the job trains (``model_json``, parsed ``compile_params``
+        and ``fit_params``): the job is admitted by their memory plan (:attr:`memory`) before
+        any trainer starts, and holds its reservation until its trainers stop. None: not
+        planned (a search whose configurations are drawn as it runs).
+
+    Raises
+    ------
+    MemoryPlanError
+        The plan of ``configs`` does not fit its hosts, alone or beside the running jobs'
+        reservations: no trainer was started.
     """
+
+    #: the scheduler's name in messages and reservations, by checkpoint folder kind
+    JOB_NAMES: Mapping[str, str] = {"mop": "dvml.fit_multiple", "hop": "dvml.automl",
+                                    "asha": "dvml.automl"}  # fmt: skip
 
     def __init__(
         self,
@@ -118,12 +137,36 @@ class HopJob:
         kind: str,
         key: str,
         started_at: float | None = None,
+        configs: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         self.client, self.job, self.model_output, self.key = client, job, model_output, key
         self.checkpoint_dir = checkpoint_dir(model_output, kind, key)
-        # The place where a job is admitted before any trainer starts (a memory plan of the
-        # trainers on each worker): every model-hopper scheduler passes here.
-        self.hopper = ModelHopper(
+        # Admitted before any trainer starts (a memory plan of the trainers on each worker),
+        # its bytes reserved on the scheduler until its trainers stop: every model-hopper
+        # scheduler passes here.
+        self.name = f"{self.JOB_NAMES.get(kind, 'dvml.fit_multiple')} {model_output!r}"
+        self.memory: FitMemoryPlan | None = None
+        self.reservation = contextlib.ExitStack()
+        if configs:
+            self.memory = hop_memory_plan(client, job.workers, job.train, configs)
+            check_hop_fits(self.memory, self.name, len(configs))
+            self.reservation.enter_context(reserved(client, self.memory, self.name))
+        try:
+            self.hopper = self._hopper(started_at)
+        except BaseException:
+            self.reservation.close()
+            raise
+        self.hopper.on_stop.append(self.reservation.close)
+
+    def planned(self) -> dict[str, int]:
+        """Each trainer's planned resident bytes (its own, parked states left out), by
+        worker name; empty when the job was not planned."""
+        trainers = self.memory.trainers if self.memory is not None else ()
+        return {t.worker: t.trainer_bytes for t in trainers}
+
+    def _hopper(self, started_at: float | None) -> ModelHopper:
+        client, job, model_output, key = self.client, self.job, self.model_output, self.key
+        return ModelHopper(
             client, name=model_output, training=job.train.name,
             validation=job.valid.name if job.valid else None, workers=list(job.workers),
             seed=job.seed, job_key=key, checkpoint_dir=self.checkpoint_dir,

@@ -3,6 +3,10 @@
 - :func:`fit`: the trainers' resident bytes per host (a
   :class:`~dvml.placement.fit_memory.FitMemoryPlan`), what :func:`dvml.fit` checks before
   any trainer starts;
+- :func:`fit_multiple`: the model hopper's trainers per host (the same table type), what
+  :func:`dvml.fit_multiple` checks before any trainer starts
+  (:mod:`dvml.placement.hop_memory`: the largest configuration in the step, every
+  configuration kept compiled in each trainer, the parked states in the Dask workers);
 - :func:`pack`: the shared-memory bytes per vineyardd of a preprocessor call
   (:class:`~dvml.placement.memory.MemoryPlan`), what the preprocessors check before any write.
 
@@ -22,13 +26,15 @@ from dvml.preprocess import api as preprocess_api
 from dvml.preprocess.admission import Planned, planning_only
 from dvml.registry.database import Registry, open_registry
 from dvml.store.datasets import Dataset
+from dvml.train import fit_multiple as fit_multiple_module
+from dvml.train.hop_admission import hop_memory_plan
 from dvml.train.runtime.plan import JobArgs, batch_split, model_spec, place_job
 from dvml.train.trainer_memory import fit_memory_plan
 
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["fit", "pack"]
+__all__ = ["fit", "fit_multiple", "pack"]
 
 
 def fit(
@@ -64,6 +70,38 @@ def fit(
         client, job.workers, per_worker, job.train.summary, spec.arch, spec.compile_params,
         spec.weights,
     )  # fmt: skip
+
+
+def fit_multiple(
+    training_set: str | Dataset,
+    configs: Any,
+    *,
+    use_gpus: bool = False,
+    validation_set: str | Dataset | None = None,
+    custom_objects: list[str] | None = None,
+    registry: Registry | str | None = None,
+    client: Client | None = None,
+) -> FitMemoryPlan:
+    """The memory plan of ``dvml.fit_multiple(training_set, ..., configs, ...)``.
+
+    Takes :func:`dvml.fit_multiple`'s arguments that change its memory (``configs``: a stored
+    model selection table's name, the table, or its rows) and checks them as it does, then
+    reads each trainer host's room (one task per host). Starts no trainer.
+
+    Returns
+    -------
+    FitMemoryPlan
+        One row per trainer in ``.table()`` (with the hopper's ``models`` and ``parked``
+        columns); ``.fits``; ``.fixes`` when it does not fit.
+    """
+    reg = open_registry(registry)
+    client = current_client(client)
+    args = JobArgs("memory_plan", training_set, validation_set, 1, None, use_gpus, False,
+                   custom_objects, None, None)  # fmt: skip
+    prepared = fit_multiple_module.prepare(reg, client, args, configs)
+    return hop_memory_plan(
+        client, prepared.job.workers, prepared.job.train, list(prepared.parsed.values())
+    )
 
 
 def pack(source: Any, *, validation: bool = False, **kwargs: Any) -> MemoryPlan:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from dvml.cluster.workers import WorkerInfo
 
-__all__ = ["check_fit_fits", "fit_memory_plan", "host_memory"]
+__all__ = ["check_fit_fits", "fit_memory_plan", "host_memory", "host_rooms", "label_width"]
 
 _NO_LIMIT = 2**60  # cgroup v1 reports "no limit" as a huge number (9223372036854771712)
 

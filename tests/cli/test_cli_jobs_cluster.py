@@ -144,6 +144,63 @@ def test_fit_from_the_newest_parquet_drop(session: Session) -> None:
     assert [(m["name"], m["version"]) for m in listed] == [(NAME, 2)]
 
 
+def test_fit_dry_run_prints_the_memory_plan_and_starts_nothing(
+    session: Session, cluster2: Any
+) -> None:
+    """On the running cluster, ``--dry-run`` prints the pack's and the trainers' memory plan
+    (from the layout of the training set the first test packed) and changes nothing: the
+    datasets, the model and the registry are as they were, and no trainer started."""
+    from tests.helpers import worker_trainers
+
+    config = str(session.tmp / "job.yaml")
+    before = dvml.datasets.describe(f"{NAME}-train", client=cluster2.client).summary
+    registry = pathlib.Path(session.registry[len("sqlite:///") :])
+    stamp = registry.stat().st_mtime_ns
+    out = session.ok("fit", "--config", config, "--scheduler", session.scheduler, "--dry-run")
+    assert "Memory plan (dry run" in out, out
+    assert f"pack of {NAME}-train into shared memory: fits" in out, out
+    assert f"trainers on {NAME}-train's layout: fit their hosts" in out, out
+    trainer_rows = [x for x in out.splitlines() if x.startswith("worker-")]
+    assert len(trainer_rows) == 2 and all("MiB" in x for x in trainer_rows), out
+    after = dvml.datasets.describe(f"{NAME}-train", client=cluster2.client).summary
+    assert after["dataset_id"] == before["dataset_id"]
+    assert registry.stat().st_mtime_ns == stamp
+    assert worker_trainers(cluster2, model=NAME) == []
+    # fit-multiple's dry run: the hopper's plan, two configurations of the same MLP
+    mop = session.tmp / "mop.yaml"
+    mop.write_text(
+        f"""\
+name: {NAME}
+registry: sqlite:///{session.tmp / "mop-registry.db"}
+data:
+  source: drops/day-*.parquet
+  x: pixels
+  y: label
+  normalizing_const: 16.0
+validation:
+  split: 0.25
+model_selection:
+  architectures: [mlp.json]
+  compile_params_grid:
+    loss: [categorical_crossentropy]
+    optimizer_params_list:
+      - optimizer: [Adam]
+        lr: [0.001, 0.01]
+    metrics: [accuracy]
+  fit_params_grid: {{batch_size: [16], epochs: [1]}}
+fit_multiple:
+  num_iterations: 1
+"""
+    )
+    out = session.ok("fit-multiple", "--config", str(mop), "--scheduler", session.scheduler,
+                     "--dry-run")  # fmt: skip
+    assert f"trainers on {NAME}-train's layout: fit their hosts" in out, out
+    assert "2 configurations: each trainer keeps every one compiled" in out, out
+    assert len([x for x in out.splitlines() if x.startswith("worker-")]) == 2, out
+    assert not (session.tmp / "mop-registry.db").exists()
+    assert worker_trainers(cluster2, model_output=NAME) == []
+
+
 def test_datasets_commands_with_the_recorded_cluster(session: Session) -> None:
     # What `dvml cluster up` writes, pointing at the session cluster; this test process
     # stands in for its serve process (same pid and start time).

@@ -15,7 +15,7 @@ import dask
 import pytest
 
 import dvml
-from dvml.exceptions import ArgumentError, FitRunningError
+from dvml.exceptions import ArgumentError, FitRunningError, MemoryPlanError
 from dvml.search import hyperband as hb
 from dvml.search import journal as j
 from dvml.search.automl_params import HyperoptParams
@@ -69,6 +69,27 @@ def test_refused_before_anything_trains(env: dict[str, Any]) -> None:
             dvml.automl("automl_iris", "refused", env["arch"], COMPILE, FIT,
                         registry=env["registry"], client=env["client"], **kwargs)  # fmt: skip
     assert "refused" not in set(env["registry"].list_models()["name"])
+
+
+def test_a_search_that_does_not_fit_is_refused_before_a_trainer_starts(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    """A hyperopt search is planned on its space's largest configurations before any trainer
+    starts: capped to 1 GiB (two trainers of TensorFlow's runtime need more), it is refused
+    with the plan's numbers, and no trainer started."""
+    with (
+        dask.config.set({"dvml.memory.host-memory": "1GiB"}),
+        pytest.raises(MemoryPlanError) as info,
+    ):
+        dvml.automl("automl_iris", "too_big_search", env["arch"], COMPILE, FIT,
+                    method="hyperopt", params="num_configs=3, num_iterations=1",
+                    progress=False, registry=env["registry"], client=env["client"])  # fmt: skip
+    message = str(info.value)
+    assert "dvml.automl 'too_big_search'" in message and "No trainer was started" in message
+    assert "3 configurations on 2 trainers (largest batch 16 rows)" in message, message
+    assert info.value.plan.hosts[0].room.room == 2**30
+    assert worker_trainers(cluster2, model_output="too_big_search") == []
+    assert "too_big_search_1" not in set(env["registry"].list_models()["name"])
 
 
 def test_hyperband_runs_madlibs_diagonals_with_warm_start(env: dict[str, Any]) -> None:

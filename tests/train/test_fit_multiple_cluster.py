@@ -16,8 +16,11 @@ import pandas as pd
 import pytest
 
 import dvml
-from dvml.exceptions import ArgumentTypeError, FitRunningError, TrainerFailedError
+from dvml.exceptions import ArgumentTypeError, FitRunningError, MemoryPlanError, TrainerFailedError
+from dvml.placement.memory import format_size
 from tests.helpers import Background, cnn, pid_gone, poll_for, worker_trainers
+from tests.helpers.clusters import tls_environment
+from tests.helpers.jobs import dvml_command
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -183,6 +186,88 @@ def test_augment_transforms_every_models_training_batches(
     assert selection.info["training_metrics_final"].max() >= 0.85
     assert blanked.model(1).summary["augment"].endswith("blank")
     assert selection.model(1).summary["augment"] is None
+
+
+def test_the_summary_holds_each_hop_trainers_planned_and_peak_memory(
+    selection: dvml.ModelSelection,
+) -> None:
+    """Each hop trainer sampled its resident bytes at its hops' ends; the stored summary has
+    them beside its plan (the trainer's own bytes), and the default plan holds."""
+    use = selection.summary["trainer_memory"]
+    assert sorted(use) == ["worker-0", "worker-1"]
+    for row in use.values():
+        assert row["planned_bytes"] > 0
+        assert row["peak_bytes"] > 100 * 2**20  # TensorFlow's runtime alone is hundreds of MiB
+    assert selection.summary["memory_over_plan"] == []
+
+
+def test_a_fit_multiple_that_does_not_fit_is_refused_before_a_trainer_starts(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    """dvml.plan.fit_multiple gives the hopper's plan (it fits); capped by
+    dvml.memory.host-memory to room for one trainer, the same call is refused before any
+    trainer starts or any checkpoint is written, with the numbers and the fixes."""
+    table = configs(env["arch"], lrs=(0.003, 0.01, 0.001))
+    plan = dvml.plan.fit_multiple("mop_digits", table, registry=env["registry"],
+                                  client=env["client"])  # fmt: skip
+    assert plan.fits, plan.describe()
+    assert sorted(t.worker for t in plan.trainers) == ["worker-0", "worker-1"]
+    one = plan.trainers[0]
+    state = cnn().count_params() * 4 * 3  # Adam: weights and two slots
+    assert one.models == 2 * state and one.weights == cnn().count_params() * 4 * 4
+    assert {"models", "parked"} <= set(plan.table().columns)
+    cap = int(one.total * 1.5)  # one trainer and its margin, not two
+    with dask.config.set({"dvml.memory.host-memory": cap}), pytest.raises(MemoryPlanError) as info:
+        run(env, "mop_too_big", table)
+    message = str(info.value)
+    assert "dvml.fit_multiple 'mop_too_big'" in message and "No trainer was started" in message
+    assert "3 configurations on 2 trainers" in message and "available" in message, message
+    assert info.value.plan.hosts[0].room.room == cap and info.value.plan.fixes
+    assert worker_trainers(cluster2, model_output="mop_too_big") == []
+    assert not list((env["tmp"] / "state").glob("checkpoints/mop_too_big-*"))
+    assert not env["registry"].model_exists("mop_too_big_1")
+
+
+def test_a_running_fit_multiple_holds_its_reservation_against_a_fit(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    """Capped to room for the fit_multiple alone, a fit started while it trains is refused
+    before any of its trainers starts, naming it; the reservation goes when it ends."""
+    from dvml.train.fit_admission import read_reservations
+
+    table = configs(env["arch"], lrs=(0.003, 0.01))
+    plan = dvml.plan.fit_multiple("mop_digits", table, registry=env["registry"],
+                                  client=env["client"])  # fmt: skip
+    cap = int(plan.hosts[0].with_margin * 1.5)
+    compile_params = table.loc[0, "compile_params"]
+    with dask.config.set({"dvml.memory.host-memory": cap}):
+        first = Background(lambda seen: run(env, "mop_held", table, num_iterations=3))
+        try:
+            assert poll_for(lambda: first.done() or read_reservations(env["client"]) != [], 120)
+            held = read_reservations(env["client"])
+            assert [r["job"] for r in held] == ["dvml.fit_multiple 'mop_held'"], first.outcome
+            # `dvml cluster status` shows it beside each worker's vineyardd, and on its own
+            status = dvml_command("cluster", "status", "--scheduler", cluster2.scheduler_address,
+                                  env={**os.environ, **tls_environment(cluster2)},
+                                  timeout=120)  # fmt: skip
+            with pytest.raises(MemoryPlanError) as info:
+                dvml.fit("mop_digits", "fit_beside_mop", env["arch"], compile_params,
+                         "batch_size=32", num_iterations=1, progress=False,
+                         registry=env["registry"], client=env["client"])  # fmt: skip
+            assert worker_trainers(cluster2, model="fit_beside_mop") == []
+        finally:
+            selection = first.result()
+    message = str(info.value)
+    assert "dvml.fit_multiple 'mop_held'" in message and "No trainer was started" in message
+    assert status.returncode == 0, status.stderr
+    assert "reserved" in status.stdout and "memory reservations" in status.stdout, status.stdout
+    job_rows = [x for x in status.stdout.splitlines() if "dvml.fit_multiple 'mop_held'" in x]
+    reserved = format_size(plan.hosts[0].with_margin)
+    assert len(job_rows) == 1 and reserved in job_rows[0], status.stdout
+    worker_rows = [x for x in status.stdout.splitlines() if x.startswith("worker-")]
+    assert len(worker_rows) == 2 and all(reserved in x for x in worker_rows), status.stdout
+    assert selection.summary["num_iterations"] == 3
+    assert read_reservations(env["client"]) == []  # given back when its trainers stopped
 
 
 def test_refuses_bad_configs_before_any_trainer(env: dict[str, Any]) -> None:

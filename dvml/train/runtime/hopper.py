@@ -37,6 +37,7 @@ import itertools
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml import config
@@ -123,6 +124,8 @@ class ModelHopper:
         self._log({"kind": "job", "program": "hop", "model": name, "training": training,
                    "workers": self.job["workers"], "started": self.job["started_at"]})  # fmt: skip
         self.states: dict[int, Future] = {}
+        # called once when the job's trainers stop (a memory reservation given back)
+        self.on_stop: list[Callable[[], object]] = []
         self.parked: set[int] = set()
         self.submitted: list[Future] = []
         self._last_checkpoint: dict[int, Future] = {}
@@ -446,8 +449,13 @@ class ModelHopper:
 
     def stop(self) -> None:
         """Stop the job's trainers on every worker (idempotent)."""
-        self.client.run(sessions.stop_session, self.job_id, on_error="ignore")
-        self._log({"kind": "ended", "outcome": "done", "at": time.time()})
+        try:
+            self.client.run(sessions.stop_session, self.job_id, on_error="ignore")
+            self._log({"kind": "ended", "outcome": "done", "at": time.time()})
+        finally:
+            callbacks, self.on_stop = self.on_stop, []
+            for callback in callbacks:
+                callback()
 
     def _log(self, message: dict[str, Any]) -> None:
         """Best effort: the dashboard page misses an event, the job goes on."""

@@ -136,6 +136,8 @@ class Trained(Line):
     steps: int
     rows: int
     loaded_sha256: str  # of the weights it started from: what a resumed model continued from
+    # the trainer's resident bytes at the hop's end (train.runtime.memory_sample)
+    resident_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

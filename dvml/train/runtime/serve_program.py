@@ -34,6 +34,7 @@ from dvml import tf_runtime
 from dvml.exceptions import TrainingError
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import training_dataset
+from dvml.train.runtime import memory_sample
 from dvml.train.runtime.augment import decode as decode_augment
 from dvml.train.runtime.local_model import compile_model, fit_callbacks, fit_kwargs, local_metrics
 from dvml.train.runtime.model_state import read_state, weights_digest, write_state
@@ -195,6 +196,7 @@ def _train(
         steps=steps,
         rows=train.rows,
         loaded_sha256=loaded_from,
+        resident_bytes=memory_sample.sample(),  # after the state's save: the hop's peak
     )
 
 

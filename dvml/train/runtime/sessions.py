@@ -478,6 +478,7 @@ def train_hop(
         "transfer_s": moved,
         "bytes": len(state),
         "loaded_sha256": answer.loaded_sha256,
+        "resident_bytes": answer.resident_bytes,  # the trainer's, at the hop's end
         "task_s": time.perf_counter() - started,
         # wall clock, from the client's start of this run (an earlier run's, once resumed)
         "elapsed": time.time() - float(job["started_at"]),
