@@ -54,3 +54,30 @@ def test_live_workers_are_not_gone_and_a_closed_port_is(cluster2: Any) -> None:
     assert departed_workers(client, workers, wait=0.0) == []
     closed = dataclasses.replace(workers[0], address=workers[0].address.rsplit(":", 1)[0] + ":1")
     assert departed_workers(client, [closed], wait=0.0, probe_timeout=1.0) == [closed]
+
+
+async def _leases_on_the_loop(dask_worker: Any, client_id: str) -> list[str | None]:
+    """On a worker's event loop, as ``client.run`` runs functions: a lease of ``client_id``."""
+    from dvml.train.runtime.supervisor import ClientLease
+
+    lease = ClientLease(dask_worker, client_id, 30.0)
+    return [await lease.lost_now()]
+
+
+def test_a_lease_is_asked_on_the_workers_loop_as_client_run_does(cluster2: Any) -> None:
+    """``stop_orphaned_sessions`` (run by ``client.run`` when a workflow recovers) asks its
+    leases on the worker's event loop, where the worker's client answers with a coroutine:
+    it used to compare that coroutine with the timeout and fail with a TypeError, on every
+    worker, leaving orphaned trainers to their leases."""
+    import inspect
+
+    from dvml.train.runtime.sessions import stop_orphaned_sessions
+
+    client = cluster2.client
+    assert inspect.iscoroutinefunction(stop_orphaned_sessions)
+    gone = client.run(_leases_on_the_loop, client_id="no-such-client")
+    assert len(gone) == 2
+    assert all("went away (disconnected)" in str(v[0]) for v in gone.values()), gone
+    alive = client.run(_leases_on_the_loop, client_id=client.id)
+    assert all(v == [None] for v in alive.values()), alive
+    assert all(v == [] for v in client.run(stop_orphaned_sessions).values())

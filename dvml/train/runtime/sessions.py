@@ -582,15 +582,15 @@ def trainer_alive(job_id: str, dask_worker: Any = None) -> bool:
     return session is None or session.trainer.proc.poll() is None
 
 
-def stop_orphaned_sessions(dask_worker: Any = None) -> list[str]:
-    """Stop this worker's serving trainers whose client is gone now (``client.run``); returns
-    their job ids. Their leases would stop them within seconds anyway; this does it at once."""
+async def stop_orphaned_sessions(dask_worker: Any = None) -> list[str]:
+    """Stop this worker's serving trainers whose client is gone now (``client.run``: on the
+    worker's event loop, hence a coroutine); returns their job ids. Their leases would stop
+    them within seconds anyway; this does it at once."""
     with _LOCK:
         sessions = list(_SESSIONS.items())
     stopped = []
     for job_id, session in sessions:
-        session.lease.next_check = 0.0  # ask the scheduler now
-        reason = session.lease.lost()
+        reason = await session.lease.lost_now()
         if reason is not None:
             session.trainer.stopped = reason
             stop_session(job_id)

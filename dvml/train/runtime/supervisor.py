@@ -252,18 +252,43 @@ class ClientLease:
         self.next_check = 0.0
 
     def lost(self) -> str | None:
-        """Why the job's client no longer waits, or None while it does."""
-        if self.task_key is not None:
-            ts = self.worker.state.tasks.get(self.task_key)
-            if ts is None or ts.state in ("cancelled", "released", "forgotten"):
-                return "stopped because its client went away (the task was released)"
-        if time.monotonic() < self.next_check:
-            return None
+        """Why the job's client no longer waits, or None while it does (from a thread other
+        than the worker's event loop: it waits for the scheduler's answer)."""
+        released = self.released()
+        if released is not None or time.monotonic() < self.next_check:
+            return released
         self.next_check = time.monotonic() + self.interval
         try:
             silence = self.worker.client.run_on_scheduler(_client_silence, client_id=self.client_id)
         except Exception:  # the scheduler is unreachable: the worker itself will go away
             return None
+        return self.verdict(silence)
+
+    async def lost_now(self) -> str | None:
+        """:meth:`lost`, asking the scheduler at once, on the worker's event loop (where the
+        worker's client answers with a coroutine: ``client.run`` functions run there)."""
+        released = self.released()
+        if released is not None:
+            return released
+        try:
+            silence = await self.worker.client.run_on_scheduler(
+                _client_silence, client_id=self.client_id
+            )
+        except Exception:  # the scheduler is unreachable: the worker itself will go away
+            return None
+        return self.verdict(silence)
+
+    def released(self) -> str | None:
+        """Why the job's client no longer waits, told by its task's release; None if not."""
+        if self.task_key is not None:
+            ts = self.worker.state.tasks.get(self.task_key)
+            if ts is None or ts.state in ("cancelled", "released", "forgotten"):
+                return "stopped because its client went away (the task was released)"
+        return None
+
+    def verdict(self, silence: float | None) -> str | None:
+        """Why the job's client no longer waits, from the scheduler's ``silence`` (seconds
+        since it last heard from the client; None: disconnected); None while it waits."""
         if silence is None:
             return "stopped because its client went away (disconnected); its checkpoint is kept"
         if silence > self.timeout:
