@@ -161,16 +161,7 @@ def run(ctx: RunContext) -> int:
             outcome = _train_and_promote(ctx, client, registry)
         finally:
             registry.close()
-        state = ctx.read_state()
-        state["last_success"] = {
-            "run_id": ctx.run_id,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "train_key": train_key,
-            "source": source.location,
-            **outcome,
-        }
-        ctx.write_state(state)
-        ctx.clear_journal()
+        _record_success(ctx, {"train_key": train_key, "source": source.location, **outcome})
     log.info("done in %.1fs: %s", ctx.elapsed(), outcome["outcome"])
     return EXIT_OK
 
@@ -190,17 +181,21 @@ def _run_appending(ctx: RunContext, client: Any) -> int:
         outcome = _train_and_promote(ctx, client, registry, data)
     finally:
         registry.close()
+    _record_success(ctx, {"source": ctx.job["data"]["source"], **outcome})
+    ctx.log.info("done in %.1fs: %s", ctx.elapsed(), outcome["outcome"])
+    return EXIT_OK
+
+
+def _record_success(ctx: RunContext, fields: dict[str, Any]) -> None:
+    """Record this run as the last successful one (with ``fields``) and end its journal."""
     state = ctx.read_state()
     state["last_success"] = {
         "run_id": ctx.run_id,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "source": ctx.job["data"]["source"],
-        **outcome,
+        **fields,
     }
     ctx.write_state(state)
     ctx.clear_journal()
-    ctx.log.info("done in %.1fs: %s", ctx.elapsed(), outcome["outcome"])
-    return EXIT_OK
 
 
 def _prepared_again(ctx: RunContext, client: Any, state: dict[str, Any], data_key: str) -> bool:
