@@ -13,7 +13,8 @@ A trainer's resident bytes are:
 - **batches**: the trainer's share of the global batch, as the model reads it (float32 x and
   one-hot y, whatever the storage layout), times the batches held at once: two prefetched by
   tf.data plus the one in the step; and the activations of that batch, forward and backward;
-- **evaluation**: the metrics at the end of an iteration: one batch and its predictions.
+- **evaluation**: the metrics at the end of an iteration: one batch of the metrics pass
+  (:func:`dvml.resolve.batches.evaluation_batch`) and its predictions.
 
 The dataset itself adds nothing: trainers read its buffers where they lie, in vineyardd's
 shared memory, already counted in the pack's plan (:mod:`dvml.placement.memory`).
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml.placement.memory import format_size
+from dvml.resolve.batches import evaluation_batch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -410,14 +412,15 @@ def plan_fit(
                      "the JSON): the plan is a lower bound")  # fmt: skip
     params = (weights_bytes // _FLOAT) if weights_bytes else (count.params if count else 0)
     acts = count.activations_per_row if count else 0
-    row = _FLOAT * (sum(math.prod(s) for s in x_shapes) + num_classes)
+    values = sum(math.prod(s) for s in x_shapes)
+    row = _FLOAT * (values + num_classes)
     per_weight = _FLOAT * (2 + optimizer_slots(optimizer))  # weight, gradient, slots
 
     def trainer(worker: str, host: str, batch: int) -> TrainerMemory:
         return TrainerMemory(
             worker, host, batch, runtime, params * per_weight,
             batch * (BATCHES_HELD * row + 2 * _FLOAT * acts),
-            batch * (row + _FLOAT * num_classes),
+            evaluation_batch(batch, values) * (row + _FLOAT * num_classes),
         )  # fmt: skip
 
     hosts: dict[str, list[TrainerMemory]] = {}

@@ -46,6 +46,7 @@ from dvml.placement.fit_memory import (
     plan_fixes,
 )
 from dvml.placement.memory import format_size
+from dvml.resolve.batches import evaluation_batch
 
 __all__ = ["HopConfig", "plan_hop"]
 
@@ -148,7 +149,8 @@ def plan_hop(
             f"configurations, rooms for {sorted(by_host)} (missing {missing})."
         )
     sized = [_size(c, x_shapes) for c in configs]
-    row = _FLOAT * (sum(math.prod(s) for s in x_shapes) + num_classes)
+    values = sum(math.prod(s) for s in x_shapes)
+    row = _FLOAT * (values + num_classes)
     largest = max(sized, key=lambda s: s.training)
     states = sum(s.state for s in sized)
     share = math.ceil(states / len(trainers)) + max(s.state for s in sized)
@@ -158,7 +160,8 @@ def plan_hop(
         return TrainerMemory(
             worker, host, max(batch.values()), runtime, largest.training,
             max(batch[id(s)] * (BATCHES_HELD * row + 2 * _FLOAT * s.activations) for s in sized),
-            max(batch[id(s)] * (row + _FLOAT * num_classes) for s in sized),
+            max(min(int(rows), evaluation_batch(batch[id(s)], values)) for s in sized)
+            * (row + _FLOAT * num_classes),
             models=states - largest.state, parked=share,
         )  # fmt: skip
 

@@ -18,6 +18,7 @@ from dvml.placement.fit_memory import (
     optimizer_slots,
     plan_fit,
 )
+from dvml.resolve.batches import EVAL_SCALE
 from dvml.train.trainer_memory import check_fit_fits
 
 MiB = 2**20
@@ -106,7 +107,7 @@ def test_a_trainer_is_runtime_weights_batches_and_evaluation() -> None:
     assert t.runtime == 100 * MiB
     assert t.weights == 83 * 4 * (2 + 2)  # weight, gradient, Adam's two slots
     assert t.batches == 16 * (BATCHES_HELD * row + 2 * 4 * 13)
-    assert t.evaluation == 16 * (row + 4 * 3)
+    assert t.evaluation == 16 * EVAL_SCALE * (row + 4 * 3)  # the metrics pass: larger batches
     assert t.total == t.runtime + t.weights + t.batches + t.evaluation
     assert plan.fits and plan.fixes == ()
     assert any("zero-copy" in n for n in plan.notes)

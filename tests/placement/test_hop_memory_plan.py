@@ -66,7 +66,7 @@ def test_one_configuration_is_a_fit_of_one_trainer_per_worker_plus_its_parked_st
     """A hopper job of one configuration holds what a fit of that batch per trainer holds,
     and its parked state (share + arriving) besides."""
     rooms = [HostRoom("h0", 64 * GiB)]
-    trainers = [("w0", "h0", 100), ("w1", "h0", 100)]
+    trainers = [("w0", "h0", 10_000), ("w1", "h0", 10_000)]  # rows cap no batch
     hop = plan_hop(trainers, [[4]], 3, [BIG], rooms, runtime=MiB)
     fit = plan_fit([("w0", "h0", 32), ("w1", "h0", 32)], [[4]], 3, mlp(100), "sgd", rooms,
                    runtime=MiB)  # fmt: skip

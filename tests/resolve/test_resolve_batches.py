@@ -54,3 +54,15 @@ def test_aligned_empty() -> None:
         a = aligned_empty(shape, np.float64)
         assert a.shape == shape and a.dtype == np.float64 and a.ctypes.data % ALIGNMENT == 0
     assert aligned_empty((0, 4), np.float32).shape == (0, 4)  # no data: nothing to align
+
+
+def test_the_metrics_pass_reads_larger_batches_only_where_they_are_small() -> None:
+    from dvml.resolve.batches import EVAL_BYTES, EVAL_SCALE, evaluation_batch
+
+    assert evaluation_batch(256, 64) == 256 * EVAL_SCALE  # a table: 64 KiB a batch
+    assert evaluation_batch(128, 32 * 32 * 3) == 128  # images: their training batch
+    assert evaluation_batch(1, 10**9) == 1  # never below the training batch
+    for batch, values in [(32, 100), (64, 1000), (3, 7)]:
+        rows = evaluation_batch(batch, values)
+        assert rows % batch == 0 and batch <= rows <= batch * EVAL_SCALE
+        assert rows == batch or rows * values * 4 <= EVAL_BYTES

@@ -157,3 +157,27 @@ def test_the_compact_format_is_decoded_on_the_fly() -> None:
         np.testing.assert_array_equal(y.numpy().sum(axis=1), 1.0)
         rows += len(y)
     assert rows == 51
+
+
+def test_the_metrics_pass_gives_what_keras_gives_at_the_training_batch() -> None:
+    """local_metrics reads larger batches than training (evaluation_batch): the loss and
+    metrics are means over rows, so they equal Keras's at the training batch."""
+    from dvml.resolve.batches import evaluation_batch
+    from dvml.tf_runtime import keras
+    from dvml.train.runtime.local_model import local_metrics
+
+    parts = _parts((300, 211, 90))
+    k = keras()
+    a = k.Input((4,), name="a")
+    b = k.Input((2, 2), name="b")
+    h = k.layers.Concatenate()([a, k.layers.Flatten()(b)])
+    model = k.Model([a, b], k.layers.Dense(3, activation="softmax")(k.layers.Dense(5)(h)))
+    model.compile(loss="categorical_crossentropy", metrics=["accuracy"])
+    assert evaluation_batch(8, 8) > 8  # the pass below does read larger batches
+    got = local_metrics(model, parts, 8)
+    x0, x1, y = (np.concatenate(parts.fields[f]) for f in ("x_0", "x_1", "y"))
+    want = model.evaluate([x0, x1], y, batch_size=8, verbose=0, return_dict=True)
+    assert got["rows"] == 601
+    assert got["values"].keys() == want.keys()
+    for name, value in want.items():
+        assert got["values"][name] == pytest.approx(value, rel=1e-5)

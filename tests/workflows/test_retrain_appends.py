@@ -5,7 +5,8 @@ Run 1 packs the directory's three files as version 1 and promotes a first model;
 are added and run 2 appends exactly those (version 2 shares every buffer of version 1, and
 its source lists only them), reports drift and warm-starts the candidate from production;
 run 3 finds nothing new and does nothing; a file with a class value version 1 lacks is
-refused naming it, and nothing is written.
+refused naming it, and nothing is written; a run evaluates only the scores it does not
+know (the candidate's from its fit, production's from an earlier run).
 """
 
 from __future__ import annotations
@@ -196,3 +197,31 @@ def test_drift_above_fail_above_is_refused(job: Job, cluster2: Any) -> None:
     assert code == 1, out
     assert "The new rows drifted" in out and "drift.fail_above=0.0" in out, out
     assert dvml.datasets.describe(f"{NAME}-train", client=cluster2.client).version == before
+
+
+def test_a_run_evaluates_only_what_it_does_not_know(job: Job, cluster2: Any) -> None:
+    """The candidate's score is its fit's last validation pass; production's is the one an
+    earlier run measured while neither production nor the validation rows changed. Both
+    are what dvml.evaluate gives."""
+    client = cluster2.client
+    digits(1700, 1797).to_parquet(job.tmp / "val.parquet")
+    text = job.config.read_text().replace("drift:\n  fail_above: 0.0\n", "")
+    job.config.write_text(text.replace("  split: 0.25", f"  source: {job.tmp / 'val.parquet'}"))
+    code, out = job.run("--force")  # everything packed again: a validation set of its own
+    assert code == 0, out
+    assert "measured by an earlier run" not in out, out
+    val = f"{NAME}-val"
+    production = dvml.evaluate(NAME, val, registry=job.registry, client=client)["metrics"]
+    known = job.read_state()["last_success"]["production_score"]
+    assert known["value"] == pytest.approx(production["accuracy"], rel=1e-5, abs=1e-6)
+
+    digits(0, 100).to_parquet(job.drops / "day-8.parquet")
+    code, out = job.run()
+    assert code == 0, out
+    assert "1 new file(s)" in out and "measured by an earlier run" in out, out
+    outcome = job.read_state()["last_success"]
+    assert outcome["production_before"] == known["value"]
+    candidate = dvml.evaluate(f"{NAME}@candidate", val, registry=job.registry, client=client)
+    assert outcome["candidate"] == pytest.approx(
+        candidate["metrics"]["accuracy"], rel=1e-5, abs=1e-6
+    )

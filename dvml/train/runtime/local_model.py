@@ -7,9 +7,11 @@ Shared by the trainer's programs (:mod:`dvml.train.runtime.sync_program`,
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dvml import tf_runtime
+from dvml.resolve.batches import evaluation_batch
 from dvml.resolve.tfdata import evaluation_dataset, evaluation_steps
 from dvml.train.params import compile_kwargs
 
@@ -67,7 +69,10 @@ def fit_callbacks(keras: Any, fit_params: dict[str, Any], *where: str) -> list[A
 
 
 def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
-    """Loss and metrics of ``model`` on every local row (aggregated over workers later)."""
+    """Loss and metrics of ``model`` on every local row (aggregated over workers later), in
+    batches of :func:`~dvml.resolve.batches.evaluation_batch` rows."""
+    row_values = sum(math.prod(a.shape[1:]) for f in parts.x_fields for a in parts.fields[f][:1])
+    batch_size = evaluation_batch(batch_size, row_values)
     steps = evaluation_steps(parts, batch_size)  # compile_params may run several per call
     data = evaluation_dataset(parts, batch_size)
     result = model.evaluate(data, steps=steps, verbose=0, return_dict=True)
