@@ -374,14 +374,17 @@ def run_workflow(
         )
         return EXIT_FAILED
     except Exception as exc:
-        phase = (ctx.read_journal() or {}).get("phase", "start")
+        journal = ctx.read_journal()
+        phase = (journal or {}).get("phase", "start")
+        if journal is not None:  # the next run cleans up after it, and says why
+            ctx.journal(phase, failed=type(exc).__name__)
         log.error(
             "failed in phase %r after %.1fs: %s: %s. Published datasets and models are "
             "consistent; run again to retry.",
             phase,
             ctx.elapsed(),
             type(exc).__name__,
-            exc,
+            str(exc).rstrip("."),
             exc_info=args.debug,
         )
         return EXIT_FAILED
@@ -408,7 +411,7 @@ def recover(ctx: RunContext, client: Any) -> list[str]:
     aborted = abort_orphaned_trainers(client)
     if aborted:
         ctx.log.info(
-            "stopped %d orphaned trainer task(s) of a killed fit: %s",
+            "stopped %d orphaned trainer task(s) whose client is gone: %s",
             len(aborted),
             ", ".join(aborted),
         )
@@ -418,10 +421,12 @@ def recover(ctx: RunContext, client: Any) -> list[str]:
         ctx.log.info("waited for %d task(s) of a killed client to end", len(waited))
     previous = ctx.read_journal()
     if previous is not None:
+        ended = f"failed ({previous['failed']})" if previous.get("failed") else "did not finish"
         ctx.log.warning(
-            "previous run %s (pid %s) did not finish (last phase %r at %s): cleaning up",
+            "previous run %s (pid %s) %s (last phase %r at %s): cleaning up",
             previous.get("run_id"),
             previous.get("pid"),
+            ended,
             previous.get("phase"),
             previous.get("updated"),
         )

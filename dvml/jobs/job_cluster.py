@@ -20,6 +20,7 @@ from inside the dead process:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 import time
@@ -54,6 +55,8 @@ __all__ = [
 
 # How dvml.train.fit names its trainer tasks and abort events (dvml/train/fit.py):
 # key f"dvml-trainer-{job_id}-{worker name}", event f"dvml-fit-abort-{job_id}", job_id 12 hex.
+logger = logging.getLogger(__name__)
+
 _TRAINER_PREFIX = "dvml-trainer-"
 _ABORT_PREFIX = "dvml-fit-abort-"
 _JOB_ID_LENGTH = 12
@@ -148,7 +151,19 @@ def open_cluster(
     try:
         yield cluster
     finally:
+        _release_trainers(cluster)
         cluster.close()
+
+
+def _release_trainers(cluster: Cluster) -> None:
+    """Stop this job's serving trainers before it disconnects: the cluster outlives the job,
+    and the next job would otherwise find them running (an "orphan" to stop)."""
+    from dvml.train.runtime.sessions import release_inference_trainers
+
+    try:
+        release_inference_trainers(cluster.client)
+    except Exception as exc:  # the job's outcome stands; its leases stop them anyway
+        logger.debug("could not stop the job's serving trainers: %s", exc)
 
 
 # -- orphaned tasks ------------------------------------------------------------------------

@@ -196,6 +196,9 @@ def test_drift_above_fail_above_is_refused(job: Job, cluster2: Any) -> None:
     code, out = job.run()
     assert code == 1, out
     assert "The new rows drifted" in out and "drift.fail_above=0.0" in out, out
+    # the refused run of the test before failed: the journal says so, not "did not finish"
+    assert "failed (DataError) (last phase 'appending'" in out, out
+    assert ".. Published" not in out, out
     assert dvml.datasets.describe(f"{NAME}-train", client=cluster2.client).version == before
 
 
@@ -219,6 +222,8 @@ def test_a_run_evaluates_only_what_it_does_not_know(job: Job, cluster2: Any) -> 
     code, out = job.run()
     assert code == 0, out
     assert "1 new file(s)" in out and "measured by an earlier run" in out, out
+    # the run before evaluated production, and stopped its serving trainers as it ended
+    assert "orphaned" not in out, out
     outcome = job.read_state()["last_success"]
     assert outcome["production_before"] == known["value"]
     candidate = dvml.evaluate(f"{NAME}@candidate", val, registry=job.registry, client=client)

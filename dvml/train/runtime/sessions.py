@@ -60,6 +60,7 @@ __all__ = [
     "inference_settings",
     "list_checkpoints",
     "load_checkpoint",
+    "release_inference_trainers",
     "state_digest",
     "stop_all_sessions",
     "stop_orphaned_sessions",
@@ -300,6 +301,18 @@ def inference_settings(client_id: str) -> dict[str, Any]:
         "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
         "standby": bool(config.get("train.standby-trainer")),
     }
+
+
+def release_inference_trainers(client: Any) -> int:
+    """(Client side.) Stop the serving trainers of ``client``'s evaluate and predict calls
+    (and a fit's trainer kept as one, :func:`adopt`) on every worker now; return how many.
+
+    They would stop by themselves once the client is gone (its lease, within seconds) or
+    unused for ``train.inference-idle-timeout``; a script that is about to end calls this so
+    that the next job does not find them still running (or share the cores with them).
+    """
+    found = client.run(stop_session, INFERENCE + str(client.id), on_error="return")
+    return sum(1 for stopped in found.values() if stopped is True)
 
 
 def _inference_session(settings: dict[str, Any]) -> _Session:
