@@ -97,6 +97,20 @@ def evaluate(
 ) -> dict[str, Any]:
     """Loss and metric of a registered model on a packed dataset, computed where it lives.
 
+    Parameters
+    ----------
+    model : str
+        The registered model's name.
+    dataset : str or Dataset
+        A packed dataset with the model's class values.
+    batch_size : int
+        Rows per batch of the pass. Small rows are read up to 16 batches at once (within
+        2 MiB of float32 x: ``dvml.resolve.batches.evaluation_batch``); the loss and
+        metrics are means over rows, so the batch does not change them.
+    registry, client : optional
+        The registry (default: config ``dvml.registry.url``) and Dask client (default: the
+        current one).
+
     Returns
     -------
     dict
