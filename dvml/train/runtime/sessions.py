@@ -80,6 +80,7 @@ _RERUN = "\nRun the job again: it resumes every model from the last iteration al
 _AGAIN = "\nCall it again: the next evaluate or predict starts a new inference session."
 # Job ids of inference sessions: this prefix and the client's id.
 INFERENCE = "inference-"
+RELEASE_TIMEOUT_S = 3.0  # release_inference_trainers: their leases stop them anyway
 
 
 class _Session:
@@ -310,8 +311,13 @@ def release_inference_trainers(client: Any) -> int:
     They would stop by themselves once the client is gone (its lease, within seconds) or
     unused for ``train.inference-idle-timeout``; a script that is about to end calls this so
     that the next job does not find them still running (or share the cores with them).
+    Bounded (:func:`dvml.cluster.health.bounded_run`, at most ``RELEASE_TIMEOUT_S``): a
+    frozen worker must not hold up the end of a job.
     """
-    found = client.run(stop_session, INFERENCE + str(client.id), on_error="return")
+    from dvml.cluster.health import bounded_run, daemon_timeout
+
+    timeout = min(daemon_timeout(), RELEASE_TIMEOUT_S)
+    found = bounded_run(client, stop_session, INFERENCE + str(client.id), timeout=timeout)
     return sum(1 for stopped in found.values() if stopped is True)
 
 
