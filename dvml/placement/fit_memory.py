@@ -14,7 +14,7 @@ A trainer's resident bytes are:
   one-hot y, whatever the storage layout), times the batches held at once: two prefetched by
   tf.data plus the one in the step; and the activations of that batch, forward and backward;
 - **evaluation**: the metrics at the end of an iteration: one batch of the metrics pass
-  (:func:`dvml.resolve.batches.evaluation_batch`) and its predictions.
+  (:func:`dvml.placement.metrics_batch.evaluation_batch`) and its predictions.
 
 The dataset itself adds nothing: trainers read its buffers where they lie, in vineyardd's
 shared memory, already counted in the pack's plan (:mod:`dvml.placement.memory`).
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml.placement.memory import format_size
-from dvml.resolve.batches import evaluation_batch
+from dvml.placement.metrics_batch import evaluation_batch
 
 if TYPE_CHECKING:
     import pandas as pd

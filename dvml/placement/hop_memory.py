@@ -46,7 +46,7 @@ from dvml.placement.fit_memory import (
     plan_fixes,
 )
 from dvml.placement.memory import format_size
-from dvml.resolve.batches import evaluation_batch
+from dvml.placement.metrics_batch import evaluation_batch
 
 __all__ = ["HopConfig", "plan_hop"]
 

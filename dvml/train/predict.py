@@ -105,7 +105,7 @@ def evaluate(
         A packed dataset with the model's class values.
     batch_size : int
         Rows per batch of the pass. Small rows are read up to 16 batches at once (within
-        2 MiB of float32 x: ``dvml.resolve.batches.evaluation_batch``); the loss and
+        2 MiB of float32 x: ``dvml.placement.metrics_batch.evaluation_batch``); the loss and
         metrics are means over rows, so the batch does not change them.
     registry, client : optional
         The registry (default: config ``dvml.registry.url``) and Dask client (default: the

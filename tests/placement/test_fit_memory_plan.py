@@ -18,7 +18,7 @@ from dvml.placement.fit_memory import (
     optimizer_slots,
     plan_fit,
 )
-from dvml.resolve.batches import EVAL_SCALE
+from dvml.placement.metrics_batch import EVAL_SCALE
 from dvml.train.trainer_memory import check_fit_fits
 
 MiB = 2**20

@@ -57,7 +57,7 @@ def test_aligned_empty() -> None:
 
 
 def test_the_metrics_pass_reads_larger_batches_only_where_they_are_small() -> None:
-    from dvml.resolve.batches import EVAL_BYTES, EVAL_SCALE, evaluation_batch
+    from dvml.placement.metrics_batch import EVAL_BYTES, EVAL_SCALE, evaluation_batch
 
     assert evaluation_batch(256, 64) == 256 * EVAL_SCALE  # a table: 64 KiB a batch
     assert evaluation_batch(128, 32 * 32 * 3) == 128  # images: their training batch

@@ -162,7 +162,7 @@ def test_the_compact_format_is_decoded_on_the_fly() -> None:
 def test_the_metrics_pass_gives_what_keras_gives_at_the_training_batch() -> None:
     """local_metrics reads larger batches than training (evaluation_batch): the loss and
     metrics are means over rows, so they equal Keras's at the training batch."""
-    from dvml.resolve.batches import evaluation_batch
+    from dvml.placement.metrics_batch import evaluation_batch
     from dvml.tf_runtime import keras
     from dvml.train.runtime.local_model import local_metrics
 

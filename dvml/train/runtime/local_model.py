@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from dvml import tf_runtime
-from dvml.resolve.batches import evaluation_batch
+from dvml.placement.metrics_batch import evaluation_batch
 from dvml.resolve.tfdata import evaluation_dataset, evaluation_steps
 from dvml.train.params import compile_kwargs
 
@@ -70,7 +70,7 @@ def fit_callbacks(keras: Any, fit_params: dict[str, Any], *where: str) -> list[A
 
 def local_metrics(model: Any, parts: Any, batch_size: int) -> dict[str, Any]:
     """Loss and metrics of ``model`` on every local row (aggregated over workers later), in
-    batches of :func:`~dvml.resolve.batches.evaluation_batch` rows."""
+    batches of :func:`~dvml.placement.metrics_batch.evaluation_batch` rows."""
     row_values = sum(math.prod(a.shape[1:]) for f in parts.x_fields for a in parts.fields[f][:1])
     batch_size = evaluation_batch(batch_size, row_values)
     steps = evaluation_steps(parts, batch_size)  # compile_params may run several per call
