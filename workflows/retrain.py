@@ -344,9 +344,10 @@ def _train_and_promote(
         validated or evaluate(candidate, val_name, registry=registry, client=client), metric
     )
     val_key = _validation_key(client, val_name)
-    prod, known = None, ""
+    prod, prod_key, known = None, None, ""
     if model_exists(registry, name):
-        prod = _known_production_score(ctx, registry.get_model(name), metric, val_key)
+        prod_key = _model_key(registry, name)
+        prod = _known_production_score(ctx, prod_key, metric, val_key)
         if prod is not None:
             known = " (measured by an earlier run: the same model on the same rows)"
         else:
@@ -383,12 +384,12 @@ def _train_and_promote(
         )  # fmt: skip
         copy_model(registry, candidate, name, {"promotion": record, "lineage": lineage})
         log.info("promoted %s to production %s", candidate, name)
-        score = _production_score(registry.get_model(name), metric, cand, val_key)
+        score = _production_score(_model_key(registry, name), metric, cand, val_key)
         return {**outcome, "outcome": f"promoted {candidate} to {name}", **score}
     log.info(
         "kept production %s: the candidate is not better by more than %g", name, promo["min_delta"]
     )
-    score = _production_score(registry.get_model(name), metric, prod, val_key)
+    score = _production_score(prod_key, metric, prod, val_key)
     return {**outcome, "outcome": f"kept production {name}", **score}
 
 
@@ -400,29 +401,31 @@ def _validation_key(client: Any, val_name: str) -> dict[str, Any]:
     return {"name": val_name, "dataset_id": ds.summary["dataset_id"], "version": ds.version}
 
 
-def _model_key(model: dict[str, Any]) -> str:
-    """A registry model's version and save time (a registry made anew restarts versions)."""
-    return f"version {model['version']} saved {model['updated_at'].isoformat()}"
+def _model_key(registry: Any, name: str) -> str:
+    """A registered model's version and save time (a registry made anew restarts versions),
+    read without its weights."""
+    row = registry.list_models().set_index("name").loc[name]
+    return f"version {row['version']} saved {row['updated_at']}"
 
 
 def _production_score(
-    production: dict[str, Any], metric: str, value: float | None, val_key: dict[str, Any]
+    model_key: str | None, metric: str, value: float | None, val_key: dict[str, Any]
 ) -> dict[str, Any]:
     """The state's record of production's score: which model version, on which rows."""
     if value is None:
         return {}
-    return {"production_score": {"model": _model_key(production), "metric": metric,
-                                 "value": value, "validation": val_key}}  # fmt: skip
+    return {"production_score": {"model": model_key, "metric": metric, "value": value,
+                                 "validation": val_key}}  # fmt: skip
 
 
 def _known_production_score(
-    ctx: RunContext, production: dict[str, Any], metric: str, val_key: dict[str, Any]
+    ctx: RunContext, model_key: str, metric: str, val_key: dict[str, Any]
 ) -> float | None:
     """Production's score from the last successful run when it is still the same model
     version on the same validation version (else None: evaluate it)."""
     known = (ctx.read_state().get("last_success") or {}).get("production_score") or {}
     same = (known.get("model"), known.get("metric"), known.get("validation"))
-    if same != (_model_key(production), metric, val_key):
+    if same != (model_key, metric, val_key):
         return None
     return float(known["value"])
 

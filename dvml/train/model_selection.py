@@ -75,45 +75,41 @@ def _store(
 ) -> pd.DataFrame:
     rows = [c.as_dict() for c in configs]
     name = _default_name(configs, custom) if name is None else name
-    with opened_registry(registry) as reg:
-        if custom:
-            reg.custom_function_sources(custom)  # RegistryNotFoundError names a missing one
-
-        def store() -> pd.DataFrame:
-            rows_, custom_, search_, seed_, description_, replace_ = (
-                rows, custom, search, seed, description, replace
-            )  # fmt: skip
-            if not replace_ and name in set(reg.list_model_selections()["name"]):
+    try:
+        with opened_registry(registry) as reg:
+            if custom:
+                reg.custom_function_sources(custom)  # RegistryNotFoundError names a missing one
+            if not replace and name in set(reg.list_model_selections()["name"]):
                 # MADlib appends to a model selection table that exists (new rows only).
                 stored = reg.model_selection(name)
-                custom_ = sorted({*stored.attrs["custom_objects"], *custom_})
-                appended = appended_rows(_records(stored), rows_, custom_)
+                custom = sorted({*stored.attrs["custom_objects"], *custom})
+                appended = appended_rows(_records(stored), rows, custom)
                 if appended is None:
                     return stored  # nothing new
-                rows_ = appended
-                search_, seed_ = stored.attrs.get("search"), stored.attrs.get("seed")
-                description_ = description_ or stored.attrs.get("description")
-                replace_ = True
+                rows = appended
+                search, seed = stored.attrs.get("search"), stored.attrs.get("seed")
+                description = description or stored.attrs.get("description")
+                replace = True
             reg.save_model_selection(
                 name,
-                rows_,
-                search=search_,
-                seed=seed_,
+                rows,
+                search=search,
+                seed=seed,
                 source=source,
-                custom_objects=custom_,
-                description=description_,
-                replace=replace_,
+                custom_objects=custom,
+                description=description,
+                replace=replace,
             )
             return reg.model_selection(name)
-
-        try:
-            return store()
-        except RegistryError:
-            # Another process stored a table of this name between the check and the save
-            # (the same grid built by concurrent jobs): append to it as if it had been first.
-            if replace or name not in set(reg.list_model_selections()["name"]):
-                raise
-            return store()
+    except RegistryError:
+        with opened_registry(registry) as reg:
+            stored_meanwhile = not replace and name in set(reg.list_model_selections()["name"])
+        if not stored_meanwhile:
+            raise
+        # Another process stored a table of this name between the check and the save (the
+        # same grid built by concurrent jobs): append to it as if it had been first.
+        return _store(configs, name, search=search, seed=seed, source=source, custom=custom,
+                      description=description, replace=False, registry=registry)  # fmt: skip
 
 
 def appended_rows(
