@@ -32,7 +32,7 @@ from dvml.cluster.isolation import (
 )
 from dvml.cluster.lifeline import CLUSTER_DIR_PREFIX, sweep_dead_clusters, write_owner
 from dvml.cluster.main_guard import refuse_in_spawned_import, unguarded_main_hint
-from dvml.cluster.processes import ManagedProcess, free_port, poll_for, port_is_free
+from dvml.cluster.processes import ManagedProcess, poll_for, port_is_free, server_port
 from dvml.cluster.security import cluster_security, create_certificates, tls_enabled
 from dvml.cluster.spec import LocalWorkerSpec, check_shared_memory, parse_memory, plan_workers
 from dvml.cluster.workers import GPUS_ENV, HOST_ENV, SOCKET_ENV
@@ -179,7 +179,8 @@ class LocalCluster(Cluster):
             )
             self.etcd_endpoint = ETCD_ENDPOINT  # inside the namespace only
         else:
-            client_port, peer_port = free_port(), free_port()
+            client_port = server_port()
+            peer_port = next(p for p in iter(server_port, None) if p != client_port)
             self._state.etcd = start_etcd(
                 os.path.join(self.directory, "etcd"),
                 client_port,

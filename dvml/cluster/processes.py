@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from dvml.cluster.lifeline import spawn
 
-__all__ = ["ManagedProcess", "free_port", "poll_for", "port_is_free"]
+__all__ = ["ManagedProcess", "free_port", "poll_for", "port_is_free", "server_port"]
 
 
 def poll_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
@@ -30,6 +31,38 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+SERVER_PORTS = (15000, 32768)
+"""Where :func:`server_port` looks, when the kernel's ephemeral range cannot be read."""
+
+
+def server_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` and on every address, outside the ephemeral range.
+
+    For a server another process binds later (a trainer's gRPC collectives): a port from
+    ``bind(("", 0))`` comes from the kernel's ephemeral range, which every outgoing
+    connection draws from too, so in the gap before the server binds it, a connection can
+    take it ("Could not start gRPC server"). Below that range only explicit binds compete.
+    """
+    low = ephemeral_ports()[0]
+    start, end = (SERVER_PORTS[0], low) if low - SERVER_PORTS[0] >= 1000 else SERVER_PORTS
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(start, end)
+        if port_is_free(port, host) and port_is_free(port, "0.0.0.0"):
+            return port
+    return free_port(host)  # a crowded host: the ephemeral range, as before
+
+
+def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux's default if unread)."""
+    try:
+        with open(path) as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

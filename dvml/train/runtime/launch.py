@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from typing import Any
 
+from dvml.cluster.processes import server_port
 from dvml.cluster.standby import start_standby_when_idle
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.protocol import (
@@ -61,9 +61,7 @@ def reserve_port() -> tuple[str, int]:
     from distributed import get_worker
 
     host = get_worker().address.split("://")[-1].rsplit(":", 1)[0]
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return host, int(s.getsockname()[1])
+    return host, server_port(host)
 
 
 def checkpoint_state(directory: str, worker_name: str) -> dict[str, Any] | None:

@@ -38,14 +38,31 @@ __all__ = ["clear_checkpoints", "find_checkpoint", "reserve_ports", "run_lockste
 
 
 def reserve_ports(client: Client, workers: list[WorkerInfo]) -> list[str]:
-    """One free ``host:port`` per trainer, reserved on its own worker (the TF_CONFIG peers)."""
-    addresses = [
-        client.submit(
-            launch.reserve_port, workers=[w.address], allow_other_workers=False, pure=False
+    """One free ``host:port`` per trainer, reserved on its own worker (the TF_CONFIG peers).
+
+    Trainers on one host pick their ports at random, each free when picked but not held: a
+    port picked twice is asked for again.
+    """
+    endpoints: list[str | None] = [None] * len(workers)
+    for _ in range(10):
+        asked = [i for i, e in enumerate(endpoints) if e is None]
+        if not asked:
+            break
+        found = client.gather([
+            client.submit(
+                launch.reserve_port, workers=[workers[i].address], allow_other_workers=False,
+                pure=False,
+            )
+            for i in asked
+        ])  # fmt: skip
+        for i, (host, port) in zip(asked, found, strict=True):
+            endpoints[i] = None if f"{host}:{port}" in endpoints else f"{host}:{port}"
+    if any(e is None for e in endpoints):
+        raise TrainerFailedError(
+            f"Could not pick distinct trainer ports for {len(workers)} trainers after 10 "
+            f"tries (picked: {endpoints}); free ports on the workers' hosts and run again."
         )
-        for w in workers
-    ]
-    return [f"{h}:{p}" for h, p in client.gather(addresses)]
+    return [e for e in endpoints if e is not None]
 
 
 def run_lockstep(
