@@ -11,9 +11,10 @@ refuses jobs that would fit); the details give each worker's figures.
   reports it.
 - B23a2, pack images: uint8 images (``compact=True``, the layout images are stored in), the
   same figures.
-- B23a3 and B23a4, ``dvml.fit`` with ``sync="iteration"`` and ``sync="step"``: each trainer's
-  planned resident bytes (:func:`dvml.plan.fit`) against its peak, PSS less shared memory,
-  sampled at every iteration's end (the fit's summary, ``trainer_memory``).
+- B23a3 and B23a4, ``dvml.fit`` with ``sync="iteration"`` and ``sync="step"``: each machine's
+  planned resident bytes (:func:`dvml.plan.fit`: its trainers' and, once, the zygote's they
+  are forked from) against its peak: each trainer's private bytes sampled at every
+  iteration's end plus the zygote's resident set (the fit's summary, ``host_memory``).
 
 B23b, admission: ten attempts at 1.2x to 3x oversubscription (packs larger than the free
 shared memory, fits whose trainers do not fit the host's memory as configured by
@@ -101,7 +102,8 @@ def _fit_sides(sync: str) -> tuple[Any, Any]:
         model = dvml.fit(DIGITS, f"bench_b23_{sync}", context["arch_id"], COMPILE, FIT,
                          num_iterations=2, sync=sync, registry=context["registry"],
                          client=context["cluster"].client)  # fmt: skip
-        memory = model.summary["trainer_memory"]
+        # per machine: its trainers' peaks and their zygote's, once (dvml.train.memory_use)
+        memory = model.summary["host_memory"]
         context["figures"][f"fit {sync}"] = memory
         return float(sum(int(m["peak_bytes"] or 0) for m in memory.values()))
 
@@ -111,7 +113,7 @@ def _fit_sides(sync: str) -> tuple[Any, Any]:
         plan = dvml.plan.fit(DIGITS, context["arch_id"], COMPILE, FIT,
                              registry=context["registry"],
                              client=context["cluster"].client)  # fmt: skip
-        return float(sum(trainer.total for trainer in plan.trainers))
+        return float(sum(host.needed for host in plan.hosts))  # the zygote's once per host
 
     return used, planned
 
@@ -217,10 +219,11 @@ def _details_of(name: str) -> Any:
         figures = context["figures"].get(name) or {}
         if name.startswith("fit "):
             return {
-                w: f"peak {int(m['peak_bytes'] or 0) / MiB:.0f} MiB, planned "
+                host: f"peak {int(m['peak_bytes'] or 0) / MiB:.0f} MiB (its zygote "
+                f"{int(m['zygote_peak_bytes'] or 0) / MiB:.0f} MiB), planned "
                 f"{int(m['planned_bytes']) / MiB:.0f} MiB "
                 f"({int(m['peak_bytes'] or 0) / int(m['planned_bytes']):.2f})"
-                for w, m in sorted(figures.items())
+                for host, m in sorted(figures.items())
             }
         if "used" in figures and "planned" in figures:
             planned = {row.instance_id: row.needed for row in figures["planned"].rows}

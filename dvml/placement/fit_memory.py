@@ -6,8 +6,13 @@ dataset's row shapes, each host's room), a :class:`FitMemoryPlan` out.
 
 A trainer's resident bytes are:
 
-- **runtime**: TensorFlow and tf-keras imported and one small fit run
-  (:data:`TRAINER_RUNTIME_BYTES`, config ``dvml.memory.trainer-runtime``);
+- **runtime**: TensorFlow and tf-keras imported and one small fit run. A trainer forked from
+  its machine's *zygote* (:mod:`dvml.cluster.zygote`: CPU fits, the default on Linux) shares
+  the import's pages with it: it counts its private bytes (:data:`FORKED_RUNTIME_BYTES`,
+  config ``dvml.memory.trainer-runtime-forked``), and its host counts the zygote once
+  (:data:`ZYGOTE_BYTES`, ``dvml.memory.zygote``). A trainer started as a process of its own
+  (GPU fits, ``dvml.train.fork-trainers: false``) counts the whole runtime
+  (:data:`TRAINER_RUNTIME_BYTES`, ``dvml.memory.trainer-runtime``);
 - **weights**: the model's parameters (float32), their gradients (one more copy) and the
   optimizer's slots (:func:`optimizer_slots`: Adam 2 per weight, SGD with momentum 1, ...);
 - **batches**: the trainer's share of the global batch, as the model reads it (float32 x and
@@ -35,12 +40,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCHES_HELD",
+    "FORKED_RUNTIME_BYTES",
     "TRAINER_RUNTIME_BYTES",
+    "ZYGOTE_BYTES",
     "FitMemoryPlan",
     "HostRoom",
     "HostRow",
     "TrainerMemory",
     "count_model",
+    "host_rows",
     "machine_rooms",
     "optimizer_slots",
     "plan_fit",
@@ -54,6 +62,16 @@ _FLOAT = 4  # bytes of one float32: weights, gradients, slots and batches as the
 #: fit and evaluate (CPU, measured here: 650 MiB after the import, 682 MiB after the fit),
 #: rounded up. Config ``dvml.memory.trainer-runtime`` overrides it.
 TRAINER_RUNTIME_BYTES = 700 * _MiB
+
+#: Private bytes (``Private_Clean + Private_Dirty``) of a trainer forked from the zygote, after
+#: a tiny fit and its metrics (CPU, measured here: 118 MiB), rounded up; the pages it shares
+#: with the zygote are the zygote's. Config ``dvml.memory.trainer-runtime-forked``.
+FORKED_RUNTIME_BYTES = 128 * _MiB
+
+#: Resident set of a machine's zygote, the process that imported TensorFlow and tf-keras once
+#: and forks the trainers (CPU, measured here: 644 MiB), rounded up; counted once per host.
+#: Config ``dvml.memory.zygote``.
+ZYGOTE_BYTES = 650 * _MiB
 
 #: Batches a trainer holds at once: tf.data's ``prefetch(2)`` (dvml.resolve.tfdata) plus the
 #: one in the step.
@@ -254,17 +272,25 @@ def machine_rooms(
 
 @dataclasses.dataclass(frozen=True)
 class HostRow:
-    """One host of a fit's plan: its trainers, their sum with the margin, and its room."""
+    """One host of a fit's plan: its trainers, their sum with the margin, and its room;
+    ``zygote``: the bytes of the process its trainers are forked from, counted once (0 when
+    they are processes of their own)."""
 
     host: str
     trainers: tuple[TrainerMemory, ...]
     room: HostRoom
     margin: float
+    zygote: int = 0
 
     @property
     def needed(self) -> int:
-        """The trainers' planned bytes, summed."""
-        return sum(t.total for t in self.trainers)
+        """The trainers' planned bytes and their zygote's, summed."""
+        return self.zygote + sum(t.total for t in self.trainers)
+
+    @property
+    def usable(self) -> int:
+        """What the room leaves for the trainers, once the margin and the zygote are taken."""
+        return max(0, math.floor(self.room.room / (1 + self.margin)) - self.zygote)
 
     @property
     def with_margin(self) -> int:
@@ -277,8 +303,9 @@ class HostRow:
     def line(self) -> str:
         missing = self.with_margin - self.room.room
         state = "fits" if self.fits else f"short by {format_size(missing)}"
+        zygote = f" and their zygote {format_size(self.zygote)}" if self.zygote else ""
         return (
-            f"host {self.host}: {len(self.trainers)} trainer(s) need "
+            f"host {self.host}: {len(self.trainers)} trainer(s){zygote} need "
             f"{format_size(self.needed)} ({format_size(self.with_margin)} with the "
             f"{self.margin:.0%} margin), {format_size(self.room.room)} available: {state}"
         )
@@ -319,11 +346,13 @@ class FitMemoryPlan:
         import pandas as pd
 
         columns = ["worker", "host", "batch", "runtime", "weights", "models", "batches",
-                   "evaluation", "parked", "total", "host_needed", "host_room", "fits"]  # fmt: skip
+                   "evaluation", "parked", "total", "host_zygote", "host_needed", "host_room",
+                   "fits"]  # fmt: skip
         return pd.DataFrame(
             [
                 {**{k: getattr(t, k) for k in columns[:9]}, "total": t.total,
-                 "host_needed": h.with_margin, "host_room": h.room.room, "fits": h.fits}
+                 "host_zygote": h.zygote, "host_needed": h.with_margin,
+                 "host_room": h.room.room, "fits": h.fits}
                 for h in self.hosts for t in h.trainers
             ],
             columns=columns,
@@ -367,6 +396,7 @@ def plan_fit(
     rooms: Sequence[HostRoom],
     *,
     runtime: int = TRAINER_RUNTIME_BYTES,
+    zygote: int = 0,
     margin: float = 0.2,
     weights_bytes: int | None = None,
 ) -> FitMemoryPlan:
@@ -387,7 +417,10 @@ def plan_fit(
     rooms : sequence of HostRoom
         One per host that ``trainers`` names.
     runtime : int
-        Bytes of TensorFlow's runtime per trainer.
+        Bytes of TensorFlow's runtime per trainer: a process of its own's, or a forked
+        trainer's private bytes (then pass ``zygote``).
+    zygote : int
+        Bytes of the zygote the trainers are forked from, counted once per host (0: none).
     margin : float
         Fraction added to each host's sum before it is compared with its room.
     weights_bytes : int, optional
@@ -426,13 +459,20 @@ def plan_fit(
     hosts: dict[str, list[TrainerMemory]] = {}
     for worker, host, batch in trainers:
         hosts.setdefault(host, []).append(trainer(worker, host, int(batch)))
-    plan = FitMemoryPlan(
-        tuple(HostRow(h, tuple(ts), by_host[h], margin) for h, ts in hosts.items()),
-        notes=tuple(notes),
-    )
+    plan = FitMemoryPlan(host_rows(hosts, by_host, margin, zygote), notes=tuple(notes))
     if plan.fits:
         return plan
     return dataclasses.replace(plan, fixes=tuple(plan_fixes(plan)))
+
+
+def host_rows(
+    hosts: Mapping[str, Sequence[TrainerMemory]],
+    rooms: Mapping[str, HostRoom],
+    margin: float,
+    zygote: int,
+) -> tuple[HostRow, ...]:
+    """One row per host of ``hosts`` (host → its trainers), with its room and zygote."""
+    return tuple(HostRow(h, tuple(ts), rooms[h], margin, zygote) for h, ts in hosts.items())
 
 
 def plan_fixes(plan: FitMemoryPlan, global_batch: bool = True) -> list[str]:
@@ -447,12 +487,13 @@ def plan_fixes(plan: FitMemoryPlan, global_batch: bool = True) -> list[str]:
         "raise dvml.memory.host-memory if it caps the plan"
     )
     one = worst.trainers[0]
-    usable = math.floor(worst.room.room / (1 + worst.margin))
+    usable = worst.usable
     fit_n = usable // one.total if one.total else 0
     if 0 < fit_n < len(worst.trainers):
         fixes.append(
             f"fewer trainers per host: {fit_n} of {len(worst.trainers)} fit on {worst.host} "
-            f"({format_size(one.total)} each); pack the dataset onto workers of more hosts "
+            f"({format_size(one.total)} each{' beside their zygote' if worst.zygote else ''}); "
+            "pack the dataset onto workers of more hosts "
             "(distribution_rules)"
         )
     fixed = one.total - one.batches - one.evaluation
@@ -472,9 +513,10 @@ def plan_fixes(plan: FitMemoryPlan, global_batch: bool = True) -> list[str]:
                 f"batch in its trainer, {format_size(int(per_row))} a row in flight) fits"
             )
     if room_per_trainer <= fixed:
+        zygote = f" beside their zygote's {format_size(worst.zygote)}" if worst.zygote else ""
         fixes.append(
             f"(a smaller batch_size does not help: TensorFlow and the model alone take "
-            f"{format_size(fixed)} per trainer, {format_size(int(room_per_trainer))} is left "
-            "for each)"
+            f"{format_size(fixed)} per trainer{zygote}, {format_size(int(room_per_trainer))} "
+            "is left for each)"
         )
     return fixes

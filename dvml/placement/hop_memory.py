@@ -39,9 +39,9 @@ from dvml.placement.fit_memory import (
     TRAINER_RUNTIME_BYTES,
     FitMemoryPlan,
     HostRoom,
-    HostRow,
     TrainerMemory,
     count_model,
+    host_rows,
     optimizer_slots,
     plan_fixes,
 )
@@ -110,6 +110,7 @@ def plan_hop(
     rooms: Sequence[HostRoom],
     *,
     runtime: int = TRAINER_RUNTIME_BYTES,
+    zygote: int = 0,
     margin: float = 0.2,
 ) -> FitMemoryPlan:
     """The memory plan of a model-hopper job (see the module's docstring for what it counts).
@@ -128,7 +129,10 @@ def plan_hop(
     rooms : sequence of HostRoom
         One per host that ``trainers`` names.
     runtime : int
-        Bytes of TensorFlow's runtime per trainer.
+        Bytes of TensorFlow's runtime per trainer (as in
+        :func:`~dvml.placement.fit_memory.plan_fit`).
+    zygote : int
+        Bytes of the zygote the trainers are forked from, counted once per host (0: none).
     margin : float
         Fraction added to each host's sum before it is compared with its room.
 
@@ -168,10 +172,8 @@ def plan_hop(
     hosts: dict[str, list[TrainerMemory]] = {}
     for worker, host, rows in trainers:
         hosts.setdefault(host, []).append(trainer(worker, host, rows))
-    plan = FitMemoryPlan(
-        tuple(HostRow(h, tuple(ts), by_host[h], margin) for h, ts in hosts.items()),
-        notes=tuple(_notes(sized, states)),
-    )
+    host_plan = host_rows(hosts, by_host, margin, zygote)
+    plan = FitMemoryPlan(host_plan, notes=tuple(_notes(sized, states)))
     if plan.fits:
         return plan
     return dataclasses.replace(
@@ -198,7 +200,7 @@ def _notes(sized: Sequence[_Sized], states: int) -> list[str]:
 def _fewer(plan: FitMemoryPlan, sized: Sequence[_Sized]) -> list[str]:
     """How many configurations of this job would fit on its tightest host, if fewer do."""
     worst = max(plan.short, key=lambda h: h.with_margin - h.room.room)
-    usable = math.floor(worst.room.room / (1 + worst.margin)) / len(worst.trainers)
+    usable = worst.usable / len(worst.trainers)
     one = worst.trainers[0]
     fixed = one.runtime + one.weights + one.batches + one.evaluation
     # n configurations of the largest's size S take (n - 1) S compiled beside the one in the

@@ -21,7 +21,7 @@ from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import fit_run
 from dvml.train.fit_admission import admitted
 from dvml.train.job_scalars import JobScalars, iteration_scalars
-from dvml.train.memory_use import over_plan, trainer_memory_use
+from dvml.train.memory_use import host_memory_use, over_plan, trainer_memory_use
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.outputs import check_outputs_free, model_exists
@@ -257,7 +257,7 @@ def _plan(
     _check_tensorboard(tensorboard_dir)
     memory = fit_memory_plan(
         client, workers, per_worker, job.train.summary, spec.arch, spec.compile_params,
-        spec.weights,
+        spec.weights, use_gpus=args.use_gpus,
     )  # fmt: skip
     key = job_key(
         dataset_key(job.train),
@@ -409,6 +409,8 @@ def _summary(
     # each trainer's planned resident bytes and the peak it sampled (dvml.train.memory_use)
     samples = [(r["worker"], m.get("resident_bytes")) for r in results for m in r["iterations"]]
     summary.update(trainer_memory_use(_planned(plan), samples, float(config.get("memory.margin"))))
+    zygote = [(r["worker"], m.get("zygote_bytes")) for r in results for m in r["iterations"]]
+    summary["host_memory"] = host_memory_use(plan.memory.hosts, summary["trainer_memory"], zygote)
     return summary
 
 

@@ -14,15 +14,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dask.utils import parse_bytes
-
 from dvml import config
 from dvml.exceptions import MemoryPlanError
 from dvml.placement.fit_memory import FitMemoryPlan
 from dvml.placement.hop_memory import HopConfig, plan_hop
 from dvml.placement.memory import format_size
 from dvml.train.runtime.plan import rows_per_worker
-from dvml.train.trainer_memory import host_rooms, label_width
+from dvml.train.trainer_memory import host_rooms, label_width, trainer_runtime
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -51,10 +49,13 @@ def hop_memory_plan(
     workers: Sequence[WorkerInfo],
     train: Dataset,
     configs: Sequence[Mapping[str, Any]],
+    *,
+    use_gpus: bool = False,
 ) -> FitMemoryPlan:
     """The memory plan of a hopper job training ``configs`` (trainer configurations, see
     :func:`hop_configs`) on ``workers`` (one trainer each) over ``train``."""
     rooms, machine_of = host_rooms(client, workers)
+    runtime, zygote = trainer_runtime(use_gpus)
     rows = rows_per_worker(train, list(workers))
     return plan_hop(
         [(w.name, machine_of[w.host], rows[w.name]) for w in workers],
@@ -62,7 +63,8 @@ def hop_memory_plan(
         label_width(train.summary["num_classes"]),
         hop_configs(configs),
         rooms,
-        runtime=int(parse_bytes(str(config.get("memory.trainer-runtime")))),
+        runtime=runtime,
+        zygote=zygote,
         margin=float(config.get("memory.margin")),
     )
 

@@ -148,7 +148,9 @@ class HopJob:
         self.memory: FitMemoryPlan | None = None
         self.reservation = contextlib.ExitStack()
         if configs:
-            self.memory = hop_memory_plan(client, job.workers, job.train, configs)
+            self.memory = hop_memory_plan(
+                client, job.workers, job.train, configs, use_gpus=bool(job.args.use_gpus)
+            )
             check_hop_fits(self.memory, self.name, len(configs))
             self.reservation.enter_context(reserved(client, self.memory, self.name))
         try:

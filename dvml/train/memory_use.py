@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["over_plan", "trainer_memory_use"]
+if TYPE_CHECKING:
+    from dvml.placement.fit_memory import HostRow
+
+__all__ = ["host_memory_use", "over_plan", "trainer_memory_use"]
 
 
 def over_plan(planned: int | None, used: int | None, margin: float) -> bool:
@@ -49,3 +52,44 @@ def trainer_memory_use(
         w for w, row in table.items() if over_plan(row["planned_bytes"], row["peak_bytes"], margin)
     ]
     return {"trainer_memory": table, "memory_over_plan": over}
+
+
+def host_memory_use(
+    hosts: Iterable[HostRow],
+    trainer_memory: Mapping[str, Mapping[str, int | None]],
+    zygote_samples: Iterable[tuple[str, int | None]],
+) -> dict[str, dict[str, int | None]]:
+    """Each host's planned bytes against what its trainers and their zygote used at most.
+
+    Parameters
+    ----------
+    hosts : iterable of HostRow
+        The plan's hosts (:attr:`dvml.placement.fit_memory.FitMemoryPlan.hosts`): each one's
+        ``needed`` bytes (the margin left out) and its trainers.
+    trainer_memory : mapping
+        :func:`trainer_memory_use`'s ``trainer_memory``.
+    zygote_samples : iterable of (worker, bytes or None)
+        The zygote's resident set as that worker's trainer sampled it (forked trainers).
+
+    Returns
+    -------
+    dict
+        host → ``{"planned_bytes", "peak_bytes", "zygote_peak_bytes"}``: the peak is the
+        zygote's plus each trainer's (None where a trainer sent no sample).
+    """
+    zygote: dict[str, int] = {}
+    for worker, used in zygote_samples:
+        if used is not None:
+            zygote[worker] = max(zygote.get(worker, 0), int(used))
+    table: dict[str, dict[str, int | None]] = {}
+    for host in hosts:
+        workers = [t.worker for t in host.trainers]
+        peaks = [(trainer_memory.get(w) or {}).get("peak_bytes") for w in workers]
+        shared = max((zygote[w] for w in workers if w in zygote), default=None)
+        known = None if any(p is None for p in peaks) else sum(int(p or 0) for p in peaks)
+        table[host.host] = {
+            "planned_bytes": host.needed,
+            "peak_bytes": None if known is None else known + (shared or 0),
+            "zygote_peak_bytes": shared,
+        }
+    return table

@@ -68,7 +68,7 @@ def fit(
     per_worker, _ = batch_split(job.train, job.workers, int(spec.fit_params["batch_size"]))
     return fit_memory_plan(
         client, job.workers, per_worker, job.train.summary, spec.arch, spec.compile_params,
-        spec.weights,
+        spec.weights, use_gpus=use_gpus,
     )  # fmt: skip
 
 
@@ -100,8 +100,9 @@ def fit_multiple(
                    custom_objects, None, None)  # fmt: skip
     prepared = fit_multiple_module.prepare(reg, client, args, configs)
     return hop_memory_plan(
-        client, prepared.job.workers, prepared.job.train, list(prepared.parsed.values())
-    )
+        client, prepared.job.workers, prepared.job.train, list(prepared.parsed.values()),
+        use_gpus=use_gpus,
+    )  # fmt: skip
 
 
 def pack(source: Any, *, validation: bool = False, **kwargs: Any) -> MemoryPlan:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -92,10 +93,13 @@ def fit_memory_plan(
     arch: Mapping[str, Any],
     compile_params: Mapping[str, Any],
     weights: Sequence[Any] | None = None,
+    *,
+    use_gpus: bool = False,
 ) -> FitMemoryPlan:
     """The memory plan of a fit whose trainers run on ``workers`` with these batches;
     ``weights``, when the fit starts from stored ones, give the parameters' bytes exactly."""
     rooms, machine_of = host_rooms(client, workers)
+    runtime, zygote = trainer_runtime(use_gpus)
     return plan_fit(
         [(w.name, machine_of[w.host], b) for w, b in zip(workers, per_worker_batch, strict=True)],
         [list(s) for s in dataset_summary["x_shapes"]],
@@ -103,10 +107,28 @@ def fit_memory_plan(
         json.loads(arch["model_json"]),
         compile_params.get("optimizer", "rmsprop"),  # tf-keras' compile default
         rooms,
-        runtime=int(parse_bytes(str(config.get("memory.trainer-runtime")))),
+        runtime=runtime,
+        zygote=zygote,
         margin=float(config.get("memory.margin")),
         weights_bytes=sum(int(w.nbytes) for w in weights) if weights is not None else None,
     )
+
+
+def trainer_runtime(use_gpus: bool) -> tuple[int, int]:
+    """TensorFlow's runtime in a job's plan: bytes per trainer and per host (its zygote).
+
+    CPU trainers are forked from their machine's zygote where ``dvml.train.fork-trainers``
+    allows (Linux): each counts its private bytes (``memory.trainer-runtime-forked``) and the
+    host its zygote once (``memory.zygote``). GPU trainers, and every trainer without the
+    zygote, are processes of their own (``memory.trainer-runtime`` each, no zygote).
+    """
+    if use_gpus or not config.get("train.fork-trainers") or not sys.platform.startswith("linux"):
+        return _size("memory.trainer-runtime"), 0
+    return _size("memory.trainer-runtime-forked"), _size("memory.zygote")
+
+
+def _size(key: str) -> int:
+    return int(parse_bytes(str(config.get(key))))
 
 
 def label_width(num_classes: Any) -> int:

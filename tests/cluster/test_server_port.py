@@ -16,7 +16,9 @@ def test_a_server_port_is_free_and_below_the_ephemeral_range() -> None:
     assert len(ports) > 1  # picked at random, not one fixed port
 
 
-def test_a_port_held_on_every_address_is_not_free_and_the_range_is_read(tmp_path: pathlib.Path) -> None:
+def test_a_port_held_on_every_address_is_not_free_and_the_range_is_read(
+    tmp_path: pathlib.Path,
+) -> None:
     """A listener on 0.0.0.0 blocks 127.0.0.1 too; the range file is the kernel's format."""
     (tmp_path / "range").write_text("40000\t60999\n")
     assert ephemeral_ports(str(tmp_path / "range")) == (40000, 60999)

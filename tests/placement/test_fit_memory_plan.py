@@ -129,6 +129,23 @@ def test_trainers_on_one_host_add_up_with_the_margin(hosts, room_mib, margin, fi
     assert plan.fits == all(fits)
 
 
+def test_the_zygote_is_counted_once_per_host_and_the_fixes_leave_it_room() -> None:
+    """Forked trainers share TensorFlow's pages with their machine's zygote: each host adds
+    the zygote once, however many trainers it forks, and a fix's numbers leave it room."""
+    one = _plan([8], ["a"], 10_000, runtime=10 * MiB, zygote=600 * MiB)
+    two = _plan([8, 8, 8], ["a", "a", "b"], 10_000, runtime=10 * MiB, zygote=600 * MiB)
+    t = one.trainers[0]
+    assert one.hosts[0].needed == 600 * MiB + t.total
+    assert [h.needed for h in two.hosts] == [600 * MiB + 2 * t.total, 600 * MiB + t.total]
+    assert "and their zygote 600.0 MiB" in two.describe()
+    assert list(two.table()["host_zygote"]) == [600 * MiB] * 3
+    # 600 MiB of zygote + 3 trainers of ~10 MiB, no margin: 2 of the 3 fit in 625 MiB
+    crowded = _plan([8] * 3, ["a"] * 3, 625, margin=0.0, runtime=10 * MiB, zygote=600 * MiB)
+    assert not crowded.fits
+    assert any("2 of 3 fit on a" in f and "beside their zygote" in f for f in crowded.fixes)
+    assert not _plan([8], ["a"], 599, margin=0.0, runtime=1, zygote=600 * MiB).fits
+
+
 def test_room_is_the_least_of_available_cgroup_and_cap() -> None:
     assert HostRoom("a", 10, None, None).room == 10
     assert HostRoom("a", 10, 4, None).room == 4

@@ -197,7 +197,7 @@ def test_the_summary_holds_each_hop_trainers_planned_and_peak_memory(
     assert sorted(use) == ["worker-0", "worker-1"]
     for row in use.values():
         assert row["planned_bytes"] > 0
-        assert row["peak_bytes"] > 100 * 2**20  # TensorFlow's runtime alone is hundreds of MiB
+        assert row["peak_bytes"] > 50 * 2**20  # TensorFlow's own pages: ~120 MiB when forked
     assert selection.summary["memory_over_plan"] == []
 
 
@@ -216,7 +216,8 @@ def test_a_fit_multiple_that_does_not_fit_is_refused_before_a_trainer_starts(
     state = cnn().count_params() * 4 * 3  # Adam: weights and two slots
     assert one.models == 2 * state and one.weights == cnn().count_params() * 4 * 4
     assert {"models", "parked"} <= set(plan.table().columns)
-    cap = int(one.total * 1.5)  # one trainer and its margin, not two
+    # the zygote and one trainer with the margin, not two
+    cap = int((plan.hosts[0].zygote + 1.5 * one.total) * 1.2)
     with dask.config.set({"dvml.memory.host-memory": cap}), pytest.raises(MemoryPlanError) as info:
         run(env, "mop_too_big", table)
     message = str(info.value)

@@ -11,6 +11,7 @@ ROLLUP = """564589e47000-7fff45114000 ---p 00000000 00:00 0                     
 Rss:              900000 kB
 Pss:              700000 kB
 Pss_Shmem:        200000 kB
+Private_Clean:     50000 kB
 Private_Dirty:    400000 kB
 """
 
@@ -23,6 +24,15 @@ def test_resident_bytes_are_pss_without_the_shared_memory_buffers() -> None:
     )
     assert memory_sample.resident_bytes(fields) == 500000 * 1024
     assert memory_sample.resident_bytes({}) is None
+
+
+def test_a_forked_trainer_counts_its_private_pages_and_the_zygote_the_shared_ones() -> None:
+    """A trainer forked from the zygote shares TensorFlow's pages with it: the zygote's
+    resident set is counted once per machine, each trainer's private pages on their own."""
+    fields = memory_sample.parse_rollup(ROLLUP)
+    assert memory_sample.resident_bytes(fields, forked=True) == 450000 * 1024
+    assert memory_sample.resident_bytes({"Pss": 1}, forked=True) is None
+    assert memory_sample.zygote_bytes() is None  # this process was not forked by a zygote
 
 
 def test_a_sample_of_this_process_grows_with_what_it_holds() -> None:
@@ -47,3 +57,23 @@ def test_peaks_per_trainer_against_the_plan_and_its_margin() -> None:
     assert use["memory_over_plan"] == []  # 1150 is within 1000 + 20 %
     assert trainer_memory_use(planned, samples, margin=0.1)["memory_over_plan"] == ["w0"]
     assert not over_plan(None, 10**12, 0.2) and not over_plan(10, None, 0.2)
+
+
+def test_a_hosts_peak_is_its_trainers_and_their_zygote_once() -> None:
+    from dvml.placement.fit_memory import HostRoom, HostRow, TrainerMemory
+
+    def trainer(worker: str) -> TrainerMemory:
+        return TrainerMemory(worker, "m", 8, 100, 0, 0, 0)
+
+    hosts = [
+        HostRow("m", (trainer("w0"), trainer("w1")), HostRoom("m", 10**6), 0.2, zygote=600),
+        HostRow("n", (trainer("w2"),), HostRoom("n", 10**6), 0.2),
+    ]
+    table = {"w0": {"peak_bytes": 110}, "w1": {"peak_bytes": 90}, "w2": {"peak_bytes": None}}
+    zygote = [("w0", 590), ("w1", 610), ("w0", None)]
+    from dvml.train.memory_use import host_memory_use
+
+    use = host_memory_use(hosts, table, zygote)
+    assert use["m"] == {"planned_bytes": 800, "peak_bytes": 810, "zygote_peak_bytes": 610}
+    # a trainer that sent no sample: the host's peak is unknown, not understated
+    assert use["n"] == {"planned_bytes": 100, "peak_bytes": None, "zygote_peak_bytes": None}

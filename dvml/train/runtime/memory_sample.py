@@ -1,17 +1,29 @@
 """A trainer's own resident bytes, sampled at the end of each iteration for the memory plan's
-accounting (:mod:`dvml.train.memory_use`).
+accounting (:mod:`dvml.train.memory_use`), and its zygote's.
 
-What is counted is the process's proportional set size (PSS) less its share of shared memory
-(``Pss_Shmem``): the bytes the plan counts per trainer (TensorFlow's runtime, the model, its
-batches and evaluation, measured as PSS by the plan's ``memory.trainer-runtime``), without the
-vineyard buffers it maps zero-copy, which the plan counts once, in their vineyardd. Read from
-``/proc/self/smaps_rollup`` (one summed record: a fraction of a millisecond, where walking
+What a trainer counts depends on how it started:
+
+- **forked** from its machine's zygote (:mod:`dvml.cluster.zygote`, the default on Linux): its
+  private pages (``Private_Clean + Private_Dirty``). The pages it still shares with the zygote
+  (TensorFlow's and tf-keras' imports) are the zygote's, counted once per machine: the plan's
+  ``memory.zygote``, sampled by :func:`zygote_bytes` as the zygote's resident set. Its PSS
+  would split those pages over however many trainers the zygote forked, standbys included.
+- **a process of its own**: its proportional set size (PSS), the plan's
+  ``memory.trainer-runtime``.
+
+Both leave out the vineyard buffers the trainer maps zero-copy (``Pss_Shmem``; shared with
+vineyardd, so never private), which the plan counts once, in their vineyardd. Read from
+``/proc/PID/smaps_rollup`` (one summed record: a fraction of a millisecond, where walking
 ``smaps`` takes tens), so a sample costs nothing next to an iteration.
 """
 
 from __future__ import annotations
 
-__all__ = ["parse_rollup", "resident_bytes", "sample"]
+import os
+
+from dvml.cluster.zygote import PARENT_ENV
+
+__all__ = ["parse_rollup", "resident_bytes", "sample", "zygote_bytes"]
 
 ROLLUP = "/proc/self/smaps_rollup"
 
@@ -27,17 +39,39 @@ def parse_rollup(text: str) -> dict[str, int]:
     return fields
 
 
-def resident_bytes(fields: dict[str, int]) -> int | None:
-    """PSS less shared memory (see the module's docstring); None without a ``Pss`` field."""
+def resident_bytes(fields: dict[str, int], forked: bool = False) -> int | None:
+    """A trainer's own bytes from its rollup (see the module's docstring): its private pages
+    when ``forked``, else its PSS less shared memory; None without the fields."""
+    if forked:
+        if "Private_Clean" not in fields:
+            return None
+        return fields["Private_Clean"] + fields.get("Private_Dirty", 0)
     if "Pss" not in fields:
         return None
     return fields["Pss"] - fields.get("Pss_Shmem", 0)
 
 
 def sample(path: str = ROLLUP) -> int | None:
-    """This process's resident bytes now; None where the kernel has no ``smaps_rollup``."""
+    """This process's own resident bytes now; None where the kernel has no ``smaps_rollup``."""
     try:
         with open(path) as f:
-            return resident_bytes(parse_rollup(f.read()))
+            return resident_bytes(parse_rollup(f.read()), forked=PARENT_ENV in os.environ)
     except OSError:
         return None
+
+
+def zygote_bytes() -> int | None:
+    """The resident set of the zygote this trainer was forked from (its parent); None when it
+    was not forked or the zygote is gone."""
+    if PARENT_ENV not in os.environ:
+        return None
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as f:
+            if b"--zygote" not in f.read():
+                return None  # the zygote died; this trainer was reparented
+        with open(f"/proc/{parent}/smaps_rollup") as f:
+            fields = parse_rollup(f.read())
+    except OSError:
+        return None
+    return fields.get("Rss")

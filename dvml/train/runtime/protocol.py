@@ -108,8 +108,10 @@ class Iteration(Line):
     metrics_seconds: float | None = None
     # steps trained in the iteration (every epoch): the straggler rule's unit (train.stragglers)
     steps: int | None = None
-    # the trainer's resident bytes at the iteration's end (train.runtime.memory_sample)
+    # the trainer's resident bytes at the iteration's end, and its zygote's (forked trainers;
+    # train.runtime.memory_sample)
     resident_bytes: int | None = None
+    zygote_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +138,9 @@ class Trained(Line):
     steps: int
     rows: int
     loaded_sha256: str  # of the weights it started from: what a resumed model continued from
-    # the trainer's resident bytes at the hop's end (train.runtime.memory_sample)
+    # the trainer's resident bytes at the hop's end, and its zygote's (memory_sample)
     resident_bytes: int | None = None
+    zygote_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

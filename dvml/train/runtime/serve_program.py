@@ -197,6 +197,7 @@ def _train(
         rows=train.rows,
         loaded_sha256=loaded_from,
         resident_bytes=memory_sample.sample(),  # after the state's save: the hop's peak
+        zygote_bytes=memory_sample.zygote_bytes(),
     )
 
 

@@ -498,6 +498,7 @@ def train_hop(
         "bytes": len(state),
         "loaded_sha256": answer.loaded_sha256,
         "resident_bytes": answer.resident_bytes,  # the trainer's, at the hop's end
+        "zygote_bytes": answer.zygote_bytes,
         "task_s": time.perf_counter() - started,
         # wall clock, from the client's start of this run (an earlier run's, once resumed)
         "elapsed": time.time() - float(job["started_at"]),

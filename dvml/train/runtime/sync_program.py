@@ -203,6 +203,7 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
                 record["validation"] = local_metrics(setup.evaluator, valid, per_worker_batch)
             record["metrics_seconds"] = time.monotonic() - t1
         record["resident_bytes"] = memory_sample.sample()  # after evaluation: its peak
+        record["zygote_bytes"] = memory_sample.zygote_bytes()
         history.append(record)
         if store is not None:
             _checkpoint(store, job, iteration, weights, history)
