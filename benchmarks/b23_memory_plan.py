@@ -15,6 +15,9 @@ refuses jobs that would fit); the details give each worker's figures.
   planned resident bytes (:func:`dvml.plan.fit`: its trainers' and, once, the zygote's they
   are forked from) against its peak: each trainer's private bytes sampled at every
   iteration's end plus the zygote's resident set (the fit's summary, ``host_memory``).
+- B23a5, ``dvml.fit_multiple`` of 3 configurations, 2 iterations: the same figures for its
+  serving trainers (:func:`dvml.plan.fit_multiple`; the states parked in the Dask workers
+  between hops are left out of both sides: nothing samples a Dask worker's share of them).
 
 B23b, admission: ten attempts at 1.2x to 3x oversubscription (packs larger than the free
 shared memory, fits whose trainers do not fit the host's memory as configured by
@@ -118,6 +121,39 @@ def _fit_sides(sync: str) -> tuple[Any, Any]:
     return used, planned
 
 
+def _hop_configs(arch_id: int) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([
+        {"mst_key": k + 1, "model_id": arch_id, "fit_params": "batch_size=64, epochs=1",
+         "compile_params": f"loss='categorical_crossentropy', optimizer='Adam(learning_rate="
+                           f"{lr})', metrics=['accuracy']"}
+        for k, lr in enumerate((0.003, 0.01, 0.001))
+    ])  # fmt: skip
+
+
+def _hop_used(context: dict[str, Any]) -> float:
+    import dvml
+
+    selection = dvml.fit_multiple(DIGITS, "bench_b23_hop", _hop_configs(context["arch_id"]), 2,
+                                  progress=False, overwrite=True, registry=context["registry"],
+                                  client=context["cluster"].client)  # fmt: skip
+    memory = selection.summary["host_memory"]
+    context["figures"]["fit_multiple"] = memory
+    return float(sum(int(m["peak_bytes"] or 0) for m in memory.values()))
+
+
+def _hop_planned(context: dict[str, Any]) -> float:
+    import dvml
+
+    plan = dvml.plan.fit_multiple(DIGITS, _hop_configs(context["arch_id"]),
+                                  registry=context["registry"],
+                                  client=context["cluster"].client)  # fmt: skip
+    # the trainer processes and their zygote: what they sample (parked states are the Dask
+    # workers' bytes, which nothing samples)
+    return float(sum(h.zygote + sum(t.trainer_bytes for t in h.trainers) for h in plan.hosts))
+
+
 def _oom_kills() -> int:
     with open("/proc/vmstat") as f:
         for line in f:
@@ -217,7 +253,7 @@ def _details_of(name: str) -> Any:
 
     def details(context: dict[str, Any]) -> dict[str, Any]:
         figures = context["figures"].get(name) or {}
-        if name.startswith("fit "):
+        if name.startswith("fit"):
             return {
                 host: f"peak {int(m['peak_bytes'] or 0) / MiB:.0f} MiB (its zygote "
                 f"{int(m['zygote_peak_bytes'] or 0) / MiB:.0f} MiB), planned "
@@ -263,6 +299,8 @@ for _key, _title, _used, _planned, _name in (
      _ITERATION_USED, _ITERATION_PLANNED, "fit iteration"),
     ("B23a4", "fit, sync='step': trainers' peak resident bytes vs planned", _STEP_USED,
      _STEP_PLANNED, "fit step"),
+    ("B23a5", "fit_multiple (3 configurations): trainers' peak resident bytes vs planned",
+     _hop_used, _hop_planned, "fit_multiple"),
     ("B23b", "slowest refusal of 10 oversubscribed jobs vs 1 s", admission, _one_s,
      "admission"),
 ):  # fmt: skip

@@ -45,7 +45,7 @@ from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import Config, check_configs, model_histories, resumed_from
 from dvml.train.hop_tables import Trained, build_tables, model_name
 from dvml.train.hop_tables import run_summary as hop_run_summary
-from dvml.train.memory_use import trainer_memory_use
+from dvml.train.memory_use import host_memory_use, trainer_memory_use
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_output
 from dvml.train.model_selection import resolve_model_configs
@@ -58,6 +58,8 @@ from dvml.train.runtime.plan import Job, JobArgs, dataset_key, job_key, model_sp
 
 if TYPE_CHECKING:
     from distributed import Client
+
+    from dvml.placement.fit_memory import FitMemoryPlan
 
 __all__ = ["ModelSelection", "fit_multiple", "model_name"]
 
@@ -276,7 +278,7 @@ def fit_multiple(
             end = now()
             lease.check()  # a dataset dropped with force=True: fail, register nothing
             registered = _register(reg, plan, history, records, evals, weights, start, end,
-                                   points, name, description, started, hop.planned())  # fmt: skip
+                                   points, name, description, started, hop.memory)  # fmt: skip
             log_models_saved(client, registered, f"dvml.fit_multiple {model_output}")
             hopper.clear_checkpoints()
     selection = ModelSelection(model_output, reg)
@@ -407,7 +409,7 @@ def _register(
     name: str | None,
     description: str | None,
     started: float,
-    planned: dict[str, int],
+    memory: FitMemoryPlan | None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """Build every model's summary and the info/summary tables; register all in one go.
     Returns each model's name and summary."""
@@ -431,7 +433,13 @@ def _register(
     run_summary["resumed_from_iterations"] = [points[k] for k in keys]
     # each trainer's planned resident bytes and the peak it sampled at its hops' ends
     samples = [(r["worker"], r.get("resident_bytes")) for r in records]
+    trainers = memory.trainers if memory is not None else ()
+    planned = {t.worker: t.trainer_bytes for t in trainers}  # parked states left out
     run_summary.update(trainer_memory_use(planned, samples, float(config.get("memory.margin"))))
+    zygote = [(r["worker"], r.get("zygote_bytes")) for r in records]
+    run_summary["host_memory"] = host_memory_use(
+        memory.hosts if memory is not None else (), run_summary["trainer_memory"], zygote
+    )
     try:
         reg.save_model_selection_run(plan.model_output, tables.models, tables.info, run_summary)
     except RegistryError as exc:  # a full disk, a lock: the training itself is not lost

@@ -160,12 +160,6 @@ class HopJob:
             raise
         self.hopper.on_stop.append(self.reservation.close)
 
-    def planned(self) -> dict[str, int]:
-        """Each trainer's planned resident bytes (its own, parked states left out), by
-        worker name; empty when the job was not planned."""
-        trainers = self.memory.trainers if self.memory is not None else ()
-        return {t.worker: t.trainer_bytes for t in trainers}
-
     def _hopper(self, started_at: float | None) -> ModelHopper:
         client, job, model_output, key = self.client, self.job, self.model_output, self.key
         return ModelHopper(

@@ -64,8 +64,10 @@ def host_memory_use(
     Parameters
     ----------
     hosts : iterable of HostRow
-        The plan's hosts (:attr:`dvml.placement.fit_memory.FitMemoryPlan.hosts`): each one's
-        ``needed`` bytes (the margin left out) and its trainers.
+        The plan's hosts (:attr:`dvml.placement.fit_memory.FitMemoryPlan.hosts`): their zygote
+        and trainers. A host's planned bytes are its zygote's and its trainer processes'
+        (:attr:`~dvml.placement.fit_memory.TrainerMemory.trainer_bytes`, what they sample;
+        a model hopper's states parked in the Dask workers are left out), margin not added.
     trainer_memory : mapping
         :func:`trainer_memory_use`'s ``trainer_memory``.
     zygote_samples : iterable of (worker, bytes or None)
@@ -88,7 +90,7 @@ def host_memory_use(
         shared = max((zygote[w] for w in workers if w in zygote), default=None)
         known = None if any(p is None for p in peaks) else sum(int(p or 0) for p in peaks)
         table[host.host] = {
-            "planned_bytes": host.needed,
+            "planned_bytes": host.zygote + sum(t.trainer_bytes for t in host.trainers),
             "peak_bytes": None if known is None else known + (shared or 0),
             "zygote_peak_bytes": shared,
         }

@@ -199,6 +199,9 @@ def test_the_summary_holds_each_hop_trainers_planned_and_peak_memory(
         assert row["planned_bytes"] > 0
         assert row["peak_bytes"] > 50 * 2**20  # TensorFlow's own pages: ~120 MiB when forked
     assert selection.summary["memory_over_plan"] == []
+    # the machine: both hop trainers and their zygote, once, against the plan's
+    (host,) = selection.summary["host_memory"].values()
+    assert 0.8 <= host["peak_bytes"] / host["planned_bytes"] <= 1.2, host
 
 
 def test_a_fit_multiple_that_does_not_fit_is_refused_before_a_trainer_starts(
