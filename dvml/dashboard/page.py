@@ -44,7 +44,7 @@ PAGE = """<!DOCTYPE html>
 <h2>Faults</h2>
 <table id="faults"><thead><tr><th>when</th><th>model</th><th>what</th></tr></thead>
 <tbody></tbody></table>
-<h2>Searches (ASHA)</h2>
+<h2>Searches (ASHA, Hyperband)</h2>
 <table id="searches"><thead><tr><th>search / trial</th><th>state</th><th>rung</th>
 <th>iterations</th><th>loss</th><th>worker</th></tr></thead><tbody></tbody></table>
 <h2>Models (latest registered)</h2>
@@ -154,10 +154,18 @@ function draw(state) {
   const s = document.querySelector("#searches tbody");
   s.replaceChildren();
   for (const x of state.searches) {
-    const rungs = Object.entries(x.rungs).map(([r, n]) => "rung " + r + ": " + n).join(", ");
+    const rungs = x.method === "hyperband"
+      ? "diagonal " + x.diagonal + " of " + x.diagonals
+      : Object.entries(x.rungs).map(([r, n]) => "rung " + r + ": " + n).join(", ");
     const best = x.best ? "best: trial " + x.best.trial + " (" + loss(x.best.loss) + ")" : "";
     row(s, [cell(x.model_output + " (" + rungs + ") " + best), cell(x.state), cell(""), cell(""),
             cell(""), cell("")], "job");
+    for (const b of x.brackets || []) {
+      row(s, [cell("bracket " + b.s + ": " + b.keys.length + " configuration(s)"),
+              cell("round " + (b.round + 1) + " of " + b.rounds), cell(String(b.round), "num"),
+              cell(String(b.iterations), "num"), cell(loss(b.loss), "num"), cell("")],
+          "trainer");
+    }
     for (const t of x.trials) {
       row(s, [cell("trial " + t.trial), cell(t.state), cell(String(t.rung), "num"),
               cell(String(t.iterations), "num"), cell(loss(t.loss), "num"), cell(t.worker || "")],

@@ -266,22 +266,51 @@ _TRIAL_STATES = {"start": "running", "promote": "running", "park": "parked",
 
 
 def searches_view(topics: Mapping[str, Events]) -> list[dict[str, Any]]:
-    """Every ASHA search from its journal: ``model_output``, ``state`` (``running`` until
-    the scheduler's ``stop``), ``rungs`` (``{rung: results there, failed ones included}``,
-    ASHA's rung sizes), ``best`` (``trial``, ``loss``, ``rung``: the lowest loss at the highest
-    rung that has one, as ASHA ranks; None before a result) and ``trials`` (per trial:
-    ``state``, ``rung``, ``iterations`` trained, last ``loss`` and ``worker``)."""
+    """Every ASHA and Hyperband search: ``model_output``, ``method``, ``state``, ``best``.
+
+    An ASHA search, from its journal: ``state`` (``running`` until the scheduler's ``stop``),
+    ``rungs`` (``{rung: results there, failed ones included}``, ASHA's rung sizes), ``best``
+    (``trial``, ``loss``, ``rung``: the lowest loss at the highest rung that has one, as ASHA
+    ranks; None before a result) and ``trials`` (per trial: ``state``, ``rung``,
+    ``iterations`` trained, last ``loss`` and ``worker``).
+
+    A Hyperband search, from its latest report (:meth:`dvml.search.hyperband.HyperbandRun.
+    brackets`): ``state`` (``running`` or ``finished``), ``diagonal`` and ``diagonals`` (done,
+    in all), ``best`` (``trial``: the ``mst_key``, ``loss``) and ``brackets`` (per bracket
+    ``s`` that started: its ``round`` and ``rounds``, surviving ``keys``, the ``iterations``
+    each has trained, the best ``loss`` among them).
+    """
     found = []
     for topic, events in topics.items():
         if not topic.startswith(SEARCH_TOPIC_PREFIX):
+            continue
+        output = topic[len(SEARCH_TOPIC_PREFIX) :]
+        reports = [m for _, m in events if _kind(m) == "hyperband"]
+        if reports:
+            found.append({"model_output": output, **_hyperband(reports[-1])})
             continue
         records: list[Any] = []
         for _, m in events:  # a resumed search tells its journal again from the start
             if _kind(m) == "journal":
                 offset = int(m["offset"])
                 records[offset:] = list(m["records"])
-        found.append({"model_output": topic[len(SEARCH_TOPIC_PREFIX) :], **_search(records)})
+        found.append({"model_output": output, "method": "asha", **_search(records)})
     return sorted(found, key=lambda s: s["model_output"])
+
+
+def _hyperband(report: Mapping[str, Any]) -> dict[str, Any]:
+    best = report.get("best")
+    return {
+        "method": "hyperband",
+        "state": str(report.get("state", "running")),
+        "diagonal": int(report.get("done", 0)),
+        "diagonals": int(report.get("diagonals", 0)),
+        "best": None if best is None else {"trial": int(best), "loss": report.get("loss")},
+        # lists come back as tuples from the scheduler's events (msgpack)
+        "brackets": [{**b, "keys": list(b["keys"])} for b in report.get("brackets") or []],
+        "rungs": {},
+        "trials": [],
+    }
 
 
 def _search(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

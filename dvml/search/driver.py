@@ -446,6 +446,7 @@ def _hyperband(
     )  # fmt: skip
     by_key = {c.mst_key: c for c in configs}
     losses: dict[int, float | None] = {}
+    _log_brackets(hop.client, hop.model_output, search, "running")
     while (diagonal := search.next_diagonal()) is not None:
         if progress:
             logger.warning(
@@ -456,8 +457,10 @@ def _hyperband(
                           diagonal.offset)  # fmt: skip
         losses.update(found)
         search.report(found)
+        _log_brackets(hop.client, hop.model_output, search, "running")
         _progress(progress, losses)
         check()
+    _log_brackets(hop.client, hop.model_output, search, "finished")
 
 
 def _hyperopt(
@@ -482,6 +485,18 @@ def _progress(progress: bool, losses: Mapping[int, float | None]) -> None:
         return
     best = min(losses, key=lambda k: (hb.rank_key(losses[k]), k))
     logger.warning("automl: best so far mst_key=%s loss=%s", best, losses[best])
+
+
+def _log_brackets(client: Client, output: str, search: hb.HyperbandRun, state: str) -> None:
+    """Tell the scheduler where a Hyperband search stands (topic ``dvml-search-<output>``,
+    for dvml's dashboard page: :meth:`~dvml.search.hyperband.HyperbandRun.brackets`). Best
+    effort, as :func:`_log_journal`."""
+    try:
+        client.log_event(
+            f"dvml-search-{output}", {"kind": "hyperband", "state": state, **search.brackets()}
+        )
+    except Exception:
+        pass
 
 
 def _log_journal(client: Client, output: str, records: list[dict[str, Any]], sent: int) -> int:

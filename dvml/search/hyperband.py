@@ -408,6 +408,33 @@ class HyperbandRun:
             self._pending = None
             self._i += 1
 
+    def brackets(self) -> dict[str, Any]:
+        """Where the search stands, for dvml's dashboard page: the diagonals done (``done``
+        of ``diagonals``), the ``best`` ``mst_key`` and its ``loss``, and per bracket ``s``
+        that has started (largest first): its ``round`` (0-based), its surviving
+        configurations (``keys``), the ``iterations`` each has trained so far, and the best
+        ``loss`` among them (None before a report)."""
+        rows = []
+        for s in sorted(self._active, reverse=True):
+            keys = self._active[s]
+            round_ = max(self.last_round[k] for k in keys) if keys else 0
+            losses = [v for k in keys if (v := self.losses.get(k)) is not None]
+            # round t of bracket s runs in diagonal t + s_max - s, which trains its keys for
+            # that diagonal's iterations (warm started from the round before)
+            trained = sum(self.sizes[s - t][1] for t in range(round_ + 1))
+            rounds = min(s + 1, self.num_diagonals - (self.s_max - s))
+            rows.append({"s": s, "round": round_, "rounds": rounds, "keys": list(keys),
+                         "iterations": trained,
+                         "loss": min(losses) if losses else None})  # fmt: skip
+        best = self.best()
+        return {
+            "done": self._i,
+            "diagonals": self.num_diagonals,
+            "best": best,
+            "loss": None if best is None else self.losses.get(best),
+            "brackets": rows,
+        }
+
     def best(self) -> int | None:
         """The ``mst_key`` of the lowest loss reported so far (MADlib's ``.best`` row)."""
         if not self.losses:

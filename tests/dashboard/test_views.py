@@ -226,3 +226,20 @@ def test_reservations_show_each_jobs_bytes_per_machine_oldest_first() -> None:
     ]
     assert listed[1]["machines"] == {"host-0": 300, "host-1": 100}
     assert page_state([], {}, now=0.0)["reservations"] == []
+
+
+def test_a_hyperband_search_shows_its_brackets_from_its_latest_report() -> None:
+    from dvml.dashboard.views import searches_view
+
+    def report(done: int, state: str, loss: float | None) -> dict[str, Any]:
+        bracket = {"s": 1, "round": done - 1, "rounds": 2, "keys": [3], "iterations": 4,
+                   "loss": loss}  # fmt: skip
+        return {"kind": "hyperband", "state": state, "done": done, "diagonals": 2, "best": 3,
+                "loss": loss, "brackets": [bracket]}  # fmt: skip
+
+    events = [(1.0, report(1, "running", 0.4)), (2.0, report(2, "finished", 0.3))]
+    (search,) = searches_view({"dvml-search-hb": events})
+    assert search["method"] == "hyperband" and search["state"] == "finished"
+    assert (search["diagonal"], search["diagonals"]) == (2, 2)
+    assert search["best"] == {"trial": 3, "loss": 0.3}
+    assert search["brackets"][0]["round"] == 1 and search["trials"] == []

@@ -133,6 +133,15 @@ def test_hyperband_runs_madlibs_diagonals_with_warm_start(env: dict[str, Any]) -
     assert summary["best_mst_key"] == best_key
     best = result.best_config
     assert len(best) == 1 and int(best["mst_key"].iloc[0]) == best_key
+    # dvml's dashboard page: the brackets as the search left them, from the scheduler's events
+    from dvml.dashboard.views import searches_view
+
+    events = env["client"].get_events("dvml-search-hb_iris")
+    (page,) = searches_view({"dvml-search-hb_iris": events})
+    assert page["method"] == "hyperband" and page["state"] == "finished", page
+    assert (page["diagonal"], page["diagonals"]) == (2, 2) and page["best"]["trial"] == best_key
+    brackets = {b["s"]: (b["round"], b["keys"], b["iterations"]) for b in page["brackets"]}
+    assert brackets == {1: (1, [survivor], 4), 0: (0, [4, 5], 3)}, page["brackets"]
     assert best["compile_params"].iloc[0] == info.loc[best_key, "compile_params"]
     # the journal replays into a fresh scheduler
     replayed = j.replay(j.Journal.loads(summary["journal"]), hb.HyperbandRun(3, 3, 0))

@@ -183,3 +183,29 @@ def test_from_journal_rebuilds_the_run() -> None:
     assert again.next_diagonal() == run.next_diagonal()
     with pytest.raises(ArgumentError, match="not Hyperband's"):
         hb.HyperbandRun.from_journal(j.Journal(header={"method": "asha"}))
+
+
+def test_brackets_report_where_the_search_stands() -> None:
+    """What dvml's dashboard page shows: each started bracket's round, survivors, the
+    iterations they trained (warm started round after round) and their best loss."""
+    run = hb.HyperbandRun(9, 3, 0)  # brackets 2 (9 x 1), 1 (3 x 3), 0 (3 x 9)
+    assert run.brackets() == {"done": 0, "diagonals": 3, "best": None, "loss": None,
+                              "brackets": []}  # fmt: skip
+    for scale in (1.0, 0.5):
+        diagonal = run.next_diagonal()
+        assert diagonal is not None
+        run.report({k: scale / k for k in diagonal.keys})
+    state = run.brackets()
+    assert (state["done"], state["best"]) == (2, 12) and state["loss"] == pytest.approx(0.5 / 12)
+    top, middle = state["brackets"]
+    # bracket 2 kept 3 of 9 for round 1: 1 + 3 iterations; bracket 1 started: 3 iterations
+    assert (top["s"], top["round"], top["rounds"], top["keys"], top["iterations"]) == (
+        2, 1, 3, [7, 8, 9], 4)  # fmt: skip
+    assert top["loss"] == pytest.approx(0.5 / 9)
+    assert (middle["s"], middle["round"], middle["keys"], middle["iterations"]) == (
+        1, 0, [10, 11, 12], 3)  # fmt: skip
+    # a failed configuration (loss None) is not its bracket's best
+    diagonal = run.next_diagonal()
+    assert diagonal is not None
+    run.report(dict.fromkeys(diagonal.keys, None))
+    assert [b["loss"] for b in run.brackets()["brackets"]] == [None, None, None]
