@@ -557,6 +557,13 @@ def _plan_and_pack(
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "dvml_version": __version__,
     }
+    if source is not None:
+        # A version records the parameters it applied, as an append does (it passes version
+        # 1's): the buffer size and class count dvml chose where the call left them None.
+        chosen = {"buffer_size": layout.buffer_size, "num_classes": summary["num_classes"]}
+        params = source["params"]
+        source = {**source, "params": {**params, **{k: v for k, v in chosen.items()
+                                                    if params.get(k) is None}}}  # fmt: skip
     if append_to is not None:
         summary = _appended_summary(append_to.summary, summary)
     elif training is not None:

@@ -116,6 +116,12 @@ def test_append_shares_every_old_buffer_and_stays_balanced(
     assert (record["parent"], record["rows"]) == (1, 21)
     assert record["source"]["description"] == "pandas.DataFrame(21 rows)"
     assert record["source"]["params"]["normalizing_const"] == 1.0
+    # every version records the parameters it applied: version 1's automatic buffer size and
+    # class count too (it was given None for both), as the append's are
+    first = v2.versions[0]["source"]["params"]
+    applied = {k: v1.summary[k] for k in ("buffer_size", "num_classes")}
+    assert {k: first[k] for k in applied} == applied == {k: record["source"]["params"][k]
+                                                         for k in applied}  # fmt: skip
     assert record["digests"] == {
         str(i): d for i, d in _digests_on_workers(client, v2).items() if str(i) in record["digests"]
     }
