@@ -50,6 +50,7 @@ IMAGES = {False: 20_000, True: 2_000}
 TABLE, PICTURES, DIGITS = "bench_b23_table", "bench_b23_images", "bench_b23_digits"
 COMPILE = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
 FIT = "batch_size=64, epochs=1"
+COST_FIT = "batch_size=256, epochs=4"  # B23c: B20's fit (one iteration)
 ATTEMPTS = (1.2, 1.5, 2.0, 2.5, 3.0)  # oversubscription of each kind of refused job
 
 
@@ -160,15 +161,16 @@ def _hop_planned(context: dict[str, Any]) -> float:
 
 
 def _one_fit_wall(context: dict[str, Any]) -> float:
-    """The wall of a fit (B4's CNN on digits, 2 iterations), which plans, admits and reserves
-    its memory and samples its trainers at every iteration's end. Both sides of a repeat read
-    the same fit: whichever runs first runs it, the other takes its wall."""
+    """The wall of a fit as B20's (B4's CNN on digits, one iteration of 4 epochs, global batch
+    256), which plans, admits and reserves its memory and samples its trainers at every
+    iteration's end. Both sides of a repeat read the same fit: whichever runs first runs it,
+    the other takes its wall."""
     import dvml
 
     if "fit_wall" in context:
         return float(context.pop("fit_wall"))
     start = time.perf_counter()
-    dvml.fit(DIGITS, "bench_b23_cost", context["arch_id"], COMPILE, FIT, num_iterations=2,
+    dvml.fit(DIGITS, "bench_b23_cost", context["arch_id"], COMPILE, COST_FIT, num_iterations=1,
              progress=False, overwrite=True, registry=context["registry"],
              client=context["cluster"].client)  # fmt: skip
     context["fit_wall"] = wall = time.perf_counter() - start
@@ -184,7 +186,7 @@ def _fit_wall_without_the_plan(context: dict[str, Any]) -> float:
     """B23c's baseline: that wall less what planning and accounting cost, measured directly
     (the median of 5): the memory plan as the fit makes it (each host's room read by one task
     per host, :func:`dvml.train.trainer_memory.fit_memory_plan`), the admission's reservation
-    on the scheduler and its release, and the samples of 2 iterations (each trainer samples in
+    on the scheduler and its release, and the samples of its one iteration (each trainer samples in
     parallel; this process's sample stands for one). The placement and the model's parameters
     the plan reads are the fit's own work, with or without a plan: left out."""
     import statistics
@@ -196,9 +198,9 @@ def _fit_wall_without_the_plan(context: dict[str, Any]) -> float:
     from dvml.train.trainer_memory import fit_memory_plan
 
     client, registry = context["cluster"].client, open_registry(context["registry"])
-    args = JobArgs("bench_b23_cost", DIGITS, None, 2, None, False, False, None, None, None)
+    args = JobArgs("bench_b23_cost", DIGITS, None, 1, None, False, False, None, None, None)
     job = place_job(registry, client, args)
-    spec = model_spec(registry, context["arch_id"], COMPILE, FIT, job.train, [])
+    spec = model_spec(registry, context["arch_id"], COMPILE, COST_FIT, job.train, [])
     per_worker, _ = batch_split(job.train, job.workers, int(spec.fit_params["batch_size"]))
     costs = []
     for _ in range(5):
@@ -207,9 +209,8 @@ def _fit_wall_without_the_plan(context: dict[str, Any]) -> float:
                                spec.compile_params, spec.weights)  # fmt: skip
         with admitted(client, plan, "bench_b23_cost", int(spec.fit_params["batch_size"])):
             pass
-        for _ in range(2):
-            memory_sample.sample()
-            memory_sample.zygote_bytes()
+        memory_sample.sample()  # one iteration: one sample per trainer
+        memory_sample.zygote_bytes()
         costs.append(time.perf_counter() - start)
     cost = statistics.median(costs)
     wall = _one_fit_wall(context)
