@@ -155,16 +155,15 @@ def _hop_planned(context: dict[str, Any]) -> float:
     plan = dvml.plan.fit_multiple(DIGITS, _hop_configs(context["arch_id"]),
                                   registry=context["registry"],
                                   client=context["cluster"].client)  # fmt: skip
-    # the trainer processes and their zygote: what they sample (parked states are the Dask
-    # workers' bytes, which nothing samples)
-    return float(sum(h.zygote + sum(t.trainer_bytes for t in h.trainers) for h in plan.hosts))
+    # what the trainer processes and their zygote sample (not the Dask workers' parked states)
+    return float(sum(h.process_bytes for h in plan.hosts))
 
 
-def _one_fit_wall(context: dict[str, Any]) -> float:
-    """The wall of a fit as B20's (B4's CNN on digits, one iteration of 4 epochs, global batch
-    256), which plans, admits and reserves its memory and samples its trainers at every
-    iteration's end. Both sides of a repeat read the same fit: whichever runs first runs it,
-    the other takes its wall."""
+def _fit_wall(context: dict[str, Any]) -> float:
+    """B23c's dvml side: the wall of a fit as B20's (B4's CNN on digits, one iteration of 4
+    epochs, global batch 256), which plans, admits and reserves its memory and samples its
+    trainers at every iteration's end. Both sides of a repeat read the same fit: whichever
+    runs first runs it, the other takes its wall."""
     import dvml
 
     if "fit_wall" in context:
@@ -177,18 +176,14 @@ def _one_fit_wall(context: dict[str, Any]) -> float:
     return wall
 
 
-def _fit_wall(context: dict[str, Any]) -> float:
-    """B23c's dvml side: the fit's wall."""
-    return _one_fit_wall(context)
-
-
 def _fit_wall_without_the_plan(context: dict[str, Any]) -> float:
     """B23c's baseline: that wall less what planning and accounting cost, measured directly
     (the median of 5): the memory plan as the fit makes it (each host's room read by one task
     per host, :func:`dvml.train.trainer_memory.fit_memory_plan`), the admission's reservation
-    on the scheduler and its release, and the samples of its one iteration (each trainer samples in
-    parallel; this process's sample stands for one). The placement and the model's parameters
-    the plan reads are the fit's own work, with or without a plan: left out."""
+    on the scheduler and its release, and the samples of its one iteration (each trainer
+    samples in parallel; this process's sample stands for one). The placement and the
+    model's parameters the plan reads are the fit's own work, with or without a plan: left
+    out."""
     import statistics
 
     from dvml.registry.database import open_registry
@@ -213,7 +208,7 @@ def _fit_wall_without_the_plan(context: dict[str, Any]) -> float:
         memory_sample.zygote_bytes()
         costs.append(time.perf_counter() - start)
     cost = statistics.median(costs)
-    wall = _one_fit_wall(context)
+    wall = _fit_wall(context)
     context["figures"]["cost"] = {
         "fit wall s": round(wall, 2),
         "plan and accounting s": round(cost, 4),

@@ -288,6 +288,13 @@ class HostRow:
         return self.zygote + sum(t.total for t in self.trainers)
 
     @property
+    def process_bytes(self) -> int:
+        """What its processes sample: the zygote's bytes and each trainer's own
+        (:attr:`TrainerMemory.trainer_bytes`; a hopper's states parked in the Dask workers are
+        left out), without the margin."""
+        return self.zygote + sum(t.trainer_bytes for t in self.trainers)
+
+    @property
     def usable(self) -> int:
         """What the room leaves for the trainers, once the margin and the zygote are taken."""
         return max(0, math.floor(self.room.room / (1 + self.margin)) - self.zygote)

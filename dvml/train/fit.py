@@ -21,7 +21,7 @@ from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import fit_run
 from dvml.train.fit_admission import admitted
 from dvml.train.job_scalars import JobScalars, iteration_scalars
-from dvml.train.memory_use import host_memory_use, over_plan, trainer_memory_use
+from dvml.train.memory_use import memory_summary, over_plan
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.outputs import check_outputs_free, model_exists
@@ -406,11 +406,10 @@ def _summary(
     # The trainer that held the others back, if one did (dvml.train.stragglers): this run's
     # iterations only (a resumed run's earlier ones ran on trainers that are gone).
     summary.update(run_summary(by_iteration(m for r in results for m in r["iterations"])))
-    # each trainer's planned resident bytes and the peak it sampled (dvml.train.memory_use)
-    samples = [(r["worker"], m.get("resident_bytes")) for r in results for m in r["iterations"]]
-    summary.update(trainer_memory_use(_planned(plan), samples, float(config.get("memory.margin"))))
-    zygote = [(r["worker"], m.get("zygote_bytes")) for r in results for m in r["iterations"]]
-    summary["host_memory"] = host_memory_use(plan.memory.hosts, summary["trainer_memory"], zygote)
+    # each trainer's and host's planned resident bytes and their peaks (dvml.train.memory_use)
+    samples = ((r["worker"], m.get("resident_bytes"), m.get("zygote_bytes"))
+               for r in results for m in r["iterations"])  # fmt: skip
+    summary.update(memory_summary(plan.memory, samples, float(config.get("memory.margin"))))
     return summary
 
 

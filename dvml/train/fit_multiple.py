@@ -45,7 +45,7 @@ from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import Config, check_configs, model_histories, resumed_from
 from dvml.train.hop_tables import Trained, build_tables, model_name
 from dvml.train.hop_tables import run_summary as hop_run_summary
-from dvml.train.memory_use import host_memory_use, trainer_memory_use
+from dvml.train.memory_use import memory_summary
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_output
 from dvml.train.model_selection import resolve_model_configs
@@ -431,15 +431,9 @@ def _register(
     run_summary = _run_summary(plan, records, names, tables.summaries[keys[0]]["metrics_iters"],
                                times, resumed_from(points), started)  # fmt: skip
     run_summary["resumed_from_iterations"] = [points[k] for k in keys]
-    # each trainer's planned resident bytes and the peak it sampled at its hops' ends
-    samples = [(r["worker"], r.get("resident_bytes")) for r in records]
-    trainers = memory.trainers if memory is not None else ()
-    planned = {t.worker: t.trainer_bytes for t in trainers}  # parked states left out
-    run_summary.update(trainer_memory_use(planned, samples, float(config.get("memory.margin"))))
-    zygote = [(r["worker"], r.get("zygote_bytes")) for r in records]
-    run_summary["host_memory"] = host_memory_use(
-        memory.hosts if memory is not None else (), run_summary["trainer_memory"], zygote
-    )
+    # each trainer's and host's planned resident bytes and their peaks at the hops' ends
+    samples = ((r["worker"], r.get("resident_bytes"), r.get("zygote_bytes")) for r in records)
+    run_summary.update(memory_summary(memory, samples, float(config.get("memory.margin"))))
     try:
         reg.save_model_selection_run(plan.model_output, tables.models, tables.info, run_summary)
     except RegistryError as exc:  # a full disk, a lock: the training itself is not lost

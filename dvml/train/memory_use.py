@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dvml.placement.fit_memory import HostRow
+    from dvml.placement.fit_memory import FitMemoryPlan, HostRow
 
-__all__ = ["host_memory_use", "over_plan", "trainer_memory_use"]
+__all__ = ["host_memory_use", "memory_summary", "over_plan", "trainer_memory_use"]
 
 
 def over_plan(planned: int | None, used: int | None, margin: float) -> bool:
@@ -64,10 +64,9 @@ def host_memory_use(
     Parameters
     ----------
     hosts : iterable of HostRow
-        The plan's hosts (:attr:`dvml.placement.fit_memory.FitMemoryPlan.hosts`): their zygote
-        and trainers. A host's planned bytes are its zygote's and its trainer processes'
-        (:attr:`~dvml.placement.fit_memory.TrainerMemory.trainer_bytes`, what they sample;
-        a model hopper's states parked in the Dask workers are left out), margin not added.
+        The plan's hosts (:attr:`dvml.placement.fit_memory.FitMemoryPlan.hosts`); each one's
+        planned bytes are what its processes sample
+        (:attr:`~dvml.placement.fit_memory.HostRow.process_bytes`).
     trainer_memory : mapping
         :func:`trainer_memory_use`'s ``trainer_memory``.
     zygote_samples : iterable of (worker, bytes or None)
@@ -90,8 +89,26 @@ def host_memory_use(
         shared = max((zygote[w] for w in workers if w in zygote), default=None)
         known = None if any(p is None for p in peaks) else sum(int(p or 0) for p in peaks)
         table[host.host] = {
-            "planned_bytes": host.zygote + sum(t.trainer_bytes for t in host.trainers),
+            "planned_bytes": host.process_bytes,
             "peak_bytes": None if known is None else known + (shared or 0),
             "zygote_peak_bytes": shared,
         }
     return table
+
+
+def memory_summary(
+    plan: FitMemoryPlan | None,
+    samples: Iterable[tuple[str, int | None, int | None]],
+    margin: float,
+) -> dict[str, Any]:
+    """A job's summary fields of memory: :func:`trainer_memory_use`'s and ``host_memory``
+    (:func:`host_memory_use`), from its plan (None: not planned) and the samples its trainers
+    sent, as ``(worker, resident bytes, zygote bytes)``."""
+    samples = list(samples)
+    trainers = plan.trainers if plan is not None else ()
+    planned = {t.worker: t.trainer_bytes for t in trainers}
+    use = trainer_memory_use(planned, [(w, r) for w, r, _ in samples], margin)
+    hosts = plan.hosts if plan is not None else ()
+    use["host_memory"] = host_memory_use(hosts, use["trainer_memory"],
+                                         [(w, z) for w, _, z in samples])  # fmt: skip
+    return use
