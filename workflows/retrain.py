@@ -181,14 +181,17 @@ def _run_appending(ctx: RunContext, client: Any) -> int:
         outcome = _train_and_promote(ctx, client, registry, data)
     finally:
         registry.close()
-    _record_success(ctx, {"source": ctx.job["data"]["source"], **outcome})
+    _record_success(ctx, {"source": ctx.job["data"]["source"], **outcome}, appended=True)
     ctx.log.info("done in %.1fs: %s", ctx.elapsed(), outcome["outcome"])
     return EXIT_OK
 
 
-def _record_success(ctx: RunContext, fields: dict[str, Any]) -> None:
-    """Record this run as the last successful one (with ``fields``) and end its journal."""
+def _record_success(ctx: RunContext, fields: dict[str, Any], appended: bool = False) -> None:
+    """Record this run as the last successful one (with ``fields``) and end its journal;
+    ``appended``: its model was trained on the rows the appends record holds."""
     state = ctx.read_state()
+    if appended:
+        state["appended"]["trained"] = True
     state["last_success"] = {
         "run_id": ctx.run_id,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

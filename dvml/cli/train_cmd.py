@@ -116,6 +116,7 @@ def _fit(args: argparse.Namespace) -> int:
     from dvml.train.fit import fit
 
     job = _job(args)
+    _refuse_append(job, args.config)
     base = config_dir(args.config)
     name = args.model or job["name"]
     model = job["model"]
@@ -167,6 +168,22 @@ def _fit(args: argparse.Namespace) -> int:
         f"{_num(summary['validation_metrics_final'])}."
     )
     return 0
+
+
+def _refuse_append(job: dict[str, Any], config: str) -> None:
+    """``data.append: true`` is the retrain workflow's: its state records the files it packed.
+    A ``dvml fit`` that packed every file again would replace the versions the workflow
+    appends to, and its next run would append those files twice."""
+    from dvml.exceptions import ConfigError
+
+    if job["data"]["append"]:
+        raise ConfigError(
+            f"`dvml fit --config` packs the whole source, and data.append: true is the retrain "
+            f"workflow's (it records the files it packed and appends only new ones). Received: "
+            f"data.append: true in {config}. Run `python -m workflows.retrain --config {config}`"
+            f", or remove data.append to repack every file into {job['name']}-train and "
+            f"{job['name']}-val."
+        )
 
 
 def dry_run_memory(args: argparse.Namespace, job: dict[str, Any], base: Any) -> None:

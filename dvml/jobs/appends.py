@@ -98,7 +98,13 @@ def inspect_file(
 
     opts = dict(options) if options else None
     if kind == "parquet":
+        from dvml.preprocess.locations import hive_partitions
+
         frame = pd.read_parquet(path, storage_options=opts)
+        # pandas reads one file without its hive columns (label=3/...): add them, as the
+        # Dask read that packs these files does, so a partition column is not "missing"
+        hive = {k: v for k, v in hive_partitions(path).items() if k not in frame.columns}
+        frame = frame.assign(**hive)
     else:
         frame = pd.read_csv(path, storage_options=opts)
     out: dict[str, Any] = {
@@ -299,9 +305,10 @@ def update_datasets(
     Returns
     -------
     dict or None
-        None when no file is new (nothing was done); else ``files`` (the paths packed by this
-        run), ``versions`` (``{"train": n, "validation": m}``) and ``drift`` (None on a
-        first pack).
+        None when no file is new and a run has trained on the rows (nothing was done); else
+        ``files`` (the paths packed by this run: none when a run that wrote the latest
+        versions failed before its model was saved, so this run trains on them), ``versions``
+        (``{"train": n, "validation": m}``) and ``drift`` (None on a first pack).
 
     Raises
     ------
@@ -311,6 +318,7 @@ def update_datasets(
     """
     from dvml.jobs.data import list_files, prepare_datasets
     from dvml.jobs.file_diff import diff_files, refuse_changed
+    from dvml.store.datasets import describe
 
     data, log = job["data"], ctx.log
     source, files = list_files(data["source"], ctx.base_dir)
@@ -330,7 +338,8 @@ def update_datasets(
         schema, summary = first_summary(client, source, data, bins)
         train, val = prepare_datasets(job, client, ctx.base_dir, source)
         versions = {"train": train.version, "validation": val.version}
-        state["appended"] = {"key": key, "files": files, "schema": schema, "drift": summary}
+        state["appended"] = {"key": key, "files": files, "schema": schema, "drift": summary,
+                             "trained": False}  # fmt: skip
         state.pop("prepared", None)  # the whole-source reuse record does not apply
         ctx.write_state(state)
         ctx.journal("preprocessed")
@@ -342,17 +351,25 @@ def update_datasets(
     if diff.removed:
         log.warning("%d file(s) seen before are gone (their rows stay packed), e.g. %s",
                     len(diff.removed), diff.removed[0]["path"])  # fmt: skip
-    if not diff.new:
+    if not diff.new and record.get("trained", True):
         log.info("nothing new: no new file in %s (%d seen); --force repacks everything",
                  data["source"], len(record["files"]))  # fmt: skip
         return None
+    if not diff.new:  # packed or appended by a run that failed before its model was saved
+        train_name, val_name = dataset_names(job["name"])
+        versions = {"train": describe(train_name, client).version,
+                    "validation": describe(val_name, client).version}  # fmt: skip
+        log.info("no new file in %s, but no run has trained on version %d of the training "
+                 "set yet (the run that wrote it failed): training now", data["source"],
+                 versions["train"])  # fmt: skip
+        return {"files": [], "versions": versions, "drift": None}
     paths = [f["path"] for f in diff.new]
     log.info("%d new file(s) in %s: %s", len(paths), data["source"], ", ".join(paths[:5]))
     ctx.journal("appending", files=paths)
     new = dataclasses.replace(source, paths=tuple(paths))
     result = append_new_files(job, client, new, record, lambda line: log.info("%s", line))
     record.update(files=sorted(record["files"] + diff.new, key=lambda e: e["path"]),
-                  drift=result["summary"])  # fmt: skip
+                  drift=result["summary"], trained=False)  # fmt: skip
     state["appended"] = record
     ctx.write_state(state)
     ctx.journal("preprocessed")
@@ -379,6 +396,8 @@ def append_plan(
     diff = diff_files(record["files"], files)
     if diff.changed:
         return source, data, f"refuse: {diff.changed[0][1]['path']} changed since it was packed"
+    if not diff.new and not record.get("trained", True):
+        return source, data, "no new file; train on the rows the last (failed) run wrote"
     if not diff.new:
         return source, data, f"skip: no new file ({len(files)} seen); --force repacks everything"
     limit = (job.get("drift") or {}).get("fail_above")

@@ -340,7 +340,7 @@ JOB_SCHEMA: Schema = {
                 default=False,
                 help="retrain workflow: data.source is a directory or glob of Parquet/CSV files "
                 "that grows; each run appends only the files it has not seen (a new dataset "
-                "version) instead of repacking them all",
+                "version) instead of repacking them all (`dvml fit --config` refuses it)",
             ),
         },
         required=True,

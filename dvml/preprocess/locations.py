@@ -42,6 +42,7 @@ __all__ = [
     "TABLE_KINDS",
     "Location",
     "bounded_options",
+    "hive_partitions",
     "is_url",
     "locate",
     "missing_credentials",
@@ -111,6 +112,26 @@ def is_url(path: str) -> bool:
     """
     head, sep, _ = path.partition("://")
     return bool(sep) and head.lower() not in ("file", "local") and "/" not in head
+
+
+def hive_partitions(path: str) -> dict[str, Any]:
+    """The hive partition values a file's path names (``.../label=3/part-0.parquet`` ->
+    ``{"label": 3}``), as pyarrow reads a list of files: every ``key=value`` directory of
+    the path, values URI-decoded, whole numbers as ``int`` (pure).
+
+    A file read on its own (pandas) has none of these columns; a Dask read of the same
+    files has them, so checks of single files add them to agree with what is packed.
+    """
+    from urllib.parse import unquote
+
+    out: dict[str, Any] = {}
+    for part in path.replace("\\", "/").split("/")[:-1]:
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            continue
+        text = unquote(value)
+        out[unquote(key)] = int(text) if re.fullmatch(r"-?\d+", text) else text
+    return out
 
 
 def _local(path: str) -> str:

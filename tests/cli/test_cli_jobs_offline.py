@@ -197,3 +197,24 @@ def test_image_data_without_validation_source_is_refused_by_the_dry_run(
     assert "validation.split works for table sources only" in line
     assert "Add validation.source" in line
     assert not (tmp_path / "registry.db").exists()
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_fit_refuses_data_append_which_is_the_retrain_workflows(
+    dry_run: bool, tmp_path: pathlib.Path
+) -> None:
+    """A `dvml fit` that repacked every file would replace the versions the retrain workflow
+    appends to (and its next run would append them twice): it is refused, naming the way."""
+    drops = tmp_path / "drops"
+    drops.mkdir()
+    (drops / "day-1.csv").write_text("a,b,label\n1.0,2.0,0\n3.0,4.0,1\n")
+    text = JOB.replace("sklearn:digits", str(drops)).replace(
+        "  normalizing_const: 16.0\n",
+        "  normalizing_const: 16.0\n  x: [a, b]\n  y: label\n  append: true\n",
+    )
+    path = job_file(tmp_path, text)
+    args = ["fit", "--config", str(path)] + (["--dry-run"] if dry_run else [])
+    line = one_error_line(dvml_cli(*args, tmp_path=tmp_path))
+    assert "data.append: true is the retrain workflow's" in line
+    assert f"python -m workflows.retrain --config {path}" in line
+    assert not (tmp_path / "registry.db").exists()

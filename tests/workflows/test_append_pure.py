@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -11,8 +12,9 @@ import pytest
 
 from dvml.exceptions import DataError
 from dvml.jobs import drift
-from dvml.jobs.appends import features, refuse_incompatible
+from dvml.jobs.appends import features, inspect_file, refuse_incompatible
 from dvml.jobs.file_diff import diff_files, entries, refuse_changed
+from dvml.preprocess.locations import hive_partitions
 
 SEEN = entries(["d/a.parquet", "d/b.parquet"], [10, 20], ["1.0", "2.0"])
 
@@ -123,3 +125,29 @@ def test_a_killed_runs_append_is_recognised_by_the_version_record() -> None:
     assert not already_appended(appended, ["/d/c.parquet"])
     first = SimpleNamespace(versions=[{"parent": None, "source": {"files": files}}])
     assert not already_appended(first, ["/d/c.parquet", "/d/d.parquet"])
+
+
+def test_hive_partitions_of_a_path() -> None:
+    assert hive_partitions("/data/label=3/day=2026-11%2F29/part-0.parquet") == {
+        "label": 3,
+        "day": "2026-11/29",
+    }
+    assert hive_partitions("s3://bucket/drops/part=-1/x.parquet") == {"part": -1}
+    assert hive_partitions("/data/label=3.parquet") == {}  # a file name is not a partition
+
+
+def test_a_hive_partition_label_is_a_column_of_each_new_file(tmp_path: Any) -> None:
+    # pandas reads one file without its hive columns; the check must see them as the Dask
+    # read that packs the files does, else every file "has no column label"
+    for label in (0, 1):
+        (tmp_path / f"label={label}").mkdir()
+        frame = pd.DataFrame({"a": np.arange(4.0) + label, "b": np.ones(4)})
+        frame.to_parquet(tmp_path / f"label={label}" / "day-1.parquet")
+    path = str(tmp_path / "label=1" / "day-1.parquet")
+    found = inspect_file(path, "parquet", None, ["a", "b"], "label", None, sample=10)
+    assert found["missing"] == []
+    assert found["labels"] == [1]
+    assert found["names"] == ["a", "b"]
+    refuse_incompatible([found], found["columns"], [0, 1], "drops")  # same schema, known class
+    with pytest.raises(DataError, match=r"class value\(s\) \[1\]"):
+        refuse_incompatible([found], found["columns"], [0], "drops")

@@ -4,7 +4,8 @@ cluster ``cluster2``, as real ``python -m workflows.retrain`` runs (issue 39).
 Run 1 packs the directory's three files as version 1 and promotes a first model; two files
 are added and run 2 appends exactly those (version 2 shares every buffer of version 1, and
 its source lists only them), reports drift and warm-starts the candidate from production;
-run 3 finds nothing new and does nothing; a file with a class value version 1 lacks is
+run 3 finds nothing new and does nothing (unless the run that appended failed before its
+model was saved: then it trains on those rows); a file with a class value version 1 lacks is
 refused naming it, and nothing is written; a run evaluates only the scores it does not
 know (the candidate's from its fit, production's from an earlier run).
 """
@@ -44,12 +45,12 @@ def digits(start: int, stop: int) -> pd.DataFrame:
     )
 
 
-def mlp_json() -> str:
+def mlp_json(inputs: int = 64) -> str:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tf_keras as keras
 
     model = keras.Sequential([
-        keras.layers.InputLayer(input_shape=(64,)),
+        keras.layers.InputLayer(input_shape=(inputs,)),
         keras.layers.Dense(16, activation="relu"),
         keras.layers.Dense(10, activation="softmax"),
     ])  # fmt: skip
@@ -230,3 +231,29 @@ def test_a_run_evaluates_only_what_it_does_not_know(job: Job, cluster2: Any) -> 
     assert outcome["candidate"] == pytest.approx(
         candidate["metrics"]["accuracy"], rel=1e-5, abs=1e-6
     )
+
+
+def test_after_a_run_that_failed_in_training_the_next_trains_on_what_it_appended(
+    job: Job, cluster2: Any
+) -> None:
+    """An append whose run then failed leaves rows no model has seen: the next run, with no
+    new file, trains on them (it did nothing before), and the one after does nothing."""
+    client = cluster2.client
+    text = job.config.read_text()
+    (job.tmp / "narrow.json").write_text(mlp_json(inputs=32))  # refused at the fit's start
+    job.config.write_text(text.replace("architecture: mlp.json", "architecture: narrow.json"))
+    digits(100, 200).to_parquet(job.drops / "day-9.parquet")
+    code, out = job.run()
+    assert code == 1 and "ModelMismatchError" in out and "1 new file(s)" in out, out
+    assert job.read_state()["appended"]["trained"] is False
+    version = dvml.datasets.describe(f"{NAME}-train", client=client).version
+    job.config.write_text(text)
+    code, out = job.run()
+    assert code == 0, out
+    assert f"no run has trained on version {version} of the training set yet" in out, out
+    with Registry(job.registry) as registry:
+        lineage = registry.get_model(f"{NAME}@candidate")["summary"]["lineage"]
+    assert lineage["data"]["training"]["version"] == version
+    assert job.read_state()["appended"]["trained"] is True
+    code, out = job.run()
+    assert code == 0 and "nothing new: no new file" in out and "training" not in out, out
