@@ -28,7 +28,8 @@ from dvml.cli._common import (
 
 __all__ = ["register", "summary_lines"]
 
-_LIST_COLUMNS = ["name", "kind", "rows", "buffers", "workers", "bytes", "created", "status"]
+_LIST_COLUMNS = ["name", "kind", "rows", "version", "buffers", "workers", "bytes", "created",
+                 "status"]  # fmt: skip
 _PLACEMENT_COLUMNS = ["buffer", "worker_name", "host", "vineyard_instance_id", "rows", "bytes",
                       "status"]  # fmt: skip
 # Summary fields shown by `describe`, in this order (MADlib's names first).

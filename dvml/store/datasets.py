@@ -310,12 +310,13 @@ def exists(name: str, client: Client | None = None) -> bool:
     return run_on(current_client(client), None, catalog.find_record, name) is not None
 
 
-LIST_COLUMNS = ["name", "kind", "rows", "buffers", "workers", "nbytes", "created", "status",
-                "lost_rows"]  # fmt: skip
+LIST_COLUMNS = ["name", "kind", "rows", "version", "buffers", "workers", "nbytes", "created",
+                "status", "lost_rows"]  # fmt: skip
 
 
 def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:
-    """Every dataset (and feature cache): name, kind, rows, buffers, workers, bytes, status.
+    """Every dataset (and feature cache): name, kind, rows, latest version, buffers, workers,
+    bytes, status.
 
     ``status`` is ``"damaged"`` for a dataset whose buffers partly lived on a vineyardd that no
     live worker serves any more; ``lost_rows`` counts the rows gone with it.
@@ -332,6 +333,7 @@ def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:
                 "name": ds.name,
                 "kind": ds.kind,
                 "rows": ds.rows,
+                "version": ds.version,
                 "buffers": len(ds.layout["buffers"]),
                 "workers": len({b["worker_name"] for b in ds.layout["buffers"]}),
                 "nbytes": ds.nbytes,

@@ -213,14 +213,18 @@ def test_datasets_commands_with_the_recorded_cluster(session: Session) -> None:
     where = ["--state-dir", str(state)]
     out = session.ok("datasets", "list", *where)
     lines = [line.split() for line in out.splitlines()]
-    assert lines[0][:4] == ["name", "kind", "rows", "buffers"]
+    assert lines[0][:5] == ["name", "kind", "rows", "version", "buffers"]
     rows = {line[0]: line for line in lines[1:]}
     train, val = session.rows
     assert rows[f"{NAME}-train"][1:3] == ["dataset", str(train)]
     assert rows[f"{NAME}-val"][1:3] == ["dataset", str(val)]
 
     records = json.loads(session.ok("datasets", "list", "--json", *where))
-    assert {r["name"]: r["rows"] for r in records}[f"{NAME}-train"] == train
+    found = {r["name"]: r for r in records}[f"{NAME}-train"]
+    assert found["rows"] == train
+    assert rows[f"{NAME}-train"][3] == str(found["version"])  # each job file run packs anew
+    described = json.loads(session.ok("datasets", "describe", f"{NAME}-train", "--json", *where))
+    assert found["version"] == described["version"] == described["versions"][-1]["version"]
     assert {r["status"] for r in records} == {"intact"}
 
     out = session.ok("datasets", "describe", f"{NAME}-train", "--placement", *where)

@@ -1,7 +1,8 @@
 """Lineage on a real 2-worker cluster (issue 39, item 3): a model records the version it read.
 
-One dataset, two fits: ``lin_a`` on version 1; then version 2 is appended and ``lin_b`` (a copy
-of ``lin_a``) is warm-started on it; then the dataset is dropped. Each model's lineage still
+One dataset, three fits: ``lin_a`` on version 1; then version 2 is appended and ``lin_b`` (a
+copy of ``lin_a``) is warm-started on it, and ``lin_old`` trains on version 1 named by a
+reader; then the dataset is dropped. Each model's lineage still
 names the version it read and exactly the digests that version had, and ``lin_b``'s chains to
 ``lin_a``.
 """
@@ -50,6 +51,8 @@ def env(cluster2: dvml.LocalCluster, tmp_path_factory: Any) -> Iterator[dict[str
             v2 = dvml.datasets.describe(NAME, client=client)
             copy_model(registry, "lin_a", "lin_b")
             dvml.fit(NAME, "lin_b", arch, COMPILE, FIT, warm_start=True, **fit)
+            old = dvml.datasets.describe(NAME, client=client, version=1)  # named, after append
+            dvml.fit(old, "lin_old", arch, COMPILE, FIT, **fit)
             dvml.datasets.drop(NAME, client=client)
             yield {"registry": registry, "v1": v1_record, "v2": v2, "tmp": tmp}
         finally:
@@ -74,6 +77,18 @@ def test_lineage_keeps_version_1_and_its_digests_after_append_and_drop(
     assert found.code["architecture_sha256"] and found.code["dvml_version"] == dvml.__version__
     assert found.code["compile_params"] and found.code["fit_params"]
     assert found.parent is None and not found.warm_start
+
+
+def test_a_fit_given_an_old_version_trains_on_its_rows_only(env: dict[str, Any]) -> None:
+    """describe(name, version=1) after an append: the fit reads version 1's buffers, and its
+    lineage and summary say so (the latest has 150 rows)."""
+    found = dvml.lineage("lin_old", registry=env["registry"])
+    assert found.training is not None
+    assert (found.training["version"], found.training["rows"]) == (1, 120)
+    assert found.training["digests"] == env["v1"]["digests"]
+    summary = env["registry"].get_model("lin_old")["summary"]
+    assert summary["training_dataset_version"] == 1
+    assert env["v2"].rows == 150
 
 
 def test_a_warm_started_model_chains_to_its_parent(env: dict[str, Any]) -> None:
