@@ -188,7 +188,7 @@ def _move_record(m: Any) -> dict[str, Any]:
 
 
 def _summary(summary: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
-    from dvml.store.publish import placement_summary
+    from dvml.store.versions import placement_summary
 
     return {**summary, **placement_summary(layout)}
 

@@ -17,7 +17,7 @@ from dvml.store import catalog
 from dvml.store.events import log_dropped
 from dvml.store.leases import unleased
 from dvml.store.tensors import delete_objects
-from dvml.store.versions import at_version
+from dvml.store.versions import at_version, summary_at
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -257,8 +257,9 @@ def describe(name: str, client: Client | None = None, version: int | None = None
         Default: the current one.
     version : int, optional
         The version to read (1, 2, ...; ``.versions`` lists them): the handle's layout holds
-        only that version's buffers, so a fit or a reader given it reads that version. Default:
-        the latest.
+        only that version's buffers, so a fit or a reader given it reads that version, and
+        its summary's rows and per-worker figures are that version's (``dropped_rows`` and
+        ``invalid_counts`` are the totals of every version). Default: the latest.
 
     Returns
     -------
@@ -275,10 +276,9 @@ def describe(name: str, client: Client | None = None, version: int | None = None
     ds = Dataset.from_record(read_record(client, name))
     if version is not None and version != ds.version:
         layout = at_version(name, ds.layout, ds.versions, version)
-        rows = sum(int(b["rows"]) for b in layout["buffers"])
-        ds = dataclasses.replace(
-            ds, layout=layout, version=version, summary={**ds.summary, "rows": rows}
-        )
+        record = next(v for v in ds.versions if int(v["version"]) == int(version))
+        summary = summary_at(ds.summary, layout, record)
+        ds = dataclasses.replace(ds, layout=layout, version=version, summary=summary)
     return with_health(client, [ds])[0]
 
 

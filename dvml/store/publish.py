@@ -46,7 +46,7 @@ from dvml.store.datasets import Dataset, delete_layout, run_on, vineyard_workers
 from dvml.store.events import log_published
 from dvml.store.leases import unleased
 from dvml.store.tensors import STAGING_PREFIX
-from dvml.store.versions import buffer_version
+from dvml.store.versions import buffer_version, placement_summary
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -100,27 +100,6 @@ def appended_layout(base: dict[str, Any], new: list[dict[str, Any]]) -> dict[str
     old = [{**b, "version": buffer_version(b)} for b in base["buffers"]]
     offset = len(old)
     return layout_of([*old, *({**b, "index": offset + b["index"]} for b in new)])
-
-
-def placement_summary(layout: dict[str, Any]) -> dict[str, Any]:
-    """Rows and bytes per worker and one line per buffer (the keys a preprocessor writes)."""
-    rows: dict[str, int] = {}
-    nbytes: dict[str, int] = {}
-    for b in layout["buffers"]:
-        rows[b["worker_name"]] = rows.get(b["worker_name"], 0) + b["rows"]
-        size = sum(f["nbytes"] for f in b["fields"].values())
-        nbytes[b["worker_name"]] = nbytes.get(b["worker_name"], 0) + size
-    return {
-        "rows": sum(rows.values()),
-        "rows_per_worker": rows,
-        "bytes_per_worker": nbytes,
-        "buffer_size": max(b["rows"] for b in layout["buffers"]),
-        "buffers": [
-            {"buffer": b["index"], "worker": b["worker"], "worker_name": b["worker_name"],
-             "host": b["host"], "vineyard_instance_id": b["instance_id"], "rows": b["rows"]}
-            for b in layout["buffers"]
-        ],
-    }  # fmt: skip
 
 
 def publish_run(

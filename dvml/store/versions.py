@@ -36,6 +36,8 @@ __all__ = [
     "field_digest",
     "latest_version",
     "next_versions",
+    "placement_summary",
+    "summary_at",
     "version_digest",
     "version_record",
     "versions_of",
@@ -270,3 +272,40 @@ def dataset_lineage(
             for r in reversed(chain)
         ],
     }
+
+
+def placement_summary(layout: Mapping[str, Any]) -> dict[str, Any]:
+    """Rows and bytes per worker and one line per buffer (the keys a preprocessor writes)."""
+    rows: dict[str, int] = {}
+    nbytes: dict[str, int] = {}
+    for b in layout["buffers"]:
+        rows[b["worker_name"]] = rows.get(b["worker_name"], 0) + b["rows"]
+        size = sum(f["nbytes"] for f in b["fields"].values())
+        nbytes[b["worker_name"]] = nbytes.get(b["worker_name"], 0) + size
+    return {
+        "rows": sum(rows.values()),
+        "rows_per_worker": rows,
+        "bytes_per_worker": nbytes,
+        "buffer_size": max(b["rows"] for b in layout["buffers"]),
+        "buffers": [
+            {"buffer": b["index"], "worker": b["worker"], "worker_name": b["worker_name"],
+             "host": b["host"], "vineyard_instance_id": b["instance_id"], "rows": b["rows"]}
+            for b in layout["buffers"]
+        ],
+    }  # fmt: skip
+
+
+def summary_at(
+    summary: Mapping[str, Any], layout: Mapping[str, Any], record: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The summary of an earlier version, whose ``layout`` (:func:`at_version`) and version
+    ``record`` are given: rows, per-worker rows and bytes and the buffer lines are that
+    version's, and ``appended_at`` its own (none for a full publication). The preprocessing
+    fields are the dataset's (appends reuse them); ``dropped_rows`` and ``invalid_counts``
+    stay the totals of every version.
+    """
+    out = {**summary, **placement_summary(layout)}
+    out.pop("appended_at", None)
+    if record.get("parent") is not None:
+        out["appended_at"] = record.get("created_at")
+    return out

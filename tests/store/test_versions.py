@@ -14,6 +14,7 @@ from dvml.store.versions import (
     buffer_digest,
     field_digest,
     next_versions,
+    summary_at,
     versions_of,
 )
 
@@ -95,6 +96,28 @@ def test_append_versions_and_the_layout_of_each() -> None:
         at_version("d", layout, v2, 3)
     with pytest.raises(TypeError, match="version must be an int"):
         at_version("d", layout, v2, "2")  # type: ignore[arg-type]
+
+
+def test_an_earlier_versions_summary_counts_its_own_buffers() -> None:
+    def placed(index: int, rows: int, version: int, worker: str) -> dict:
+        b = _buffer(index, rows, version)
+        for f in b["fields"].values():
+            f["nbytes"] = rows * 4
+        return {**b, "worker": f"tcp://{worker}", "worker_name": worker, "host": "h",
+                "instance_id": 0}  # fmt: skip
+
+    v1 = next_versions(None, [_buffer(0, 5), _buffer(1, 5)], {"description": "a"}, "t1", False)
+    v2 = next_versions(v1, [_buffer(2, 3)], {"description": "b"}, "t2", append=True)
+    layout = _layout([placed(0, 5, 1, "a"), placed(1, 5, 1, "b"), placed(2, 3, 2, "a")])
+    latest = {"rows": 13, "rows_per_worker": {"a": 8, "b": 5}, "appended_at": "t2",
+              "class_values": [0, 1, 2], "buffers": ["three lines"]}  # fmt: skip
+    first = summary_at(latest, at_version("d", layout, v2, 1), v2[0])
+    assert (first["rows"], first["rows_per_worker"]) == (10, {"a": 5, "b": 5})
+    assert first["bytes_per_worker"] == {"a": 40, "b": 40}  # two fields of 5 rows x 4 bytes
+    assert [line["buffer"] for line in first["buffers"]] == [0, 1]
+    assert "appended_at" not in first and first["class_values"] == [0, 1, 2]
+    second = summary_at(latest, at_version("d", layout, v2, 2), v2[1])
+    assert (second["rows"], second["appended_at"]) == (13, "t2")
 
 
 def test_an_overwrite_keeps_the_records_of_freed_versions_not_readable() -> None:
