@@ -42,7 +42,6 @@ FUNCTION_CEILINGS: dict[str, int] = {
     "dvml/cli/cluster_cmd.py::_status": 68,
     "dvml/cli/train_cmd.py::_fit": 63,
     "dvml/cluster/pinned.py::run_pinned": 72,
-    "dvml/demo.py::run_demo": 99,
     "dvml/features/backbone.py::_from_application": 62,
     "dvml/features/build.py::cache": 72,
     "dvml/placement/planner.py::plan_layout": 73,
