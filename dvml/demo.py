@@ -45,59 +45,9 @@ def run_demo(
                 index=False
             )
         )
-        ds = dvml.training_preprocessor(
-            train,
-            y="label",
-            x="pixels",
-            normalizing_const=16.0,
-            name="demo_digits",
-            distribution_rules="all_workers",
-            overwrite=True,
-        )
-        val = dvml.validation_preprocessor(
-            test, y="label", x="pixels", training=ds, name="demo_digits_val", overwrite=True
-        )
-        say("\nPacked into vineyard (rows per worker, each buffer in its worker's vineyardd):")
-        say(
-            ds.distribution()[["worker_name", "host", "buffers", "rows", "nbytes"]].to_string(
-                index=False
-            )
-        )
-        arch_id = dvml.load_keras_model(digits_cnn_json(), name="digits-cnn", registry=registry)
-        # The fastest correct mode for this machine: fit's automatic default (or the config's).
-        use_gpus = bool(cluster.workers) and all(w.gpus for w in cluster.workers)
-        sync, why = choose_sync(
-            config.get("train.sync"), use_gpus, [w.gpus for w in cluster.workers]
-        )
-        say(
-            f"\nRegistered the CNN as architecture {arch_id}; training with one trainer per "
-            f"worker, sync={sync!r} because {why}..."
-        )
-        model = dvml.fit(
-            ds,
-            "demo_digits_cnn",
-            arch_id,
-            COMPILE_PARAMS,
-            f"batch_size=32, epochs={epochs}",
-            num_iterations=num_iterations,
-            validation_set=val,
-            metrics_compute_frequency=1,
-            use_gpus=use_gpus,
-            sync=sync,
-            overwrite=True,  # the demo trains its model again on every run
-            registry=registry,
-        )
-        result = dvml.evaluate("demo_digits_cnn", val, registry=registry)
-        say(
-            f"\nEvaluated on the workers: loss={result['loss']:.4f} "
-            f"accuracy={result['metric']:.4f} on {result['rows']} validation images."
-        )
-        predictions = dvml.predict(
-            "demo_digits_cnn", test.head(5), "id", "pixels", registry=registry
-        ).compute()
-        say("Predictions for 5 raw images (normalized on the workers):")
-        merged = predictions.merge(test[["id", "label"]], on="id")
-        say(merged[["id", "class_value", "prob", "label"]].to_string(index=False))
+        ds, val = _pack(train, test, say)
+        model = _train(cluster, ds, val, num_iterations, epochs, registry, say)
+        result = _evaluate_and_predict(val, test, registry, say)
         if plot:
             import matplotlib
 
@@ -120,3 +70,78 @@ def run_demo(
         "sync": summary["sync"],
         "elapsed_s": elapsed,
     }
+
+
+def _pack(train: Any, test: Any, say: Callable[[str], None]) -> tuple[Any, Any]:
+    """The training set on every worker, the validation set beside it; say where they are."""
+    ds = dvml.training_preprocessor(
+        train,
+        y="label",
+        x="pixels",
+        normalizing_const=16.0,
+        name="demo_digits",
+        distribution_rules="all_workers",
+        overwrite=True,
+    )
+    val = dvml.validation_preprocessor(
+        test, y="label", x="pixels", training=ds, name="demo_digits_val", overwrite=True
+    )
+    say("\nPacked into vineyard (rows per worker, each buffer in its worker's vineyardd):")
+    say(
+        ds.distribution()[["worker_name", "host", "buffers", "rows", "nbytes"]].to_string(
+            index=False
+        )
+    )
+    return ds, val
+
+
+def _train(
+    cluster: Any,
+    ds: Any,
+    val: Any,
+    num_iterations: int,
+    epochs: int,
+    registry: str | None,
+    say: Callable[[str], None],
+) -> Any:
+    """Register the CNN and fit it with one trainer per worker, in the fastest correct mode."""
+    arch_id = dvml.load_keras_model(digits_cnn_json(), name="digits-cnn", registry=registry)
+    # The fastest correct mode for this machine: fit's automatic default (or the config's).
+    use_gpus = bool(cluster.workers) and all(w.gpus for w in cluster.workers)
+    sync, why = choose_sync(config.get("train.sync"), use_gpus, [w.gpus for w in cluster.workers])
+    say(
+        f"\nRegistered the CNN as architecture {arch_id}; training with one trainer per "
+        f"worker, sync={sync!r} because {why}..."
+    )
+    return dvml.fit(
+        ds,
+        "demo_digits_cnn",
+        arch_id,
+        COMPILE_PARAMS,
+        f"batch_size=32, epochs={epochs}",
+        num_iterations=num_iterations,
+        validation_set=val,
+        metrics_compute_frequency=1,
+        use_gpus=use_gpus,
+        sync=sync,
+        overwrite=True,  # the demo trains its model again on every run
+        registry=registry,
+    )
+
+
+def _evaluate_and_predict(
+    val: Any, test: Any, registry: str | None, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Evaluate the model on the workers and predict 5 raw images; the evaluation."""
+    result: dict[str, Any] = dvml.evaluate("demo_digits_cnn", val, registry=registry)
+    say(
+        f"\nEvaluated on the workers: loss={result['loss']:.4f} "
+        f"accuracy={result['metric']:.4f} on {result['rows']} validation images."
+    )
+    predictions = dvml.predict(
+        "demo_digits_cnn", test.head(5), "id", "pixels", registry=registry
+    ).compute()
+    say("Predictions for 5 raw images (normalized on the workers):")
+    merged = predictions.merge(test[["id", "label"]], on="id")
+    say(merged[["id", "class_value", "prob", "label"]].to_string(index=False))
+    return result

@@ -199,10 +199,12 @@ def test_a_model_that_cannot_run_fails_the_call_not_the_session(job: dict[str, A
     rgb = cnn(input_shape=(8, 8, 3))
     wrong = dvml.load_keras_model(rgb.to_json(), weights=rgb.get_weights(), name="wrong_cnn",
                                   registry=registry)  # fmt: skip
-    with pytest.raises(Exception, match="could not run the model") as caught:
+    with pytest.raises(TrainingError, match="could not run the model: ValueError") as caught:
         dvml.predict_byom(wrong, test, "id", "pixels", registry=registry,
                           client=client).compute(scheduler=client)  # fmt: skip
-    assert isinstance(caught.value, TrainingError) or "TrainingError" in repr(caught.value)
+    # the model's error, not a trainer that failed or was stopped (those are subclasses)
+    assert type(caught.value) is TrainingError, repr(caught.value)
+    assert "inference trainer on worker" in str(caught.value)
     assert session_pids(client) == job["after_evaluate"]  # the sessions serve on
     again = dvml.evaluate("inf_cnn", "inf_digits_val", registry=registry, client=client)
     assert again["loss"] == pytest.approx(job["evaluated"]["loss"], rel=1e-6)

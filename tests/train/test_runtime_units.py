@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
@@ -189,3 +190,43 @@ def test_fit_keywords_leave_out_what_dvml_feeds_itself() -> None:
               "callbacks": [{"class_name": "TensorBoard"}], "class_weight": {0: 1.0}}  # fmt: skip
     assert local_model.fit_kwargs(parsed) == {"epochs": 3, "class_weight": {0: 1.0}, "verbose": 0}
     assert local_model.fit_kwargs({}) == {"epochs": 1, "verbose": 0}
+
+
+# -- exits and watcher: a trainer's end and a departed worker, in words -----------------------
+
+
+def test_an_exit_is_described_by_its_signal_error_or_code() -> None:
+    from dvml.train.runtime.exits import KILLED_BY, describe_exit, meaningful_lines
+
+    lines = ["", "I0000 00:00:1.5 12 port.cc:153] oneDNN custom operations are on", "a", "b"]
+    assert meaningful_lines(lines) == ["a", "b"]
+    assert meaningful_lines([str(i) for i in range(20)], keep=3) == ["17", "18", "19"]
+    assert describe_exit(-9, {}, ["a"]).startswith(f"{KILLED_BY}KILL (signal 9)")
+    # a signal without a name of its own: named by its number (was "SIGsignal 35")
+    rt = int(signal.SIGRTMIN) + 1
+    assert describe_exit(-rt, {}, []).startswith(f"{KILLED_BY}RTMIN+1 (signal {rt})")
+    assert describe_exit(-200, {}, []).startswith(f"{KILLED_BY}? (signal 200)")
+    # an error message wins over the last lines; a signal wins over both
+    assert describe_exit(2, {"message": "boom"}, ["a"]) == "exit code 2, error: boom"
+    assert describe_exit(-15, {"message": "boom"}, ["a"]).startswith(f"{KILLED_BY}TERM")
+    assert describe_exit(0, {}, ["done?"]) == (
+        "it exited (code 0) without reporting a result. Its last lines:\ndone?"
+    )
+    assert describe_exit(3, {}, []) == (
+        "exit code 3. Its last lines:\n(it printed nothing but TensorFlow's start-up banner)"
+    )
+
+
+def test_a_peer_failure_is_told_from_a_trainers_own_and_a_departure_named() -> None:
+    from dvml.cluster.workers import WorkerInfo
+    from dvml.train.runtime.watcher import describe_departure, looks_like_peer_failure
+
+    assert looks_like_peer_failure("UnavailableError: Socket closed")
+    assert looks_like_peer_failure("CollectiveOpV2 was aborted: DeadlineExceeded")
+    assert not looks_like_peer_failure("ValueError: Input 0 of layer dense is incompatible")
+    gone = [WorkerInfo("tcp://10.0.0.2:1", "worker-1", "10.0.0.2", None, None, (), 1),
+            WorkerInfo("tcp://10.0.0.3:1", "worker-2", "10.0.0.3", None, None, (), 2)]  # fmt: skip
+    assert describe_departure(gone).startswith(
+        "worker worker-1 on host 10.0.0.2, worker worker-2 on host 10.0.0.3 left the cluster "
+        "during training"
+    )

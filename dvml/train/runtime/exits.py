@@ -37,10 +37,13 @@ def meaningful_lines(lines: list[str], keep: int = 8) -> list[str]:
 
 
 def _signal_name(number: int) -> str:
+    """``SIGKILL``; ``SIGRTMIN+1`` for a real-time signal (no name of its own); ``SIG?``."""
     try:
         return signal.Signals(number).name
     except ValueError:
-        return f"signal {number}"
+        if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+        return "SIG?"
 
 
 def describe_exit(returncode: int | None, error: dict[str, Any], tail: list[str]) -> str:

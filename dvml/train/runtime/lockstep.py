@@ -7,7 +7,8 @@ collective port on its own worker, launch one pinned task per trainer
 runtime's watcher. On the first failure, a departed worker or an interrupt, every trainer is
 stopped (the job's abort event) and the error names the trainer that died first or the host
 that went away, not a survivor whose collective op was aborted. :func:`find_checkpoint` is
-where a rerun of the same job resumes.
+where a rerun of the same job resumes
+(:func:`resume_from`, the pure rule it applies to the trainers' checkpoints).
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ from dvml.train.runtime.watcher import (
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["clear_checkpoints", "find_checkpoint", "reserve_ports", "run_lockstep"]
+__all__ = [
+    "clear_checkpoints",
+    "find_checkpoint",
+    "reserve_ports",
+    "resume_from",
+    "run_lockstep",
+]
 
 
 def reserve_ports(client: Client, workers: list[WorkerInfo]) -> list[str]:
@@ -169,12 +176,24 @@ def find_checkpoint(
             for w in workers
         ]
     )
-    if any(s is None or s.get("job_key") != key for s in states):
+    return resume_from(states, key)
+
+
+def resume_from(
+    states: list[dict[str, Any] | None], key: str
+) -> tuple[int, bytes, list[dict[str, Any]]] | None:
+    """Where a rerun of job ``key`` starts, from each trainer's last checkpoint (``states``,
+    one per trainer, as :func:`dvml.train.runtime.launch.checkpoint_state` reads it): the
+    iteration to start from, its weights and the history up to it; None when any trainer has
+    no checkpoint of this job or no iteration is common to all (start afresh). Pure.
+    """
+    found = [s for s in states if s is not None and s.get("job_key") == key]
+    if not found or len(found) < len(states):
         return None
     # Every trainer's weights are the same after an iteration: any state of it will do.
-    held = {s["iteration"]: s for s in states}
+    held = {s["iteration"]: s for s in found}
     done = resume_iteration(
-        {i: [r["iteration"] for r in s["history"]] for i, s in enumerate(states)},
+        {i: [r["iteration"] for r in s["history"]] for i, s in enumerate(found)},
         lambda iteration: iteration in held,
     )
     if done == 0:

@@ -41,7 +41,7 @@ from dvml.train.runtime.protocol import Finished, Iteration, Resolved, emit
 from dvml.train.runtime.seeds import data_position, shuffle_seed
 from dvml.train.runtime.startup import Startup
 
-__all__ = ["run"]
+__all__ = ["run", "save_iteration"]
 
 
 @dataclasses.dataclass
@@ -206,18 +206,20 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
         record["zygote_bytes"] = memory_sample.zygote_bytes()
         history.append(record)
         if store is not None:
-            _checkpoint(store, job, iteration, weights, history)
+            save_iteration(store, job, iteration, weights, history)
         emit(Iteration(**record))
     return list(setup.model.get_weights())
 
 
-def _checkpoint(
+def save_iteration(
     store: CheckpointStore,
     job: dict[str, Any],
     iteration: int,
     weights: list[Any],
     history: list[dict[str, Any]],
 ) -> None:
+    """Checkpoint this trainer after ``iteration``: its weights, the history so far and the
+    data position the next iteration starts at (its first epoch), under the job's key."""
     from dvml.registry.weights import weights_to_bytes
 
     epochs = int(fit_kwargs(job["fit_params"])["epochs"])
