@@ -111,7 +111,6 @@ def _fit(args: argparse.Namespace) -> int:
         resolve_source,
         validation_fraction,
     )
-    from dvml.jobs.job_cluster import cluster_plan
     from dvml.jobs.models import fit_arguments, model_exists, resolve_model_section
     from dvml.train.fit import fit
 
@@ -124,16 +123,7 @@ def _fit(args: argparse.Namespace) -> int:
     validation_fraction(job, source)  # before anything starts: refused by --dry-run too
     train_name, val_name = dataset_names(job["name"])
     if args.dry_run:
-        print(f"Plan for `dvml fit --config {args.config}` (dry run: nothing was started):")
-        print(f"  - cluster: {cluster_plan(job['cluster'], args.scheduler, args.state_dir)}")
-        print(f"  - data: {source.describe()} -> {train_name}, {val_name}")
-        arch = f"architecture {model['architecture']!r}"
-        if model["from_selection"]:
-            arch = f"the best configuration of fit_multiple run {model['from_selection']!r}"
-        print(f"  - train {name!r} from {arch} for "
-              f"{model['num_iterations']} iteration(s)"
-              + (", warm-started if it exists" if model["warm_start"] else ""))  # fmt: skip
-        print_memory_plan(args, job, base, source, _fit_trainers(job, base))
+        _print_fit_plan(args, job, base, source, name)
         return 0
     started = time.monotonic()
     with training_session(args, job) as (cluster, registry):
@@ -168,6 +158,27 @@ def _fit(args: argparse.Namespace) -> int:
         f"{_num(summary['validation_metrics_final'])}."
     )
     return 0
+
+
+def _print_fit_plan(
+    args: argparse.Namespace, job: dict[str, Any], base: Any, source: Any, name: str
+) -> None:
+    """What ``dvml fit --config --dry-run`` prints: the steps and the memory plan."""
+    from dvml.jobs.data import dataset_names
+    from dvml.jobs.job_cluster import cluster_plan
+
+    model = job["model"]
+    train_name, val_name = dataset_names(job["name"])
+    print(f"Plan for `dvml fit --config {args.config}` (dry run: nothing was started):")
+    print(f"  - cluster: {cluster_plan(job['cluster'], args.scheduler, args.state_dir)}")
+    print(f"  - data: {source.describe()} -> {train_name}, {val_name}")
+    arch = f"architecture {model['architecture']!r}"
+    if model["from_selection"]:
+        arch = f"the best configuration of fit_multiple run {model['from_selection']!r}"
+    print(f"  - train {name!r} from {arch} for "
+          f"{model['num_iterations']} iteration(s)"
+          + (", warm-started if it exists" if model["warm_start"] else ""))  # fmt: skip
+    print_memory_plan(args, job, base, source, _fit_trainers(job, base))
 
 
 def _refuse_append(job: dict[str, Any], config: str) -> None:

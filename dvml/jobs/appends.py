@@ -291,6 +291,37 @@ def _config_key(job: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def _pack_all(
+    job: Mapping[str, Any],
+    client: Client,
+    ctx: Any,
+    source: Source,
+    files: list[dict[str, Any]],
+    why: str,
+) -> dict[str, Any]:
+    """:func:`update_datasets` of a first run (or a forced or changed one): every file packed
+    as version 1, and the appends record started."""
+    from dvml.jobs.data import prepare_datasets
+
+    data, log = job["data"], ctx.log
+    log.info("packing all %d file(s) of %s as a new dataset (%s)", len(files),
+             data["source"], why)  # fmt: skip
+    ctx.journal("preprocessing")
+    bins = int((job.get("drift") or {}).get("bins") or drift.DEFAULT_BINS)
+    schema, summary = first_summary(client, source, data, bins)
+    train, val = prepare_datasets(job, client, ctx.base_dir, source)
+    state = ctx.read_state()
+    state["appended"] = {"key": _config_key(job), "files": files, "schema": schema,
+                         "drift": summary, "trained": False}  # fmt: skip
+    state.pop("prepared", None)  # the whole-source reuse record does not apply
+    ctx.write_state(state)
+    ctx.journal("preprocessed")
+    log.info("packed %s (%d rows, version %d) and %s (%d rows, version %d)", train.name,
+             train.rows, train.version, val.name, val.rows, val.version)  # fmt: skip
+    return {"files": [f["path"] for f in files], "drift": None,
+            "versions": {"train": train.version, "validation": val.version}}  # fmt: skip
+
+
 def update_datasets(
     job: Mapping[str, Any], client: Client, ctx: Any, force: bool = False
 ) -> dict[str, Any] | None:
@@ -316,7 +347,7 @@ def update_datasets(
         A file seen before was rewritten, or a new file has another schema or class value,
         or drifted above ``drift.fail_above``: nothing was written.
     """
-    from dvml.jobs.data import list_files, prepare_datasets
+    from dvml.jobs.data import list_files
     from dvml.jobs.file_diff import diff_files, refuse_changed
     from dvml.store.datasets import describe
 
@@ -331,21 +362,7 @@ def update_datasets(
             else "the data section changed" if record.get("key") != key
             else "the datasets were dropped"
         )  # fmt: skip
-        log.info("packing all %d file(s) of %s as a new dataset (%s)", len(files),
-                 data["source"], why)  # fmt: skip
-        ctx.journal("preprocessing")
-        bins = int((job.get("drift") or {}).get("bins") or drift.DEFAULT_BINS)
-        schema, summary = first_summary(client, source, data, bins)
-        train, val = prepare_datasets(job, client, ctx.base_dir, source)
-        versions = {"train": train.version, "validation": val.version}
-        state["appended"] = {"key": key, "files": files, "schema": schema, "drift": summary,
-                             "trained": False}  # fmt: skip
-        state.pop("prepared", None)  # the whole-source reuse record does not apply
-        ctx.write_state(state)
-        ctx.journal("preprocessed")
-        log.info("packed %s (%d rows, version %d) and %s (%d rows, version %d)", train.name,
-                 train.rows, train.version, val.name, val.rows, val.version)  # fmt: skip
-        return {"files": [f["path"] for f in files], "versions": versions, "drift": None}
+        return _pack_all(job, client, ctx, source, files, why)
     diff = diff_files(record["files"], files)
     refuse_changed(diff, data["source"])
     if diff.removed:
