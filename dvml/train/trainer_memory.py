@@ -10,7 +10,6 @@ plan and its fixes.
 from __future__ import annotations
 
 import json
-import pathlib
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from dask.utils import parse_bytes
 
 from dvml import config
 from dvml.cluster.health import wait_watched
+from dvml.cluster.worker_metrics import HOST_METRIC, host_memory
 from dvml.exceptions import MemoryPlanError
 from dvml.placement.fit_memory import FitMemoryPlan, HostRoom, machine_rooms, plan_fit
 from dvml.placement.memory import format_size
@@ -30,59 +30,42 @@ if TYPE_CHECKING:
 
 __all__ = ["check_fit_fits", "fit_memory_plan", "host_memory", "host_rooms", "label_width"]
 
-_NO_LIMIT = 2**60  # cgroup v1 reports "no limit" as a huge number (9223372036854771712)
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        text = pathlib.Path(path).read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
-
-
-def host_memory() -> tuple[str, int, int | None]:
-    """This kernel's boot id (hosts that share it share one machine's memory), its
-    ``MemAvailable`` and, when this process's cgroup has a memory limit, that limit less the
-    cgroup's usage (cgroup v2, else v1); bytes. Runs on a worker."""
-    try:
-        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    available = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    v1 = "/sys/fs/cgroup/memory/memory."
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        (v1 + "limit_in_bytes", v1 + "usage_in_bytes"),
-    ):
-        limit, usage = _read_int(limit_file), _read_int(usage_file)
-        if limit is not None and usage is not None and limit < _NO_LIMIT:
-            return boot, available, max(0, limit - usage)
-    return boot, available, None
-
 
 def host_rooms(
     client: Client, workers: Sequence[WorkerInfo]
 ) -> tuple[list[HostRoom], dict[str, str]]:
     """The room of each machine of ``workers`` and each host's machine (see
-    :func:`~dvml.placement.fit_memory.machine_rooms`): one task per host, all at once, capped
-    by ``dvml.memory.host-memory``."""
+    :func:`~dvml.placement.fit_memory.machine_rooms`), capped by ``dvml.memory.host-memory``.
+
+    Read from the workers' last heartbeats (:data:`~dvml.cluster.worker_metrics.HOST_METRIC`,
+    at most a heartbeat old) in one scheduler call; where a worker has no such metric (its
+    plugin is not installed), from one task per host, all at once.
+    """
     one_each: dict[str, WorkerInfo] = {}
     for w in workers:
         one_each.setdefault(w.host, w)
-    futures = [
-        client.submit(host_memory, workers=[w.address], allow_other_workers=False, pure=False)
-        for w in one_each.values()
-    ]
-    wait_watched(client, futures, "reading the hosts' memory")
+    addresses = [w.address for w in one_each.values()]
+    found = client.run_on_scheduler(_heartbeat_memory, addresses=addresses)
+    if any(found.get(a) is None for a in addresses):
+        futures = [
+            client.submit(host_memory, workers=[a], allow_other_workers=False, pure=False)
+            for a in addresses
+        ]
+        wait_watched(client, futures, "reading the hosts' memory")
+        found = dict(zip(addresses, client.gather(futures), strict=True))
     cap_value = config.get("memory.host-memory")
     cap = None if cap_value is None else int(parse_bytes(str(cap_value)))
-    readings = dict(zip(one_each, client.gather(futures), strict=True))
+    readings = {host: tuple(found[w.address]) for host, w in one_each.items()}
     return machine_rooms(readings, cap)
+
+
+def _heartbeat_memory(dask_scheduler: Any, addresses: Sequence[str]) -> dict[str, Any]:
+    """On the scheduler: each worker's last host-memory metric (None where it has none)."""
+    out = {}
+    for address in addresses:
+        ws = dask_scheduler.workers.get(address)
+        out[address] = None if ws is None else ws.metrics.get(HOST_METRIC)
+    return out
 
 
 def fit_memory_plan(

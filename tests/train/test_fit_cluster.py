@@ -601,6 +601,25 @@ def test_fit_whose_trainers_do_not_fit_the_host_is_refused_before_one_starts(
     assert "too_big" not in set(dvml.list_models(registry=env["registry"])["name"])
 
 
+def test_plans_read_the_hosts_memory_from_the_workers_heartbeats(cluster2: Any) -> None:
+    """Every worker's heartbeat carries its machine's memory (no task per host per plan):
+    the boot id of this machine and a MemAvailable near this process's reading."""
+    from dvml.cluster.worker_metrics import HOST_METRIC, host_memory
+    from dvml.cluster.workers import discover_workers
+    from dvml.train.trainer_memory import host_rooms
+
+    def metrics(dask_scheduler: Any) -> dict[str, Any]:
+        return {a: ws.metrics.get(HOST_METRIC) for a, ws in dask_scheduler.workers.items()}
+
+    boot, available, _ = host_memory()
+    found = cluster2.client.run_on_scheduler(metrics)
+    assert len(found) == 2 and all(m is not None and m[0] == boot for m in found.values()), found
+    rooms, machine_of = host_rooms(cluster2.client, discover_workers(cluster2.client))
+    (room,) = rooms  # the simulated hosts share this machine
+    assert set(machine_of.values()) == {room.host}
+    assert 0.5 * available < room.available < 1.5 * available, (room, available)
+
+
 def test_two_concurrent_fits_are_admitted_by_their_sum(env: dict[str, Any], cluster2: Any) -> None:
     """Capped to room for one fit's two trainers (not two fits'), a second fit started while
     the first trains is refused before any of its trainers starts, naming the first; once

@@ -35,6 +35,36 @@ def test_a_forked_trainer_counts_its_private_pages_and_the_zygote_the_shared_one
     assert memory_sample.zygote_bytes() is None  # this process was not forked by a zygote
 
 
+ZYGOTE = """
+import os, sys
+import numpy as np
+held = np.ones(96 * 2**20, dtype=np.uint8)  # 96 MiB the child shares, touched
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.environ["DVML_TRAINER_PARENT"] = str(os.getppid())
+    from dvml.train.runtime import memory_sample
+    os.write(write, str(memory_sample.zygote_bytes()).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+with open("/proc/self/smaps_rollup") as f:
+    rss = [int(l.split()[1]) * 1024 for l in f if l.startswith("Rss:")][0]
+print(os.read(read, 64).decode(), rss)
+"""
+
+
+def test_the_zygotes_resident_set_is_its_rollups_rss() -> None:
+    """zygote_bytes reads the kernel's counter (statm), not a page walk: the same figure."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", ZYGOTE, "--zygote"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()  # fmt: skip
+    counted, walked = int(out[0]), int(out[1])
+    assert walked > 96 * 2**20
+    assert abs(counted - walked) < 4 * 2**20, (counted, walked)
+
+
 def test_a_sample_of_this_process_grows_with_what_it_holds() -> None:
     before = memory_sample.sample()
     assert before is not None and before > 0
