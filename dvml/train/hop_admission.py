@@ -55,7 +55,7 @@ def hop_memory_plan(
     """The memory plan of a hopper job training ``configs`` (trainer configurations, see
     :func:`hop_configs`) on ``workers`` (one trainer each) over ``train``."""
     rooms, machine_of = host_rooms(client, workers)
-    runtime, zygote = trainer_runtime(use_gpus)
+    runtime, zygote = trainer_runtime(use_gpus, serving=True)
     rows = rows_per_worker(train, list(workers))
     return plan_hop(
         [(w.name, machine_of[w.host], rows[w.name]) for w in workers],

@@ -97,17 +97,20 @@ def fit_memory_plan(
     )
 
 
-def trainer_runtime(use_gpus: bool) -> tuple[int, int]:
+def trainer_runtime(use_gpus: bool, serving: bool = False) -> tuple[int, int]:
     """TensorFlow's runtime in a job's plan: bytes per trainer and per host (its zygote).
 
     CPU trainers are forked from their machine's zygote where ``dvml.train.fork-trainers``
-    allows (Linux): each counts its private bytes (``memory.trainer-runtime-forked``) and the
-    host its zygote once (``memory.zygote``). GPU trainers, and every trainer without the
-    zygote, are processes of their own (``memory.trainer-runtime`` each, no zygote).
+    allows (Linux): each counts its private bytes (``memory.trainer-runtime-forked``; a
+    ``serving`` trainer of a model-hopper job, which runs no distribution strategy,
+    ``memory.serving-runtime-forked``) and the host its zygote once (``memory.zygote``). GPU
+    trainers, and every trainer without the zygote, are processes of their own
+    (``memory.trainer-runtime`` each, no zygote).
     """
     if use_gpus or not config.get("train.fork-trainers") or not sys.platform.startswith("linux"):
         return _size("memory.trainer-runtime"), 0
-    return _size("memory.trainer-runtime-forked"), _size("memory.zygote")
+    forked = "memory.serving-runtime-forked" if serving else "memory.trainer-runtime-forked"
+    return _size(forked), _size("memory.zygote")
 
 
 def _size(key: str) -> int:

@@ -75,10 +75,10 @@ def test_a_search_that_does_not_fit_is_refused_before_a_trainer_starts(
     env: dict[str, Any], cluster2: Any
 ) -> None:
     """A hyperopt search is planned on its space's largest configurations before any trainer
-    starts: capped to 1 GiB (two trainers of TensorFlow's runtime need more), it is refused
-    with the plan's numbers, and no trainer started."""
+    starts: capped to 900 MiB (the zygote and two serving trainers, with the margin, need
+    about 1 GiB), it is refused with the plan's numbers, and no trainer started."""
     with (
-        dask.config.set({"dvml.memory.host-memory": "1GiB"}),
+        dask.config.set({"dvml.memory.host-memory": "900MiB"}),
         pytest.raises(MemoryPlanError) as info,
     ):
         dvml.automl("automl_iris", "too_big_search", env["arch"], COMPILE, FIT,
@@ -87,7 +87,7 @@ def test_a_search_that_does_not_fit_is_refused_before_a_trainer_starts(
     message = str(info.value)
     assert "dvml.automl 'too_big_search'" in message and "No trainer was started" in message
     assert "3 configurations on 2 trainers (largest batch 16 rows)" in message, message
-    assert info.value.plan.hosts[0].room.room == 2**30
+    assert info.value.plan.hosts[0].room.room == 900 * 2**20
     assert worker_trainers(cluster2, model_output="too_big_search") == []
     assert "too_big_search_1" not in set(env["registry"].list_models()["name"])
 

@@ -107,3 +107,22 @@ def test_a_hosts_peak_is_its_trainers_and_their_zygote_once() -> None:
     assert use["m"] == {"planned_bytes": 800, "peak_bytes": 810, "zygote_peak_bytes": 610}
     # a trainer that sent no sample: the host's peak is unknown, not understated
     assert use["n"] == {"planned_bytes": 100, "peak_bytes": None, "zygote_peak_bytes": None}
+
+
+def test_a_serving_trainer_plans_its_own_runtime_and_a_gpu_trainer_a_whole_one() -> None:
+    import sys
+
+    import dask
+
+    from dvml.train.trainer_memory import trainer_runtime
+
+    sizes = {"dvml.memory.trainer-runtime": "700MiB", "dvml.memory.zygote": "650MiB",
+             "dvml.memory.trainer-runtime-forked": "128MiB",
+             "dvml.memory.serving-runtime-forked": "96MiB",
+             "dvml.train.fork-trainers": True}  # fmt: skip
+    MiB = 2**20
+    with dask.config.set(sizes):
+        if sys.platform.startswith("linux"):
+            assert trainer_runtime(False) == (128 * MiB, 650 * MiB)
+            assert trainer_runtime(False, serving=True) == (96 * MiB, 650 * MiB)
+        assert trainer_runtime(True, serving=True) == (700 * MiB, 0)  # GPU: no zygote
