@@ -394,6 +394,48 @@ def _reservations(client: Any) -> list[dict[str, Any]] | None:
         return None
 
 
+def _running_jobs(client: Any) -> list[dict[str, Any]] | None:
+    """The running fits as dvml's dashboard page shows them (with their straggler); None
+    when they cannot be read: the status goes on without them."""
+    from dvml.dashboard.handlers import running_jobs
+
+    try:
+        return list(client.run_on_scheduler(running_jobs))
+    except Exception:
+        return None
+
+
+def job_rows(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per running fit: its model, sync mode, iterations done, elapsed seconds and
+    the trainer that holds the others back, if one does (pure)."""
+    rows = []
+    for j in jobs:
+        slow = j.get("straggler")
+        rows.append({
+            "model": j.get("model"),
+            "sync": j.get("sync"),
+            "iteration": f"{j.get('iteration', 0)}/{j.get('num_iterations') or '?'}",
+            "elapsed": f"{float(j.get('elapsed') or 0):.0f}s",
+            "straggler": f"{slow['worker']} ({slow['ratio']:.1f}x the others' step time)"
+            if slow else None,
+        })  # fmt: skip
+    return rows
+
+
+def _print_running(reservations: list[Any] | None, jobs: list[Any] | None) -> None:
+    """The running jobs' reservations and the running fits, when there are any."""
+    if reservations:
+        from dvml.placement.reservations import reservation_rows
+
+        print()
+        print("running jobs' memory reservations (their planned bytes, per machine):")
+        print(format_table(reservation_rows(reservations)))
+    if jobs:
+        print()
+        print("running fits (a straggler is a trainer slower than the others, see the page):")
+        print(format_table(job_rows(jobs)))
+
+
 def _reserved(host: str, reservations: list[dict[str, Any]] | None) -> str | None:
     """The bytes reserved on ``host``'s machine, for the worker table ("-": none)."""
     if reservations is None:
@@ -432,7 +474,7 @@ def _status(args: argparse.Namespace) -> int:
         cluster = connect(address, timeout=args.timeout, security=security)
     try:
         rows = cluster.status().to_dict(orient="records")
-        reservations = _reservations(cluster.client)
+        reservations, jobs = _reservations(cluster.client), _running_jobs(cluster.client)
         try:
             dashboard: str | None = cluster.dashboard_link
         except Exception:  # a scheduler without a dashboard
@@ -450,12 +492,7 @@ def _status(args: argparse.Namespace) -> int:
     if dashboard:
         print(f"dvml page: {dvml_page_link(dashboard)}")
     print(format_table(rows, _STATUS_COLUMNS))
-    if reservations:
-        from dvml.placement.reservations import reservation_rows
-
-        print()
-        print("running jobs' memory reservations (their planned bytes, per machine):")
-        print(format_table(reservation_rows(reservations)))
+    _print_running(reservations, jobs)
     if state is not None:
         procs = [
             {"process": name, "pid": pid, "state": "running" if same_process(pid, t) else "gone"}

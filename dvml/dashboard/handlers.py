@@ -51,6 +51,12 @@ def scheduler_state(scheduler: Any) -> dict[str, Any]:
     return page_state(workers, topics, time.time(), reservations_on_scheduler(scheduler))
 
 
+def running_jobs(dask_scheduler: Any) -> list[dict[str, Any]]:
+    """The running fits of the page's state, each with its straggler (read on the
+    scheduler's loop, through ``run_on_scheduler``): what ``dvml cluster status`` lists."""
+    return [j for j in scheduler_state(dask_scheduler)["jobs"] if j["state"] == "running"]
+
+
 def _finite(value: Any) -> Any:
     """JSON has no NaN or infinity: they become null."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -89,6 +89,21 @@ def test_a_running_job_shows_its_trainers_progress_eta_and_the_slow_one() -> Non
     assert job["straggler"]["worker"] == "w1" and job["straggler"]["ratio"] == pytest.approx(3.0)
 
 
+def test_cluster_status_lists_a_running_fit_with_its_straggler() -> None:
+    """`dvml cluster status` shows the running fits of this view, one row each."""
+    from dvml.cli.cluster_cmd import job_rows
+
+    events = [(100.0, JOB)]
+    for k in (1, 2):
+        events += [_iteration("tcp://a", k, 10, 1.0), _iteration("tcp://b", k, 10, 3.0)]
+    (row,) = job_rows(jobs_view({"dvml-fit-abc": events}, NAMES, now=110.0))
+    assert row == {"model": "m", "sync": "iteration", "iteration": "2/4", "elapsed": "10s",
+                   "straggler": "w1 (3.0x the others' step time)"}  # fmt: skip
+    even = [(100.0, JOB), _iteration("tcp://a", 1, 10, 1.0), _iteration("tcp://b", 1, 10, 1.0)]
+    (row,) = job_rows(jobs_view({"dvml-fit-abc": even}, NAMES, now=101.0))
+    assert row["straggler"] is None and row["iteration"] == "1/4"
+
+
 def test_an_ended_job_and_an_even_one() -> None:
     events = [(100.0, JOB)]
     for k in (1, 2, 3, 4):
