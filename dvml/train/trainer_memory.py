@@ -10,7 +10,6 @@ plan and its fixes.
 from __future__ import annotations
 
 import json
-import pathlib
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from dask.utils import parse_bytes
 
 from dvml import config
 from dvml.cluster.health import wait_watched
+from dvml.cluster.host_room import host_memory
 from dvml.exceptions import MemoryPlanError
 from dvml.placement.fit_memory import FitMemoryPlan, HostRoom, machine_rooms, plan_fit
 from dvml.placement.memory import format_size
@@ -29,40 +29,6 @@ if TYPE_CHECKING:
     from dvml.cluster.workers import WorkerInfo
 
 __all__ = ["check_fit_fits", "fit_memory_plan", "host_memory", "host_rooms", "label_width"]
-
-_NO_LIMIT = 2**60  # cgroup v1 reports "no limit" as a huge number (9223372036854771712)
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        text = pathlib.Path(path).read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
-
-
-def host_memory() -> tuple[str, int, int | None]:
-    """This kernel's boot id (hosts that share it share one machine's memory), its
-    ``MemAvailable`` and, when this process's cgroup has a memory limit, that limit less the
-    cgroup's usage (cgroup v2, else v1); bytes. Runs on a worker."""
-    try:
-        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    available = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    v1 = "/sys/fs/cgroup/memory/memory."
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        (v1 + "limit_in_bytes", v1 + "usage_in_bytes"),
-    ):
-        limit, usage = _read_int(limit_file), _read_int(usage_file)
-        if limit is not None and usage is not None and limit < _NO_LIMIT:
-            return boot, available, max(0, limit - usage)
-    return boot, available, None
 
 
 def host_rooms(
