@@ -18,6 +18,14 @@ refuses jobs that would fit); the details give each worker's figures.
 - B23a5, ``dvml.fit_multiple`` of 3 configurations, 2 iterations: the same figures for its
   serving trainers (:func:`dvml.plan.fit_multiple`; the states parked in the Dask workers
   between hops are left out of both sides: nothing samples a Dask worker's share of them).
+- B23a6, the feature cache (``dvml.features.cache`` of the B23a2 images, float32, with
+  MobileNetV2 ``alpha=0.35``, seeded random weights, global average pooling, batch 64, on
+  Dask workers that have not imported TensorFlow): the plan (:func:`dvml.plan.features`, made
+  just before) against what the cache used: each vineyardd's growth plus each Dask worker's
+  peak resident growth (``RssAnon + RssFile`` from ``/proc/self/status``, sampled every 5 ms
+  by a thread in the worker from just before the cache to its end, less the value at the
+  start; the vineyard pages it maps are left out, counted in their vineyardd). Both sides of
+  a repeat read the same cache: whichever runs first runs it.
 
 B23c, cost: a fit's wall (dvml side) against the same wall less what its planning and
 accounting cost, measured directly (baseline): the plan, the reservation and its release, the
@@ -38,6 +46,7 @@ fits (B4's CNN, 2 iterations).
 from __future__ import annotations
 
 import contextlib
+import sys
 import tempfile
 import time
 from typing import Any
@@ -49,6 +58,8 @@ MiB = 1 << 20
 SIZES = {False: (1 << 20, 512 * MiB), True: (1 << 16, 192 * MiB)}  # rows of B23a1, vineyardd
 IMAGES = {False: 20_000, True: 2_000}
 TABLE, PICTURES, DIGITS = "bench_b23_table", "bench_b23_images", "bench_b23_digits"
+FEATURE_SOURCE, FEATURES = "bench_b23_fc_src", "bench_b23_features"
+BACKBONE = {"application": "MobileNetV2", "kwargs": {"alpha": 0.35}, "seed": 0}
 COMPILE = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
 FIT = "batch_size=64, epochs=1"
 COST_FIT = "batch_size=256, epochs=4"  # B23c: B20's fit (one iteration)
@@ -219,6 +230,90 @@ def _fit_wall_without_the_plan(context: dict[str, Any]) -> float:
     return wall - cost
 
 
+def _rss_sampler_start() -> None:
+    """In a Dask worker: start a thread sampling ``RssAnon + RssFile`` every 5 ms (B23a6)."""
+    import sys
+    import threading
+
+    state = sys.__dict__.setdefault("_dvml_b23_rss", {})
+    state.update(stop=False, base=_private_rss(), peak=_private_rss())
+
+    def loop() -> None:
+        while not state["stop"]:
+            state["peak"] = max(state["peak"], _private_rss())
+            time.sleep(0.005)
+
+    state["thread"] = threading.Thread(target=loop, daemon=True, name="b23-rss")
+    state["thread"].start()
+
+
+def _rss_sampler_stop() -> int:
+    """In a Dask worker: stop the sampler; its peak growth in bytes."""
+    import sys
+
+    state = sys.__dict__["_dvml_b23_rss"]
+    state["stop"] = True
+    state["thread"].join()
+    return int(max(state["peak"], _private_rss()) - state["base"])
+
+
+def _private_rss() -> int:
+    found = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                found += int(line.split()[1]) * 1024
+    return found
+
+
+def _feature_cache(context: dict[str, Any]) -> tuple[float, float]:
+    """B23a6: (used, planned) bytes of one feature cache, computed once per repeat."""
+    import cloudpickle
+
+    import dvml
+
+    if "feature_sides" in context:
+        return context.pop("feature_sides")  # type: ignore[no-any-return]
+    cluster = context["cluster"]
+    client = cluster.client
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the samplers, by value
+    if not dvml.datasets.exists(FEATURE_SOURCE, client=client):  # packed once, not measured
+        dvml.training_preprocessor(_images(context["images"]), y="label", x="image",
+                                   normalizing_const=255.0, name=FEATURE_SOURCE,
+                                   client=client)  # fmt: skip
+    kwargs = {"pooling": "avg", "batch_size": 64, "client": client}
+    plan = dvml.plan.features(FEATURE_SOURCE, BACKBONE, **kwargs)
+    before = _usage(cluster)
+    client.run(_rss_sampler_start)
+    try:
+        dvml.features.cache(FEATURE_SOURCE, BACKBONE, name=FEATURES, overwrite=True, **kwargs)
+    finally:
+        grown_rss = client.run(_rss_sampler_stop)
+    after = _usage(cluster)
+    shared = sum(after[s] - before.get(s, 0) for s in after)
+    dvml.datasets.drop(FEATURES, client=client)
+    resident = sum(grown_rss.values())
+    planned_resident = sum(w.resident for w in plan.workers)
+    context["figures"]["features"] = {
+        "shared used MiB": round(shared / MiB, 2),
+        "shared planned MiB": round(plan.shared / MiB, 2),
+        "workers' peak growth MiB": ", ".join(f"{v / MiB:.0f}" for v in grown_rss.values()),
+        "workers' planned growth MiB": ", ".join(f"{w.resident / MiB:.0f}" for w in plan.workers),
+        "TensorFlow imported before": ", ".join(str(w.runtime == 0) for w in plan.workers),
+    }
+    sides = (float(shared + resident), float(plan.shared + planned_resident))
+    context["feature_sides"] = sides
+    return sides
+
+
+def _features_used(context: dict[str, Any]) -> float:
+    return _feature_cache(context)[0]
+
+
+def _features_planned(context: dict[str, Any]) -> float:
+    return _feature_cache(context)[1]
+
+
 def _oom_kills() -> int:
     with open("/proc/vmstat") as f:
         for line in f:
@@ -378,7 +473,7 @@ def _details_of(name: str) -> Any:
             planned = {row.instance_id: row.needed for row in figures["planned"].rows}
             return {"planned MiB": sum(planned.values()) / MiB,
                     "used MiB": sum(figures["used"].values()) / MiB}  # fmt: skip
-        if name == "cost":
+        if name in ("cost", "features"):
             return dict(figures)
         return dict(context.get("admission", {}))
 
@@ -416,6 +511,8 @@ for _key, _title, _used, _planned, _name in (
      _STEP_PLANNED, "fit step"),
     ("B23a5", "fit_multiple (3 configurations): trainers' peak resident bytes vs planned",
      _hop_used, _hop_planned, "fit_multiple"),
+    ("B23a6", "feature cache: shared memory and Dask workers' peak growth vs planned",
+     _features_used, _features_planned, "features"),
     ("B23c", "a fit's wall vs the same less its planning and accounting", _fit_wall,
      _fit_wall_without_the_plan, "cost"),
     ("B23b", "slowest refusal of 10 oversubscribed jobs vs 1 s", admission, _one_s,

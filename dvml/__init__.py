@@ -60,7 +60,7 @@ _EXPORTS: dict[str, str] = {
 _MODULES: dict[str, str] = {
     "datasets": "dvml.preprocess.datasets_api",
     "features": "dvml.features",
-    "plan": "dvml.train.plans",
+    "plan": "dvml.memory_plans",
 }
 
 __all__ = [
@@ -111,6 +111,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from dvml import features
+    from dvml import memory_plans as plan
     from dvml.cluster import Cluster, LocalCluster, WorkerInfo, connect, gpu_configuration
     from dvml.exceptions import DvmlError
     from dvml.placement import DistributionRules
@@ -133,7 +134,6 @@ if TYPE_CHECKING:
     from dvml.search.hyperband import hyperband_schedule
     from dvml.store.datasets import Dataset
     from dvml.tracking.export import export_to_mlflow
-    from dvml.train import plans as plan
     from dvml.train.fit import fit
     from dvml.train.fit_multiple import ModelSelection, fit_multiple
     from dvml.train.model import Model, plot_history

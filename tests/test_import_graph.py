@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"dvml.resolve"},
     {"dvml.preprocess"},
     {"dvml.train", "dvml.features"},
-    {"dvml.search"},
+    {"dvml.search", "dvml.memory_plans"},
     {"dvml.jobs", "dvml.dashboard"},
     {"dvml"},  # the public API (dvml/__init__.py)
     {"dvml.demo"},

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import pathlib
 import time
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dvml.cluster.connection import local_client
+from dvml.cluster.host_room import host_memory
 
 METRIC = "dvml_vineyard"
 """The name of the vineyardd's metric in ``WorkerState.metrics``."""
@@ -35,42 +35,6 @@ HOST_METRIC = "dvml_host_memory"
 PLUGIN_NAME = "dvml-vineyard-metrics"
 
 _EVERY_S = 1.0
-
-
-_NO_LIMIT = 2**60  # cgroup v1 reports "no limit" as a huge number (9223372036854771712)
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        text = pathlib.Path(path).read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
-
-
-def host_memory() -> tuple[str, int, int | None]:
-    """This kernel's boot id (hosts that share it share one machine's memory), its
-    ``MemAvailable`` and, when this process's cgroup has a memory limit, that limit less the
-    cgroup's usage (cgroup v2, else v1); bytes. Runs on a worker (heartbeats send it as
-    :data:`HOST_METRIC`: reading these files takes well under a millisecond)."""
-    try:
-        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    available = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    v1 = "/sys/fs/cgroup/memory/memory."
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        (v1 + "limit_in_bytes", v1 + "usage_in_bytes"),
-    ):
-        limit, usage = _read_int(limit_file), _read_int(usage_file)
-        if limit is not None and usage is not None and limit < _NO_LIMIT:
-            return boot, available, max(0, limit - usage)
-    return boot, available, None
 
 
 def _host_memory_metric(worker: Any) -> tuple[str, int, int | None] | None:

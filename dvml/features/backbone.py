@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import random
 from collections.abc import Callable, Sequence
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "APPLICATION_KEYS",
     "Backbone",
+    "activations_per_row",
     "application_preprocessing",
     "keras_module",
     "resolve_backbone",
@@ -75,6 +77,9 @@ class Backbone:
         Its weights as ``.npz`` bytes (:func:`dvml.registry.weights_to_bytes`).
     feature_shape : list of int
         Shape of one row of features.
+    activations_per_row : int
+        Values its layers output per row, summed over the layers: a batch's activations, as
+        the feature cache's memory plan counts them.
     """
 
     fingerprint: str
@@ -88,6 +93,7 @@ class Backbone:
     input_shape: list[int]
     feature_shape: list[int]
     n_params: int
+    activations_per_row: int = 0  # values the extractor's layers output per row, summed
 
     def spec(self, use_gpus: bool) -> dict[str, Any]:
         """What a worker needs to rebuild the extractor (sent once per worker)."""
@@ -188,6 +194,7 @@ def resolve_backbone(
         input_shape=shape,
         feature_shape=feature_shape,
         n_params=int(extractor.count_params()),
+        activations_per_row=activations_per_row(extractor),
     )
 
 
@@ -485,6 +492,24 @@ def _feature_shape(extractor: Any, shape: list[int], description: str) -> list[i
             "a vector or feature maps. Name another layer."
         )
     return [int(s) for s in out_shape]
+
+
+def activations_per_row(model: Any) -> int:
+    """The values ``model``'s layers output per row, summed (nested models' layers counted
+    once each, input layers left out); a layer without one known output shape counts 0."""
+    total = 0
+    for layer in _all_layers(model):
+        if hasattr(layer, "layers") or type(layer).__name__ == "InputLayer":
+            continue
+        try:
+            shapes = layer.output_shape
+        except (AttributeError, RuntimeError):  # called at several places, or never
+            continue
+        for shape in shapes if isinstance(shapes, list) else [shapes]:
+            dims = list(shape)[1:]
+            if all(isinstance(d, int) for d in dims):
+                total += math.prod(dims)
+    return total
 
 
 def _check_rebuildable(keras: Any, model: Any, description: str) -> None:

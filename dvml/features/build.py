@@ -34,6 +34,7 @@ from dvml.exceptions import (
 )
 from dvml.features import featurize
 from dvml.features.backbone import Backbone, resolve_backbone
+from dvml.features.cache_memory import admit
 from dvml.features.incremental import covered_buffers, new_buffers, source_digests
 from dvml.features.keys import (
     cache_key,
@@ -409,6 +410,7 @@ def _featurize(client: Client, src: Dataset, bb: Backbone, batch_size: int, use_
     if positions is None:
         positions = list(range(len(src.layout["buffers"])))
     buffers = [src.layout["buffers"][i] for i in positions]
+    admit(client, src, bb, batch_size, name, targets, positions)
     targets = [targets[i] for i in positions]
     spec = bb.spec(use_gpus)
     addresses = sorted({t.address for t in targets})

@@ -1,8 +1,8 @@
 """Admission of a fit: its trainers' memory plan against each host's room, before any starts.
 
 The plan is pure (:func:`dvml.placement.fit_memory.plan_fit`); this module reads what it
-needs at the edge: each host's available memory and cgroup limit (one task per host, all at
-once, on a worker of that host) and the ``dvml.memory`` configuration. A fit whose trainers do
+needs at the edge: each host's available memory and cgroup limit (from the workers'
+heartbeats, else one task per host) and the ``dvml.memory`` configuration. A fit whose trainers do
 not fit their hosts is refused with :class:`~dvml.exceptions.MemoryPlanError` carrying the
 plan and its fixes.
 """
@@ -18,7 +18,8 @@ from dask.utils import parse_bytes
 
 from dvml import config
 from dvml.cluster.health import wait_watched
-from dvml.cluster.worker_metrics import HOST_METRIC, host_memory
+from dvml.cluster.host_room import host_memory
+from dvml.cluster.worker_metrics import HOST_METRIC
 from dvml.exceptions import MemoryPlanError
 from dvml.placement.fit_memory import FitMemoryPlan, HostRoom, machine_rooms, plan_fit
 from dvml.placement.memory import format_size

@@ -18,6 +18,7 @@ from dvml.exceptions import (
     ClusterError,
     DatasetExistsError,
     DatasetNotFoundError,
+    MemoryPlanError,
     ModelMismatchError,
     StoreError,
     VineyardMemoryError,
@@ -398,10 +399,16 @@ def test_bad_requests_fail_before_any_work(env: dict[str, Any], cleanup: None) -
     assert batches(client) - before == 2  # only fc_plain ran: 80 rows, 2 buffers of 40
 
 
-def test_a_failed_featurization_leaves_nothing(env: dict[str, Any], cleanup: None) -> None:
-    """One worker's vineyardd has no room: the other's features are deleted, no name appears."""
+def test_a_failed_featurization_leaves_nothing(
+    env: dict[str, Any], cleanup: None, monkeypatch: Any
+) -> None:
+    """One worker's vineyardd has no room: the other's features are deleted, no name appears.
+    The backstop, as when another job fills the vineyardd between the plan and the writes: the
+    plan's admission is skipped here (it would refuse this cache before any work)."""
+    from dvml.features import build
     from dvml.store.tensors import delete_objects, put_arrays
 
+    monkeypatch.setattr(build, "admit", lambda *args, **kwargs: None)
     client, cluster = env["client"], env["cluster"]
     k = keras()
     inputs = k.Input((32, 32, 3))
@@ -426,6 +433,38 @@ def test_a_failed_featurization_leaves_nothing(env: dict[str, Any], cleanup: Non
         client.submit(
             delete_objects, [ballast["fields"]["b"]["id"]], workers=[worker0.address], pure=False
         ).result()
+
+
+def test_the_plan_is_what_the_vineyardds_gain_and_too_much_is_refused(
+    env: dict[str, Any], cleanup: None
+) -> None:
+    """dvml.plan.features: each worker's features and labels are exactly what its vineyardd
+    gains; a cache too big for the vineyardds, or for the hosts' memory, is refused with
+    MemoryPlanError before any work, nothing written."""
+    import dask
+
+    client, cluster = env["client"], env["cluster"]
+    bb = tiny_backbone()
+    plan = dvml.plan.features("fc_src", bb, layer="conv2", batch_size=8, client=client)
+    assert plan.fits and plan.row_bytes == 4 * (13 * 13 * 16 + len(CLASSES))
+    before = vineyard_usage(cluster)
+    dvml.features.cache("fc_src", bb, layer="conv2", batch_size=8, name="fc_planned",
+                        client=client)  # fmt: skip
+    after = vineyard_usage(cluster)
+    assert {w: after[w] - before[w] for w in after} == {w.worker: w.features for w in plan.workers}
+
+    k = keras()
+    inputs = k.Input((32, 32, 3))
+    huge = k.Model(inputs, k.layers.Conv2D(8, 1)(k.layers.UpSampling2D(24)(inputs)))
+    usage, names = vineyard_usage(cluster), dataset_names(client)
+    with pytest.raises(MemoryPlanError, match="vineyard_memory: at least") as refused:
+        dvml.features.cache("fc_src", huge, name="fc_too_big", client=client)
+    assert not refused.value.plan.fits and "Nothing was computed" in str(refused.value)
+    capped = dask.config.set({"dvml.memory.host-memory": "1KiB"})
+    with capped, pytest.raises(MemoryPlanError, match="more memory on host"):
+        dvml.features.cache("fc_src", bb, pooling="avg", name="fc_no_room", client=client)
+    assert vineyard_usage(cluster) == usage and dataset_names(client) == names
+    assert staging_names(client) == []
 
 
 def test_save_and_load(env: dict[str, Any], cleanup: None) -> None:
