@@ -32,7 +32,7 @@ import pandas as pd
 
 from dvml import config
 from dvml.cluster.workers import current_client
-from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError
+from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, TrainerFailedError
 from dvml.names import check_suffixed_name
 from dvml.registry.database import Registry, open_registry
 from dvml.store.datasets import Dataset
@@ -55,6 +55,7 @@ from dvml.train.runtime.checkpoints import resume_points
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, JobArgs, dataset_key, job_key, model_spec, now, place_job
+from dvml.train.runtime.watcher import departed_workers, describe_departure
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -171,6 +172,7 @@ def fit_multiple(
     progress: bool = True,
     overwrite: bool = False,
     use_caching: bool | None = None,
+    elastic: bool = False,
     registry: Registry | str | None = None,
     client: Client | None = None,
 ) -> ModelSelection:
@@ -230,6 +232,14 @@ def fit_multiple(
     use_caching : bool, optional
         MADlib's option to keep the training data in memory between iterations; accepted
         and ignored, since dvml always trains from the data kept in the workers' memory.
+    elastic : bool
+        Go on without a worker that leaves the cluster (its process or host gone), as the
+        searches do: each model resumes from its own last checkpoint kept on the remaining
+        workers (else from its starting state) and trains the remaining iterations on their
+        partitions only. The departed worker's rows are not trained on from then on (dvml
+        keeps no replica): the summary's ``departed`` and ``departed_at_iterations`` say so.
+        Default False: a departure stops the job and a rerun resumes (every model visits
+        every partition in every iteration, MADlib's rule).
 
     Returns
     -------
@@ -240,10 +250,9 @@ def fit_multiple(
     Raises
     ------
     TrainerFailedError
-        A trainer or a worker failed during a hop, or a worker left the cluster: every trainer
-        is stopped and nothing is registered; run the same call again to resume. Unlike
-        ``automl``, ``fit_multiple`` does not go on without a departed worker (every model
-        visits every partition in every iteration; :class:`~dvml.train.hop_job.HopJob`).
+        A trainer or a worker failed during a hop, or a worker left the cluster (without
+        ``elastic``, or when none is left): every trainer is stopped and nothing is
+        registered; run the same call again to resume.
     FitRunningError
         Another ``fit_multiple`` or ``automl`` of ``model_output`` is running (in this or
         another process of this state directory); nothing was started.
@@ -272,13 +281,15 @@ def fit_multiple(
             started = time.time()
             hop = _hop_job(client, plan, started)
             with hop.hopper as hopper:
-                points, states, history = _resume(hop, plan, resume)
-                records, evals = _run(hopper, plan, points, states, progress)
-                weights = hop.final_weights()  # a departed worker stops the job
+                if not resume:  # an earlier run's checkpoints must not seed a restart
+                    hopper.clear_checkpoints()
+                run = _run_elastic(hop, plan, resume, progress, elastic)
+                weights = hop.final_weights()  # a departure now stops the job
             end = now()
             lease.check()  # a dataset dropped with force=True: fail, register nothing
-            registered = _register(reg, plan, history, records, evals, weights, start, end,
-                                   points, name, description, started, hop.memory)  # fmt: skip
+            registered = _register(reg, run.plan, run.history, run.records, run.evals, weights,
+                                   start, end, run.points, name, description, started,
+                                   hop.memory, run.departed)  # fmt: skip
             log_models_saved(client, registered, f"dvml.fit_multiple {model_output}")
             hopper.clear_checkpoints()
     selection = ModelSelection(model_output, reg)
@@ -335,8 +346,9 @@ def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan
 def _hop_job(client: Client, plan: _Plan, started: float) -> HopJob:
     """The model-hopper job: the runtime's serving trainers (one per worker holding data).
 
-    A worker that departs stops the job (:class:`HopJob`'s documented choice for
-    ``fit_multiple``); the same call run again resumes from the models' checkpoints.
+    A worker that departs stops the job unless ``elastic`` (:class:`HopJob`'s documented
+    choice for ``fit_multiple``); the same call run again resumes from the models'
+    checkpoints.
     """
     return HopJob(client, plan.job, plan.model_output, kind="mop", key=plan.key,
                   started_at=started, configs=list(plan.parsed.values()))  # fmt: skip
@@ -371,6 +383,48 @@ def _resume(
     }
     kept = [h for (k, i), h in sorted(found.records.items()) if k in points and i <= points[k]]
     return points, states, kept
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the MOP loop trained: the plan it ended on (its remaining workers), each model's
+    resume point, the history before them, the hops' records and evaluations, and the
+    workers that departed (name -> the first iteration trained without them)."""
+
+    plan: _Plan
+    points: dict[int, int]
+    history: list[dict[str, Any]]
+    records: list[dict[str, Any]]
+    evals: Evaluations
+    departed: dict[str, int]
+
+
+def _run_elastic(hop: HopJob, plan: _Plan, resume: bool, progress: bool, elastic: bool) -> _Run:
+    """Resume, then run the MOP loop; with ``elastic``, a departed worker is left out and the
+    loop runs again on the remaining ones, each model from its own last checkpoint kept
+    there (the rerun rule, :func:`_resume`)."""
+    departed: dict[str, int] = {}
+    points, states, history = _resume(hop, plan, resume)
+    while True:
+        try:
+            records, evals = _run(hop.hopper, plan, points, states, progress)
+            return _Run(plan, points, history, records, evals, departed)
+        except TrainerFailedError:
+            gone = departed_workers(hop.client, hop.hopper.workers, wait=0.0) if elastic else []
+            if not gone:
+                raise
+        remaining = [w for w in hop.hopper.workers if w not in gone]
+        hop.lose(gone, remaining, "Bring the workers back and run the same call again.")
+        hop.hopper.forget(list(hop.hopper.states))  # mid-iteration states: from checkpoints
+        plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job, workers=remaining))
+        points, states, history = _resume(hop, plan, True)
+        first = min(points.values()) + 1
+        departed.update({w.name: first for w in gone})
+        line = (f"[dvml.fit_multiple {plan.model_output}] {describe_departure(gone)}: going on "
+                f"without it from iteration {first} (elastic=True)")  # fmt: skip
+        logger.warning(line)
+        if progress:
+            print(line, flush=True)
 
 
 def _run(
@@ -410,6 +464,7 @@ def _register(
     description: str | None,
     started: float,
     memory: FitMemoryPlan | None,
+    departed: dict[str, int],
 ) -> list[tuple[str, dict[str, Any]]]:
     """Build every model's summary and the info/summary tables; register all in one go.
     Returns each model's name and summary."""
@@ -431,6 +486,8 @@ def _register(
     run_summary = _run_summary(plan, records, names, tables.summaries[keys[0]]["metrics_iters"],
                                times, resumed_from(points), started)  # fmt: skip
     run_summary["resumed_from_iterations"] = [points[k] for k in keys]
+    run_summary["departed"] = sorted(departed)  # elastic=True: went on without them
+    run_summary["departed_at_iterations"] = departed
     # each trainer's and host's planned resident bytes and their peaks at the hops' ends
     samples = ((r["worker"], r.get("resident_bytes"), r.get("zygote_bytes")) for r in records)
     run_summary.update(memory_summary(memory, samples, float(config.get("memory.margin"))))

@@ -9,11 +9,13 @@ schedulers keep only what differs: which model trains next, on which worker.
 
 Departures. A search (Hyperband, hyperopt, ASHA) goes on without a worker that leaves: it
 passes a ``go_on_without`` callback that reloads the lost states from their checkpoints.
-``fit_multiple`` does not: a departed worker stops the job with
+``fit_multiple`` does not by default: a departed worker stops the job with
 :class:`~dvml.exceptions.TrainerFailedError` and nothing is registered, and the same call run
 again resumes each model from its own last checkpoint. That is a choice: ``fit_multiple``
 promises that every model visits every partition in every iteration (MADlib's rule), which a
-job that went on without a worker's partitions would silently break.
+job that went on without a worker's partitions would silently break. With ``elastic=True`` it
+goes on (:meth:`HopJob.lose`, then the rerun rule on the remaining workers), and its summary
+names the departed workers and the iteration from which their rows were left out.
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ class HopJob:
         lost = self.hopper.lose(gone)
         if not workers:
             raise TrainerFailedError(
-                f"{describe_departure(gone)}; no worker of search {self.model_output!r} is "
+                f"{describe_departure(gone)}; no worker of job {self.model_output!r} is "
                 f"left. {hint}"
             )
         return lost

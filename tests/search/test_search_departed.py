@@ -1,8 +1,10 @@
-"""A Dask worker that leaves the cluster during a search (its process SIGKILLed) on a real
-2-worker LocalCluster of the test's own: the search names it within the runtime watcher's
-bound (scheduler + TCP probe), leaves it out and finishes on the other worker. ASHA queues the
-jobs it interrupted again from their checkpoints; Hyperband goes on with the diagonal in flight
-from its last checkpointed iteration. Iris, a small dense model."""
+"""A Dask worker that leaves the cluster during a search or an elastic ``fit_multiple`` (its
+process SIGKILLed) on a real 2-worker LocalCluster of the test's own: the job names it within
+the runtime watcher's bound (scheduler + TCP probe), leaves it out and finishes on the other
+worker. ASHA queues the jobs it interrupted again from their checkpoints; Hyperband goes on
+with the diagonal in flight from its last checkpointed iteration; ``fit_multiple(elastic=True)``
+resumes each model from its own last checkpoint on the remaining worker. Iris, a small dense
+model."""
 
 from __future__ import annotations
 
@@ -181,3 +183,47 @@ def test_hyperband_goes_on_without_a_departed_worker(env: dict[str, Any]) -> Non
     assert dropped == [1] * 11 + [2] * 2, dropped  # bracket 2: 6 + 2, bracket 1: 2, bracket 0: 3
     models = set(env["registry"].list_models()["name"])
     assert {f"dep_hb_{k}" for k in range(1, 16)} <= models
+
+
+def test_an_elastic_fit_multiple_goes_on_without_a_departed_worker(env: dict[str, Any]) -> None:
+    """Killed once a model has checkpointed iteration 2: every model resumes from its own last
+    checkpoint kept on worker-0 (or from its start) and trains every remaining iteration there;
+    the summary names worker-1 and the first iteration trained without it, and every
+    configuration is registered with MADlib's metrics at the last iteration."""
+    configs = [
+        {"mst_key": k, "model_id": env["arch"], "fit_params": "batch_size=8, epochs=2",
+         "compile_params": f"loss='categorical_crossentropy', optimizer='Adam(learning_rate="
+                           f"{lr})', metrics=['accuracy']"}
+        for k, lr in ((1, 0.003), (2, 0.01), (3, 0.03))
+    ]  # fmt: skip
+
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.fit_multiple(
+                "dep_iris", "dep_mop", configs, num_iterations=4, validation_set="dep_iris_val",
+                elastic=True, progress=True, registry=env["registry"], client=env["client"],
+            )  # fmt: skip
+
+    def checkpointed() -> bool:
+        found = pathlib.Path(env["state"]).glob("checkpoints/dep_mop-mop-*/*-2.npz.json")
+        return any(True for _ in found)
+
+    job = Background(run)
+    assert poll_for(lambda: job.done() or checkpointed(), 300), job.outcome
+    assert not job.done(), job.outcome
+    _kill_worker_1(env)
+    selection = job.result(600)
+    summary = selection.summary
+    assert summary["departed"] == ["worker-1"], summary
+    first = summary["departed_at_iterations"]["worker-1"]
+    assert 1 <= first <= 4, summary
+    # a model's checkpoints are on the worker of its last hop of each iteration: those on
+    # worker-0 resumed from them (MOP's rotation puts models 1 and 3 there)
+    assert max(summary["resumed_from_iterations"]) >= 1, summary
+    after = [(k, it, w) for k, it, w in summary["hop_workers"] if it >= first]
+    assert after and all(w == "worker-0" for _, _, w in after), summary["hop_workers"]
+    info = selection.info.set_index("mst_key")
+    assert list(info.index) == [1, 2, 3]
+    assert all(list(m) == [4] for m in info["metrics_iters"]), info["metrics_iters"]
+    models = set(env["registry"].list_models()["name"])
+    assert {"dep_mop_1", "dep_mop_2", "dep_mop_3"} <= models
