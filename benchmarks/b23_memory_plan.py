@@ -9,8 +9,8 @@ refuses jobs that would fit); the details give each worker's figures.
   :func:`dvml.training_preprocessor`: the plan's shared-memory bytes per vineyardd
   (:func:`dvml.plan.pack`) against the growth of each vineyardd's usage, as the vineyardd
   reports it.
-- B23a2, pack images: uint8 images (``compact=True``, the layout images are stored in), the
-  same figures.
+- B23a2, pack images: uint8 images (the default, compact layout: uint8 pixels and class
+  indices), the same figures.
 - B23a3 and B23a4, ``dvml.fit`` with ``sync="iteration"`` and ``sync="step"``: each machine's
   planned resident bytes (:func:`dvml.plan.fit`: its trainers' and, once, the zygote's they
   are forked from) against its peak: each trainer's private bytes sampled at every
@@ -345,7 +345,7 @@ def admission(context: dict[str, Any]) -> float:
     client = cluster.client
     before, kills = _usage(cluster), _oom_kills()
     free = sum(context["limit"] - used for used in before.values())
-    row_bytes = 4 * 64 + 4 * 10  # float32 x and one-hot float32 y
+    row_bytes = 4 * 64 + 1  # the default (compact) layout: float32 x, a uint8 class index
     seconds = []
     for factor in ATTEMPTS:
         rows = int(factor * free / row_bytes)
@@ -493,7 +493,6 @@ _IMAGES_USED, _IMAGES_PLANNED = _pack_sides(
         "y": "label",
         "x": "image",
         "normalizing_const": 255.0,
-        "compact": True,
         "name": PICTURES,
     }
 )

@@ -183,3 +183,16 @@ def test_a_missing_optional_peer_skips_rows_and_the_others_still_run() -> None:
     table = harness.render_table(rows)
     assert "| BB: t | - | - | - | ratio <= 1 | skipped |" in table
     assert "BC skipped: Run ./scripts/peer-y." in table.splitlines()
+
+
+@pytest.mark.cluster
+def test_quick_b17_is_met_by_default(tmp_path: pathlib.Path) -> None:
+    """B17 (issue 38 item 4): packed with no compact= argument, uint8 images take at most 1.05x
+    their raw bytes a row; the float32 layout (compact=False), reported beside, about 4x."""
+    rows = _quick_rows("B17a,B17b", tmp_path / "results")
+    assert set(rows) == {"B17a", "B17b"}
+    for row in rows.values():
+        assert row["met"], row
+        assert row["details"]["default storage"]["compact"] is True
+        assert row["details"]["float32 format ratio"] > 3.9
+    assert rows["B17a"]["dvml"] == 8 * 8 + 1  # uint8 pixels and a uint8 class index

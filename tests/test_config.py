@@ -99,6 +99,19 @@ def test_get_falls_back_to_config_when_the_keyword_is_none() -> None:
     assert config.get("registry.url") is None
 
 
+def test_compact_storage_is_the_default_and_can_be_turned_off() -> None:
+    # issue 38 item 4: packs store uint8 x and class indices unless told otherwise
+    assert config.defaults()["dvml"]["preprocess"]["compact"] is True
+    assert config.get("preprocess.compact") is True  # what compact=None resolves to
+    assert config.get("preprocess.compact", False) is False  # compact=False wins
+    with dask.config.set({"dvml.preprocess.compact": False}):
+        assert config.get("preprocess.compact") is False
+        assert config.get("preprocess.compact", True) is True
+    # the environment's spelling, as dask.config reads it at import
+    env = dask.config.collect_env({"DASK_DVML__PREPROCESS__COMPACT": "false"})
+    assert env == {"dvml": {"preprocess": {"compact": False}}}
+
+
 def test_get_reads_underscores_and_environment_style_keys() -> None:
     with dask.config.set({"dvml.cluster.start_timeout": 12}):
         assert config.get("cluster.start-timeout") == 12

@@ -240,9 +240,11 @@ def pack_source(
     if plan.dataset is not None:
         return plan.dataset
     if training_cache is None:
+        # stored as any pack is (compact by default: uint8 pixels, a quarter of float32);
+        # featurize normalizes each batch of raw pixels for the backbone
         return training_preprocessor(
             plan.raw, distribution_rules=distribution_rules or "all_workers", name=name,
-            overwrite=True, client=client, compact=False, **plan.preprocess_kwargs,
+            overwrite=True, client=client, **plan.preprocess_kwargs,
         )  # fmt: skip
     s = training_cache.summary
     # The images' side of the training cache, as validation_preprocessor reads a training set.

@@ -448,8 +448,9 @@ def memory_advice(needed: int, free: int, limit: int) -> str:
     at_least = -(-(used + needed) // 2**20) * 2**20  # rounded up to a MiB
     return (
         f"{_mib(used)} of the {_mib(limit)} are in use. A smaller buffer_size does not help (the "
-        "bytes are the same). What helps: compact=True (uint8 images stored as uint8, about a "
-        "quarter of float32); more target workers (distribution_rules), so each holds less; a "
+        "bytes are the same). What helps: compact=True, the default, if the pack passed "
+        "compact=False (uint8 images stored as uint8, about a quarter of float32); more target "
+        "workers (distribution_rules), so each holds less; a "
         f"larger vineyard_memory (at least {_mib(at_least)} here); or dropping datasets this "
         "vineyardd holds (dvml datasets list / drop). overwrite=True keeps the dataset it "
         "replaces until the new one is complete, so replacing needs room for both: drop the "

@@ -43,7 +43,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
 @pytest.fixture(scope="module")
 def env(cluster2: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
-    """An image folder and a packed dataset of the same kind of images on cluster2."""
+    """An image folder and a packed dataset of the same kind of images on cluster2, in the
+    float32 layout (compact=False: normalized pixels, one-hot labels, as the cache stores its
+    labels); the default, compact packing is featurized against it below."""
     client = cluster2.client
     tmp = tmp_path_factory.mktemp("features")
     folder = write_image_folder(tmp / "images", n_per_class=20)
@@ -54,6 +56,7 @@ def env(cluster2: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
         x="image",
         normalizing_const=255.0,
         name="fc_src",
+        compact=False,
         client=client,
     )
     before = dataset_names(client)
@@ -210,13 +213,13 @@ def test_features_stay_beside_their_images(env: dict[str, Any], cleanup: None) -
 def test_a_compact_source_gives_the_float32_sources_features(
     env: dict[str, Any], cleanup: None
 ) -> None:
-    """The same images packed compact (uint8 pixels, class indices) featurize to the same
-    cache as the float32 dataset: pixels normalized per batch, labels one-hot in the cache."""
+    """The same images packed with the default, compact layout (uint8 pixels, class indices)
+    featurize to the same cache as the float32 dataset: pixels normalized per batch, labels
+    one-hot in the cache."""
     client = env["client"]
     dvml.training_preprocessor(
         {"image": da.from_array(env["x"], chunks=40), "label": da.from_array(env["y"], chunks=40)},
-        y="label", x="image", normalizing_const=255.0, name="fc_src_compact", compact=True,
-        client=client,
+        y="label", x="image", normalizing_const=255.0, name="fc_src_compact", client=client,
     )  # fmt: skip
     packed = read_dataset(client, "fc_src_compact")
     assert all(b["x_0"].dtype == np.uint8 and b["y"].ndim == 1 for b in packed.values())

@@ -84,10 +84,16 @@ def test_worker_killed_during_featurization(
             assert mine["instance_id"] == theirs["instance_id"]  # still beside the images
         source, cached = read_dataset(client, "src"), read_dataset(client, "fc")
         model = heavy_backbone()
+        width = src.summary["y_shape"][0]
         for i, buf in source.items():
-            expected = np.asarray(model.predict_on_batch(buf["x_0"])).mean(axis=(1, 2))
+            # the source's default, compact layout: raw uint8 pixels, which the cache
+            # normalizes for the backbone, and class indices, which it stores one-hot
+            assert buf["x_0"].dtype == np.uint8 and buf["y"].ndim == 1
+            pixels = buf["x_0"].astype(np.float32) / np.float32(255.0)
+            expected = np.asarray(model.predict_on_batch(pixels)).mean(axis=(1, 2))
             np.testing.assert_allclose(cached[i]["x_0"], expected, rtol=1e-4, atol=1e-5)
-            np.testing.assert_array_equal(cached[i]["y"], buf["y"])
+            one_hot = np.eye(width, dtype=np.float32)[buf["y"].astype(np.int64)]
+            np.testing.assert_array_equal(cached[i]["y"], one_hot)
         dvml.features.drop("fc", client=client)
     else:
         # the one clean failure: the worker left more often than run_pinned retries, or did

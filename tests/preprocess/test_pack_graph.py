@@ -69,14 +69,16 @@ def test_1024_partitions_onto_4_workers(
         (ix, bx), (iy, by) = answer["objects"]
         assert ix == iy == b["instance_id"]
         assert len(bx) == len(by) == b["rows"] <= 300
-        blocks.append(np.hstack([bx, by]))
+        # the default, compact layout: float x as float32, y as uint8 class indices
+        assert bx.dtype == np.float32 and by.dtype == np.uint8 and by.ndim == 1
+        blocks.append(np.hstack([bx, by[:, None].astype(np.float32)]))
         rows[owner.name] = rows.get(owner.name, 0) + b["rows"]
     # Balance within one row over the 4 workers.
     assert sorted(rows) == ["worker-0", "worker-1", "worker-2", "worker-3"]
     assert max(rows.values()) - min(rows.values()) <= 1
     assert sum(rows.values()) == len(y_np) == ds.rows
     # The same rows as the source (the shuffle moves rows, never changes them).
-    want = np.hstack([x_np.astype(np.float32), np.eye(3, dtype=np.float32)[y_np]])
+    want = np.hstack([x_np.astype(np.float32), y_np[:, None].astype(np.float32)])  # classes 0-2
     np.testing.assert_array_equal(sort_rows(np.concatenate(blocks)), sort_rows(want))
 
     # The graph: O(P + W) tasks, as the model counts them.

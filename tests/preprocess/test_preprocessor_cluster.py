@@ -1,9 +1,10 @@
 """The preprocessors on a real LocalCluster: every source kind, every distribution rule kind.
 
 Each dataset is checked object by object: the vineyard instance of every member (read through
-a plain vineyard client on the owning worker), the numbers it holds (compared with arrays the
-test computes itself from the source), the balance of rows over the workers, and the global
-objects. Every test drops what it created, and checks that the vineyardds hold what they held
+a plain vineyard client on the owning worker), its stored type (the compact layout by default:
+uint8 sources as uint8, labels as class indices), the numbers it holds (compared with arrays
+the test computes itself from the source), the balance of rows over the workers, and the
+global objects. Every test drops what it created, and checks that the vineyardds hold what they held
 before.
 """
 
@@ -30,6 +31,11 @@ from tests.helpers import on_worker, snapshot
 pytestmark = pytest.mark.cluster
 
 TENSOR = "vineyard::Tensor<float>"
+
+
+def tensor_type(dtype: str) -> str:
+    """The vineyard typename of a tensor of numpy ``dtype``."""
+    return TENSOR if dtype == "float32" else f"vineyard::Tensor<{dtype}>"
 
 
 # -- worker-side probes (top-level, so they pickle by reference) ---------------------------
@@ -96,13 +102,17 @@ def normalized(x: np.ndarray, const: float) -> np.ndarray:
     return np.asarray(x).astype(np.float32) / np.float32(const)
 
 
-def read_dataset(cluster: dvml.LocalCluster, ds: dvml.Dataset) -> dict[str, Any]:
-    """Read every member of ``ds`` on the worker that owns it, checking where it lives.
+def read_dataset(
+    cluster: dvml.LocalCluster, ds: dvml.Dataset, types: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Read every member of ``ds`` on the worker that owns it, checking where it lives and
+    that its vineyard type is ``types[field]`` (default: every field a float32 tensor).
 
     Returns the fields concatenated in buffer order and the rows each worker holds.
     """
     owners = worker_by_instance(cluster)
     fields = sorted(ds.layout["fields"])
+    types = types or {f: TENSOR for f in fields}
     parts: dict[str, list[np.ndarray]] = {f: [] for f in fields}
     rows: dict[str, int] = {}
     for b in ds.layout["buffers"]:
@@ -114,7 +124,7 @@ def read_dataset(cluster: dvml.LocalCluster, ds: dvml.Dataset) -> dict[str, Any]
         for field, obj in zip(fields, answer["objects"], strict=True):
             # The metadata of every member names the instance of the worker that owns it.
             assert obj["instance_id"] == owner.vineyard_instance_id
-            assert obj["typename"] == TENSOR
+            assert obj["typename"] == types[field], (field, obj["typename"])
             assert list(obj["value"].shape) == b["fields"][field]["shape"]
             assert len(obj["value"]) == b["rows"]
             parts[field].append(obj["value"])
@@ -128,8 +138,21 @@ def check_dataset(
     targets: Sequence[str],
     xs: Sequence[np.ndarray],
     y: np.ndarray,
+    x_dtypes: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Placement, balance, global objects and a round trip of the numbers of ``ds``."""
+    """Placement, balance, global objects, the stored layout and a round trip of the numbers
+    of ``ds``.
+
+    ``xs`` and ``y`` are the rows as the model reads them (x float32 and normalized, y
+    one-hot). ``ds`` is in the default, compact layout: each x stored as ``x_dtypes`` (default
+    float32 each; "uint8" for a uint8 source, kept raw), y as uint8 class indices. The stored
+    values are decoded here (uint8 x divided by ``normalizing_const``, indices one-hot) and
+    returned as ``fields``; the raw ones as ``stored``.
+    """
+    x_dtypes = list(x_dtypes or ["float32"] * len(xs))
+    assert ds.summary["storage"] == {"compact": True, "x_dtypes": x_dtypes, "y": "index",
+                                     "y_dtype": "uint8"}  # fmt: skip
+    types = {f"x_{i}": tensor_type(d) for i, d in enumerate(x_dtypes)} | {"y": tensor_type("uint8")}
     owners = worker_by_instance(cluster)
     by_name = {w.name: w for w in owners.values()}
     # The buffers live exactly on the resolved workers' instances.
@@ -138,7 +161,7 @@ def check_dataset(
     resolved = ds.summary["distribution_rules"]["resolved"]
     assert sorted(r["name"] for r in resolved) == sorted(targets)
 
-    content = read_dataset(cluster, ds)
+    content = read_dataset(cluster, ds, types)
     # Balance: every target holds rows, and no two differ by more than one.
     assert set(content["rows"]) == set(targets)
     counts = list(content["rows"].values())
@@ -147,7 +170,14 @@ def check_dataset(
     assert ds.summary["rows_per_worker"] == content["rows"]
 
     # The numbers: the same multiset of (x, y) rows as computed here from the source.
-    fields = content["fields"]
+    stored = content["stored"] = content["fields"]
+    const, width = np.float32(ds.summary["normalizing_const"]), y.shape[1]
+    assert stored["y"].ndim == 1 and int(stored["y"].max()) < len(ds.summary["class_values"])
+    fields = content["fields"] = {
+        **{f"x_{i}": stored[f"x_{i}"].astype(np.float32) / const if d == "uint8"
+           else stored[f"x_{i}"] for i, d in enumerate(x_dtypes)},
+        "y": np.eye(width, dtype=np.float32)[stored["y"].astype(np.int64)],
+    }  # fmt: skip
     got = as_rows([fields[f"x_{i}"] for i in range(len(xs))], fields["y"])
     want = as_rows([x.astype(np.float32) for x in xs], y)
     assert got.dtype == np.float32
@@ -377,7 +407,8 @@ def test_image_folder_one_host(
     assert ds.summary["class_values"] == ["ant", "bee", "cow"]
     assert ds.summary["image_size"] == [6, 5] and ds.summary["channels"] == 3
     y = expected_one_hot(labels, ["ant", "bee", "cow"], 3)
-    check_dataset(cluster4, ds, ["worker-2", "worker-3"], [normalized(np.stack(images), 255.0)], y)
+    check_dataset(cluster4, ds, ["worker-2", "worker-3"], [normalized(np.stack(images), 255.0)], y,
+                  x_dtypes=["uint8"])  # fmt: skip
 
 
 def test_webdataset_tar_shards(
@@ -406,7 +437,7 @@ def test_webdataset_tar_shards(
     y = expected_one_hot(labels, classes, 4)
     check_dataset(
         cluster4, ds, ["worker-0", "worker-1", "worker-2", "worker-3"],
-        [normalized(np.stack(images), 255.0)], y,
+        [normalized(np.stack(images), 255.0)], y, x_dtypes=["uint8"],
     )  # fmt: skip
 
 
@@ -458,7 +489,7 @@ def test_webdataset_shards_from_s3(
     y = expected_one_hot(labels, classes, len(classes))
     check_dataset(
         cluster4, ds, ["worker-0", "worker-1", "worker-2", "worker-3"],
-        [normalized(np.stack(images), 255.0)], y,
+        [normalized(np.stack(images), 255.0)], y, x_dtypes=["uint8"],
     )  # fmt: skip
 
     # A list of shards (one gzipped, named as webdataset's own seed shards are) and the
@@ -527,7 +558,8 @@ def test_tables_and_images_from_s3(
     assert imgs.summary["class_values"] == ["cat", "dog", "eel"]
     labels = ["cat", "cat", "dog", "dog", "eel", "eel"]
     check_dataset(cluster4, imgs, ["worker-3"], [pixels.astype(np.float32)],
-                  expected_one_hot(labels, ["cat", "dog", "eel"], 3))  # fmt: skip
+                  expected_one_hot(labels, ["cat", "dog", "eel"], 3),
+                  x_dtypes=["uint8"])  # fmt: skip
 
 
 def test_a_store_that_dies_during_a_pack_fails_it_once_naming_the_url(
@@ -624,8 +656,9 @@ def test_local_directories_by_content(
 def test_compact_storage_uint8_and_class_indices(
     cluster4: dvml.LocalCluster, clean_vineyard4: list[str], tmp_path: pathlib.Path
 ) -> None:
-    """compact=True: a plain vineyard client reads uint8 pixels and class indices; a model
-    evaluates the same on the compact and the float32 packing of the same shards."""
+    """Compact storage is the default (no compact= argument): a plain vineyard client reads
+    uint8 pixels and class indices; a model evaluates the same on the compact and the float32
+    (compact=False) packing of the same shards."""
     import json as json_
 
     rng = np.random.default_rng(31)
@@ -644,9 +677,9 @@ def test_compact_storage_uint8_and_class_indices(
     kwargs = {"image_size": (4, 3), "normalizing_const": 255.0, "num_classes": 6,
               "distribution_rules": ["worker-0", "worker-2"],
               "client": cluster4.client}  # fmt: skip
-    compact = dvml.training_preprocessor(str(tmp_path / "c-0.tar"), name="pp_compact",
-                                         compact=True, **kwargs)  # fmt: skip
-    plain = dvml.training_preprocessor(str(tmp_path / "c-0.tar"), name="pp_float", **kwargs)
+    compact = dvml.training_preprocessor(str(tmp_path / "c-0.tar"), name="pp_compact", **kwargs)
+    plain = dvml.training_preprocessor(str(tmp_path / "c-0.tar"), name="pp_float",
+                                       compact=False, **kwargs)  # fmt: skip
     assert compact.summary["storage"] == {"compact": True, "x_dtypes": ["uint8"], "y": "index",
                                           "y_dtype": "uint8"}  # fmt: skip
     assert plain.summary["storage"] == {"compact": False, "y": "one_hot"}

@@ -71,7 +71,8 @@ def assert_nothing_left(cluster: dvml.LocalCluster, name: str, before: dict[int,
 
 
 def content(cluster: dvml.LocalCluster, ds: dvml.Dataset) -> dict[str, Any]:
-    """Rows per worker, class values and the sorted rows of a dataset (read on its owners)."""
+    """Rows per worker, class values and the sorted rows of a dataset (read on its owners), in
+    the model's terms whatever the layout: x float32 and normalized, y one-hot."""
     workers = {w.vineyard_instance_id: w for w in cluster.refresh()}
     rows: dict[str, int] = {}
     blocks = []
@@ -81,6 +82,10 @@ def content(cluster: dvml.LocalCluster, ds: dvml.Dataset) -> dict[str, Any]:
         x, y = cluster.client.submit(
             read_local, ids, workers=[owner.address], allow_other_workers=False, pure=False
         ).result(timeout=120)
+        if x.dtype == np.uint8:  # the compact layout keeps uint8 x raw: normalize it here
+            x = x.astype(np.float32) / np.float32(ds.summary["normalizing_const"])
+        if y.ndim == 1:  # the compact layout's class indices: one-hot, as the trainers read y
+            y = np.eye(ds.summary["y_shape"][0], dtype=np.float32)[y.astype(np.int64)]
         blocks.append(np.hstack([x.reshape(len(y), -1), y]))
         rows[owner.name] = rows.get(owner.name, 0) + b["rows"]
     matrix = np.concatenate(blocks)
@@ -305,11 +310,17 @@ def small_cluster() -> Iterator[dvml.LocalCluster]:
 
 
 def _float_rows(n: int, width: int = 256, seed: int = 1) -> dict[str, Any]:
-    """``n`` rows of float64 x (stored as float32: 4 * (width + 4) bytes a row, 4 classes)."""
+    """``n`` rows of float64 x and 4 classes, :func:`_row_bytes` each once packed."""
     return {
         "x": da.random.default_rng(seed).random((n, width), chunks=(8192, width)),
         "y": da.random.default_rng(seed + 1).integers(0, 4, size=n, chunks=8192),
     }
+
+
+def _row_bytes(width: int) -> int:
+    """Bytes of one packed row of :func:`_float_rows` in the default (compact) layout: x as
+    float32 (the source is float64, not uint8), y one uint8 class index."""
+    return 4 * width + 1
 
 
 def _as_frame(rows: dict[str, Any]) -> tuple[Any, list[list[str]]]:
@@ -333,7 +344,8 @@ def _pack_keys(stream: Any) -> list[str]:
 )
 def test_vineyardd_without_room(small_cluster: dvml.LocalCluster, buffer_size: int | None) -> None:
     """48 MiB for a 32 MiB vineyardd: refused by the memory plan, whatever the buffer size,
-    with the plan's numbers, no put elsewhere, nothing left over.
+    with the plan's numbers (of the default, compact layout), no put elsewhere, nothing left
+    over.
     """
     client = small_cluster.client
     n, width = 49152, 256  # 48 MiB of float32 x
@@ -348,12 +360,12 @@ def test_vineyardd_without_room(small_cluster: dvml.LocalCluster, buffer_size: i
     assert isinstance(error, VineyardMemoryError)  # callers catching the old error still do
     row = error.plan.rows[0]
     assert row.workers == ("worker-0",) and len(error.plan.rows) == 1
-    assert row.needed == n * 4 * (width + 4)
+    assert row.needed == n * _row_bytes(width) == 50_380_800
     assert row.limit == 32 * 2**20 and row.free < row.needed
     text = str(error)
     assert "'pp_full' does not fit" in text and "Nothing was written" in text
-    assert f"Received: {n} rows of {4 * (width + 4)} bytes (48.8 MiB" in text
-    assert "worker-0 (vineyardd" in text and "needs 48.8 MiB" in text and "of 32.0 MiB" in text
+    assert f"Received: {n} rows of {_row_bytes(width)} bytes (48.0 MiB, compact layout)" in text
+    assert "worker-0 (vineyardd" in text and "needs 48.0 MiB" in text and "of 32.0 MiB" in text
     assert "vineyard_memory: at least" in text and "more target workers" in text
     # Never a silent put on the other worker; nothing was put at all.
     assert_nothing_left(small_cluster, "pp_full", before)
@@ -384,7 +396,7 @@ def test_a_source_larger_than_shared_memory_is_refused_before_it_is_read(
     text = str(info.value)
     assert "'pp_huge' does not fit" in text and "Nothing was written" in text
     assert (
-        f"Received: {n} rows of {4 * width} bytes (96.0 MiB, float32 layout, the inputs "
+        f"Received: {n} rows of {4 * width} bytes (96.0 MiB, compact layout, the inputs "
         "alone, counted before reading the source)" in text
     ), text
     assert_nothing_left(small_cluster, "pp_huge", before)
@@ -409,10 +421,10 @@ def test_oversubscribed_pack_is_refused_before_a_write(small_cluster: dvml.Local
                                      client=client)  # fmt: skip
         assert _pack_keys(stream) == []
         assert snapshot(small_cluster) == before
-        assert not planned.fits and planned.row_bytes == 4 * (256 + 4)
+        assert not planned.fits and planned.row_bytes == _row_bytes(256)
         assert {r.workers[0]: r.fits for r in planned.rows} == {"worker-0": False,
                                                                 "worker-1": True}  # fmt: skip
-        assert list(planned.table()["needed"]) == [24576 * 4 * (256 + 4)] * 2
+        assert list(planned.table()["needed"]) == [24576 * _row_bytes(256)] * 2
         with get_task_stream(client=client) as stream, pytest.raises(MemoryPlanError) as info:
             dvml.training_preprocessor(
                 _float_rows(49152), y="y", x="x", name="pp_over", client=client

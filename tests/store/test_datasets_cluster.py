@@ -67,7 +67,8 @@ def test_list_describe_exists_drop(cluster4: dvml.LocalCluster, clean_vineyard4:
     assert sorted(mine.index) == ["ds_first", "ds_second"]
     assert mine.loc["ds_first", "rows"] == 30 and mine.loc["ds_second", "rows"] == 21
     assert mine.loc["ds_first", "workers"] == 2 and mine.loc["ds_second", "workers"] == 4
-    assert mine.loc["ds_first", "nbytes"] == first.nbytes == 30 * 4 * (2 + 3)
+    # the default, compact layout: 2 float32 x and a uint8 class index a row
+    assert mine.loc["ds_first", "nbytes"] == first.nbytes == 30 * (4 * 2 + 1)
     assert (mine["kind"] == "dataset").all()
     assert list(table["name"]) == sorted(table["name"])  # sorted by name
 

@@ -66,7 +66,7 @@ def iris_mult() -> pd.DataFrame:
 def test_madlib_multi_io_pipeline(cluster2: dvml.LocalCluster, tmp_path: Any) -> None:
     client = cluster2.client
     frame = iris_mult()
-    made = ["iris_mult_packed", "iris_mult_val", "iris_mult_packed_c"]
+    made = ["iris_mult_packed", "iris_mult_val", "iris_mult_packed_f"]
     with dask.config.set({"dvml.cluster.state-dir": str(tmp_path / "state")}):
         registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
         try:
@@ -94,12 +94,14 @@ def _pipeline(client: Any, registry: dvml.Registry, frame: pd.DataFrame) -> None
         frame, "class_text, class_text2", ["attributes", "attributes2"],
         training="iris_mult_packed", name="iris_mult_val", client=client,
     )  # fmt: skip
-    # the compact storage keeps each output's class indices
-    compact = dvml.training_preprocessor(
-        frame, DEPS, ["attributes", "attributes2"], normalizing_const=255, compact=True,
-        name="iris_mult_packed_c", client=client,
+    # the default, compact storage keeps each output's class indices; compact=False stores
+    # each output one-hot (fit_multiple trains on that one below, fit and automl on this one)
+    assert s["storage"]["compact"] and s["storage"]["ys"] == ["index", "index"]
+    plain = dvml.training_preprocessor(
+        frame, DEPS, ["attributes", "attributes2"], normalizing_const=255, compact=False,
+        name="iris_mult_packed_f", client=client,
     )  # fmt: skip
-    assert compact.summary["storage"]["ys"] == ["index", "index"]
+    assert plain.summary["storage"] == {"compact": False, "y": "one_hot"}
 
     # -- fit with validation: total loss, and per output ---------------------------------
     arch = dvml.load_keras_model(multi_io_json(), name="iris_multi", registry=registry)
@@ -168,7 +170,7 @@ def _pipeline(client: Any, registry: dvml.Registry, frame: pd.DataFrame) -> None
     assert warm.summary["warm_start"]
     assert np.isfinite(warm.summary["class_text2_training_loss_final"])
 
-    # -- fit_multiple (MADlib refuses multi-io here) on the compact set -------------------
+    # -- fit_multiple (MADlib refuses multi-io here) on the float32 set -------------------
     table = pd.DataFrame(
         {
             "mst_key": [1, 2],
@@ -178,7 +180,7 @@ def _pipeline(client: Any, registry: dvml.Registry, frame: pd.DataFrame) -> None
         }
     )
     selection = dvml.fit_multiple(
-        "iris_mult_packed_c", "iris_mop", table, num_iterations=1, progress=False,
+        "iris_mult_packed_f", "iris_mop", table, num_iterations=1, progress=False,
         registry=registry, client=client,
     )  # fmt: skip
     assert len(selection.info) == 2
