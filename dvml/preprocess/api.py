@@ -145,12 +145,10 @@ def training_preprocessor(
         Tar shards: the extension of the label (default ``"cls"``, decoded as an int as
         webdataset does). A ``txt`` member is a caption and is used only when asked for.
     compact : bool, optional
-        Store uint8 x as uint8 (not normalized) and y as class indices (the smallest unsigned
-        type), about a quarter of the float32 format; readers normalize and one-hot encode on
-        the fly (:mod:`dvml.resolve`). Default: config ``dvml.preprocess.compact`` (true).
-        ``compact=False`` stores the float32 format: x normalized float32, y one-hot float32
-        (what plain-vineyard readers that expect it need). The summary's ``storage`` records
-        the format.
+        uint8 x stays uint8 and y is stored as class indices (a quarter of the float32
+        format; readers normalize and one-hot encode on the fly). Default: config
+        ``dvml.preprocess.compact`` (true). False: x normalized and y one-hot, float32 (for
+        plain-vineyard readers). The summary's ``storage`` records the format.
     source_files : list of str, optional
         The files ``source``'s rows were read from, when ``source`` is a DataFrame of them
         (e.g. one part of a split): the version's source records these files (sizes, times)
