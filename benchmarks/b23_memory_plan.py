@@ -191,9 +191,9 @@ def _fit_wall(context: dict[str, Any]) -> float:
 
 def _fit_wall_without_the_plan(context: dict[str, Any]) -> float:
     """B23c's baseline: that wall less what planning and accounting cost, measured directly
-    (the median of 5): the memory plan as the fit makes it (each host's room read by one task
-    per host, :func:`dvml.train.trainer_memory.fit_memory_plan`), the admission's reservation
-    on the scheduler and its release, and the samples of its one iteration (each trainer
+    (the median of 5): the memory plan as the fit makes it (each host's room read from the
+    workers' heartbeats, :func:`dvml.train.trainer_memory.fit_memory_plan`), the admission's
+    reservation on the scheduler and its release, and the samples of its one iteration (each trainer
     samples in parallel; this process's sample stands for one). The placement and the
     model's parameters the plan reads are the fit's own work, with or without a plan: left
     out."""

@@ -52,7 +52,7 @@ def fit(
     """The memory plan of ``dvml.fit(training_set, ..., arch_id, compile_params, fit_params)``.
 
     Takes :func:`dvml.fit`'s arguments (those that change its memory) and checks them as it
-    does, then reads each trainer host's room (one task per host). Starts no trainer.
+    does, then reads each trainer host's room (from the workers' heartbeats). Starts no trainer.
 
     Returns
     -------
@@ -86,7 +86,7 @@ def fit_multiple(
 
     Takes :func:`dvml.fit_multiple`'s arguments that change its memory (``configs``: a stored
     model selection table's name, the table, or its rows) and checks them as it does, then
-    reads each trainer host's room (one task per host). Starts no trainer.
+    reads each trainer host's room (from the workers' heartbeats). Starts no trainer.
 
     Returns
     -------
