@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distributed.client import FutureCancelledError
@@ -140,6 +140,9 @@ class AshaDriver:
         The search's name (its models are ``f"{model_output}_{trial_id}"``).
     save_journal : callable
         ``save_journal(text)`` stores the journal in the registry.
+    memory_configs : list of dict, optional
+        The trainer configurations the job is admitted by (its memory plan, before any trainer
+        starts: :func:`dvml.search.search_memory.bounding_configs`); None: not planned.
     check : callable, optional
         Called after each hop; raises to stop the search (``Lease.check``: a dataset dropped
         with ``force=True`` under it).
@@ -159,6 +162,7 @@ class AshaDriver:
         name: str | None = None,
         description: str | None = None,
         check: Callable[[], None] = lambda: None,
+        memory_configs: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         self.client, self.reg, self.job, self.search = client, reg, job, search
         # raises when the search must stop (its dataset lease broken by a forced drop): asked
@@ -191,8 +195,10 @@ class AshaDriver:
         self.resumed_from: dict[int, int] = {}  # trial -> the checkpointed iteration restored
         self.trained = 0  # model-iterations this run trained
         self.stopping = False
+        # admitted by the plan of max_configs of the space's largest configurations
         self.hop = HopJob(client, job, model_output, kind="asha", key=self.key,
-                          started_at=self.started - self.offset)  # fmt: skip
+                          started_at=self.started - self.offset,
+                          configs=memory_configs)  # fmt: skip
         self.hopper = self.hop.hopper
         self.checkpoint_dir = self.hop.checkpoint_dir
 

@@ -328,6 +328,7 @@ def _asha(
     driver = AshaDriver(
         client, reg, job, search, args.output, save, progress=progress,
         resumed=journal is not None, name=name, description=description, check=check,
+        memory_configs=bounding_configs(reg, space, job, parsed.max_configs),
     )  # fmt: skip
     # the key of the search's checkpoints (its datasets' contents, workers, parameters): a
     # resume on other data would find none and train its models again from scratch
@@ -338,11 +339,10 @@ def _asha(
     if journal is not None and recorded is not None and recorded != driver.key:
         was = (running or {}).get("checkpoint_data") or {}
         differ = sorted(
-            f"{part}.{field}"
-            for part in identity
+            f"{part}.{field}" for part in identity
             for field in {*(identity[part] or {}), *(was.get(part) or {})}
             if (identity[part] or {}).get(field) != (was.get(part) or {}).get(field)
-        )
+        )  # fmt: skip
         raise ArgumentError(
             f"resume=True but search {args.output!r} was started on other datasets or "
             f"workers: its checkpoints are keyed {recorded!r}, these datasets and workers give "

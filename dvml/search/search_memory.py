@@ -1,12 +1,12 @@
-"""The configurations that bound a model search's memory plan (Hyperband, hyperopt).
+"""The configurations that bound a model search's memory plan (Hyperband, hyperopt, ASHA).
 
 A search draws its configurations as it runs, but its space is known before any trainer
 starts: the architectures, the optimizers and the batch sizes it can draw. Its hopper job
 (:class:`~dvml.train.hop_job.HopJob`) is planned on the space's *largest* points: one per
 architecture and optimizer entry, each at the largest ``batch_size`` the space allows
 (:func:`largest_points`), repeated up to the number of configurations the search trains
-(every one is kept compiled in each trainer it visits). ASHA, whose number of trials has no
-bound known up front, is not planned.
+(every one is kept compiled in each trainer it visits): Hyperband's and hyperopt's count, and
+ASHA's ``max_configs`` (the most trials it starts; a ``time_budget_s`` may stop it sooner).
 """
 
 from __future__ import annotations
