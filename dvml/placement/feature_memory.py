@@ -40,7 +40,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from dvml.placement.fit_memory import HostRoom
+from dvml.placement.fit_memory import HostRoom, room_line
 from dvml.placement.memory import PlanRow, VineyarddRoom, format_size
 
 if TYPE_CHECKING:
@@ -154,13 +154,8 @@ class FeatureHostRow:
         return self.with_margin <= self.room.room
 
     def line(self) -> str:
-        missing = self.with_margin - self.room.room
-        state = "fits" if self.fits else f"short by {format_size(missing)}"
-        return (
-            f"host {self.host}: {len(self.workers)} Dask worker(s) grow by "
-            f"{format_size(self.needed)} ({format_size(self.with_margin)} with the "
-            f"{self.margin:.0%} margin), {format_size(self.room.room)} available: {state}"
-        )
+        what = f"{len(self.workers)} Dask worker(s) grow by"
+        return room_line(self.host, what, self.needed, self.with_margin, self.margin, self.room)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,6 +53,7 @@ __all__ = [
     "optimizer_slots",
     "plan_fit",
     "plan_fixes",
+    "room_line",
 ]
 
 _MiB = 2**20
@@ -308,14 +309,21 @@ class HostRow:
         return self.with_margin <= self.room.room
 
     def line(self) -> str:
-        missing = self.with_margin - self.room.room
-        state = "fits" if self.fits else f"short by {format_size(missing)}"
         zygote = f" and their zygote {format_size(self.zygote)}" if self.zygote else ""
-        return (
-            f"host {self.host}: {len(self.trainers)} trainer(s){zygote} need "
-            f"{format_size(self.needed)} ({format_size(self.with_margin)} with the "
-            f"{self.margin:.0%} margin), {format_size(self.room.room)} available: {state}"
-        )
+        what = f"{len(self.trainers)} trainer(s){zygote} need"
+        return room_line(self.host, what, self.needed, self.with_margin, self.margin, self.room)
+
+
+def room_line(
+    host: str, what: str, needed: int, with_margin: int, margin: float, room: HostRoom
+) -> str:
+    """A host's line of a plan: what its processes need, with the margin, against its room."""
+    short = with_margin - room.room
+    state = "fits" if short <= 0 else f"short by {format_size(short)}"
+    return (
+        f"host {host}: {what} {format_size(needed)} ({format_size(with_margin)} with the "
+        f"{margin:.0%} margin), {format_size(room.room)} available: {state}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
