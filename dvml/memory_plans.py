@@ -1,7 +1,7 @@
 """``dvml.plan``: a job's memory plan, computed as the job would, without doing the job.
 
-:func:`fit`, :func:`fit_multiple` and :func:`pack` are :mod:`dvml.train.plans`'; this module
-adds :func:`features`, the plan of a feature cache (:mod:`dvml.features` and
+:func:`fit`, :func:`fit_multiple`, :func:`run` and :func:`pack` are :mod:`dvml.train.plans`';
+this module adds :func:`features`, the plan of a feature cache (:mod:`dvml.features` and
 :mod:`dvml.train` are siblings, so the namespace that holds both sits above them).
 """
 
@@ -19,14 +19,14 @@ from dvml.features.lookup import source_workers
 from dvml.features.source import pack_source, plan_source
 from dvml.placement.feature_memory import FeatureMemoryPlan
 from dvml.preprocess.admission import Planned, planning_only
-from dvml.train.plans import fit, fit_multiple, pack
+from dvml.train.plans import fit, fit_multiple, pack, run
 
 if TYPE_CHECKING:
     from distributed import Client
 
     from dvml.registry import Registry
 
-__all__ = ["features", "fit", "fit_multiple", "pack"]
+__all__ = ["features", "fit", "fit_multiple", "pack", "run"]
 
 
 def features(
