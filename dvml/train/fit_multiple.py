@@ -56,6 +56,8 @@ from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, JobArgs, dataset_key, job_key, model_spec, now, place_job
 from dvml.train.runtime.watcher import departed_workers, describe_departure
+from dvml.train.stragglers import hop_timings
+from dvml.train.stragglers import run_summary as straggler_summary
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -491,6 +493,7 @@ def _register(
     # each trainer's and host's planned resident bytes and their peaks at the hops' ends
     samples = ((r["worker"], r.get("resident_bytes"), r.get("zygote_bytes")) for r in records)
     run_summary.update(memory_summary(memory, samples, float(config.get("memory.margin"))))
+    run_summary.update(straggler_summary(hop_timings(records)))  # the worker that held it back
     try:
         reg.save_model_selection_run(plan.model_output, tables.models, tables.info, run_summary)
     except RegistryError as exc:  # a full disk, a lock: the training itself is not lost

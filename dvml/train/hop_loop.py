@@ -13,6 +13,7 @@ runtime's watcher.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dvml.cluster.workers import WorkerInfo
 from dvml.train.hop_schedule import hop_schedule
 from dvml.train.runtime.hopper import ModelHopper
+from dvml.train.stragglers import cumulative, describe, hop_timings, stragglers
 
 if TYPE_CHECKING:
     from distributed import Future
@@ -90,15 +92,10 @@ def run_iterations(
                 if due:
                     eval_futures[(k, at)] = evals
                 checkpoints[t].append(hopper.checkpoint(k, at, per_model[k], evals, holder[k]))
+        progress = _Progress(hopper, label, len(keys), iterations[-1])
         for t in iterations:
             hopper.wait(checkpoints[t])
-            if label is not None:
-                line = (
-                    f"[{label}] iteration {t}/{iterations[-1]}: {len(keys)} models "
-                    f"({time.time() - float(hopper.job['started_at']):.1f}s)"
-                )
-                logger.info(line)
-                print(line, flush=True)
+            progress.iteration_done(t, record_futures)
         # fetched under the watcher: a worker that departs now holds results Dask cannot
         # compute again
         flat = [f for futures in eval_futures.values() for f in futures]
@@ -117,3 +114,31 @@ def run_iterations(
         hopper.cancel()
         raise
     return records, evals_out
+
+
+class _Progress:
+    """One progress line per iteration (none without a ``label``), naming the worker whose
+    hops are slower than the others' so far (:mod:`dvml.train.stragglers`)."""
+
+    def __init__(self, hopper: ModelHopper, label: str | None, models: int, last: int) -> None:
+        self.hopper, self.label, self.models, self.last = hopper, label, models, last
+        self.fetched = 0
+        self.records: list[dict[str, Any]] = []
+
+    def iteration_done(self, t: int, record_futures: list[Future]) -> None:
+        if self.label is None:
+            return
+        elapsed = time.time() - float(self.hopper.job["started_at"])
+        line = f"[{self.label}] iteration {t}/{self.last}: {self.models} models ({elapsed:.1f}s)"
+        # the records of the hops done by now (iteration t's checkpoints waited on them); a
+        # departure leaves them out: the final fetch raises it
+        done = list(itertools.takewhile(lambda f: f.done(), record_futures[self.fetched :]))
+        values, gone = self.hopper.fetch(done) if done else ([], [])
+        if not gone:
+            self.records += values
+            self.fetched += len(done)
+        slow = stragglers(cumulative(hop_timings(self.records)))
+        if slow:
+            line += f"; straggler: {describe(slow[0], averaging=False)}"
+        logger.info(line)
+        print(line, flush=True)

@@ -39,7 +39,8 @@ Why this rule:
   job is still named after its first iteration.
 
 The fit names stragglers after each iteration in its progress line, and in its summary
-over the whole run (:func:`run_summary`).
+over the whole run (:func:`run_summary`). ``fit_multiple`` does the same from its hops
+(:func:`hop_timings`): each worker's training seconds per step over the models it trained.
 
 With ``sync="step"`` every step's all-reduce is inside TensorFlow's train function: the
 trainers report no waiting of their own, their step times are equal and no one is named
@@ -61,6 +62,7 @@ __all__ = [
     "by_iteration",
     "cumulative",
     "describe",
+    "hop_timings",
     "run_summary",
     "stragglers",
     "timings_of",
@@ -166,14 +168,37 @@ def by_iteration(messages: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]
     return [timings_of(grouped[i]) for i in sorted(grouped)]
 
 
-def describe(straggler: Straggler) -> str:
-    """One phrase for a progress line: who, how much slower, and the split."""
+def describe(straggler: Straggler, averaging: bool = True) -> str:
+    """One phrase for a progress line: who, how much slower, and the split (``averaging``:
+    with its wait in the averaging; a model hopper's trainers do not average)."""
+    waited = (
+        f"; it waited {straggler.waiting_step_seconds:.3f} s/step in the averaging"
+        if averaging
+        else ""
+    )
     return (
         f"{straggler.worker} is {straggler.ratio:.1f}x slower than the others "
         f"({straggler.step_seconds:.3f} s/step of input+compute vs "
-        f"{straggler.others_step_seconds:.3f}; it waited "
-        f"{straggler.waiting_step_seconds:.3f} s/step in the averaging)"
+        f"{straggler.others_step_seconds:.3f}{waited})"
     )
+
+
+def hop_timings(records: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]]:
+    """A model hopper's hop records (``iteration``, ``worker``, ``train_s``, ``steps``) →
+    each worker's timing per iteration, in order: its hops' seconds and steps summed.
+
+    In the MOP schedule every worker trains every model once per iteration, so the sums of
+    one iteration are the same work on each worker (models of different sizes included); a
+    hop trainer waits in no averaging. Records without ``steps`` count one step per hop.
+    """
+    sums: dict[int, dict[str, list[float]]] = {}
+    for r in records:
+        total = sums.setdefault(int(r["iteration"]), {}).setdefault(str(r["worker"]), [0, 0.0])
+        total[0] += int(r.get("steps") or 1)
+        total[1] += float(r.get("train_s") or 0.0)
+    return [
+        [TrainerTiming(w, int(n), secs) for w, (n, secs) in sums[i].items()] for i in sorted(sums)
+    ]
 
 
 def cumulative(per_iteration: Sequence[Sequence[TrainerTiming]]) -> list[TrainerTiming]:

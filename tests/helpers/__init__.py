@@ -60,6 +60,7 @@ from tests.helpers.processes import (
     pid_gone,
 )
 from tests.helpers.trainers import (
+    half_speed,
     inference_trainers,
     job_trainers,
     standby_trainers,
@@ -93,6 +94,7 @@ __all__ = [
     "digits_job",
     "dvml_command",
     "execute_notebook",
+    "half_speed",
     "inference_trainers",
     "iris_frame",
     "iris_mlp",

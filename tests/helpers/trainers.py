@@ -17,9 +17,12 @@ local directory (a standby) or in a job directory below it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable
+import signal
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import psutil
@@ -28,6 +31,7 @@ __all__ = [
     "STANDBY",
     "TRAINER_MODULES",
     "forked_trainers",
+    "half_speed",
     "inference_trainers",
     "job_trainers",
     "standby_trainers",
@@ -164,3 +168,38 @@ def _below(path: str, directory: str) -> bool:
 def worker_trainers(cluster: Any, worker: str | None = None, **fields: Any) -> list[int]:
     """The trainers (:func:`job_trainers`) of a LocalCluster's workers, or of ``worker`` only."""
     return job_trainers(worker_descendants(cluster, worker), **fields)
+
+
+def _duty_cycle(cluster: Any, worker: str, fields: dict[str, Any], stop: threading.Event) -> None:
+    pids: list[int] = []
+    while not stop.is_set() and not pids:
+        pids = worker_trainers(cluster, worker, **fields)
+        stop.wait(0.02)
+    while not stop.is_set() and pids:
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            stop.wait(0.05)
+        except ProcessLookupError:  # the trainer is done: nothing left to slow
+            return
+        finally:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        stop.wait(0.05)
+
+
+@contextlib.contextmanager
+def half_speed(cluster: Any, worker: str, **fields: Any) -> Iterator[None]:
+    """Slow ``worker``'s trainers of the job with ``fields`` (:func:`job_trainers`) to about
+    half speed for the ``with`` block: stopped 50 ms of every 100 (the first ones found)."""
+    stop = threading.Event()
+    slower = threading.Thread(target=_duty_cycle, args=(cluster, worker, fields, stop))
+    slower.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        slower.join()

@@ -27,6 +27,7 @@ from dvml.exceptions import (
 )
 from tests.helpers import (
     cnn,
+    half_speed,
     keras,
     pid_gone,
     poll_for,
@@ -301,28 +302,6 @@ def test_byom_with_the_same_weights_predicts_the_same_classes(
     )
 
 
-def _duty_cycle(cluster: Any, model: str, stop: threading.Event) -> None:
-    """Slow worker-1's trainer of ``model`` to about half speed: stopped 50 ms of every 100."""
-    pids: list[int] = []
-    while not stop.is_set() and not pids:
-        pids = worker_trainers(cluster, "worker-1", model=model)
-        stop.wait(0.02)
-    while not stop.is_set() and pids:
-        try:
-            for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
-            stop.wait(0.05)
-        except ProcessLookupError:  # the trainer is done: nothing left to slow
-            return
-        finally:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-        stop.wait(0.05)
-
-
 def test_fit_names_the_slow_trainer_and_an_even_fit_none(
     env: dict[str, Any], cluster2: Any, trained: dict[str, Any], capsys: Any
 ) -> None:
@@ -336,10 +315,8 @@ def test_fit_names_the_slow_trainer_and_an_even_fit_none(
     ]
     # the same fit with worker-1's trainer at half speed: worker-1 is named from iteration 1,
     # not worker-0, which waits for it in the averaging
-    stop, seen = threading.Event(), list[dict[str, Any]]()
-    slower = threading.Thread(target=_duty_cycle, args=(cluster2, "straggler_cnn", stop))
-    slower.start()
-    try:
+    seen: list[dict[str, Any]] = []
+    with half_speed(cluster2, "worker-1", model="straggler_cnn"):
         s = run_fit(
             env,
             "straggler_cnn",
@@ -348,9 +325,6 @@ def test_fit_names_the_slow_trainer_and_an_even_fit_none(
             on_iteration=seen.append,
             progress=True,
         ).summary
-    finally:
-        stop.set()
-        slower.join()
     assert s["straggler_worker"] == "worker-1", s["trainer_step_seconds"]
     assert s["straggler_ratio"] > 1.5 and s["straggler_iterations"] >= 1, s
     assert [x["worker"] for x in seen[0]["stragglers"]] == ["worker-1"], seen[0]

@@ -18,7 +18,7 @@ import pytest
 import dvml
 from dvml.exceptions import ArgumentTypeError, FitRunningError, MemoryPlanError, TrainerFailedError
 from dvml.placement.memory import format_size
-from tests.helpers import Background, cnn, pid_gone, poll_for, worker_trainers
+from tests.helpers import Background, cnn, half_speed, pid_gone, poll_for, worker_trainers
 from tests.helpers.clusters import tls_environment
 from tests.helpers.jobs import dvml_command
 
@@ -110,6 +110,25 @@ def test_every_model_visits_every_partition_each_iteration(
         visits[(k, it)].add(worker)
     assert all(v == {"worker-0", "worker-1"} for v in visits.values()), visits
     assert s["moving_seconds"] > 0 and s["moved_bytes"] > 0
+    # each worker's training seconds per step over its hops (the straggler rule's figures)
+    assert sorted(s["trainer_step_seconds"]) == ["worker-0", "worker-1"]
+    assert all(v > 0 for v in s["trainer_step_seconds"].values()), s["trainer_step_seconds"]
+    assert {"straggler_worker", "straggler_ratio", "straggler_iterations"} <= set(s)
+
+
+def test_a_slow_worker_is_named_in_the_progress_line_and_the_summary(
+    env: dict[str, Any], cluster2: Any, capsys: Any
+) -> None:
+    # worker-1's hop trainer at half speed: its seconds per step over the models it trained
+    # stand out from the first iteration (issue 37 item 1 for fit_multiple)
+    table = configs(env["arch"], lrs=(0.003, 0.01))
+    table["fit_params"] = "batch_size=32,epochs=4"  # ~0.5 s of work per hop to fall behind
+    with half_speed(cluster2, "worker-1", model_output="mop_slow"):
+        s = run(env, "mop_slow", table, progress=True).summary
+    assert s["straggler_worker"] == "worker-1", s["trainer_step_seconds"]
+    assert s["straggler_ratio"] > 1.5 and s["straggler_iterations"] >= 1, s
+    lines = [x for x in capsys.readouterr().out.splitlines() if "iteration 1/2" in x]
+    assert len(lines) == 1 and "; straggler: worker-1 is " in lines[0], lines
 
 
 def test_info_has_one_row_per_configuration(selection: dvml.ModelSelection) -> None:

@@ -9,6 +9,7 @@ from dvml.train.stragglers import (
     by_iteration,
     cumulative,
     describe,
+    hop_timings,
     run_summary,
     stragglers,
     timings_of,
@@ -79,6 +80,24 @@ def test_timings_come_from_iteration_messages_grouped_by_iteration() -> None:
     ]
     # a trainer older than the `steps` field counts one step per iteration
     assert timings_of([{"worker": "w", "fit_seconds": 1.0}]) == [T("w", 1, 1.0, 0.0)]
+
+
+def test_hop_records_sum_each_workers_hops_per_iteration() -> None:
+    # fit_multiple: two models, two workers; worker-1 takes twice as long for the same steps
+    records = [
+        {"iteration": it, "worker": w, "mst_key": k, "train_s": secs, "steps": 5}
+        for it in (1, 2)
+        for k in (1, 2)
+        for w, secs in (("worker-0", 0.5), ("worker-1", 1.0))
+    ] + [{"iteration": 3, "worker": "worker-0", "train_s": 0.2}]  # an old record: no steps
+    per_iteration = hop_timings(records)
+    assert per_iteration[0] == [T("worker-0", 10, 1.0), T("worker-1", 10, 2.0)]
+    assert per_iteration[2] == [T("worker-0", 1, 0.2)]
+    (slow,) = stragglers(cumulative(per_iteration[:2]))
+    assert slow.worker == "worker-1" and slow.ratio == pytest.approx(2.0)
+    text = describe(slow, averaging=False)
+    assert text.startswith("worker-1 is 2.0x slower") and "averaging" not in text
+    assert run_summary(per_iteration[:2])["straggler_iterations"] == 2
 
 
 def test_run_summary_names_the_slow_trainer_of_the_run() -> None:

@@ -486,12 +486,12 @@ def train_hop(
     if not isinstance(answer, Trained):
         raise TrainerFailedError(f"A trainer answered {answer!r} to a train command.{_RERUN}")
     record = {
-        "mst_key": mst_key,
-        "iteration": iteration,
+        "mst_key": mst_key, "iteration": iteration,
         "worker": str(get_worker().name),
         "pid": _SESSIONS[job["job_id"]].trainer.proc.pid,
         "fit_loss": answer.fit_loss,
         "train_s": answer.train_s,
+        "steps": answer.steps,  # the straggler rule's unit (dvml.train.stragglers)
         # moving the model: the Dask transfer here plus loading and saving its state
         "moving_s": moved + answer.load_s + answer.save_s,
         "transfer_s": moved,
@@ -502,7 +502,7 @@ def train_hop(
         "task_s": time.perf_counter() - started,
         # wall clock, from the client's start of this run (an earlier run's, once resumed)
         "elapsed": time.time() - float(job["started_at"]),
-    }
+    }  # fmt: skip
     try:  # dvml's dashboard page shows the hop (best effort: the hop is done either way)
         get_worker().log_event(f"dvml-hop-{job['job_id']}", {"kind": "hop", **record})
     except Exception:
