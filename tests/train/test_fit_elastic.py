@@ -1,0 +1,124 @@
+"""An elastic fit (``dvml.fit(..., elastic=True)``, issue 37 item 4) on a real 2-worker
+LocalCluster of the test's own: worker-1's Dask worker process is SIGKILLed once iteration 1
+is checkpointed; its vineyardd (and its buffers) still run. The fit goes on with worker-0 from
+the last iteration it checkpointed, after copying worker-1's buffers onto it, finishes every
+iteration and registers the model; the summary names the departure and the trainers of every
+iteration after it held (and trained once per epoch) all the dataset's rows, by their own
+count. Digits, a dense net, ``sync="iteration"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import pytest
+
+import dvml
+from dvml.examples import digits_frame
+from tests.helpers import Background, poll_for
+from tests.helpers.models import keras
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.003)'"
+FIT = "batch_size=32, epochs=3"
+ITERATIONS = 5
+
+
+def _dense() -> Any:
+    k = keras()
+    return k.Sequential(
+        [
+            k.layers.InputLayer(input_shape=(8, 8, 1)),
+            k.layers.Flatten(),
+            k.layers.Dense(10, activation="softmax"),
+        ]
+    )
+
+
+@pytest.fixture
+def env(local_cluster: Any, tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
+    """A 2-worker LocalCluster of the test's own (a killed worker's Nanny starts a new worker
+    process: it must be closed with the test), digits packed on it in 8 buffers, a registry."""
+    frame = digits_frame()
+    settings = {"dvml.cluster.state-dir": str(tmp_path / "state")}
+    cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
+    client = cluster.client
+    with dask.config.set(settings):
+        train = dvml.training_preprocessor(
+            frame.iloc[:1500], y="label", x="pixels", normalizing_const=16.0, buffer_size=200,
+            name="el_digits", client=client,
+        )  # fmt: skip
+        dvml.validation_preprocessor(
+            frame.iloc[1500:], y="label", x="pixels", training="el_digits", name="el_val",
+            client=client,
+        )  # fmt: skip
+    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    arch = dvml.load_keras_model(_dense().to_json(), name="dense", registry=registry)
+    yield {"cluster": cluster, "client": client, "registry": registry, "arch": arch,
+           "state": tmp_path / "state", "settings": settings, "rows": train.rows}  # fmt: skip
+    registry.close()
+
+
+def _checkpointed(state: pathlib.Path, iteration: int) -> bool:
+    """Whether a trainer of the fit has checkpointed ``iteration`` (or a later one)."""
+    for meta in state.glob("checkpoints/el_model-*/*.npz.json"):
+        try:
+            if json.loads(meta.read_text())["iteration"] >= iteration:
+                return True
+        except (OSError, ValueError, KeyError):
+            continue
+    return False
+
+
+def test_an_elastic_fit_goes_on_without_a_departed_worker_and_keeps_its_rows(
+    env: dict[str, Any],
+) -> None:
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.fit(
+                "el_digits", "el_model", env["arch"], COMPILE, FIT, num_iterations=ITERATIONS,
+                validation_set="el_val", sync="iteration", elastic=True, on_iteration=seen,
+                registry=env["registry"], client=env["client"],
+            )  # fmt: skip
+
+    job = Background(run)
+    assert poll_for(lambda: job.done() or _checkpointed(env["state"], 1), 300), job.outcome
+    assert not job.done(), job.outcome
+    os.kill(env["cluster"].processes()["dask worker worker-1"], signal.SIGKILL)
+    killed = time.monotonic()
+    model = job.result(300)
+    took = time.monotonic() - killed
+    summary = model.summary
+    assert summary["departed"] == ["worker-1"], summary
+    first = summary["departed_at_iterations"]["worker-1"]
+    assert 2 <= first <= ITERATIONS, summary
+    # every iteration ran (this call trained them all) and the model is registered, with its
+    # metrics at the last iteration
+    assert [i for i, _ in summary["rows_per_epoch"]] == list(range(1, ITERATIONS + 1)), summary
+    assert summary["metrics_iters"] == [ITERATIONS], summary
+    assert summary["validation_loss_final"] is not None, summary
+    assert "el_model" in set(env["registry"].list_models()["name"])
+    # worker-1's rows were copied from its vineyardd onto worker-0, none left out
+    (departure,) = summary["departures"]
+    assert departure["training"]["path"] == "copied", departure
+    assert summary["repinned_rows"] > 0 and summary["rows_left_out"] == 0, summary
+    assert summary["repin_seconds"] > 0
+    assert departure["validation"]["path"] in {"copied", "none"}, departure
+    # rows trained per epoch, from the trainers' own counts: the whole dataset in every
+    # iteration this call trained, before the departure (two trainers) and after it (one)
+    rows = dict(summary["rows_per_epoch"])
+    assert all(rows[i] == env["rows"] for i in range(first, ITERATIONS + 1)), (rows, env["rows"])
+    assert rows[1] == env["rows"], rows
+    # the dataset now lives on worker-0 only, same rows (a repin version)
+    ds = dvml.datasets.describe("el_digits", client=env["client"])
+    assert {b["worker_name"] for b in ds.layout["buffers"]} == {"worker-0"}
+    assert ds.rows == env["rows"] and "repin" in ds.versions[-1]["source"]
+    print(f"elastic fit finished {took:.1f}s after the kill; departure {departure}")
