@@ -149,8 +149,8 @@ class ElasticRun:
         them), ``training`` and ``validation`` (the re-pin of each dataset,
         :func:`dvml.preprocess.repin.repin`).
     rows_per_epoch : dict of int to int
-        Iteration -> the rows its trainers held and trained once per epoch (the sum of the
-        rows each trainer reported it resolved), for every iteration this call trained.
+        Iteration -> the rows its trainers trained on once per epoch, as they reported them
+        (:class:`_Tally`), for every iteration this call trained.
     """
 
     results: list[dict[str, Any]]
@@ -161,31 +161,45 @@ class ElasticRun:
 
 
 class _Tally:
-    """Forwards the trainers' events; counts the rows each run's trainers resolved and the
-    iterations all of them finished."""
+    """Forwards the trainers' events and counts the rows each iteration trained on.
+
+    An iteration's rows are the sum of the rows its trainers report in their iteration
+    records (:class:`~dvml.train.runtime.protocol.Iteration` ``rows``). A trainer killed just
+    after an iteration it trained may never report it: the iterations every survivor
+    checkpointed were trained by every trainer of that run (their averaging, or every step's
+    all-reduce, needs all of them), so :meth:`settle` counts them with the rows each trainer
+    reported it resolved (:class:`~dvml.train.runtime.protocol.Resolved`)."""
 
     def __init__(self, forward: Callable[[Any], None]) -> None:
         self.forward, self.lock = forward, threading.Lock()
-        self.rows: dict[str, int] = {}
-        self.finished: dict[int, set[str]] = {}
+        self.reported: dict[int, dict[str, int]] = {}
+        self.resolved: dict[str, int] = {}
         self.n = 0
         self.trained: dict[int, int] = {}
 
     def begin(self, n: int) -> None:
         with self.lock:
-            self.rows, self.finished, self.n = {}, {}, n
+            self.reported, self.resolved, self.n = {}, {}, n
+
+    def settle(self, first: int, last: int) -> None:
+        """Iterations ``first`` to ``last`` of this run were trained by all its trainers."""
+        with self.lock:
+            for i in range(first, last + 1):
+                if i not in self.trained and len(self.resolved) == self.n:
+                    self.trained[i] = sum(self.resolved.values())
 
     def __call__(self, event: Any) -> None:
         _, message = event
         kind, worker = message.get("kind"), str(message.get("worker"))
         with self.lock:
             if kind == "resolved":
-                self.rows[worker] = int(message.get("rows", 0))
-            elif kind == "iteration":
-                done = self.finished.setdefault(int(message["iteration"]), set())
-                done.add(worker)
-                if len(done) == self.n and len(self.rows) == self.n:
-                    self.trained[int(message["iteration"])] = sum(self.rows.values())
+                self.resolved[worker] = int(message["rows"])
+            elif kind == "iteration" and message.get("rows") is not None:
+                iteration = int(message["iteration"])
+                rows = self.reported.setdefault(iteration, {})
+                rows[worker] = int(message["rows"])
+                if len(rows) == self.n:
+                    self.trained[iteration] = sum(rows.values())
         self.forward(event)
 
 
@@ -221,7 +235,9 @@ def run_elastic(
                 raise
             departure = _repin(client, job, gone, survivors)
             resumed = find_elastic_checkpoint(client, survivors, job.checkpoint_dir, job.key)
+            began = start
             start, blob, hist = resumed if resumed is not None else initial
+            tally.settle(began, start - 1)
             departure["at_iteration"] = start
             departures.append(departure)
             workers = survivors
@@ -274,13 +290,13 @@ def _split(client: Client, job: ElasticJob, workers: list[WorkerInfo]) -> tuple[
 
 
 def _rows_of(results: list[dict[str, Any]]) -> dict[int, int]:
-    """Iteration -> the rows of the trainers that ran it (their reported local rows)."""
+    """Iteration -> the rows its trainers reported they trained on (each once per epoch)."""
     rows: dict[int, int] = {}
     for r in results:
         for record in r["iterations"]:
-            if record.get("kind", "iteration") == "iteration":
+            if record.get("rows") is not None:
                 i = int(record["iteration"])
-                rows[i] = rows.get(i, 0) + int(r["local_rows"])
+                rows[i] = rows.get(i, 0) + int(record["rows"])
     return rows
 
 

@@ -522,9 +522,11 @@ class _Progress:
         self.named_over: set[str] = set()  # trainers already named over their memory plan
 
     def regroup(self, workers: list[Any]) -> None:
-        """The trainers of an elastic fit's next run: iterations wait for these only."""
+        """The trainers of an elastic fit's next run: iterations wait for these only, and
+        stragglers are named among them (a departed trainer's figures are not compared)."""
         self.names, self.n = {w.address: w.name for w in workers}, len(workers)
         self.pending.clear()
+        self.timings.clear()
 
     def _over_plan(self, named: list[dict[str, Any]]) -> list[str]:
         """A line's note for each trainer over its memory plan (once per trainer)."""

@@ -4,12 +4,13 @@ is checkpointed; its vineyardd (and its buffers) still run. The fit goes on with
 the last iteration it checkpointed, after copying worker-1's buffers onto it, finishes every
 iteration and registers the model; the summary names the departure and the trainers of every
 iteration after it held (and trained once per epoch) all the dataset's rows, by their own
-count. Digits, a dense net, ``sync="iteration"``.
+count. Digits, a dense net, ``sync="iteration"`` and ``sync="step"``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -67,6 +68,15 @@ def env(local_cluster: Any, tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
     registry.close()
 
 
+class _Lines(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def _checkpointed(state: pathlib.Path, iteration: int) -> bool:
     """Whether a trainer of the fit has checkpointed ``iteration`` (or a later one)."""
     for meta in state.glob("checkpoints/el_model-*/*.npz.json"):
@@ -78,26 +88,37 @@ def _checkpointed(state: pathlib.Path, iteration: int) -> bool:
     return False
 
 
+@pytest.mark.parametrize("sync", ["iteration", "step"])
 def test_an_elastic_fit_goes_on_without_a_departed_worker_and_keeps_its_rows(
-    env: dict[str, Any],
+    env: dict[str, Any], sync: str
 ) -> None:
+    """Model averaging (the survivors' weights averaged by rows) and a MultiWorkerMirrored
+    strategy started again on the survivors: both go on from the checkpoint."""
+
     def run(seen: Any) -> Any:
         with dask.config.set(env["settings"]):
             return dvml.fit(
                 "el_digits", "el_model", env["arch"], COMPILE, FIT, num_iterations=ITERATIONS,
-                validation_set="el_val", sync="iteration", elastic=True, on_iteration=seen,
+                validation_set="el_val", sync=sync, elastic=True, on_iteration=seen,
                 registry=env["registry"], client=env["client"],
             )  # fmt: skip
 
-    job = Background(run)
+    lines: list[str] = []
+    handler = _Lines(lines)
+    logging.getLogger("dvml.train").addHandler(handler)
+    records: list[dict[str, Any]] = []
+    job = Background(lambda seen: run(records.append))
     assert poll_for(lambda: job.done() or _checkpointed(env["state"], 1), 300), job.outcome
     assert not job.done(), job.outcome
     os.kill(env["cluster"].processes()["dask worker worker-1"], signal.SIGKILL)
     killed = time.monotonic()
-    model = job.result(300)
+    try:
+        model = job.result(300)
+    finally:
+        logging.getLogger("dvml.train").removeHandler(handler)
     took = time.monotonic() - killed
     summary = model.summary
-    assert summary["departed"] == ["worker-1"], summary
+    assert summary["departed"] == ["worker-1"] and summary["sync"] == sync, summary
     first = summary["departed_at_iterations"]["worker-1"]
     assert 2 <= first <= ITERATIONS, summary
     # every iteration ran (this call trained them all) and the model is registered, with its
@@ -121,4 +142,9 @@ def test_an_elastic_fit_goes_on_without_a_departed_worker_and_keeps_its_rows(
     ds = dvml.datasets.describe("el_digits", client=env["client"])
     assert {b["worker_name"] for b in ds.layout["buffers"]} == {"worker-0"}
     assert ds.rows == env["rows"] and "repin" in ds.versions[-1]["source"]
+    # the progress records after the departure compare only the trainers that run
+    after = [r for r in records if r["iteration"] >= first]
+    assert after and not any(r["stragglers"] for r in after), after
+    # the departure is logged with what was copied
+    assert any("going on with ['worker-0']" in line for line in lines), lines
     print(f"elastic fit finished {took:.1f}s after the kill; departure {departure}")
