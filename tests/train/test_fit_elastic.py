@@ -148,3 +148,43 @@ def test_an_elastic_fit_goes_on_without_a_departed_worker_and_keeps_its_rows(
     # the departure is logged with what was copied
     assert any("going on with ['worker-0']" in line for line in lines), lines
     print(f"elastic fit finished {took:.1f}s after the kill; departure {departure}")
+
+
+def test_an_elastic_fit_whose_departed_host_took_its_rows_says_how_many_were_left_out(
+    env: dict[str, Any],
+) -> None:
+    """The whole host goes (its vineyardd is killed with the worker): its rows cannot be
+    copied, the fit goes on with worker-0's rows only and the summary says how many rows were
+    left out from which iteration (never silently)."""
+
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.fit(
+                "el_digits", "el_model", env["arch"], COMPILE, FIT, num_iterations=ITERATIONS,
+                sync="iteration", elastic=True, progress=False, registry=env["registry"],
+                client=env["client"],
+            )  # fmt: skip
+
+    held = _rows_on(env, "worker-1")
+    job = Background(run)
+    assert poll_for(lambda: job.done() or _checkpointed(env["state"], 1), 300), job.outcome
+    assert not job.done(), job.outcome
+    pids = env["cluster"].processes()
+    os.kill(pids["vineyardd of worker-1"], signal.SIGKILL)
+    os.kill(pids["dask worker worker-1"], signal.SIGKILL)
+    summary = job.result(300).summary
+    assert summary["departed"] == ["worker-1"], summary
+    first = summary["departed_at_iterations"]["worker-1"]
+    (departure,) = summary["departures"]
+    assert departure["training"]["path"] == "left_out", departure
+    assert "does not answer" in departure["training"]["left_out_reason"], departure
+    assert summary["repinned_rows"] == 0 and summary["rows_left_out"] == held > 0, summary
+    assert summary["rows_left_out_from_iteration"] == first, summary
+    rows = dict(summary["rows_per_epoch"])
+    assert all(rows[i] == env["rows"] - held for i in range(first, ITERATIONS + 1)), rows
+    assert rows[1] == env["rows"], rows
+
+
+def _rows_on(env: dict[str, Any], worker: str) -> int:
+    ds = dvml.datasets.describe("el_digits", client=env["client"])
+    return sum(b["rows"] for b in ds.layout["buffers"] if b["worker_name"] == worker)
