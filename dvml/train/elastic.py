@@ -210,12 +210,13 @@ def run_elastic(
     weights_blob: bytes | None,
     history: list[dict[str, Any]],
     on_event: Callable[[Any], None],
-    regroup: Callable[[list[WorkerInfo]], None],
+    regroup: Callable[[list[WorkerInfo], str], None],
 ) -> ElasticRun:
     """Run ``job``'s trainers to its last iteration, going on without workers that leave.
 
-    ``regroup`` is told the trainers of each new run (the progress collector's). Raises what
-    :func:`run_lockstep` raises, except a departure that leaves a worker to go on with.
+    ``regroup`` is told the trainers of each new run and why (the progress collector's).
+    Raises what :func:`run_lockstep` raises, except a departure that leaves a worker to go
+    on with.
     """
     workers, batch, steps = list(job.workers), list(job.per_worker_batch), job.steps_per_epoch
     initial = (start_iteration, weights_blob, list(history))
@@ -242,12 +243,10 @@ def run_elastic(
             departures.append(departure)
             workers = survivors
             batch, steps = _split(client, job, workers)
-            logger.warning(
-                "%s; going on with %s from iteration %d (elastic=True): %s",
-                exc.args[0].split(". ")[0], [w.name for w in workers], start,
-                _describe(departure),
-            )  # fmt: skip
-            regroup(workers)
+            line = (f"{exc.args[0].split('. ')[0]}; going on with {[w.name for w in workers]} "
+                    f"from iteration {start} (elastic=True): {_describe(departure)}")  # fmt: skip
+            logger.warning(line)
+            regroup(workers, line)
             continue
         trained = dict(tally.trained)
         for i, rows in _rows_of(results).items():

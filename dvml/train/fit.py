@@ -521,9 +521,12 @@ class _Progress:
         self.planned: dict[str, int] = dict(planned or {})
         self.named_over: set[str] = set()  # trainers already named over their memory plan
 
-    def regroup(self, workers: list[Any]) -> None:
-        """The trainers of an elastic fit's next run: iterations wait for these only, and
-        stragglers are named among them (a departed trainer's figures are not compared)."""
+    def regroup(self, workers: list[Any], why: str) -> None:
+        """The trainers of an elastic fit's next run (``why``: the departure, printed with
+        the progress lines): iterations wait for these only, and stragglers are named among
+        them (a departed trainer's figures are not compared)."""
+        if self.echo:
+            print(f"[dvml.fit {self.model}] {why}", flush=True)
         self.names, self.n = {w.address: w.name for w in workers}, len(workers)
         self.pending.clear()
         self.timings.clear()
