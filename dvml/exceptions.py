@@ -34,6 +34,7 @@ received, and what to do next.
     ├── ModelMismatchError (ValueError)     data and architecture do not fit each other
     └── TrainingError                       a trainer failed
         ├── TrainerFailedError              one trainer process died or raised
+        │   └── WorkerDepartedError         a trainer's worker left the cluster
         ├── TrainerStoppedError             dvml stopped a trainer (a peer failed, a timeout,
         │                                   its client went away)
         └── ProtocolError                   a trainer line that is not a known message
@@ -44,6 +45,8 @@ are for arguments no specific class covers. ``tests/test_error_contract.py`` fai
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "ArgumentError",
@@ -75,6 +78,7 @@ __all__ = [
     "TrainingError",
     "VineyardMemoryError",
     "VineyarddDiedError",
+    "WorkerDepartedError",
 ]
 
 
@@ -198,6 +202,16 @@ class TrainingError(DvmlError):
 
 class TrainerFailedError(TrainingError):
     """A trainer process died or raised; the message names its worker."""
+
+
+class WorkerDepartedError(TrainerFailedError):
+    """Workers of a job left the cluster during training (the host died, was cut off, or the
+    worker was killed); ``workers`` lists them (:class:`dvml.WorkerInfo`), so that an elastic
+    job can go on without them."""
+
+    def __init__(self, message: str, workers: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.workers: list[Any] = list(workers or [])
 
 
 class TrainerStoppedError(TrainingError):

@@ -204,6 +204,7 @@ def test_exception_tree() -> None:
             "TrainingError",
             "VineyardMemoryError",
             "VineyarddDiedError",
+            "WorkerDepartedError",
         ]
     )
     for name in exceptions.__all__:

@@ -52,7 +52,6 @@ FUNCTION_CEILINGS: dict[str, int] = {
     "dvml/search/driver.py::_asha": 62,
     "dvml/search/simulation.py::simulate_asha": 64,
     "dvml/store/catalog.py::publish": 70,
-    "dvml/train/fit.py::fit": 75,
     "dvml/train/predict.py::_predict": 66,
     "dvml/train/predict.py::predict_byom": 64,
     "dvml/train/run.py::run": 72,

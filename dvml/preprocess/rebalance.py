@@ -46,17 +46,27 @@ from dvml.store.tensors import put_arrays
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["PENDING", "free_pending", "read_fields", "rebalance", "write_fields"]
+__all__ = [
+    "PENDING",
+    "copy_and_publish",
+    "free_pending",
+    "move_record",
+    "read_fields",
+    "rebalance",
+    "write_fields",
+]
 
 PENDING = "rebalance_pending_free"
 """Summary key: old copies of moved buffers kept for leased readers, by vineyard instance."""
 
 
-def read_fields(ids: dict[str, int]) -> dict[str, np.ndarray]:
-    """Copies of this worker's tensors ``ids`` (field → object id), to send to another worker."""
+def read_fields(ids: dict[str, int], socket: str | None = None) -> dict[str, np.ndarray]:
+    """Copies of this worker's tensors ``ids`` (field → object id), to send to another worker;
+    with ``socket``, of the tensors of the vineyardd listening there (a re-pin reads a departed
+    worker's daemon from another worker of its machine)."""
     from dvml.resolve.by_id import read_buffer
 
-    return {field: np.array(read_buffer(oid)) for field, oid in ids.items()}
+    return {field: np.array(read_buffer(oid, socket)) for field, oid in ids.items()}
 
 
 def write_fields(arrays: dict[str, np.ndarray], staged_as: str) -> dict[str, Any]:
@@ -102,7 +112,7 @@ def rebalance(name: str, client: Client | None = None) -> dict[str, Any]:
                for b in dataset.layout["buffers"]]  # fmt: skip
     plan = plan_rebalance(buffers, [w.address for w in targets], kind)
     result: dict[str, Any] = {
-        "moves": [_move_record(m) for m in plan.moves],
+        "moves": [move_record(m) for m in plan.moves],
         "bytes_moved": plan.bytes_moved,
         "share_bytes": plan.share_bytes,
         "new_workers": list(plan.new_workers),
@@ -114,7 +124,7 @@ def rebalance(name: str, client: Client | None = None) -> dict[str, Any]:
     if not plan.moves:
         return result
     by_address = {w.address: w for w in workers}
-    published, old = _copy_and_publish(client, dataset, plan.moves, by_address, result, leased)
+    published, old = copy_and_publish(client, dataset, plan.moves, by_address, result, leased)
     if leased:  # readers may hold views on the old copies: freed by a later rebalance or drop
         result["pending_free"] = sum(len(b["fields"]) for b in old["buffers"])
     else:
@@ -123,15 +133,22 @@ def rebalance(name: str, client: Client | None = None) -> dict[str, Any]:
     return result
 
 
-def _copy_and_publish(
+def copy_and_publish(
     client: Client,
     dataset: Dataset,
     moves: Any,
     by_address: dict[str, Any],
     result: dict[str, Any],
     leased: bool,
+    readers: dict[str, tuple[str, str | None]] | None = None,
+    kind: str = "rebalance",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Copy the moved buffers, publish the next version; return it and the old copies' layout."""
+    """Copy the moved buffers, publish the next version; return it and the old copies' layout.
+
+    ``readers``: for a move's source that is no live worker (a re-pin's departed one), the
+    worker that reads its buffers and the socket of the vineyardd it reads them from. ``kind``
+    names the publication in the version record's source (``"rebalance"``, ``"repin"``).
+    """
     import uuid
 
     run_id = uuid.uuid4().hex[:16]
@@ -141,7 +158,8 @@ def _copy_and_publish(
         futures = []
         for m in moves:
             ids = {f: int(v["id"]) for f, v in by_index[m.buffer]["fields"].items()}
-            read = client.submit(read_fields, ids, workers=[m.source],
+            reader, socket = (readers or {}).get(m.source, (m.source, None))
+            read = client.submit(read_fields, ids, socket, workers=[reader],
                                  allow_other_workers=False, pure=False)  # fmt: skip
             futures.append(client.submit(
                 write_fields, read, staging_name(run_id, m.buffer, 0), workers=[m.target],
@@ -170,7 +188,7 @@ def _copy_and_publish(
                 int(f["id"]) for f in b["fields"].values()
             )
         summary[PENDING] = kept
-        source = {"rebalance": {"moves": result["moves"], "bytes_moved": result["bytes_moved"]}}
+        source = {kind: {"moves": result["moves"], "bytes_moved": result["bytes_moved"]}}
         published = run_on(client, None, catalog.publish, dataset.name, dataset.kind, summary,
                            layout, True, run_id, dataset.id, source)  # fmt: skip
     except BaseException:
@@ -182,7 +200,8 @@ def _copy_and_publish(
     return published, {**layout, "buffers": old_buffers}
 
 
-def _move_record(m: Any) -> dict[str, Any]:
+def move_record(m: Any) -> dict[str, Any]:
+    """A :class:`~dvml.placement.move_plan.Move` as results and version records list it."""
     return {"buffer": m.buffer, "from": m.source, "to": m.target, "rows": m.rows,
             "nbytes": m.nbytes}  # fmt: skip
 

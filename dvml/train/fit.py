@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import current_client
-from dvml.exceptions import RegistryError, TrainingError
+from dvml.exceptions import ArgumentTypeError, RegistryError, TrainingError
 from dvml.placement.fit_memory import FitMemoryPlan
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
@@ -19,6 +19,14 @@ from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import fit_run
+from dvml.train.elastic import (
+    ElasticJob,
+    ElasticRun,
+    elastic_summary,
+    find_elastic_checkpoint,
+    fit_key,
+    run_elastic,
+)
 from dvml.train.fit_admission import admitted
 from dvml.train.job_scalars import JobScalars, iteration_scalars
 from dvml.train.memory_use import memory_summary, over_plan
@@ -32,8 +40,6 @@ from dvml.train.runtime.plan import (
     Job,
     JobArgs,
     batch_split,
-    dataset_key,
-    job_key,
     model_spec,
     now,
     place_job,
@@ -77,6 +83,7 @@ def fit(
     tensorboard_dir: str | None = None,
     augment: Any = None,
     sync: str | int | None = None,
+    elastic: bool = False,
     resume: bool = True,
     seed: int | None = None,
     timeout: float | None = None,
@@ -140,6 +147,16 @@ def fit(
         are averaged, weighted by the trainers' row counts. An int ``k``: average every ``k``
         steps (local SGD). Default (config ``dvml.train.sync``, null = automatic): ``"step"``
         when ``use_gpus=True`` and every trainer has a GPU, else ``"iteration"``.
+    elastic : bool
+        Go on without a worker that leaves during the fit (its process or host dies), in any
+        sync mode: its buffers are copied from its vineyardd (still running when only the
+        worker process died) onto the other trainers, which resume from the last iteration
+        they all checkpointed and train every row once per epoch to ``num_iterations``
+        (:mod:`dvml.train.elastic`). Rows whose vineyardd is gone too are left out and counted.
+        The summary says what happened: ``departed``, ``departed_at_iterations``,
+        ``repinned_rows``, ``repin_seconds``, ``rows_left_out``, ``rows_per_epoch``,
+        ``departures``. Default False: the fit fails naming the worker, and the same call
+        resumes from its last iteration.
     resume : bool
         Resume from the checkpoint of an interrupted run of the same job, if there is one.
     timeout : float, optional
@@ -157,6 +174,8 @@ def fit(
         The registered model: ``.summary`` has every field of MADlib's fit summary.
     """
     requested_sync = check_sync(config.get("train.sync", check_sync(sync)))
+    if not isinstance(elastic, bool):
+        raise ArgumentTypeError(f"elastic must be True or False. Received: elastic={elastic!r}.")
     reg = open_registry(registry)
     if not (warm_start or overwrite) and model_exists(reg, model):
         check_outputs_free(reg, "dvml.fit", model,
@@ -174,6 +193,7 @@ def fit(
         plan = _plan(
             reg, client, args, arch_id=arch_id, compile_params=compile_params,
             fit_params=fit_params, tensorboard_dir=tensorboard_dir, sync=requested_sync,
+            elastic=elastic,
         )  # fmt: skip
         # Refused before any trainer starts when the trainers do not fit their hosts, alone or
         # beside the running jobs (whose memory reservations it then shares). One fit per model
@@ -181,34 +201,76 @@ def fit(
         # held until the model is saved; refused with the running job's name.
         lock = holding_model(config.state_dir(), model, plan.key)
         with admitted(client, plan.memory, model, int(plan.fit_params["batch_size"])), lock:
-            start_iteration, weights_blob, history = _resume(client, plan, resume)
-            scalars = JobScalars(tensorboard_dir) if tensorboard_dir else None
-            collector = _Progress(
-                {w.address: w.name for w in plan.job.workers},
-                model, num_iterations, on_iteration, progress, scalars, _planned(plan),
-            )  # fmt: skip
-            start = now()
-            try:
-                results = run_lockstep(
-                    client, plan.job.workers, _job(plan, start_iteration, history),
-                    plan.per_worker_batch, weights_blob, collector, plan.job.timeout,
-                )  # fmt: skip
-            finally:
-                if scalars is not None:
-                    scalars.close()
-            end = now()
-            iterations = _aggregate(history, results)
-            summary = _summary(
-                plan, results, iterations, start, end, start_iteration, name, description
-            )
-            lease.check()  # a dataset dropped with force=True: fail, register nothing
-            _save(reg, plan, results, summary, iterations)
-            clear_checkpoints(client, plan.job.workers, plan.checkpoint_dir)
+            _train(client, reg, plan, resume, (on_iteration, progress), (name, description), lease)
     trained = Model(model, reg)
     log_models_saved(client, [(model, trained.summary)], "dvml.fit")
     if tracking_uri() is not None:  # the run in MLflow, when the user asked for it
         log_run(fit_run(trained.summary), "dvml.fit")
     return trained
+
+
+def _train(
+    client: Client,
+    reg: Registry,
+    plan: _Plan,
+    resume: bool,
+    reporting: tuple[Callable[[dict[str, Any]], None] | None, bool],
+    text: tuple[str | None, str | None],
+    lease: Any,
+) -> None:
+    """Resume, run the trainers (elastic or not), register the model, clear the checkpoints."""
+    start_iteration, weights_blob, history = _resume(client, plan, resume)
+    scalars = JobScalars(plan.tensorboard_dir) if plan.tensorboard_dir else None
+    collector = _Progress(
+        {w.address: w.name for w in plan.job.workers}, plan.model, plan.job.args.num_iterations,
+        reporting[0], reporting[1], scalars, _planned(plan),
+    )  # fmt: skip
+    start = now()
+    try:
+        run = _run(client, plan, start_iteration, weights_blob, history, collector)
+    finally:
+        if scalars is not None:
+            scalars.close()
+    end = now()
+    iterations = _aggregate(run.history, run.results)
+    summary = _summary(plan, run.results, iterations, start, end, start_iteration, *text)
+    if plan.elastic:
+        summary.update(elastic_summary(run))
+    lease.check()  # a dataset dropped with force=True: fail, register nothing
+    _save(reg, plan, run.results, summary, iterations)
+    clear_checkpoints(client, run.workers, plan.checkpoint_dir)
+
+
+def _run(
+    client: Client,
+    plan: _Plan,
+    start_iteration: int,
+    weights_blob: bytes | None,
+    history: list[dict[str, Any]],
+    collector: _Progress,
+) -> ElasticRun:
+    """The trainers' run: one lock-step run, or an elastic one (dvml.train.elastic)."""
+    if not plan.elastic:
+        results = run_lockstep(
+            client, plan.job.workers, _job(plan, start_iteration, history),
+            plan.per_worker_batch, weights_blob, collector, plan.job.timeout,
+        )  # fmt: skip
+        return ElasticRun(results, history, plan.job.workers, [], {})
+    job = ElasticJob(
+        workers=plan.job.workers,
+        job=lambda start, hist: _job(plan, start, hist),
+        per_worker_batch=plan.per_worker_batch,
+        steps_per_epoch=plan.steps_per_epoch,
+        global_batch=int(plan.fit_params["batch_size"]),
+        timeout=plan.job.timeout,
+        training=plan.job.train.name,
+        validation=plan.job.valid.name if plan.job.valid else None,
+        checkpoint_dir=plan.checkpoint_dir,
+        key=plan.key,
+    )
+    return run_elastic(
+        client, job, start_iteration, weights_blob, history, collector, collector.regroup
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +293,7 @@ class _Plan:
     checkpoint_dir: str
     compile_text: str  # the parameters as the user wrote them (MADlib keeps the text)
     fit_text: str
+    elastic: bool = False  # goes on without workers that leave (dvml.train.elastic)
 
 
 def _plan(
@@ -243,6 +306,7 @@ def _plan(
     fit_params: str | dict[str, Any] | None,
     tensorboard_dir: str | None,
     sync: str | int | None,
+    elastic: bool = False,
 ) -> _Plan:
     """Check every argument and decide the trainers, batches and job key (starts nothing)."""
     job = place_job(reg, client, args)
@@ -259,20 +323,7 @@ def _plan(
         client, workers, per_worker, job.train.summary, spec.arch, spec.compile_params,
         spec.weights, use_gpus=args.use_gpus,
     )  # fmt: skip
-    key = job_key(
-        dataset_key(job.train),
-        dataset_key(job.valid),
-        arch_id,
-        spec.compile_params,
-        spec.fit_params,
-        args.num_iterations,
-        job.frequency,
-        job.seed,
-        args.warm_start,
-        len(workers),
-        sync_mode,
-        *job.augment_key,
-    )
+    key = fit_key(job, spec, sync_mode, elastic)
     return _Plan(
         job=job,
         model=args.output,
@@ -290,6 +341,7 @@ def _plan(
         checkpoint_dir=str(config.state_dir() / "checkpoints" / f"{args.output}-{key}"),
         compile_text=params_text(compile_params, spec.compile_params),
         fit_text=params_text(fit_params, spec.fit_params),
+        elastic=elastic,
     )
 
 
@@ -299,7 +351,8 @@ def _resume(
     """The first iteration to run, the weights to start from and the history so far."""
     start_iteration, weights_blob, history = 1, None, list[dict[str, Any]]()
     if resume:
-        resumed = find_checkpoint(client, plan.job.workers, plan.checkpoint_dir, plan.key)
+        find = find_elastic_checkpoint if plan.elastic else find_checkpoint
+        resumed = find(client, plan.job.workers, plan.checkpoint_dir, plan.key)
         if resumed is not None:
             start_iteration, weights_blob, history = resumed
             logger.warning("resuming %s from iteration %d", plan.model, start_iteration - 1)
@@ -467,6 +520,16 @@ class _Progress:
         self.timings: list[list[TrainerTiming]] = []  # of this run's iterations, in order
         self.planned: dict[str, int] = dict(planned or {})
         self.named_over: set[str] = set()  # trainers already named over their memory plan
+
+    def regroup(self, workers: list[Any], why: str) -> None:
+        """The trainers of an elastic fit's next run (``why``: the departure, printed with
+        the progress lines): iterations wait for these only, and stragglers are named among
+        them (a departed trainer's figures are not compared)."""
+        if self.echo:
+            print(f"[dvml.fit {self.model}] {why}", flush=True)
+        self.names, self.n = {w.address: w.name for w in workers}, len(workers)
+        self.pending.clear()
+        self.timings.clear()
 
     def _over_plan(self, named: list[dict[str, Any]]) -> list[str]:
         """A line's note for each trainer over its memory plan (once per trainer)."""

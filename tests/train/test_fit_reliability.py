@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 import dvml
-from dvml.exceptions import FitRunningError, TrainerFailedError
+from dvml.exceptions import FitRunningError, TrainerFailedError, WorkerDepartedError
 from tests.helpers import Background, cnn, pid_gone, poll_for, tls_environment, worker_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -281,3 +281,6 @@ def test_a_killed_worker_is_named_not_the_survivor(local_cluster: Any, tmp_path:
     text = str(e.value)
     assert text.startswith("worker worker-1 on host"), text
     assert "left the cluster during training" in text, text
+    # the departed workers, for an elastic fit to go on without them (dvml.train.elastic)
+    assert isinstance(e.value, WorkerDepartedError), type(e.value)
+    assert [w.name for w in e.value.workers] == ["worker-1"]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import WorkerInfo
-from dvml.exceptions import TrainerFailedError
+from dvml.exceptions import TrainerFailedError, WorkerDepartedError
 from dvml.train.runtime import launch
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.exits import KILLED_BY
@@ -224,9 +224,10 @@ def _wait_trainers(
             # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
             # up on the workers: stop waiting for them now.
             client.cancel([f for f, w in zip(futures, workers, strict=True) if w in outcome.gone])
-            raise TrainerFailedError(
+            raise WorkerDepartedError(
                 f"{describe_departure(outcome.gone)}. Bring the host back (or preprocess onto "
-                f"the remaining workers) and {rerun} when the data is still in place."
+                f"the remaining workers) and {rerun} when the data is still in place.",
+                outcome.gone,
             )
         if outcome.failed is not None:
             # The first error to arrive is often a survivor's "peer went away": blame the
@@ -288,10 +289,11 @@ def _raise_if_a_peer_left(
         # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
         # up on the workers: stop waiting for them now.
         client.cancel([f for f, w in zip(futures, workers, strict=True) if w in gone])
-        raise TrainerFailedError(
+        raise WorkerDepartedError(
             f"{describe_departure(gone)}. The other trainers then failed ({text[:300]}). Bring "
             f"the host back (or preprocess onto the remaining workers) and {rerun} when the "
-            "data is still in place."
+            "data is still in place.",
+            gone,
         ) from exc
 
 

@@ -108,6 +108,9 @@ class Iteration(Line):
     metrics_seconds: float | None = None
     # steps trained in the iteration (every epoch): the straggler rule's unit (train.stragglers)
     steps: int | None = None
+    # the local rows it trained on, each once per epoch (an elastic fit sums them: every row
+    # of the dataset, before and after a departure; dvml.train.elastic)
+    rows: int | None = None
     # the trainer's resident bytes at the iteration's end, and its zygote's (forked trainers;
     # train.runtime.memory_sample)
     resident_bytes: int | None = None

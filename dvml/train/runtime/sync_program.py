@@ -191,6 +191,7 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
             "fit_loss": float(fitted.history["loss"][-1]),
             "sync": job.get("sync", "step"),
             "steps": steps * len(fitted.history["loss"]),  # every epoch of the iteration
+            "rows": train.rows,
         }
         if averager is not None:
             record["averages"] = averager.count - averaged[0]

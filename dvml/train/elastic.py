@@ -1,0 +1,343 @@
+"""Elastic fits: a lock-step job that goes on without the workers that leave it.
+
+``dvml.fit(..., elastic=True)`` runs its trainers through :func:`run_elastic` instead of one
+:func:`~dvml.train.runtime.lockstep.run_lockstep`. When a worker leaves during iteration *i*
+(the runtime's watcher names it: :class:`~dvml.exceptions.WorkerDepartedError`), the job is
+not failed:
+
+1. the rows it held are re-pinned (:func:`dvml.preprocess.repin.repin`): its whole buffers are
+   copied from its vineyardd, which still runs when only the worker process died, onto the
+   survivors, and the datasets' next versions are published; when its vineyardd is gone too,
+   its rows are left out and the summary says how many, from which iteration;
+2. the survivors go on from the last iteration every one of them checkpointed (their weights
+   are identical after the averaging, so any of those checkpoints is the job's state), with
+   the same global batch split over them, their checkpoints under the same job key, until
+   ``num_iterations``.
+
+The job key rule (:func:`elastic_key`): an elastic fit's key names its data by content (the
+dataset's id and the digest of its buffers, which a re-pin or a rebalance keeps) rather than
+by version, and leaves the worker set out, so the checkpoint directory is the job's whatever
+workers it runs on: the job itself goes on under it, and a rerun of the same call on other
+workers resumes from the last iteration every trainer that holds a checkpoint of it completed
+(:func:`elastic_resume_from`; a worker that joined since has none and is not waited for).
+
+Every sync mode goes on this way: ``"iteration"`` and ``k`` average the survivors' weights by
+their rows, and ``"step"`` starts a new MultiWorkerMirroredStrategy on the survivors from the
+checkpoint; what the schedule promises holds (every row once per epoch, the same global batch,
+the same averaging rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dvml.cluster.workers import WorkerInfo
+from dvml.exceptions import TrainerFailedError, WorkerDepartedError
+from dvml.preprocess.repin import repin
+from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
+from dvml.store.datasets import describe
+from dvml.store.versions import buffer_digest, version_digest
+from dvml.train.runtime import launch
+from dvml.train.runtime.lockstep import resume_from, run_lockstep
+from dvml.train.runtime.plan import Job, dataset_key, job_key
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = [
+    "ElasticJob",
+    "ElasticRun",
+    "elastic_key",
+    "elastic_resume_from",
+    "elastic_summary",
+    "find_elastic_checkpoint",
+    "fit_key",
+    "rows_key",
+    "run_elastic",
+]
+
+logger = logging.getLogger("dvml.train")
+
+
+def rows_key(dataset: Any) -> list[Any] | None:
+    """What an elastic job's key holds of a dataset: its ``dataset_id`` and the digest of its
+    buffers' contents (:func:`dvml.store.versions.version_digest`), which a re-pin or a
+    rebalance (same buffers, new placement) keeps and an append changes; its version when a
+    buffer has no digest (:func:`dvml.train.runtime.plan.dataset_key`). None for no dataset."""
+    if dataset is None:
+        return None
+    digest = version_digest({str(b["index"]): buffer_digest(b) for b in dataset.layout["buffers"]})
+    if digest is None:
+        return dataset_key(dataset)
+    return [dataset.summary["dataset_id"], digest]
+
+
+def elastic_key(parts: list[Any]) -> list[Any]:
+    """The parts of an elastic job's key: ``parts`` (the job's own, worker count left out)
+    marked elastic, so it never shares checkpoints with a fixed job."""
+    return ["elastic", *parts]
+
+
+def fit_key(job: Job, spec: Any, sync_mode: str | int, elastic: bool) -> str:
+    """A fit's key: what a rerun resumes by. A fixed fit's key names its data by version and
+    its number of trainers; an elastic fit's names its data by content (:func:`rows_key`) and
+    leaves the workers out, so it keeps its key and its checkpoints when workers leave."""
+    data = rows_key if elastic else dataset_key
+    parts = [data(job.train), data(job.valid), spec.arch_id, spec.compile_params,
+             spec.fit_params, job.args.num_iterations, job.frequency, job.seed,
+             job.args.warm_start]  # fmt: skip
+    if elastic:
+        return job_key(*elastic_key([*parts, sync_mode, *job.augment_key]))
+    return job_key(*parts, len(job.workers), sync_mode, *job.augment_key)
+
+
+def elastic_resume_from(
+    states: list[dict[str, Any] | None], key: str
+) -> tuple[int, bytes, list[dict[str, Any]]] | None:
+    """Where an elastic job ``key`` resumes: the last iteration every trainer that holds a
+    checkpoint of it completed (:func:`~dvml.train.runtime.lockstep.resume_from` over those
+    trainers only: one that joined since has none). Pure."""
+    return resume_from([s for s in states if s is not None and s.get("job_key") == key], key)
+
+
+def find_elastic_checkpoint(
+    client: Client, workers: list[WorkerInfo], directory: str, key: str
+) -> tuple[int, bytes, list[dict[str, Any]]] | None:
+    """:func:`elastic_resume_from` over ``workers``' checkpoints of job ``key``."""
+    states = client.gather([
+        client.submit(launch.checkpoint_state, directory, w.name, workers=[w.address],
+                      allow_other_workers=False, pure=False)
+        for w in workers
+    ])  # fmt: skip
+    return elastic_resume_from(states, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticJob:
+    """What :func:`run_elastic` needs of a planned fit."""
+
+    workers: list[WorkerInfo]
+    job: Callable[[int, list[dict[str, Any]]], dict[str, Any]]  # (start, history) -> base job
+    per_worker_batch: list[int]
+    steps_per_epoch: int
+    global_batch: int
+    timeout: float
+    training: str
+    validation: str | None
+    checkpoint_dir: str
+    key: str
+
+
+@dataclasses.dataclass
+class ElasticRun:
+    """How an elastic job ran.
+
+    Attributes
+    ----------
+    results : list of dict
+        The last run's trainer results (:func:`run_lockstep`'s).
+    history : list of dict
+        The records of the iterations before the last run (what it resumed with).
+    workers : list of WorkerInfo
+        The last run's trainers.
+    departures : list of dict
+        One per departure: ``workers``, ``at_iteration`` (the first iteration run without
+        them), ``training`` and ``validation`` (the re-pin of each dataset,
+        :func:`dvml.preprocess.repin.repin`).
+    rows_per_epoch : dict of int to int
+        Iteration -> the rows its trainers trained on once per epoch, as they reported them
+        (:class:`_Tally`), for every iteration this call trained.
+    """
+
+    results: list[dict[str, Any]]
+    history: list[dict[str, Any]]
+    workers: list[WorkerInfo]
+    departures: list[dict[str, Any]]
+    rows_per_epoch: dict[int, int]
+
+
+class _Tally:
+    """Forwards the trainers' events and counts the rows each iteration trained on.
+
+    An iteration's rows are the sum of the rows its trainers report in their iteration
+    records (:class:`~dvml.train.runtime.protocol.Iteration` ``rows``). A trainer killed just
+    after an iteration it trained may never report it: the iterations every survivor
+    checkpointed were trained by every trainer of that run (their averaging, or every step's
+    all-reduce, needs all of them), so :meth:`settle` counts them with the rows each trainer
+    reported it resolved (:class:`~dvml.train.runtime.protocol.Resolved`)."""
+
+    def __init__(self, forward: Callable[[Any], None]) -> None:
+        self.forward, self.lock = forward, threading.Lock()
+        self.reported: dict[int, dict[str, int]] = {}
+        self.resolved: dict[str, int] = {}
+        self.n = 0
+        self.trained: dict[int, int] = {}
+
+    def begin(self, n: int) -> None:
+        with self.lock:
+            self.reported, self.resolved, self.n = {}, {}, n
+
+    def settle(self, first: int, last: int) -> None:
+        """Iterations ``first`` to ``last`` of this run were trained by all its trainers."""
+        with self.lock:
+            for i in range(first, last + 1):
+                if i not in self.trained and len(self.resolved) == self.n:
+                    self.trained[i] = sum(self.resolved.values())
+
+    def __call__(self, event: Any) -> None:
+        _, message = event
+        kind, worker = message.get("kind"), str(message.get("worker"))
+        with self.lock:
+            if kind == "resolved":
+                self.resolved[worker] = int(message["rows"])
+            elif kind == "iteration" and message.get("rows") is not None:
+                iteration = int(message["iteration"])
+                rows = self.reported.setdefault(iteration, {})
+                rows[worker] = int(message["rows"])
+                if len(rows) == self.n:
+                    self.trained[iteration] = sum(rows.values())
+        self.forward(event)
+
+
+def run_elastic(
+    client: Client,
+    job: ElasticJob,
+    start_iteration: int,
+    weights_blob: bytes | None,
+    history: list[dict[str, Any]],
+    on_event: Callable[[Any], None],
+    regroup: Callable[[list[WorkerInfo], str], None],
+) -> ElasticRun:
+    """Run ``job``'s trainers to its last iteration, going on without workers that leave.
+
+    ``regroup`` is told the trainers of each new run and why (the progress collector's).
+    Raises what :func:`run_lockstep` raises, except a departure that leaves a worker to go
+    on with.
+    """
+    workers, batch, steps = list(job.workers), list(job.per_worker_batch), job.steps_per_epoch
+    initial = (start_iteration, weights_blob, list(history))
+    start, blob, hist = initial
+    tally = _Tally(on_event)
+    departures: list[dict[str, Any]] = []
+    while True:
+        tally.begin(len(workers))
+        base = {**job.job(start, hist), "steps_per_epoch": steps}
+        try:
+            results = run_lockstep(client, workers, base, batch, blob, tally, job.timeout)
+        except WorkerDepartedError as exc:
+            gone_at = {w.address for w in exc.workers}
+            gone = [w for w in workers if w.address in gone_at]
+            survivors = [w for w in workers if w.address not in gone_at]
+            if not gone or not survivors:
+                raise
+            departure = _repin(client, job, gone, survivors)
+            resumed = find_elastic_checkpoint(client, survivors, job.checkpoint_dir, job.key)
+            began = start
+            start, blob, hist = resumed if resumed is not None else initial
+            tally.settle(began, start - 1)
+            departure["at_iteration"] = start
+            departures.append(departure)
+            workers = survivors
+            batch, steps = _split(client, job, workers)
+            line = (f"{exc.args[0].split('. ')[0]}; going on with {[w.name for w in workers]} "
+                    f"from iteration {start} (elastic=True): {_describe(departure)}")  # fmt: skip
+            logger.warning(line)
+            regroup(workers, line)
+            continue
+        trained = dict(tally.trained)
+        for i, rows in _rows_of(results).items():
+            trained[i] = rows
+        return ElasticRun(results, hist, workers, departures, trained)
+
+
+def _repin(
+    client: Client, job: ElasticJob, gone: list[WorkerInfo], survivors: list[WorkerInfo]
+) -> dict[str, Any]:
+    """Copy the departed workers' rows of the training and validation sets onto survivors."""
+    departure: dict[str, Any] = {"workers": [w.name for w in gone]}
+    for what, name in (("training", job.training), ("validation", job.validation)):
+        if name is None:
+            departure[what] = None
+            continue
+        try:
+            departure[what] = repin(client, name, gone, survivors)
+        except Exception as exc:  # the copy failed: fail the job saying so, not train on less
+            raise TrainerFailedError(
+                f"Workers {[w.name for w in gone]} left the elastic job and copying their rows "
+                f"of {name!r} onto {[w.name for w in survivors]} failed: {type(exc).__name__}: "
+                f"{exc}. Run the same call again: it resumes from the last iteration the "
+                "trainers checkpointed."
+            ) from exc
+    return departure
+
+
+def _split(client: Client, job: ElasticJob, workers: list[WorkerInfo]) -> tuple[list[int], int]:
+    """The same global batch split over ``workers`` by the rows they hold now, and the steps
+    per epoch (rows left out on no trainer are not counted)."""
+    layout = describe(job.training, client=client).layout
+    rows = {w.vineyard_instance_id: 0 for w in workers}
+    for b in layout["buffers"]:
+        if b["instance_id"] in rows:
+            rows[b["instance_id"]] += int(b["rows"])
+    held = [rows[w.vineyard_instance_id] for w in workers]
+    per_worker = per_worker_batch_sizes(job.global_batch, held)
+    return per_worker, steps_per_epoch(held, per_worker)
+
+
+def _rows_of(results: list[dict[str, Any]]) -> dict[int, int]:
+    """Iteration -> the rows its trainers reported they trained on (each once per epoch)."""
+    rows: dict[int, int] = {}
+    for r in results:
+        for record in r["iterations"]:
+            if record.get("rows") is not None:
+                i = int(record["iteration"])
+                rows[i] = rows.get(i, 0) + int(record["rows"])
+    return rows
+
+
+def elastic_summary(run: ElasticRun) -> dict[str, Any]:
+    """The fields an elastic fit adds to its summary. Pure.
+
+    ``departed`` (names), ``departed_at_iterations`` (name -> the first iteration run
+    without it), ``repinned_rows`` and ``repin_seconds`` (the training set's rows copied onto
+    the survivors, and the seconds the copies of both datasets and their publication took),
+    ``rows_left_out`` (training rows that could not be copied) and
+    ``rows_left_out_from_iteration`` (None when none), ``rows_per_epoch`` ([iteration, rows]:
+    the rows the iteration's trainers held, each trained once per epoch) and ``departures``
+    (:attr:`ElasticRun.departures`).
+    """
+    at: dict[str, int] = {}
+    repinned = left_out = 0
+    seconds = 0.0
+    left_from = None
+    for d in run.departures:
+        at.update({name: int(d["at_iteration"]) for name in d["workers"]})
+        train = d["training"]
+        repinned += int(train["repinned_rows"])
+        left_out += int(train["rows_left_out"])
+        if train["rows_left_out"] and left_from is None:
+            left_from = int(d["at_iteration"])
+        seconds += sum(float(d[k]["repin_seconds"]) for k in ("training", "validation") if d[k])
+    return {
+        "elastic": True,
+        "departed": sorted(at),
+        "departed_at_iterations": at,
+        "repinned_rows": repinned,
+        "repin_seconds": round(seconds, 3),
+        "rows_left_out": left_out,
+        "rows_left_out_from_iteration": left_from,
+        "rows_per_epoch": [[i, run.rows_per_epoch[i]] for i in sorted(run.rows_per_epoch)],
+        "departures": run.departures,
+    }
+
+
+def _describe(departure: dict[str, Any]) -> str:
+    train = departure["training"]
+    text = f"{train['repinned_rows']} rows copied onto them in {train['repin_seconds']:.1f}s"
+    if train["rows_left_out"]:
+        text += f", {train['rows_left_out']} rows left out ({train['left_out_reason']})"
+    return text
