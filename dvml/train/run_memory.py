@@ -1,5 +1,5 @@
 """The memory plan of ``dvml.run`` at the edge: the hosts' room and the configuration's
-runtime sizes, around the pure :func:`dvml.placement.run_memory.plan_run`."""
+runtime sizes, around the pure :func:`dvml.placement.own_loop_memory.plan_run`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dask.utils import parse_bytes
 from dvml import config
 from dvml.exceptions import ArgumentError
 from dvml.placement.fit_memory import FitMemoryPlan
-from dvml.placement.run_memory import plan_run
+from dvml.placement.own_loop_memory import plan_run
 from dvml.train.trainer_memory import host_rooms, label_width, trainer_runtime
 
 if TYPE_CHECKING:

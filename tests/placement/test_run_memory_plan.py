@@ -6,7 +6,7 @@ import pytest
 
 from dvml.exceptions import ArgumentError, MemoryPlanError
 from dvml.placement.fit_memory import BATCHES_HELD, HostRoom
-from dvml.placement.run_memory import plan_run
+from dvml.placement.own_loop_memory import plan_run
 from dvml.train.run_memory import memory_estimate
 from dvml.train.trainer_memory import check_fit_fits
 
