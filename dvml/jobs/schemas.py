@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any, cast
 
+from dvml import configs as config_search
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.jobs.yaml_schema import Field, Schema, Section, describe
 from dvml.limits import (
@@ -28,7 +29,6 @@ from dvml.limits import (
     count_problem,
     seconds_problem,
 )
-from dvml.train import config_search
 
 __all__ = [
     "AUTOML_SCHEMA",
@@ -224,8 +224,8 @@ def _params_problem(section: dict[str, Any], prefix: str) -> str | None:
     Checked when the file loads, so ``--dry-run`` refuses what a run would refuse only after
     packing the data. The parsers are pure and never evaluate the strings.
     """
+    from dvml.configs import parse_compile_params, parse_fit_params
     from dvml.exceptions import ParameterError
-    from dvml.train.params import parse_compile_params, parse_fit_params
 
     custom = [n for n in section.get("custom_objects") or [] if isinstance(n, str)]
     try:
@@ -503,7 +503,7 @@ def planned_configs(section: dict[str, Any]) -> list[config_search.ModelConfig]:
     Raises
     ------
     ArgumentError, ArgumentTypeError
-        As :func:`dvml.train.config_search.plan_configs`.
+        As :func:`dvml.configs.plan_configs`.
     """
     positions = list(range(1, len(section["architectures"]) + 1))
     return config_search.plan_configs(
@@ -627,7 +627,7 @@ def _automl_check(section: dict[str, Any]) -> str | None:
 
 
 def _space_check(section: dict[str, Any]) -> str | None:
-    from dvml.search.search_space import SearchSpace
+    from dvml.configs.search_space import SearchSpace
 
     if not section["architectures"] or section["compile_params_grid"] is None:
         return (

@@ -46,7 +46,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dvml import config
+from dvml import configs as cs
 from dvml.cluster.workers import current_client
+from dvml.configs.search_space import SearchSpace
 from dvml.exceptions import ArgumentError, RegistryNotFoundError
 from dvml.names import check_name, check_suffixed_name
 from dvml.registry.database import Registry, open_registry
@@ -63,11 +65,9 @@ from dvml.search.hop_search import HopSearch
 from dvml.search.hyperopt_run import HyperoptRun
 from dvml.search.outcome import SearchOutcome
 from dvml.search.search_memory import bounding_configs
-from dvml.search.search_space import SearchSpace
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.tracking.model_events import log_models_saved
-from dvml.train import config_search as cs
 from dvml.train.fit_multiple import ModelSelection, track_selection
 from dvml.train.model_lock import holding_output
 from dvml.train.outputs import check_outputs_free, existing_outputs

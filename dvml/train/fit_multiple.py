@@ -32,6 +32,7 @@ import pandas as pd
 
 from dvml import config
 from dvml.cluster.workers import current_client
+from dvml.configs import params_text
 from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, TrainerFailedError
 from dvml.names import check_suffixed_name
 from dvml.registry.database import Registry, open_registry
@@ -50,7 +51,6 @@ from dvml.train.model import Model
 from dvml.train.model_lock import holding_output
 from dvml.train.model_selection import resolve_model_configs
 from dvml.train.outputs import check_outputs_free, existing_outputs, model_exists
-from dvml.train.params import params_text
 from dvml.train.runtime.checkpoints import resume_points
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes

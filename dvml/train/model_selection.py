@@ -2,7 +2,7 @@
 ``load_model_selection_table``, for training many configurations at once.
 
 :func:`model_configs` and :func:`model_selection_table` plan the configurations with the pure
-:mod:`dvml.train.config_search` (every parameter string parsed up front) and store them in the
+:mod:`dvml.configs` (every parameter string parsed up front) and store them in the
 model registry under a name; :func:`load_model_configs` reads a table back and
 :func:`resolve_model_configs` turns whatever a caller was given (a name, a DataFrame, a list
 of dicts) into one checked table, for :func:`dvml.fit_multiple`.
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from dvml import configs as cs
 from dvml.exceptions import ArgumentTypeError, RegistryError
 from dvml.names import check_name
 from dvml.registry.database import opened_registry
-from dvml.train import config_search as cs
 
 if TYPE_CHECKING:
     from dvml.registry import Registry

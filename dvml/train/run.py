@@ -22,6 +22,7 @@ import pandas as pd
 from dvml import config as settings
 from dvml._version import __version__
 from dvml.cluster.workers import current_client
+from dvml.configs import parse_compile_params
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.names import check_name
 from dvml.registry.database import Registry, open_registry
@@ -34,7 +35,6 @@ from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import DatasetInput, dataset_input, user_run
 from dvml.train.job_scalars import JobScalars, report_scalars
 from dvml.train.model_lock import holding_model
-from dvml.train.params import parse_compile_params
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
 from dvml.train.runtime.plan import (
     batch_split,

@@ -337,7 +337,7 @@ SPARSE_REPLACEMENTS: dict[str, str] = {
 }
 """Losses and metrics for integer labels, refused (dvml's labels are one-hot) -> what to use."""
 
-# keyword argument -> kind of value Keras accepts (checked by dvml.train.params)
+# keyword argument -> kind of value Keras accepts (checked by dvml.configs.keras_specs)
 ARGUMENT_KINDS: dict[str, str] = {
     "name": "str",
     "dtype": "dtype",
