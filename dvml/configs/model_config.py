@@ -82,6 +82,11 @@ def check_mst_key(value: Any, where: str) -> int:
     return int(value)
 
 
+def _listing(value: Any) -> bool:
+    """A list-like of items: not a string, bytes or a mapping (which iterates its keys)."""
+    return isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping)
+
+
 def check_arch_ids(arch_ids: Any) -> list[int]:
     """``arch_ids`` as a sorted list of distinct ints (MADlib sorts and de-duplicates them).
 
@@ -91,7 +96,7 @@ def check_arch_ids(arch_ids: Any) -> list[int]:
         When it is not an int or a non-empty list of ints.
     """
     items = [arch_ids] if isinstance(arch_ids, numbers.Integral) else arch_ids
-    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+    if not _listing(items):
         raise ArgumentTypeError(
             f"arch_ids must be an architecture id or a list of ids. Received: "
             f"{type(arch_ids).__name__} {arch_ids!r:.80}. Pass the ids dvml.load_keras_model "
@@ -255,7 +260,7 @@ def _checked_row(
 
 
 def _row_list(rows: Any) -> list[Any]:
-    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Iterable):
+    if not _listing(rows):
         raise ArgumentTypeError(
             f"A model selection table must be a list of rows (dicts) or a DataFrame. "
             f"Received: {type(rows).__name__}. Each row has model_id, compile_params and "
