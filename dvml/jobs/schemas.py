@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any, cast
 
-from dvml import configs as config_search
+from dvml import configs
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.jobs.yaml_schema import Field, Schema, Section, describe
 from dvml.limits import (
@@ -494,7 +494,7 @@ def _architectures(value: Any) -> str | None:
     return None if ok else "must be a non-empty list of architecture ids, paths or builtin:..."
 
 
-def planned_configs(section: dict[str, Any]) -> list[config_search.ModelConfig]:
+def planned_configs(section: dict[str, Any]) -> list[configs.ModelConfig]:
     """The configurations a ``model_selection`` section generates, before any registry exists.
 
     ``model_id`` is the 1-based position of the architecture in ``architectures`` (the ids are
@@ -506,7 +506,7 @@ def planned_configs(section: dict[str, Any]) -> list[config_search.ModelConfig]:
         As :func:`dvml.configs.plan_configs`.
     """
     positions = list(range(1, len(section["architectures"]) + 1))
-    return config_search.plan_configs(
+    return configs.plan_configs(
         positions,
         section["compile_params_grid"],
         section["fit_params_grid"],
@@ -558,7 +558,7 @@ def _selection_fields() -> dict[str, Field | Section]:
             (str, dict), help="fit parameter -> list of choices, e.g. {batch_size: [8, 16]}"
         ),
         "search": Field(
-            str, default="grid", choices=config_search.SEARCHES, help="every combination or samples"
+            str, default="grid", choices=configs.SEARCHES, help="every combination or samples"
         ),
         "num_configs": Field(int, check=_at_least_one, help="random search: how many"),
         "seed": Field(int, check=_seed, help="random search: the same seed gives the same table"),
