@@ -191,6 +191,7 @@ def distribution(key: str, choices: list[Any], where: str) -> tuple[float, float
 
 
 def is_distribution(value: Any) -> bool:
+    """Whether ``value`` is written as a range ``[low, high, name]``."""
     return (
         isinstance(value, list)
         and len(value) > 1
@@ -241,6 +242,7 @@ def choice_value(key: str, value: Any) -> Any:
 
 
 def optimizer_choice(choice: Mapping[str, Any]) -> dict[str, Any]:
+    """One choice of an ``optimizer_params_list`` dict as an optimizer spec."""
     config = {k: v for k, v in choice.items() if k != "optimizer"}
     return {"class_name": choice["optimizer"], "config": config}
 
@@ -263,6 +265,7 @@ def grid_axes(grid: Mapping[str, list[Any]], where: str) -> list[list[dict[str, 
 
 
 def grid_size(grid: Mapping[str, list[Any]]) -> int:
+    """How many combinations a grid search of ``grid`` makes."""
     size = 1
     for key, choices in grid.items():
         if key == OPTIMIZER_PARAMS_LIST:
@@ -284,6 +287,7 @@ def refuse_distributions(grid: Mapping[str, list[Any]], where: str) -> None:
 
 
 def merged(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The partial parameter dicts of one grid combination, as one dict."""
     merged: dict[str, Any] = {}
     for part in parts:
         merged.update(part)

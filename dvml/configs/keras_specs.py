@@ -186,6 +186,8 @@ def _keras_object(
 
 
 def loss_check(custom_names: frozenset[str] | None) -> Check:
+    """The check of ``loss``; with ``custom_names``, a plain name must be known."""
+
     def check(key: str, value: Any) -> Any:
         return _keras_object(key, "loss", value, custom_names)
 
@@ -193,6 +195,8 @@ def loss_check(custom_names: frozenset[str] | None) -> Check:
 
 
 def metrics_check(custom_names: frozenset[str] | None) -> Check:
+    """The check of ``metrics`` and ``weighted_metrics`` (a list)."""
+
     def check(key: str, value: Any) -> Any:
         if value is None:
             return None

@@ -75,6 +75,7 @@ def bracket_depth(text: str) -> int:
 
 
 def guard(text: str, what: str) -> None:
+    """Refuse a string longer than :data:`MAX_LENGTH` or nested deeper than :data:`MAX_DEPTH`."""
     if len(text) > MAX_LENGTH:
         raise ParameterError(
             f"Too many characters in the {what}: {len(text)}, at most {MAX_LENGTH} are "
@@ -119,6 +120,7 @@ def parse_call(source: str, shown: str, what: str) -> ast.Call:
 def keyword_pairs(
     call: ast.Call, source: str, text: str, what: str, calls: bool = False
 ) -> list[tuple[str, Any]]:
+    """The ``(key, literal)`` pairs of a parsed call; ``calls`` reads ``Name(k=v)`` values."""
     if call.args:
         raise ParameterError(
             f"Found a value without a name in the {what}: "
@@ -237,6 +239,7 @@ def _from_python(value: Any, depth: int) -> Any:
 
 
 def read_pairs(value: str | Mapping[str, Any] | None, what: str) -> list[tuple[str, Any]]:
+    """Parameters given as a string, a dict or None, as ``(key, plain value)`` pairs."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -275,6 +278,7 @@ def read_pairs(value: str | Mapping[str, Any] | None, what: str) -> list[tuple[s
 
 
 def render(value: Any, key: str, depth: int) -> str:
+    """``value`` as the literal text that reads back as it (depth-bounded)."""
     if depth > MAX_DEPTH:
         raise ParameterError(
             f"Parameter {key!r} nests too deeply to format (at most {MAX_DEPTH} levels). "

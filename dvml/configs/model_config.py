@@ -196,6 +196,7 @@ class ConfigTable:
     def add(
         self, model_id: int, compile_text: str, fit_text: str, key: tuple[str, str] | None = None
     ) -> bool:
+        """Add a row unless an equal one is there; whether it was added."""
         row = (model_id, *(key or (compile_text, fit_text)))
         if row in self.rows:
             return False
@@ -203,6 +204,7 @@ class ConfigTable:
         return True
 
     def configs(self) -> list[ModelConfig]:
+        """The rows, numbered from 1 in the order they were added."""
         return [ModelConfig(i, *row) for i, row in enumerate(self.rows.values(), start=1)]
 
 

@@ -89,6 +89,7 @@ _KERAS2_ARGUMENTS = ("decay",)
 
 
 def optimizer_name(key: str, name: Any) -> str:
+    """The tf-keras class name of an optimizer name in any case, or a ParameterError."""
     canonical = OPTIMIZERS.get(name.strip().lower()) if isinstance(name, str) else None
     if canonical is None:
         raise fail(key, f"one of the tf-keras optimizers {sorted(OPTIMIZERS.values())}", name)
@@ -128,6 +129,7 @@ def _optimizer_config(key: str, name: str, pairs: list[tuple[str, Any]]) -> dict
 
 
 def check_optimizer(key: str, value: Any) -> str | dict[str, Any]:
+    """The check of ``optimizer``: a plain name stays a string, arguments make a spec."""
     if isinstance(value, dict):
         unknown = set(value) - {"class_name", "config"}
         config = value.get("config", {})

@@ -52,25 +52,30 @@ Check = Callable[[str, Any], Any]
 
 
 def fail(key: str, expected: str, value: Any, hint: str = "") -> ParameterError:
+    """The ParameterError for ``key``: what it must be, and what was received."""
     message = f"Parameter {key!r} must be {expected}. Received: {key}={value!r}."
     return ParameterError(f"{message} {hint}".rstrip())
 
 
 def is_int(value: Any) -> bool:
+    """An int that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_real(value: Any) -> bool:
+    """An int or float that is not a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def string_value(key: str, value: Any) -> str:
+    """A non-empty string."""
     if not isinstance(value, str) or not value.strip():
         raise fail(key, "a non-empty string", value, f"For example {key}='mse'.")
     return value
 
 
 def bool_value(key: str, value: Any) -> bool | None:
+    """True or False (None for the keys in :data:`NULLABLE`)."""
     if value is None and key in NULLABLE:
         return None
     if not isinstance(value, bool):
@@ -83,6 +88,7 @@ def bool_value(key: str, value: Any) -> bool | None:
 
 
 def positive_int(key: str, value: Any) -> int | None:
+    """A positive int64 (None for the keys in :data:`NULLABLE`)."""
     if value is None and key in NULLABLE:
         return None
     if not is_int(value) or not 0 < value <= MAX_INT:
@@ -91,24 +97,28 @@ def positive_int(key: str, value: Any) -> int | None:
 
 
 def nonnegative_int(key: str, value: Any) -> int:
+    """A non-negative int64."""
     if not is_int(value) or not 0 <= value <= MAX_INT:
         raise fail(key, "a non-negative integer", value)
     return int(value)
 
 
 def verbose_value(key: str, value: Any) -> int:
+    """Keras' ``verbose``: 0, 1 or 2."""
     if not is_int(value) or value not in (0, 1, 2):
         raise fail(key, "0, 1 or 2", value)
     return int(value)
 
 
 def finite(key: str, value: Any, expected: str = "a finite number") -> float | int:
+    """A finite number."""
     if not is_real(value) or not math.isfinite(value):
         raise fail(key, expected, value)
     return value
 
 
 def loss_weights(key: str, value: Any) -> list[float | int] | dict[str, float | int] | None:
+    """A list of finite numbers, or a dict of output name to one (or None)."""
     if value is None:
         return None
     expected = "a list of finite numbers or a dict of output name to finite number"
@@ -120,6 +130,7 @@ def loss_weights(key: str, value: Any) -> list[float | int] | dict[str, float | 
 
 
 def class_weight(key: str, value: Any) -> dict[int, float | int] | None:
+    """A dict of class index to non-negative weight (or None)."""
     if value is None:
         return None
     expected = "a dict of class index to non-negative weight, such as {0: 1.0, 1: 2.5}"
@@ -133,6 +144,8 @@ def class_weight(key: str, value: Any) -> dict[int, float | int] | None:
 
 # optimizer config key -> (check, what it must be)
 def check_that(test: Callable[[Any], bool], expected: str) -> Check:
+    """A check that refuses a value for which ``test`` is false, as ``expected``."""
+
     def check(key: str, value: Any) -> Any:
         if not test(value):
             raise fail(key, expected, value)
@@ -179,6 +192,7 @@ def check_pairs(
     refused: Mapping[str, str],
     what: str,
 ) -> dict[str, Any]:
+    """Run ``checks`` over ``pairs``: unknown, refused and repeated keys fail."""
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
@@ -199,5 +213,6 @@ def check_pairs(
 
 
 def did_you_mean(key: str, known: Mapping[str, Any]) -> str:
+    """`` Did you mean 'x'?`` for the closest of ``known``, else empty."""
     close = difflib.get_close_matches(key, list(known), n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
