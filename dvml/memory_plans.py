@@ -1,7 +1,7 @@
 """``dvml.plan``: a job's memory plan, computed as the job would, without doing the job.
 
-:func:`fit`, :func:`fit_multiple` and :func:`pack` are :mod:`dvml.train.plans`'; this module
-adds :func:`features`, the plan of a feature cache (:mod:`dvml.features` and
+:func:`fit`, :func:`fit_multiple`, :func:`run` and :func:`pack` are :mod:`dvml.train.plans`';
+this module adds :func:`features`, the plan of a feature cache (:mod:`dvml.features` and
 :mod:`dvml.train` are siblings, so the namespace that holds both sits above them).
 """
 
@@ -10,23 +10,23 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from dvml.cluster.workers import current_client, discover_workers
+from dvml.cluster.workers import current_client
 from dvml.exceptions import PlacementError
 from dvml.features.backbone import resolve_backbone
-from dvml.features.cache_memory import cache_memory_plan, dataset_rows
+from dvml.features.cache_memory import cache_memory_plan, dataset_rows, source_cache_plan
 from dvml.features.keys import check_batch_size, check_layer, check_pooling
 from dvml.features.lookup import source_workers
 from dvml.features.source import pack_source, plan_source
 from dvml.placement.feature_memory import FeatureMemoryPlan
 from dvml.preprocess.admission import Planned, planning_only
-from dvml.train.plans import fit, fit_multiple, pack
+from dvml.train.plans import fit, fit_multiple, pack, run
 
 if TYPE_CHECKING:
     from distributed import Client
 
     from dvml.registry import Registry
 
-__all__ = ["features", "fit", "fit_multiple", "pack"]
+__all__ = ["features", "fit", "fit_multiple", "pack", "run"]
 
 
 def features(
@@ -72,21 +72,9 @@ def features(
         with planning_only():
             pack_source(src, "dvml-plan-features", distribution_rules, client)
     except Planned as planned:
-        packed = planned.plan
-    else:  # pragma: no cover - a preprocessor path that skipped its plan: a dvml bug
-        raise PlacementError("The source was packed without its memory plan. Report this bug.")
-    by_name = {w.name: w for w in discover_workers(client)}
-    rows, source_bytes, workers = {}, {}, []
-    for row in packed.rows:
-        for k, name in enumerate(row.workers):  # a vineyardd's rows split over its workers
-            n = row.needed // max(1, packed.row_bytes) // len(row.workers)
-            n += k < (row.needed // max(1, packed.row_bytes)) % len(row.workers)
-            w = by_name[name]
-            rows[w.address], source_bytes[w.address] = [n], n * packed.row_bytes
-            workers.append(w)
-    labels = (packed.row_bytes - 4 * math.prod(src.input_shape)) // 4  # float32 x, one-hot y
-    return cache_memory_plan(client, bb, labels, batch_size, rows, workers,
-                             source_bytes=source_bytes)  # fmt: skip
+        return source_cache_plan(client, bb, planned.plan, planned.label_values, batch_size)
+    # a preprocessor path that skipped its plan: a dvml bug
+    raise PlacementError("The source was packed without its memory plan. Report this bug.")
 
 
 def _label_values(y_shape: Any) -> int:

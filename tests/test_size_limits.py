@@ -40,7 +40,7 @@ FUNCTION_CEILINGS: dict[str, int] = {
     "dvml/cli/cluster_cmd.py::_status": 68,
     "dvml/cluster/pinned.py::run_pinned": 72,
     "dvml/features/backbone.py::_from_application": 62,
-    "dvml/features/build.py::cache": 72,
+    "dvml/features/build.py::cache": 71,
     "dvml/placement/planner.py::plan_layout": 73,
     "dvml/preprocess/api.py::_preprocess": 94,
     "dvml/preprocess/api.py::_plan_and_pack": 126,
@@ -54,7 +54,7 @@ FUNCTION_CEILINGS: dict[str, int] = {
     "dvml/train/hop_loop.py::run_iterations": 61,
     "dvml/train/predict.py::_predict": 66,
     "dvml/train/predict.py::predict_byom": 64,
-    "dvml/train/run.py::run": 76,
+    "dvml/train/run.py::run": 72,
     "dvml/train/runtime/lockstep.py::run_lockstep": 61,
     "dvml/train/summary.py::build_summary": 74,
 }

@@ -27,6 +27,9 @@ from dvml.cli._common import format_table
 
 __all__ = ["print_memory_plan"]
 
+DRY_RUN_CONNECT_S = 5.0
+"""Seconds a dry run waits for the scheduler it plans on."""
+
 _PACK_COLUMNS = ["instance_id", "workers", "needed", "free", "limit", "usage", "replaced", "fits"]
 _TRAINER_COLUMNS = [
     "worker", "host", "batch", "runtime", "weights", "models", "batches", "evaluation", "parked",
@@ -95,7 +98,10 @@ def print_memory_plan(
     from dvml.store.datasets import exists
 
     train_name = dataset_names(job["name"])[0]
-    with open_cluster({**job["cluster"], "local": None}, address) as cluster:
+    # A dry run is a quick look: a scheduler that does not answer within a few seconds is said
+    # at once rather than after the job's own connect timeout (30 s by default).
+    section = {**job["cluster"], "local": None, "timeout": DRY_RUN_CONNECT_S}
+    with open_cluster(section, address) as cluster:
         client = cluster.client
         try:
             with planning_only():

@@ -18,6 +18,7 @@ import datetime
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml._version import __version__
@@ -34,7 +35,7 @@ from dvml.exceptions import (
 )
 from dvml.features import featurize
 from dvml.features.backbone import Backbone, resolve_backbone
-from dvml.features.cache_memory import admit
+from dvml.features.cache_memory import admit, check_cache_fits, source_cache_plan
 from dvml.features.incremental import covered_buffers, new_buffers, source_digests
 from dvml.features.keys import (
     cache_key,
@@ -50,6 +51,8 @@ from dvml.features.manage import describe as describe_cache
 from dvml.features.source import SourcePlan, pack_source, plan_source
 from dvml.names import INTERNAL_PREFIX
 from dvml.placement import DistributionRules, resolve_rules
+from dvml.placement.memory import MemoryPlan
+from dvml.preprocess.admission import admitting_also
 from dvml.store import catalog
 from dvml.store.datasets import Dataset, drop, run_on
 from dvml.store.publish import publish_run, staging_name
@@ -188,18 +191,30 @@ def cache(
                            batch_size, use_gpus, link, overwrite)  # fmt: skip
         if extended is not None:
             return extended
-    hidden = None
+    hidden, src = None, plan.dataset
     try:
-        if plan.dataset is None:
+        if src is None:  # a raw source: packed, refused whole at the pack's admission
             hidden = f"{INTERNAL_PREFIX}features-source/{name}"
-            src = pack_source(plan, hidden, rules, client, training_cache)
-        else:
-            src = plan.dataset
+            with admitting_also(_features_fit(client, bb, batch_size, name)):
+                src = pack_source(plan, hidden, rules, client, training_cache)
         summary = _summary(plan, src, bb, key, name, batch_size, use_gpus, link, lineage)
         return _featurize(client, src, bb, batch_size, use_gpus, name, summary)
     finally:
         if hidden is not None:
             _drop_quietly(client, hidden)
+
+
+def _features_fit(
+    client: Client, bb: Backbone, batch_size: int, name: str
+) -> Callable[[MemoryPlan, int], None]:
+    """The check that the pack of a raw source runs once its own plan fits, before it writes
+    a byte: the cache's plan, with the source's packed bytes, must fit too."""
+
+    def check(packed: MemoryPlan, label_values: int) -> None:
+        plan = source_cache_plan(client, bb, packed, label_values, batch_size)
+        check_cache_fits(plan, name, batch_size)
+
+    return check
 
 
 def _extend(

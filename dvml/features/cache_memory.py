@@ -21,6 +21,7 @@ from dask.utils import parse_bytes
 from dvml import config
 from dvml.cluster.health import wait_watched
 from dvml.cluster.host_room import host_memory
+from dvml.cluster.workers import discover_workers
 from dvml.exceptions import MemoryPlanError
 from dvml.placement.feature_memory import (
     BackboneSize,
@@ -29,7 +30,7 @@ from dvml.placement.feature_memory import (
     plan_features,
 )
 from dvml.placement.fit_memory import machine_rooms
-from dvml.placement.memory import VineyarddRoom, format_size
+from dvml.placement.memory import MemoryPlan, VineyarddRoom, format_size
 from dvml.store.tensors import vineyard_room
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ __all__ = [
     "cache_memory_plan",
     "check_cache_fits",
     "dataset_rows",
+    "source_cache_plan",
     "worker_room",
 ]
 
@@ -154,3 +156,26 @@ def admit(
     )  # fmt: skip
     check_cache_fits(plan, name, batch_size)
     return plan
+
+
+def source_cache_plan(
+    client: Client,
+    bb: Backbone,
+    packed: MemoryPlan,
+    label_values: int,
+    batch_size: int,
+) -> FeatureMemoryPlan:
+    """The memory plan of a cache of a raw source, from the plan of the source's pack
+    (``packed``, with ``label_values`` classes): each worker's rows taken as one buffer, its
+    packed bytes written first (the plan's ``source`` column)."""
+    by_name = {w.name: w for w in discover_workers(client)}
+    rows, source_bytes, workers = {}, {}, []
+    for row in packed.rows:
+        total = row.needed // max(1, packed.row_bytes)
+        for k, name in enumerate(row.workers):  # a vineyardd's rows split over its workers
+            n = total // len(row.workers) + (k < total % len(row.workers))
+            w = by_name[name]
+            rows[w.address], source_bytes[w.address] = [n], n * packed.row_bytes
+            workers.append(w)
+    return cache_memory_plan(client, bb, label_values, batch_size, rows, workers,
+                             source_bytes=source_bytes)  # fmt: skip

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Planned",
+    "admitting_also",
     "check_pack_fits",
     "is_planning",
     "known_x_bytes",
@@ -47,11 +48,20 @@ _PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("dvml_planning"
 
 
 class Planned(Exception):
-    """Raised by a preprocessor under :func:`planning_only` with its plan, before any write."""
+    """Raised by a preprocessor under :func:`planning_only` with its plan, before any write;
+    ``label_values``: the classes of its (first) label, one-hot as a model reads them."""
 
-    def __init__(self, plan: MemoryPlan) -> None:
+    def __init__(self, plan: MemoryPlan, label_values: int = 0) -> None:
         super().__init__("planned")
         self.plan = plan
+        self.label_values = label_values
+
+
+# Set by a job that packs its source as its first step (the feature cache): a check of its own
+# plan that the pack's admission runs after its own, before any write.
+_ALSO_ADMIT: contextvars.ContextVar[Callable[[MemoryPlan, int], None] | None] = (
+    contextvars.ContextVar("dvml_also_admit", default=None)
+)
 
 
 @contextlib.contextmanager
@@ -67,6 +77,18 @@ def planning_only() -> Iterator[None]:
 def is_planning() -> bool:
     """Whether a preprocessor call runs under :func:`planning_only`."""
     return _PLANNING.get()
+
+
+@contextlib.contextmanager
+def admitting_also(check: Callable[[MemoryPlan, int], None]) -> Iterator[None]:
+    """Preprocessor calls inside also run ``check(plan, label_values)`` once their own plan
+    fits, before any write: a job that packs its source first refuses itself whole there,
+    with nothing written, instead of after the pack (``check`` raises to refuse)."""
+    token = _ALSO_ADMIT.set(check)
+    try:
+        yield
+    finally:
+        _ALSO_ADMIT.reset(token)
 
 
 def pack_plan(
@@ -113,11 +135,21 @@ def pack_plan(
 
 
 def check_pack_fits(
-    plan: MemoryPlan, name: str, rows: int, compact: bool, x_only: bool = False
+    plan: MemoryPlan,
+    name: str,
+    rows: int,
+    compact: bool,
+    x_only: bool = False,
+    label_values: int = 0,
 ) -> None:
     """Raise :class:`MemoryPlanError` when ``plan`` does not fit; its message has the plan.
-    ``x_only``: the plan counts the inputs only (:func:`refuse_before_reading`)."""
+    ``x_only``: the plan counts the inputs only (:func:`refuse_before_reading`). A full plan
+    that fits is then checked by the job that packs, if it asked (:func:`admitting_also`;
+    ``label_values``: the classes of the first label)."""
     if plan.fits:
+        job_check = None if x_only else _ALSO_ADMIT.get()
+        if job_check is not None:
+            job_check(plan, label_values)
         return
     short = plan.short
     counted = ", the inputs alone, counted before reading the source" if x_only else ""

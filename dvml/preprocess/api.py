@@ -526,8 +526,8 @@ def _plan_and_pack(
         None if compact else _compact_row_bytes(stats, x_shapes, outputs),
     )  # fmt: skip
     if is_planning():  # dvml.plan.pack: the plan is all it asked for
-        raise Planned(plan)
-    check_pack_fits(plan, name, sum(rows), compact)
+        raise Planned(plan, n_classes)
+    check_pack_fits(plan, name, sum(rows), compact, label_values=n_classes)
 
     summary = {
         "kind": kind,

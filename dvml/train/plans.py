@@ -7,6 +7,9 @@
   :func:`dvml.fit_multiple` checks before any trainer starts
   (:mod:`dvml.placement.hop_memory`: the largest configuration in the step, every
   configuration kept compiled in each trainer, the parked states in the Dask workers);
+- :func:`run`: the trainers of :func:`dvml.run` per host (the same table type): TensorFlow's
+  runtime, the primary dataset's batches and the caller's estimate of what ``train_fn``
+  builds (``memory=``), what :func:`dvml.run` checks before any trainer starts;
 - :func:`pack`: the shared-memory bytes per vineyardd of a preprocessor call
   (:class:`~dvml.placement.memory.MemoryPlan`), what the preprocessors check before any write.
 
@@ -16,6 +19,7 @@ Each returns the plan whether it fits or not (``plan.fits``, ``plan.table()``,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import current_client
@@ -28,13 +32,14 @@ from dvml.registry.database import Registry, open_registry
 from dvml.store.datasets import Dataset
 from dvml.train import fit_multiple as fit_multiple_module
 from dvml.train.hop_admission import hop_memory_plan
+from dvml.train.run import place_run
 from dvml.train.runtime.plan import JobArgs, batch_split, model_spec, place_job
 from dvml.train.trainer_memory import fit_memory_plan
 
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["fit", "fit_multiple", "pack"]
+__all__ = ["fit", "fit_multiple", "pack", "run"]
 
 
 def fit(
@@ -124,3 +129,28 @@ def pack(source: Any, *, validation: bool = False, **kwargs: Any) -> MemoryPlan:
         "The preprocessor packed without computing its memory plan. Received: "
         f"validation={validation}. Report this as a dvml bug."
     )
+
+
+def run(
+    datasets: str | Dataset | Mapping[str, str | Dataset],
+    *,
+    batch_size: int = 32,
+    use_gpus: bool = False,
+    memory: int | str | None = None,
+    client: Client | None = None,
+) -> FitMemoryPlan:
+    """The memory plan of ``dvml.run(train_fn, datasets, batch_size=..., memory=...)``.
+
+    Takes :func:`dvml.run`'s arguments that change its memory and places the trainers as it
+    does; starts no trainer. ``memory`` is the caller's estimate of what ``train_fn`` builds
+    in each trainer (without it the plan is a lower bound, and its notes say so).
+
+    Returns
+    -------
+    FitMemoryPlan
+        One row per trainer in ``.table()``; ``.fits``; ``.fixes`` when it does not fit.
+    """
+    client = current_client(client)
+    placed = place_run(client, "memory_plan", datasets, "step", use_gpus, batch_size, None,
+                       memory, check=False)  # fmt: skip
+    return placed.plan

@@ -25,6 +25,7 @@ from dvml.cluster.workers import current_client
 from dvml.configs import parse_compile_params
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.names import check_name
+from dvml.placement.fit_memory import FitMemoryPlan
 from dvml.registry.database import Registry, open_registry
 from dvml.registry.weights import weights_from_bytes
 from dvml.store.datasets import Dataset, resolve_dataset
@@ -33,8 +34,11 @@ from dvml.store.versions import dataset_lineage
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import DatasetInput, dataset_input, user_run
+from dvml.train.fit_admission import reserved
 from dvml.train.job_scalars import JobScalars, report_scalars
+from dvml.train.memory_use import memory_summary
 from dvml.train.model_lock import holding_model
+from dvml.train.run_memory import memory_estimate, run_memory_plan
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
 from dvml.train.runtime.plan import (
     batch_split,
@@ -46,11 +50,12 @@ from dvml.train.runtime.plan import (
 )
 from dvml.train.runtime.shipped import pickle_by_value, source_texts
 from dvml.train.summary import build_summary, weights_size_kb
+from dvml.train.trainer_memory import check_fit_fits
 
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["RunResult", "run"]
+__all__ = ["PlacedRun", "RunResult", "place_run", "run"]
 
 logger = logging.getLogger("dvml.train")
 
@@ -78,6 +83,11 @@ class RunResult:
         The workers a trainer ran on.
     resumed_from_step : int or None
         The checkpointed step a rerun started after.
+    memory_plan : FitMemoryPlan or None
+        The run's memory plan (``dvml.plan.run``): per trainer and host, what was admitted.
+    memory : dict
+        The plan against what the trainers used, as in a fit's summary: ``trainer_memory``
+        (worker → planned and peak bytes), ``memory_over_plan`` and ``host_memory``.
     """
 
     name: str
@@ -87,6 +97,8 @@ class RunResult:
     models: list[str]
     workers: list[str]
     resumed_from_step: int | None
+    memory_plan: FitMemoryPlan | None = None
+    memory: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (
@@ -110,6 +122,7 @@ def run(
     progress: bool = True,
     on_report: Callable[[dict[str, Any]], None] | None = None,
     tensorboard_dir: str | None = None,
+    memory: int | str | None = None,
     registry: Registry | str | None = None,
     client: Client | None = None,
 ) -> RunResult:
@@ -156,6 +169,12 @@ def run(
         Write the run's TensorBoard stream to ``tensorboard_dir/job``: per report step, each
         metric averaged over the trainers and every trainer's own value and elapsed seconds
         (``trainer/<worker>/...``).
+    memory : int or str, optional
+        Your estimate of what ``train_fn`` builds in each trainer (its model, optimizer state,
+        other datasets), in bytes or as a size (``"300MiB"``). The run's memory plan counts it
+        beside TensorFlow's runtime and the primary dataset's batches; without it the plan is
+        a lower bound. Either way a run whose plan does not fit its hosts (alone, or beside
+        the running jobs' reservations) is refused before any trainer starts.
     registry : Registry or str, optional
         Where ``context.save_model`` stores models (default: the configured registry).
     client : distributed.Client, optional
@@ -168,47 +187,43 @@ def run(
 
     Raises
     ------
+    MemoryPlanError
+        The run's memory plan does not fit its hosts, alone or beside the running jobs: no
+        trainer was started (the message has the plan and its fixes).
     TrainerFailedError
         A trainer raised (its traceback is in the message), died, or its host left: every
         trainer is stopped.
     """
     name = _checked(train_fn, sync, name)
     client = current_client(client)
-    named = {k: resolve_dataset(v, client) for k, v in _named(datasets).items()}
-    primary = next(iter(named.values()))
-    workers = training_workers(client, primary, None, use_gpus)
-    for key, ds in list(named.items())[1:]:
-        check_colocated(ds, workers, f"Dataset {key!r}")
-    per_worker, steps = batch_split(primary, workers, batch_size)
-    seed = int(settings.get("preprocess.seed", seed))
+    setup = place_run(client, name, datasets, sync, use_gpus, batch_size, seed, memory)
+    seed, named, workers, key = setup.seed, setup.named, setup.workers, setup.key
     timeout = float(settings.get("train.trainer-timeout", timeout))
-    ids = {k: dataset_key(d) for k, d in named.items()}
-    key = job_key("run", name, ids, [w.name for w in workers], batch_size, seed, sync)
     directory = str(settings.state_dir() / "checkpoints" / f"run-{name}-{key}")
     payload = pickle_by_value(train_fn)
-    sources = source_texts(train_fn)  # the trainers' tracebacks show the user's lines
-    datasets_held = [d.name for d in named.values()]
+    job_name = f"dvml.run {name!r}"
     with (
-        holding(datasets_held, job=f"dvml.run {name!r}", client=client) as lease,
+        holding([d.name for d in named.values()], job=job_name, client=client) as lease,
         holding_model(settings.state_dir(), f"run-{name}", key),
+        reserved(client, setup.plan, job_name),  # beside the running jobs' reservations
     ):
         resumed = find_checkpoint(client, workers, directory, key) if resume else None
-        job = _job(name, key, sync, seed, named, batch_size, steps, directory, use_gpus,
+        job = _job(name, key, sync, seed, named, batch_size, setup.steps, directory, use_gpus,
                    config, resumed)  # fmt: skip
-        job["sources"] = sources
+        job["sources"] = source_texts(train_fn)  # the trainers' tracebacks show the user's lines
         scalars = JobScalars(tensorboard_dir) if tensorboard_dir else None
         names = {w.address: w.name for w in workers}
         collector = _Reports(len(workers), name, on_report, progress, scalars, names)
         try:
             results = run_lockstep(
-                client, workers, job, per_worker, resumed[1] if resumed else None, collector,
-                timeout, what="dvml.run", payload=payload,
+                client, workers, job, setup.per_worker, resumed[1] if resumed else None,
+                collector, timeout, what="dvml.run", payload=payload,
             )  # fmt: skip
         finally:
             if scalars is not None:
                 scalars.close()
         lease.check()  # a dataset dropped with force=True: fail, register nothing
-        registered = _register(registry, results, primary, name)
+        registered = _register(registry, results, setup.primary, name)
         log_models_saved(client, registered, f"dvml.run {name}")
         clear_checkpoints(client, workers, directory)
     value = None
@@ -225,12 +240,57 @@ def run(
         models=[m for m, _ in registered],
         workers=[w.name for w in workers],
         resumed_from_step=resumed[0] - 1 if resumed else None,
+        memory_plan=setup.plan,
+        memory=memory_summary(setup.plan, collector.samples, float(settings.get("memory.margin"))),
     )
     if tracking_uri() is not None:  # the run in MLflow, when the user asked for it
         settings_used = {"sync": sync, "batch_size": batch_size, "seed": seed,
                          "use_gpus": use_gpus}  # fmt: skip
         _log_to_mlflow(result, settings_used, config, named, collector.records)
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacedRun:
+    """A run placed and planned: its datasets, trainers, batches, key and memory plan."""
+
+    named: dict[str, Dataset]
+    primary: Dataset
+    workers: list[Any]
+    per_worker: list[int]
+    steps: int
+    seed: int
+    key: str
+    plan: FitMemoryPlan
+
+
+def place_run(
+    client: Client,
+    name: str,
+    datasets: Any,
+    sync: str,
+    use_gpus: bool,
+    batch_size: int,
+    seed: int | None,
+    memory: int | str | None,
+    check: bool = True,
+) -> PlacedRun:
+    """Resolve the datasets, place the trainers and plan their memory; with ``check``, refuse
+    a run whose plan does not fit its hosts (:class:`~dvml.exceptions.MemoryPlanError`)."""
+    estimate = memory_estimate(memory)
+    named = {k: resolve_dataset(v, client) for k, v in _named(datasets).items()}
+    primary = next(iter(named.values()))
+    workers = training_workers(client, primary, None, use_gpus)
+    for key, ds in list(named.items())[1:]:
+        check_colocated(ds, workers, f"Dataset {key!r}")
+    per_worker, steps = batch_split(primary, workers, batch_size)
+    seed = int(settings.get("preprocess.seed", seed))
+    ids = {k: dataset_key(d) for k, d in named.items()}
+    key = job_key("run", name, ids, [w.name for w in workers], batch_size, seed, sync)
+    plan = run_memory_plan(client, workers, per_worker, primary.summary, estimate, use_gpus)
+    if check:
+        check_fit_fits(plan, name, batch_size, job=f"dvml.run {name!r}")
+    return PlacedRun(named, primary, workers, per_worker, steps, seed, key, plan)
 
 
 def _checked(train_fn: Any, sync: str, name: str | None) -> str:
@@ -372,12 +432,18 @@ class _Reports:
         self.scalars, self.names = scalars, dict(names or {})
         self.pending: dict[int, list[dict[str, Any]]] = {}
         self.records: list[dict[str, Any]] = []
+        # (worker, resident bytes, zygote bytes) of the reports that carried a sample
+        self.samples: list[tuple[str, int | None, int | None]] = []
         self.started = time.monotonic()
 
     def __call__(self, event: tuple[float, dict[str, Any]]) -> None:
         _, message = event
         if message.get("kind") != "report":
             return
+        if message.get("resident_bytes") is not None:
+            worker = str(message.get("worker"))
+            self.samples.append((self.names.get(worker, worker), message["resident_bytes"],
+                                 message.get("zygote_bytes")))  # fmt: skip
         bucket = self.pending.setdefault(int(message["step"]), [])
         bucket.append(message)
         if len(bucket) < self.n:

@@ -126,13 +126,16 @@ def label_width(num_classes: Any) -> int:
     return int(num_classes or 0)
 
 
-def check_fit_fits(plan: FitMemoryPlan, model: str, batch_size: int) -> None:
-    """Raise :class:`MemoryPlanError` when ``plan`` does not fit; its message has the plan."""
+def check_fit_fits(
+    plan: FitMemoryPlan, model: str, batch_size: int, job: str | None = None
+) -> None:
+    """Raise :class:`MemoryPlanError` when ``plan`` does not fit; its message has the plan.
+    ``job`` names it (default: the fit of ``model``)."""
     if plan.fits:
         return
-    short = plan.short
+    short, job = plan.short, job or f"fit of model {model!r}"
     raise MemoryPlanError(
-        f"The fit of model {model!r} does not fit in its hosts' memory: {len(short)} of "
+        f"The {job} does not fit in its hosts' memory: {len(short)} of "
         f"{len(plan.hosts)} hosts lack room for their trainers. No trainer was started. "
         f"Received: {len(plan.trainers)} trainers, batch_size={batch_size}, host room "
         f"{', '.join(f'{h.host}: {format_size(h.room.room)}' for h in plan.hosts)}. The plan, "

@@ -470,6 +470,31 @@ def test_the_plan_is_what_the_vineyardds_gain_and_too_much_is_refused(
     assert staging_names(client) == []
 
 
+def test_a_raw_source_is_planned_and_refused_before_its_pack_writes(
+    env: dict[str, Any], cleanup: None
+) -> None:
+    """An image folder's cache is planned from its pack's plan (labels from its classes,
+    whatever the storage layout) and refused at the pack's admission, before a byte of the
+    source is written: the refusal's plan still counts the source's bytes to be written."""
+    client, cluster, folder = env["client"], env["cluster"], str(env["folder"])
+    images = {"image_size": (32, 32), "normalizing_const": 255.0}
+    bb = tiny_backbone()
+    plan = dvml.plan.features(folder, bb, layer="conv2", batch_size=8, client=client, **images)
+    assert plan.fits and plan.row_bytes == 4 * (13 * 13 * 16 + len(CLASSES))
+    assert sum(w.rows for w in plan.workers) == 20 * len(CLASSES)
+    assert all(w.source > 0 for w in plan.workers), plan.table()
+
+    k = keras()
+    inputs = k.Input((32, 32, 3))
+    huge = k.Model(inputs, k.layers.Conv2D(8, 1)(k.layers.UpSampling2D(24)(inputs)))
+    usage, names = vineyard_usage(cluster), dataset_names(client)
+    with pytest.raises(MemoryPlanError, match="vineyard_memory: at least") as refused:
+        dvml.features.cache(folder, huge, name="fc_raw_too_big", client=client, **images)
+    assert all(w.source > 0 for w in refused.value.plan.workers)  # planned before the pack
+    assert vineyard_usage(cluster) == usage and dataset_names(client) == names
+    assert staging_names(client) == []
+
+
 def test_save_and_load(env: dict[str, Any], cleanup: None) -> None:
     client, tmp = env["client"], env["tmp"]
     cache = dvml.features.cache(

@@ -184,8 +184,17 @@ def test_a_custom_gradient_tape_loop_trains_in_lockstep(
 ) -> None:
     logs = tmp_path / "tb"
     result = run(env, gradient_tape_loop, batch_size=64, tensorboard_dir=str(logs),
-                 config={"model_json": env["model_json"], "epochs": 3})  # fmt: skip
+                 config={"model_json": env["model_json"], "epochs": 3},
+                 memory="4MiB")  # fmt: skip
     assert result.value["rank"] == 0 and result.value["world"] == 2  # the chief's return
+    # the memory plan it was admitted by, against what its trainers used (issue 38)
+    assert result.memory_plan is not None and result.memory_plan.fits
+    assert "4.0 MiB per trainer" in " ".join(result.memory_plan.notes)
+    assert sorted(result.memory["trainer_memory"]) == sorted(result.workers)
+    assert all(t["peak_bytes"] for t in result.memory["trainer_memory"].values()), result.memory
+    (host,) = result.memory["host_memory"].values()
+    print("run host memory", host)
+    assert 0.8 <= host["peak_bytes"] / host["planned_bytes"] <= 1.2, host
     assert result.value["rows"] > 0
     history = result.history
     assert history["step"].tolist() == [1, 2, 3]
@@ -298,3 +307,21 @@ def test_refuses_bad_arguments_before_any_trainer(env: dict[str, Any]) -> None:
         run(env, "not a function")  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match="sync must be one of"):
         run(env, raising, sync="iteration")
+    with pytest.raises(ArgumentError, match="memory must be the bytes"):
+        run(env, raising, memory="-1 MiB")
+
+
+def test_a_run_whose_plan_does_not_fit_is_refused_before_any_trainer(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    from dvml.exceptions import MemoryPlanError
+
+    with dask.config.set(env["settings"]):
+        plan = dvml.plan.run({"train": "run_digits"}, batch_size=64, client=env["client"])
+    assert plan.fits and "lower bound" in " ".join(plan.notes)
+    assert [t.batch for t in plan.trainers] == [32, 32]
+    before = worker_trainers(cluster2)
+    with pytest.raises(MemoryPlanError, match=r"dvml\.run 'raising' does not fit") as refused:
+        run(env, raising, memory="1TiB")
+    assert "1.00 TiB per trainer" in str(refused.value) and refused.value.plan.fixes
+    assert worker_trainers(cluster2) == before  # refused before any trainer started

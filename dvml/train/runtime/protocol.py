@@ -181,6 +181,9 @@ class Report(Line):
     metrics: dict[str, Any]
     elapsed: float
     checkpointed: bool = False
+    # the trainer's resident bytes and its zygote's (memory_sample), at most once a second
+    resident_bytes: int | None = None
+    zygote_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dvml import tf_runtime
 from dvml.exceptions import ArgumentError, TrainingError
 from dvml.resolve.partitions import LocalPartitions, open_local
 from dvml.resolve.tfdata import evaluation_dataset, training_dataset
+from dvml.train.runtime import memory_sample
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.protocol import Report, Returned, SavedModel, emit
 from dvml.train.runtime.seeds import shuffle_seed
@@ -32,6 +33,8 @@ from dvml.train.runtime.startup import Startup
 __all__ = ["Checkpoint", "TrainContext", "run", "user_traceback"]
 
 DEFAULT_COMPILE_PARAMS = "loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']"
+SAMPLE_EVERY_S = 1.0
+"""Seconds between two samples of a trainer's memory sent with its reports."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,7 @@ class TrainContext:
         self._steps = int((job.get("resume") or {}).get("step", 0))
         self._history: list[dict[str, Any]] = list((job.get("resume") or {}).get("history", []))
         self._started = time.monotonic()
+        self._sampled_at = -SAMPLE_EVERY_S  # the first report samples
         self._store = CheckpointStore(job["checkpoint_dir"])
 
     @property
@@ -153,7 +157,14 @@ class TrainContext:
                     "history": self._history}  # fmt: skip
             self._store.save(self.worker, weights_to_bytes(list(weights)), meta)
         elapsed = time.monotonic() - self._started
-        emit(Report(self._steps, values, elapsed, checkpointed=checkpoint is not None))
+        # A sample walks the process's pages (~10 ms): at most one a second, for loops that
+        # report every step.
+        sampled = elapsed - self._sampled_at >= SAMPLE_EVERY_S
+        if sampled:
+            self._sampled_at = elapsed
+        emit(Report(self._steps, values, elapsed, checkpointed=checkpoint is not None,
+                    resident_bytes=memory_sample.sample() if sampled else None,
+                    zygote_bytes=memory_sample.zygote_bytes() if sampled else None))  # fmt: skip
 
     def checkpoint(self) -> Checkpoint | None:
         """The last checkpoint of this run (every trainer gets the same one), or None."""
