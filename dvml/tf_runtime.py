@@ -380,7 +380,7 @@ def build_model(
     compile_kwargs: Mapping[str, Any] | None = None,
 ) -> Any:
     """A tf-keras model from its JSON, with ``weights`` (a list of arrays), compiled with
-    ``compile_kwargs`` (from :func:`dvml.train.params.compile_kwargs`) when given.
+    ``compile_kwargs`` (from :func:`dvml.configs.compile_kwargs`) when given.
 
     Build it inside the device or distribution-strategy scope its variables belong to.
     """

@@ -29,11 +29,11 @@ def test_b11_is_registered_with_its_target() -> None:
 
 
 def test_four_configurations_two_learning_rates_by_two_batches() -> None:
-    from dvml.train.hop_schedule import check_configs
+    from dvml.configs import check_config_rows
 
     table = b11.configurations(7)
-    checked = check_configs(table.to_dict(orient="records"))
-    assert [c["mst_key"] for c in checked] == [1, 2, 3, 4]
+    checked = check_config_rows(table.to_dict(orient="records"))
+    assert [c.mst_key for c in checked] == [1, 2, 3, 4]
     assert set(table["model_id"]) == {7}
     pairs = {(c, f) for c, f in zip(table["compile_params"], table["fit_params"], strict=True)}
     assert len(pairs) == 4

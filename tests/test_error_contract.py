@@ -59,8 +59,8 @@ PROTOCOL = {"AttributeError": {"__getattr__"}, "StopIteration": {"__next__"}}
 
 # Exception classes defined outside dvml/exceptions.py that need not be DvmlErrors.
 PRIVATE_CLASSES: dict[tuple[str, str], str] = {
-    ("dvml/train/params.py", "_Refused"): (
-        "internal to the params parser: always caught there and turned into ParameterError"
+    ("dvml/configs/literals.py", "Refused"): (
+        "internal to the literal reader: always caught there and turned into ParameterError"
     ),
     ("dvml/preprocess/admission.py", "Planned"): (
         "control flow of dvml.plan.pack: raised only under planning_only() and caught there "
@@ -254,7 +254,7 @@ def test_preprocessor_argument_error_is_a_dvml_error_and_a_value_error() -> None
 
 
 def test_params_error_is_a_dvml_error_and_a_value_error() -> None:
-    from dvml.train.params import parse_compile_params
+    from dvml.configs import parse_compile_params
 
     exc = _caught_by_both(lambda: parse_compile_params("loss=__import__('os')"), ValueError)
     assert isinstance(exc, ParameterError)

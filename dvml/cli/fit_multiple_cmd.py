@@ -82,6 +82,7 @@ def resolve_fit_multiple() -> Callable[..., Any]:
 
 
 def _dry_run(args: argparse.Namespace, job: dict[str, Any], source: Any) -> int:
+    from dvml.configs import model_config  # the CLI imports lazily
     from dvml.jobs.data import config_dir, dataset_names
     from dvml.jobs.job_cluster import cluster_plan
     from dvml.jobs.schemas import planned_configs
@@ -101,7 +102,7 @@ def _dry_run(args: argparse.Namespace, job: dict[str, Any], source: Any) -> int:
         print(f"  - configurations: {len(configs)} ({section['search']} search) -> "
               f"{job['name']}-configs")  # fmt: skip
         rows = [{**c.as_dict(), "model_id": specs[c.model_id - 1]} for c in configs]
-        print(format_table(rows, ["mst_key", "model_id", "compile_params", "fit_params"]))
+        print(format_table(rows, list(model_config.COLUMNS)))
     print(f"  - fit_multiple -> {output!r}: {settings['num_iterations']} iteration(s)"
           + (", warm start" if settings["warm_start"] else ""))  # fmt: skip
     print_memory_plan(args, job, config_dir(args.config), source, _hop_trainers(job, args))

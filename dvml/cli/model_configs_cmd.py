@@ -16,7 +16,6 @@ from dvml.cli._common import add_command, add_group, format_table
 __all__ = ["register"]
 
 _LIST_COLUMNS = ["name", "n_configs", "search", "seed", "description", "created_at"]
-_TABLE_COLUMNS = ["mst_key", "model_id", "compile_params", "fit_params"]
 
 
 def _add_registry(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +161,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _print_table(table: Any, as_json: bool) -> None:
+    from dvml.configs import model_config  # the CLI imports lazily
+
     attrs = table.attrs
     rows = table.to_dict(orient="records")
     if as_json:
@@ -171,7 +172,7 @@ def _print_table(table: Any, as_json: bool) -> None:
     seed = f", seed {attrs['seed']}" if attrs.get("seed") is not None else ""
     search = f"{attrs['search']} search" if attrs.get("search") else "given lists"
     print(f"Model selection table {attrs['name']!r}: {len(rows)} configurations ({search}{seed}).")
-    print(format_table(rows, _TABLE_COLUMNS))
+    print(format_table(rows, list(model_config.COLUMNS)))
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any, cast
 
+from dvml import configs
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.jobs.yaml_schema import Field, Schema, Section, describe
 from dvml.limits import (
@@ -28,7 +29,6 @@ from dvml.limits import (
     count_problem,
     seconds_problem,
 )
-from dvml.train import config_search
 
 __all__ = [
     "AUTOML_SCHEMA",
@@ -224,8 +224,8 @@ def _params_problem(section: dict[str, Any], prefix: str) -> str | None:
     Checked when the file loads, so ``--dry-run`` refuses what a run would refuse only after
     packing the data. The parsers are pure and never evaluate the strings.
     """
+    from dvml.configs import parse_compile_params, parse_fit_params
     from dvml.exceptions import ParameterError
-    from dvml.train.params import parse_compile_params, parse_fit_params
 
     custom = [n for n in section.get("custom_objects") or [] if isinstance(n, str)]
     try:
@@ -494,7 +494,7 @@ def _architectures(value: Any) -> str | None:
     return None if ok else "must be a non-empty list of architecture ids, paths or builtin:..."
 
 
-def planned_configs(section: dict[str, Any]) -> list[config_search.ModelConfig]:
+def planned_configs(section: dict[str, Any]) -> list[configs.ModelConfig]:
     """The configurations a ``model_selection`` section generates, before any registry exists.
 
     ``model_id`` is the 1-based position of the architecture in ``architectures`` (the ids are
@@ -503,10 +503,10 @@ def planned_configs(section: dict[str, Any]) -> list[config_search.ModelConfig]:
     Raises
     ------
     ArgumentError, ArgumentTypeError
-        As :func:`dvml.train.config_search.plan_configs`.
+        As :func:`dvml.configs.plan_configs`.
     """
     positions = list(range(1, len(section["architectures"]) + 1))
-    return config_search.plan_configs(
+    return configs.plan_configs(
         positions,
         section["compile_params_grid"],
         section["fit_params_grid"],
@@ -558,7 +558,7 @@ def _selection_fields() -> dict[str, Field | Section]:
             (str, dict), help="fit parameter -> list of choices, e.g. {batch_size: [8, 16]}"
         ),
         "search": Field(
-            str, default="grid", choices=config_search.SEARCHES, help="every combination or samples"
+            str, default="grid", choices=configs.SEARCHES, help="every combination or samples"
         ),
         "num_configs": Field(int, check=_at_least_one, help="random search: how many"),
         "seed": Field(int, check=_seed, help="random search: the same seed gives the same table"),
@@ -627,7 +627,7 @@ def _automl_check(section: dict[str, Any]) -> str | None:
 
 
 def _space_check(section: dict[str, Any]) -> str | None:
-    from dvml.search.search_space import SearchSpace
+    from dvml.configs.search_space import SearchSpace
 
     if not section["architectures"] or section["compile_params_grid"] is None:
         return (

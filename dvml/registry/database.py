@@ -20,6 +20,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from dvml import config
+from dvml.configs.model_config import COLUMNS, ModelConfig
 from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, RegistryNotFoundError
 from dvml.names import check_name
 from dvml.registry import custom, keras_json, model_lineage
@@ -43,9 +44,6 @@ TRAINED_SUMMARY_KEYS = (
     "dependent_varname",
 )
 """The summary keys that evaluate and predict read (written by every dvml fit)."""
-
-SELECTION_COLUMNS = ("mst_key", "model_id", "compile_params", "fit_params")
-"""The columns of a model selection table (MADlib's), in order."""
 
 __all__ = ["TRAINED_SUMMARY_KEYS", "Registry", "open_registry", "opened_registry"]
 
@@ -760,7 +758,7 @@ class Registry:
     def save_model_selection(
         self,
         name: str,
-        rows: Sequence[Mapping[str, Any]],
+        rows: Sequence[ModelConfig],
         *,
         search: str | None = None,
         seed: int | None = None,
@@ -772,16 +770,16 @@ class Registry:
         """Store a model selection table (MADlib's ``mst_key``, ``model_id``, ``compile_params``,
         ``fit_params``) under ``name``, in one transaction.
 
-        The rows are stored as given: :mod:`dvml.train.model_selection` parses and checks the
-        parameters before calling this. Every ``model_id`` must be an architecture in the
-        registry.
+        The rows are stored as they are handed: a :class:`~dvml.configs.ModelConfig` is a
+        checked row (:func:`dvml.configs.check_config_rows` checks rows once, before this).
+        Every ``model_id`` must be an architecture in the registry.
 
         Parameters
         ----------
         name : str
             The table's name (letters, digits and ``. _ - @ +``).
-        rows : list of dict
-            One per configuration, with the four columns; ``mst_key`` values are distinct.
+        rows : list of ModelConfig
+            One per configuration; ``mst_key`` values are distinct.
         search, seed, source, custom_objects, description : optional
             How the table was made (``source``: the grids or lists, as JSON), shown by
             :meth:`list_model_selections` and kept in the loaded table's ``attrs``.
@@ -795,13 +793,15 @@ class Registry:
 
         Raises
         ------
+        ArgumentTypeError
+            When ``rows`` is not a non-empty list of :class:`~dvml.configs.ModelConfig`.
         RegistryError
             When a table of this name exists and ``replace`` is False.
         RegistryNotFoundError
             Naming every ``model_id`` that is not an architecture.
         """
         name = check_name(name, "name")
-        checked = _selection_rows(rows)
+        checked = _row_dicts(rows)
         header = {
             "description": v.check_text(description, "description"),
             "search": v.check_text(search, "search", 16),
@@ -866,12 +866,12 @@ class Registry:
         with self._transaction() as conn:
             header = dict(self._selection_id(conn, name)._mapping)
             query = (
-                sa.select(*(r.c[c] for c in SELECTION_COLUMNS))
+                sa.select(*(r.c[c] for c in COLUMNS))
                 .where(r.c.selection_id == header["id"])
                 .order_by(r.c.mst_key)
             )
             rows = [dict(row._mapping) for row in conn.execute(query)]
-        frame = pd.DataFrame(rows, columns=list(SELECTION_COLUMNS))
+        frame = pd.DataFrame(rows, columns=list(COLUMNS))
         frame = frame.astype({"mst_key": "int64", "model_id": "int64"})
         frame.attrs.update(
             name=header["name"],
@@ -921,41 +921,20 @@ class Registry:
             conn.execute(sa.delete(model_selections).where(model_selections.c.id == selection_id))
 
 
-def _selection_rows(rows: Any) -> list[dict[str, Any]]:
-    """Check the rows of a model selection table for storing (types and distinct keys only)."""
-    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence) or not rows:
+def _row_dicts(rows: Any) -> list[dict[str, Any]]:
+    """The rows to insert. Not a check: dvml.configs checked each ModelConfig once."""
+    if (
+        isinstance(rows, str | bytes)
+        or not isinstance(rows, Sequence)
+        or not rows
+        or not all(isinstance(row, ModelConfig) for row in rows)
+    ):
         raise ArgumentTypeError(
-            f"rows must be a non-empty list of dicts with the columns {list(SELECTION_COLUMNS)}"
-            f". Received: {type(rows).__name__}."
+            "rows must be a non-empty list of ModelConfig rows (checked by "
+            f"dvml.configs.check_config_rows). Received: {type(rows).__name__} {rows!r:.200}. "
+            "Store rows with dvml.model_selection_table, which checks them."
         )
-    checked = []
-    keys: set[int] = set()
-    for i, row in enumerate(rows):
-        if not isinstance(row, Mapping) or set(row) != set(SELECTION_COLUMNS):
-            raise ArgumentError(
-                f"rows[{i}] must be a dict with exactly the columns {list(SELECTION_COLUMNS)}. "
-                f"Received: {row!r:.200}."
-            )
-        key = v.check_id(row["mst_key"], f"rows[{i}]['mst_key']")
-        if key < 1 or key in keys:
-            raise ArgumentError(
-                f"rows[{i}]['mst_key'] must be a positive integer used by no other row. "
-                f"Received: mst_key={key}."
-            )
-        keys.add(key)
-        texts = {}
-        for column in ("compile_params", "fit_params"):
-            if not isinstance(row[column], str):
-                raise ArgumentTypeError(
-                    f"rows[{i}][{column!r}] must be a parameter string. Received: "
-                    f"{type(row[column]).__name__} {row[column]!r:.80}."
-                )
-            texts[column] = row[column]
-        checked.append(
-            {"mst_key": key, "model_id": v.check_id(row["model_id"], f"rows[{i}]['model_id']"),
-             **texts}
-        )  # fmt: skip
-    return checked
+    return [row.as_dict() for row in rows]
 
 
 def open_registry(registry: Registry | str | None) -> Registry:

@@ -37,12 +37,12 @@ import dataclasses
 import statistics
 from typing import Any
 
+from dvml.configs.search_space import SearchSpace
 from dvml.exceptions import ArgumentError
 from dvml.search import journal as j
 from dvml.search.automl_params import AshaParams, parse_automl_params
 from dvml.search.hyperband import rank_key
 from dvml.search.samplers import make_sampler
-from dvml.search.search_space import SearchSpace
 
 __all__ = ["Asha", "TrialState", "rungs"]
 

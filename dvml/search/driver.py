@@ -46,7 +46,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dvml import config
+from dvml import configs as cs
 from dvml.cluster.workers import current_client
+from dvml.configs.search_space import SearchSpace
 from dvml.exceptions import ArgumentError, RegistryNotFoundError
 from dvml.names import check_name, check_suffixed_name
 from dvml.registry.database import Registry, open_registry
@@ -63,11 +65,9 @@ from dvml.search.hop_search import HopSearch
 from dvml.search.hyperopt_run import HyperoptRun
 from dvml.search.outcome import SearchOutcome
 from dvml.search.search_memory import bounding_configs
-from dvml.search.search_space import SearchSpace
 from dvml.store.datasets import Dataset
 from dvml.store.leases import holding
 from dvml.tracking.model_events import log_models_saved
-from dvml.train import config_search as cs
 from dvml.train.fit_multiple import ModelSelection, track_selection
 from dvml.train.model_lock import holding_output
 from dvml.train.outputs import check_outputs_free, existing_outputs
@@ -273,7 +273,9 @@ def _save(
         status="finished",
     )
     reg.save_model_selection_run(model_output, models, rows, summary)
-    best_row = {c: best[c] for c in cs.COLUMNS}
+    best_row = cs.ModelConfig(
+        int(best["mst_key"]), int(best["model_id"]), best["compile_params"], best["fit_params"]
+    )  # drawn from the space, parsed then: a checked row
     reg.save_model_selection(
         f"{model_output}_best",
         [best_row],
@@ -439,12 +441,8 @@ def _hyperband(
     check: Callable[[], None],
 ) -> None:
     """MADlib's diagonals: each one's survivors and new bracket trained together."""
-    g = space.grids()
-    configs = cs.plan_configs(
-        g["arch_ids"], g["compile_params_grid"], g["fit_params_grid"], "random",
-        search.num_configs, seed, g["custom_names"],
-    )  # fmt: skip
-    by_key = {c.mst_key: c for c in configs}
+    # The space's own seeded draws, as model_configs(search="random") draws (one engine).
+    by_key = {c.mst_key: c for c in space.distinct_configs(search.num_configs, seed)}
     losses: dict[int, float | None] = {}
     _log_brackets(hop.client, hop.model_output, search, "running")
     while (diagonal := search.next_diagonal()) is not None:

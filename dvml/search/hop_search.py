@@ -27,10 +27,10 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from dvml.configs import ModelConfig
 from dvml.exceptions import TrainerFailedError
 from dvml.registry.database import Registry
 from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
-from dvml.train.config_search import ModelConfig
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_schedule import History, model_histories

@@ -16,12 +16,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from dvml.configs.search_space import SearchSpace
 from dvml.exceptions import ArgumentError
 from dvml.search import journal as j
 from dvml.search.automl_params import HyperoptParams, parse_automl_params
 from dvml.search.hyperband import Done, Losses, Reported, hyperopt_batches, rank_key
 from dvml.search.samplers import make_sampler
-from dvml.search.search_space import SearchSpace
 
 __all__ = ["Batch", "HyperoptRun", "NextBatch"]
 

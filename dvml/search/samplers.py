@@ -1,6 +1,6 @@
 """Samplers that propose configurations: seeded random, and Optuna's TPE (ask and tell).
 
-A sampler proposes a point of a :class:`~dvml.search.search_space.SearchSpace` with
+A sampler proposes a point of a :class:`~dvml.configs.search_space.SearchSpace` with
 :meth:`ask` and learns a configuration's loss with :meth:`tell`. Both are deterministic for a
 seed and a sequence of calls, so replaying a journal's asks and tells into a fresh sampler
 proposes the same points again (the resume path of :mod:`dvml.search.journal`).
@@ -19,9 +19,9 @@ import math
 import random
 from typing import Any
 
+from dvml.configs.search_space import Dimension, RandomDraw, SearchSpace
 from dvml.exceptions import ArgumentError
 from dvml.search.automl_params import require_optuna
-from dvml.search.search_space import Dimension, RandomDraw, SearchSpace
 
 __all__ = ["RandomSampler", "TpeSampler", "make_sampler"]
 

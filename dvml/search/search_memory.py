@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from dvml.search.search_space import Dimension, SearchSpace
+from dvml.configs.search_space import Dimension, SearchSpace
 
 if TYPE_CHECKING:
     from dvml.registry.database import Registry

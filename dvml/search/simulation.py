@@ -24,11 +24,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dvml.configs.search_space import RandomDraw, SearchSpace
 from dvml.search import journal as j
 from dvml.search.asha import Asha
 from dvml.search.automl_params import AshaParams
 from dvml.search.hyperband import HyperbandRun
-from dvml.search.search_space import RandomDraw, SearchSpace
 
 __all__ = ["Simulated", "simulate_asha", "simulate_hyperband", "synthetic_loss", "synthetic_space"]
 

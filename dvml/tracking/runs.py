@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dvml.configs.model_config import COLUMNS
+
 MAX_PARAM_CHARS = 6000
 """MLflow refuses a parameter value longer than this."""
 
@@ -26,7 +28,7 @@ SELECTION_PARAMS = (
 )  # fmt: skip
 """A fit_multiple or automl run summary's fields logged as the parent run's parameters."""
 
-CONFIG_PARAMS = ("mst_key", "model_id", "compile_params", "fit_params", "status", "rung")
+CONFIG_PARAMS = (*COLUMNS, "status", "rung")
 """An info row's fields logged as its child run's parameters."""
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from dvml import config
 from dvml._version import __version__
 from dvml.cluster.workers import current_client
+from dvml.configs import params_text
 from dvml.exceptions import ArgumentTypeError, RegistryError, TrainingError
 from dvml.placement.fit_memory import FitMemoryPlan
 from dvml.registry.database import Registry, open_registry
@@ -33,7 +34,6 @@ from dvml.train.memory_use import memory_summary, over_plan
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.outputs import check_outputs_free, model_exists
-from dvml.train.params import params_text
 from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
 from dvml.train.runtime.plan import (

@@ -32,7 +32,8 @@ import pandas as pd
 
 from dvml import config
 from dvml.cluster.workers import current_client
-from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, TrainerFailedError
+from dvml.configs import ModelConfig, params_text
+from dvml.exceptions import ArgumentError, RegistryError, TrainerFailedError
 from dvml.names import check_suffixed_name
 from dvml.registry.database import Registry, open_registry
 from dvml.store.datasets import Dataset
@@ -42,15 +43,14 @@ from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import selection_run
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
-from dvml.train.hop_schedule import Config, check_configs, model_histories, resumed_from
+from dvml.train.hop_schedule import model_histories, resumed_from
 from dvml.train.hop_tables import Trained, build_tables, model_name
 from dvml.train.hop_tables import run_summary as hop_run_summary
 from dvml.train.memory_use import memory_summary
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_output
-from dvml.train.model_selection import resolve_model_configs
+from dvml.train.model_selection import checked_configs
 from dvml.train.outputs import check_outputs_free, existing_outputs, model_exists
-from dvml.train.params import params_text
 from dvml.train.runtime.checkpoints import resume_points
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
@@ -114,41 +114,13 @@ class ModelSelection:
         return f"<dvml.ModelSelection {self.name!r} configurations={len(self.mst_keys)}>"
 
 
-def _resolve_configs(configs: Any) -> list[dict[str, Any]]:
-    """Configuration records from a DataFrame or a list of dicts.
-
-    A DataFrame (as :func:`dvml.model_configs` returns) or a list of dicts, each with
-    ``mst_key``, ``model_id``, ``compile_params`` and ``fit_params``. A str, the name of a
-    stored configuration table, is resolved by
-    :func:`dvml.train.model_selection.resolve_model_configs` before this function is reached;
-    any other type is refused here.
-
-    Raises
-    ------
-    ArgumentTypeError
-        ``configs`` is neither a DataFrame nor a list (or tuple) of dicts.
-    """
-    if isinstance(configs, pd.DataFrame):
-        return [
-            {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-            for row in configs.to_dict(orient="records")
-        ]
-    if isinstance(configs, list | tuple):
-        return list(configs)
-    raise ArgumentTypeError(
-        "configs must be a pandas DataFrame (as dvml.model_configs returns) or a list of "
-        "dicts with keys mst_key, model_id, compile_params, fit_params. Received: "
-        f"{type(configs).__name__}."
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """Everything fit_multiple decided before any trainer starts."""
 
     job: Job  # the common arguments, datasets, trainers, seed and timeout
     model_output: str
-    configs: list[Config]
+    configs: list[ModelConfig]  # checked once, sorted by mst_key
     parsed: dict[int, dict[str, Any]]  # mst_key -> compile/fit params parsed, arch JSON
     initial: dict[int, bytes]  # mst_key -> starting state (weights, no optimizer state)
     key: str
@@ -303,22 +275,21 @@ def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan
     """Check every argument and configuration up front (no trainer starts before this): the
     placed job and each configuration parsed (``.job``, ``.parsed``), what ``dvml.plan``
     plans from."""
-    # A stored table's name, or rows given here: parsed and checked against the registry.
-    table = resolve_model_configs(configs, reg, args.custom_objects)
-    custom = args.custom_objects or list(table.attrs.get("custom_objects") or [])
+    # A stored table's name, or rows given here: checked once, against the registry too.
+    checked, attrs = checked_configs(configs, reg, args.custom_objects)
+    custom = args.custom_objects or list(attrs.get("custom_objects") or [])
     args = dataclasses.replace(args, custom_objects=custom)
-    checked = check_configs(_resolve_configs(table))
-    check_suffixed_name(args.output, [f"_{int(c['mst_key'])}" for c in checked], "model_output")
+    check_suffixed_name(args.output, [f"_{c.mst_key}" for c in checked], "model_output")
     job = place_job(reg, client, args)
     parsed: dict[int, dict[str, Any]] = {}
     initial: dict[int, bytes] = {}
     for c in checked:
-        k = c["mst_key"]
+        k = c.mst_key
         # MADlib trains an mst_key the earlier run did not have from scratch.
         warm = args.warm_start and model_exists(reg, model_name(args.output, k))
         warm_from = model_name(args.output, k) if warm else None
         spec = model_spec(
-            reg, c["model_id"], c["compile_params"], c["fit_params"], job.train, custom, warm_from
+            reg, c.model_id, c.compile_params, c.fit_params, job.train, custom, warm_from
         )
         parsed[k] = spec.config()
         initial[k] = state_bytes(list(spec.weights) if spec.weights is not None else [])
@@ -327,7 +298,7 @@ def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan
         args.output,
         dataset_key(job.train),
         dataset_key(job.valid),
-        [(c["mst_key"], c["model_id"], parsed[c["mst_key"]]) for c in checked],
+        [(c.mst_key, c.model_id, parsed[c.mst_key]) for c in checked],
         args.num_iterations,
         job.frequency,
         job.seed,
@@ -369,7 +340,7 @@ def _resume(
     rule that needed one iteration every model still has a state of could find none, and
     start every model over.
     """
-    keys = [c["mst_key"] for c in plan.configs]
+    keys = [c.mst_key for c in plan.configs]
     points = dict.fromkeys(keys, 0)
     if not resume:
         return points, dict(plan.initial), []
@@ -439,7 +410,7 @@ def _run(
     """Add every model on the worker of its first hop (a resumed one: where its checkpoint
     is), run every remaining iteration of each model from its own resume point (the shared
     MOP loop), and return the hops' records and the evaluations."""
-    keys = [c["mst_key"] for c in plan.configs]
+    keys = [c.mst_key for c in plan.configs]
     for k, worker in first_workers(keys, plan.job.workers).items():
         hopper.add(k, plan.parsed[k], states[k], worker)
     return run_iterations(
@@ -470,14 +441,14 @@ def _register(
 ) -> list[tuple[str, dict[str, Any]]]:
     """Build every model's summary and the info/summary tables; register all in one go.
     Returns each model's name and summary."""
-    keys = [c["mst_key"] for c in plan.configs]
+    keys = [c.mst_key for c in plan.configs]
     times = {"start": start, "end": end, "name": name, "description": description}
     trained = [
         Trained(
-            c["mst_key"], c["model_id"], plan.parsed[c["mst_key"]], plan.job.args.num_iterations,
-            summary={"resumed_from_iteration": points[c["mst_key"]] or None},
-            texts=(params_text(c["compile_params"], plan.parsed[c["mst_key"]]["compile_params"]),
-                   params_text(c["fit_params"], plan.parsed[c["mst_key"]]["fit_params"])),
+            c.mst_key, c.model_id, plan.parsed[c.mst_key], plan.job.args.num_iterations,
+            summary={"resumed_from_iteration": points[c.mst_key] or None},
+            texts=(params_text(c.compile_params, plan.parsed[c.mst_key]["compile_params"]),
+                   params_text(c.fit_params, plan.parsed[c.mst_key]["fit_params"])),
             warm_start=plan.job.args.warm_start,
         )
         for c in plan.configs
@@ -525,8 +496,8 @@ def _run_summary(
         "end_training_time": times["end"],
         "metrics_iters": metrics_iters,
         # dvml's own fields
-        "mst_keys": [c["mst_key"] for c in plan.configs],
-        "model_names": [names[c["mst_key"]] for c in plan.configs],
+        "mst_keys": [c.mst_key for c in plan.configs],
+        "model_names": [names[c.mst_key] for c in plan.configs],
         "rounds_per_iteration": len(plan.job.workers),
         "hops": len(hops),
         "hop_workers": sorted({(r["mst_key"], r["iteration"], r["worker"]) for r in hops}),

@@ -1,4 +1,4 @@
-"""Pure pieces of ``fit_multiple``: the model hopper schedule, configurations, MADlib's tables.
+"""Pure pieces of ``fit_multiple``: the model hopper schedule and MADlib's ``.info`` rows.
 
 Model Hopper Parallelism (MOP, Cerebro: Nakandala et al., PVLDB 13(11), 2020; MADlib's
 ``madlib_keras_fit_multiple_model``): the data stays where it is and the models move. With
@@ -19,26 +19,19 @@ Nothing here does I/O; :mod:`dvml.train.fit_multiple` runs the schedule on a clu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dvml.exceptions import ArgumentError, ArgumentTypeError
+from dvml.exceptions import ArgumentError
 from dvml.train.summary import iteration_record
 
 __all__ = [
-    "CONFIG_COLUMNS",
-    "Config",
     "build_info",
-    "check_configs",
     "hop_schedule",
     "iteration_rows",
     "model_histories",
     "resumed_from",
 ]
-
-CONFIG_COLUMNS = ("mst_key", "model_id", "compile_params", "fit_params")
-
-Config = dict[str, Any]
 
 
 def hop_schedule(n_models: int, n_workers: int) -> list[list[tuple[int, int]]]:
@@ -59,72 +52,8 @@ def hop_schedule(n_models: int, n_workers: int) -> list[list[tuple[int, int]]]:
     return [[(m, (m + r) % n_workers) for m in range(n_models)] for r in range(n_workers)]
 
 
-def check_configs(rows: Sequence[Any]) -> list[Config]:
-    """Validate configuration records (dicts with :data:`CONFIG_COLUMNS`), sorted by mst_key.
-
-    Raises
-    ------
-    ArgumentTypeError
-        A record is not a mapping, or a field has the wrong type.
-    ArgumentError
-        No record, a missing column, or a repeated ``mst_key``.
-    """
-    if len(rows) == 0:
-        raise ArgumentError(
-            "configs is empty. Received: 0 configurations. Build them with "
-            "dvml.model_configs(...) or pass a list of dicts with keys "
-            f"{list(CONFIG_COLUMNS)}."
-        )
-    out: list[Config] = []
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise ArgumentTypeError(
-                f"configs[{i}] must be a dict with keys {list(CONFIG_COLUMNS)}. Received: "
-                f"{type(row).__name__}."
-            )
-        missing = [c for c in CONFIG_COLUMNS if c not in row]
-        if missing:
-            raise ArgumentError(
-                f"configs[{i}] lacks {missing}. Received keys: {sorted(row)}. Each "
-                f"configuration needs {list(CONFIG_COLUMNS)}."
-            )
-        for column in ("mst_key", "model_id"):
-            value = row[column]
-            if isinstance(value, bool) or (not isinstance(value, int) and not _is_int(value)):
-                raise ArgumentTypeError(
-                    f"configs[{i}][{column!r}] must be an int. Received: {value!r}."
-                )
-        for column in ("compile_params", "fit_params"):
-            if not isinstance(row[column], str | dict) and row[column] is not None:
-                raise ArgumentTypeError(
-                    f"configs[{i}][{column!r}] must be a MADlib parameter string or a dict. "
-                    f"Received: {type(row[column]).__name__}."
-                )
-        out.append(
-            {
-                "mst_key": int(row["mst_key"]),
-                "model_id": int(row["model_id"]),
-                "compile_params": row["compile_params"],
-                "fit_params": row["fit_params"] if row["fit_params"] is not None else "",
-            }
-        )
-    keys = [c["mst_key"] for c in out]
-    if len(set(keys)) != len(keys):
-        raise ArgumentError(
-            f"configs repeat an mst_key. Received mst_keys: {keys}. Each configuration needs "
-            "its own mst_key."
-        )
-    return sorted(out, key=lambda c: c["mst_key"])
-
-
-def _is_int(value: Any) -> bool:
-    import numpy as np
-
-    return isinstance(value, np.integer)
-
-
 def build_info(
-    configs: Sequence[Config],
+    configs: Sequence[Mapping[str, Any]],
     model_names: dict[int, str],
     summaries: dict[int, dict[str, Any]],
     seconds: dict[int, dict[str, float]],
@@ -134,7 +63,7 @@ def build_info(
     Parameters
     ----------
     configs
-        The checked configurations.
+        ``{"mst_key", "model_id"}`` of each configuration, in mst_key order.
     model_names
         mst_key -> the registered model's name.
     summaries

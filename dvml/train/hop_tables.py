@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dvml._version import __version__
+from dvml.configs import format_params
 from dvml.registry.weights import weights_from_bytes
 from dvml.train.hop_schedule import History, build_info, iteration_rows
-from dvml.train.params import format_params
 from dvml.train.runtime.augment import describe as describe_augment
 from dvml.train.runtime.plan import Job
 from dvml.train.summary import build_summary, class_value_fields, madlib_values, weights_size_kb
@@ -41,7 +41,7 @@ class Trained:
     """The scheduler's own ``.info`` columns (Hyperband's ``s`` and ``i``, ASHA's ``status``)."""
     texts: tuple[str, str] | None = None
     """The compile and fit parameters as the user wrote them (MADlib keeps the text); None:
-    written from ``spec`` (:func:`~dvml.train.params.format_params`)."""
+    written from ``spec`` (:func:`~dvml.configs.format_params`)."""
     warm_start: bool = False
 
     def params_texts(self) -> tuple[str, str]:

@@ -2,7 +2,7 @@
 ``load_model_selection_table``, for training many configurations at once.
 
 :func:`model_configs` and :func:`model_selection_table` plan the configurations with the pure
-:mod:`dvml.train.config_search` (every parameter string parsed up front) and store them in the
+:mod:`dvml.configs` (every parameter string parsed up front) and store them in the
 model registry under a name; :func:`load_model_configs` reads a table back and
 :func:`resolve_model_configs` turns whatever a caller was given (a name, a DataFrame, a list
 of dicts) into one checked table, for :func:`dvml.fit_multiple`.
@@ -10,6 +10,7 @@ of dicts) into one checked table, for :func:`dvml.fit_multiple`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import secrets
@@ -18,15 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from dvml import configs as cs
+from dvml.configs import ModelConfig
 from dvml.exceptions import ArgumentTypeError, RegistryError
 from dvml.names import check_name
 from dvml.registry.database import opened_registry
-from dvml.train import config_search as cs
 
 if TYPE_CHECKING:
     from dvml.registry import Registry
 
 __all__ = [
+    "checked_configs",
     "delete_model_configs",
     "list_model_configs",
     "load_model_configs",
@@ -39,7 +42,7 @@ Grid = str | Mapping[str, Any] | None
 ParamsList = str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]] | None
 
 
-def _frame(configs: Sequence[cs.ModelConfig]) -> pd.DataFrame:
+def _frame(configs: Sequence[ModelConfig]) -> pd.DataFrame:
     frame = pd.DataFrame([c.as_dict() for c in configs], columns=list(cs.COLUMNS))
     return frame.astype({"mst_key": "int64", "model_id": "int64"})
 
@@ -55,14 +58,14 @@ def _custom_names(custom_objects: Collection[str] | None) -> list[str]:
     return list(custom_objects)
 
 
-def _default_name(configs: Sequence[cs.ModelConfig], custom: list[str]) -> str:
+def _default_name(configs: Sequence[ModelConfig], custom: list[str]) -> str:
     # Named by its content: building the same table again finds it instead of adding a copy.
     text = json.dumps([[c.as_dict() for c in configs], custom], sort_keys=True)
     return f"configs-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 def _store(
-    configs: Sequence[cs.ModelConfig],
+    configs: Sequence[ModelConfig],
     name: str | None,
     *,
     search: str | None,
@@ -73,7 +76,7 @@ def _store(
     replace: bool,
     registry: Registry | str | None,
 ) -> pd.DataFrame:
-    rows = [c.as_dict() for c in configs]
+    rows = list(configs)
     name = _default_name(configs, custom) if name is None else name
     try:
         with opened_registry(registry) as reg:
@@ -83,7 +86,7 @@ def _store(
                 # MADlib appends to a model selection table that exists (new rows only).
                 stored = reg.model_selection(name)
                 custom = sorted({*stored.attrs["custom_objects"], *custom})
-                appended = appended_rows(_records(stored), rows, custom)
+                appended = appended_rows(_stored_configs(stored), rows, custom)
                 if appended is None:
                     return stored  # nothing new
                 rows = appended
@@ -113,26 +116,34 @@ def _store(
 
 
 def appended_rows(
-    stored: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], custom: list[str]
-) -> list[dict[str, Any]] | None:
+    stored: Sequence[ModelConfig], new: Sequence[ModelConfig], custom: list[str]
+) -> list[ModelConfig] | None:
     """``stored`` and the rows of ``new`` that it lacks (equal parameters in any key order are
     the same row), numbered on from its largest ``mst_key``; None when nothing is new."""
 
-    def key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-        _, keys = cs.kept_texts(row["compile_params"], row["fit_params"], custom)
-        return (int(row["model_id"]), *keys)
+    def key(row: ModelConfig) -> tuple[Any, ...]:
+        _, keys = cs.kept_texts(row.compile_params, row.fit_params, custom)
+        return (row.model_id, *keys)
 
     seen = {key(r) for r in stored}
-    result = [dict(r) for r in stored]
-    next_key = max((int(r["mst_key"]) for r in stored), default=0) + 1
+    result = list(stored)
+    next_key = max((r.mst_key for r in stored), default=0) + 1
     for row in new:
         k = key(row)
         if k in seen:
             continue
         seen.add(k)
-        result.append({**dict(row), "mst_key": next_key})
+        result.append(dataclasses.replace(row, mst_key=next_key))
         next_key += 1
     return result if len(result) > len(stored) else None
+
+
+def _stored_configs(frame: pd.DataFrame) -> list[ModelConfig]:
+    """A stored table's rows, as the registry holds them (checked when they were stored)."""
+    return [
+        ModelConfig(int(r["mst_key"]), int(r["model_id"]), r["compile_params"], r["fit_params"])
+        for r in frame.to_dict("records")
+    ]
 
 
 def model_configs(
@@ -381,24 +392,42 @@ def resolve_model_configs(
         On an unknown table name or architecture id.
     """
     with opened_registry(registry) as reg:
-        if isinstance(configs, str):
-            frame = reg.model_selection(configs)
-            custom = _custom_names(custom_objects) or list(frame.attrs["custom_objects"])
-            # Checked again: a table written by an older dvml (or edited) must still parse.
-            checked = cs.check_config_rows(_records(frame), custom)
-            attrs = dict(frame.attrs)
-        elif _is_table(configs):
-            custom = _custom_names(custom_objects)
-            checked = cs.check_config_rows(_records(configs), custom)
-            attrs = {"name": None, "search": None, "seed": None, "description": None}
-        else:
-            raise ArgumentTypeError(
-                f"configs must be the name of a model selection table, a DataFrame or a list "
-                f"of dicts. Received: {type(configs).__name__} {configs!r:.80}. Build one with "
-                "dvml.model_configs(...)."
-            )
-        for model_id in sorted({c.model_id for c in checked}):
-            reg.get_architecture(model_id)  # RegistryNotFoundError names the id
+        checked, attrs = checked_configs(configs, reg, custom_objects)
     result = _frame(checked)
-    result.attrs.update(attrs, custom_objects=custom)
+    result.attrs.update(attrs)
     return result
+
+
+def checked_configs(
+    configs: str | pd.DataFrame | Sequence[Mapping[str, Any]],
+    reg: Registry,
+    custom_objects: Collection[str] | None = None,
+) -> tuple[list[ModelConfig], dict[str, Any]]:
+    """The rows that ``configs`` gives, checked once (:func:`dvml.configs.check_config_rows`),
+    and the table's ``attrs`` (with ``custom_objects``): what :func:`resolve_model_configs`
+    returns as a DataFrame, for ``fit_multiple``, which trains the rows as they are.
+
+    Raises
+    ------
+    ArgumentError, ArgumentTypeError, RegistryNotFoundError
+        As :func:`resolve_model_configs`.
+    """
+    if isinstance(configs, str):
+        frame = reg.model_selection(configs)
+        custom = _custom_names(custom_objects) or list(frame.attrs["custom_objects"])
+        # Checked again: a table written by an older dvml (or edited) must still parse.
+        checked = cs.check_config_rows(_records(frame), custom)
+        attrs = dict(frame.attrs)
+    elif _is_table(configs):
+        custom = _custom_names(custom_objects)
+        checked = cs.check_config_rows(_records(configs), custom)
+        attrs = {"name": None, "search": None, "seed": None, "description": None}
+    else:
+        raise ArgumentTypeError(
+            f"configs must be the name of a model selection table, a DataFrame or a list "
+            f"of dicts. Received: {type(configs).__name__} {configs!r:.80}. Build one with "
+            "dvml.model_configs(...)."
+        )
+    for model_id in sorted({c.model_id for c in checked}):
+        reg.get_architecture(model_id)  # RegistryNotFoundError names the id
+    return checked, {**attrs, "custom_objects": custom}

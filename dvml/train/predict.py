@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import current_client
+from dvml.configs import parse_compile_params
 from dvml.exceptions import ArgumentError, ArgumentTypeError, DataError, TrainingError
 from dvml.preprocess.locations import locate, read_table
 from dvml.preprocess.shards import shard_names
@@ -26,7 +27,6 @@ from dvml.registry.database import TRAINED_SUMMARY_KEYS, Registry, opened_regist
 from dvml.registry.weights import weights_to_bytes
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train import inference
-from dvml.train.params import parse_compile_params
 from dvml.train.runtime.sessions import inference_settings
 from dvml.train.summary import aggregate, output_names
 
@@ -42,7 +42,7 @@ def output_activation(compile_params: Any) -> str | None:
     """``"softmax"`` (``"sigmoid"`` for a binary loss) when the compiled loss says the model
     ends in logits (``from_logits=True``); None when its outputs are probabilities already.
 
-    ``compile_params`` is :func:`~dvml.train.params.parse_compile_params`' result.
+    ``compile_params`` is :func:`~dvml.configs.parse_compile_params`' result.
     """
     loss = (compile_params or {}).get("loss") if isinstance(compile_params, dict) else None
     if not isinstance(loss, dict) or not (loss.get("config") or {}).get("from_logits"):

@@ -22,6 +22,7 @@ import pandas as pd
 from dvml import config as settings
 from dvml._version import __version__
 from dvml.cluster.workers import current_client
+from dvml.configs import parse_compile_params
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.names import check_name
 from dvml.placement.fit_memory import FitMemoryPlan
@@ -37,7 +38,6 @@ from dvml.train.fit_admission import reserved
 from dvml.train.job_scalars import JobScalars, report_scalars
 from dvml.train.memory_use import memory_summary
 from dvml.train.model_lock import holding_model
-from dvml.train.params import parse_compile_params
 from dvml.train.run_memory import memory_estimate, run_memory_plan
 from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_lockstep
 from dvml.train.runtime.plan import (

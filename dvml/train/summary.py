@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from dvml.configs import format_params
 from dvml.exceptions import ModelMismatchError
 from dvml.store.versions import dataset_lineage
-from dvml.train.params import format_params
 
 __all__ = [
     "aggregate",
@@ -79,7 +79,7 @@ def weights_size_kb(weights: Sequence[Any]) -> float:
 
 def metric_names(compile_params: dict[str, Any]) -> tuple[list[str], str]:
     """The metric names as Keras reports them, and the loss as it was written."""
-    from dvml.train.params import object_text, reported_name
+    from dvml.configs import object_text, reported_name
 
     metrics = [reported_name(m) for m in compile_params.get("metrics") or []]
     loss = compile_params.get("loss")

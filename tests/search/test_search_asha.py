@@ -10,11 +10,11 @@ import math
 
 import pytest
 
+from dvml.configs.search_space import SearchSpace
 from dvml.exceptions import ArgumentError
 from dvml.search import journal as j
 from dvml.search.asha import Asha, rungs
 from dvml.search.automl_params import AshaParams
-from dvml.search.search_space import SearchSpace
 
 COMPILE = {"loss": ["mse"], "optimizer_params_list": [{"optimizer": ["SGD"],
            "lr": [0.0001, 0.1, "log"]}]}  # fmt: skip

@@ -15,12 +15,12 @@ import dask
 import pytest
 
 import dvml
+from dvml.configs.search_space import SearchSpace
 from dvml.exceptions import ArgumentError, FitRunningError, MemoryPlanError
 from dvml.search import hyperband as hb
 from dvml.search import journal as j
 from dvml.search.automl_params import HyperoptParams
 from dvml.search.hyperopt_run import Batch, HyperoptRun
-from dvml.search.search_space import SearchSpace
 from tests.helpers import Background, iris_frame, iris_mlp, poll_for, worker_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
+from dvml.configs.search_space import SearchSpace
 from dvml.exceptions import ArgumentError
 from dvml.search import journal as j
 from dvml.search.automl_params import HyperoptParams
 from dvml.search.hyperopt_run import Batch, HyperoptRun
-from dvml.search.search_space import SearchSpace
 
 COMPILE = {"loss": ["mse"], "optimizer_params_list": [{"optimizer": ["Adam"],
            "lr": [0.0001, 0.1, "log"]}]}  # fmt: skip

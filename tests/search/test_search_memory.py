@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from dvml.configs.search_space import SearchSpace
 from dvml.search.search_memory import largest_points
-from dvml.search.search_space import SearchSpace
 
 COMPILE = {
     "loss": ["categorical_crossentropy"],

@@ -1,4 +1,4 @@
-"""Configurations drawn from MADlib's grids (dvml.search.search_space, dvml.search.samplers):
+"""Configurations drawn from MADlib's grids (dvml.configs.search_space, dvml.search.samplers):
 ranges in their own scale, conditional optimizer arguments, canonical strings, seeded random
 and Optuna's TPE through ask and tell. Pure."""
 
@@ -10,9 +10,9 @@ import statistics
 
 import pytest
 
+from dvml.configs.search_space import RandomDraw, SearchSpace
 from dvml.exceptions import ArgumentError
 from dvml.search.samplers import RandomSampler, TpeSampler, make_sampler
-from dvml.search.search_space import RandomDraw, SearchSpace
 
 COMPILE = {
     "loss": ["categorical_crossentropy"],

@@ -1,4 +1,4 @@
-"""The pure planner of model configurations (dvml.train.config_search): MADlib's grid and
+"""The pure planner of model configurations (dvml.configs): MADlib's grid and
 random search, its grid strings, and every configuration parsed up front. No cluster."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import re
 
 import pytest
 
+from dvml import configs as cs
+from dvml.configs import grids, parse_compile_params, parse_fit_params
 from dvml.exceptions import ArgumentError, ArgumentTypeError
-from dvml.train import config_search as cs
-from dvml.train.params import parse_compile_params, parse_fit_params
 
 COMPILE = {
     "loss": ["categorical_crossentropy"],
@@ -307,4 +307,4 @@ def test_sampled_integers_stay_within_bounds() -> None:
     fit_grid = {"batch_size": [1, 3, "log"], "epochs": [1]}
     configs = cs.plan_configs(1, {"loss": ["mse"]}, fit_grid, "random", 3, seed=0)
     assert sorted(parse_fit_params(c.fit_params)["batch_size"] for c in configs) == [1, 2, 3]
-    assert math.isclose(cs._round(0.123456789), 0.123457)
+    assert math.isclose(grids.rounded(0.123456789), 0.123457)

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dvml.configs import format_params
 from dvml.registry.weights import weights_to_bytes
 from dvml.train.hop_job import checkpoint_dir, fold_checkpoints
 from dvml.train.hop_tables import Trained, build_tables, run_summary
-from dvml.train.params import format_params
 from dvml.train.runtime.checkpoints import resume_points
 
 

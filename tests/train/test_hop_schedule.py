@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dvml.configs import check_config_rows
 from dvml.exceptions import ArgumentError, ArgumentTypeError
-from dvml.train.fit_multiple import _resolve_configs, model_name
+from dvml.train.fit_multiple import model_name
 from dvml.train.hop_schedule import (
     build_info,
-    check_configs,
     hop_schedule,
     iteration_rows,
     model_histories,
@@ -57,34 +57,37 @@ def _row(key: Any, **kw: Any) -> dict[str, Any]:
 
 
 def test_configs_from_a_dataframe_or_a_list_are_sorted_by_key() -> None:
-    frame = pd.DataFrame([_row(2), _row(1)])
-    checked = check_configs(_resolve_configs(frame))
-    assert [c["mst_key"] for c in checked] == [1, 2]
-    assert all(type(c["mst_key"]) is int and type(c["model_id"]) is int for c in checked)
-    assert check_configs(_resolve_configs([_row(np.int64(3))]))[0]["mst_key"] == 3
+    # fit_multiple's rows go through the one check of model selection rows (dvml.configs).
+    frame = pd.DataFrame([_row(2, fit_params="batch_size=16"), _row(1)])
+    checked = check_config_rows(frame.to_dict("records"))
+    assert [c.mst_key for c in checked] == [1, 2]
+    assert all(type(c.mst_key) is int and type(c.model_id) is int for c in checked)
+    assert check_config_rows([_row(np.int64(3))])[0].mst_key == 3
 
 
 @pytest.mark.parametrize("bad", ["configs_table", 3, {"mst_key": 1}, None])
 def test_other_config_types_are_refused(bad: Any) -> None:
-    with pytest.raises(ArgumentTypeError, match="DataFrame"):
-        _resolve_configs(bad)
+    with pytest.raises(ArgumentTypeError, match="list of rows"):
+        check_config_rows(bad)
 
 
 def test_bad_config_records_are_refused() -> None:
-    with pytest.raises(ArgumentError, match="empty"):
-        check_configs([])
-    with pytest.raises(ArgumentError, match="lacks"):
-        check_configs([{"mst_key": 1}])
-    with pytest.raises(ArgumentError, match="repeat"):
-        check_configs([_row(1), _row(1)])
-    with pytest.raises(ArgumentTypeError, match="must be an int"):
-        check_configs([_row("1")])
+    with pytest.raises(ArgumentError, match="no rows"):
+        check_config_rows([])
+    with pytest.raises(ArgumentError, match="missing"):
+        check_config_rows([{"mst_key": 1}])
+    with pytest.raises(ArgumentError, match="repeats mst_key=1"):
+        check_config_rows([_row(1), _row(1, model_id=2)])
+    with pytest.raises(ArgumentError, match="mst_key must be a positive integer"):
+        check_config_rows([_row("1")])
+    with pytest.raises(ArgumentError, match="mst_key must be a positive integer"):
+        check_config_rows([_row(0)])  # one mst_key rule: 0 was accepted here before
     with pytest.raises(ArgumentTypeError, match="must be a dict"):
-        check_configs(["x"])
+        check_config_rows(["x"])
 
 
 def test_info_rows_carry_the_summaries_and_the_seconds() -> None:
-    configs = check_configs([_row(1)])
+    configs = [c.as_dict() for c in check_config_rows([_row(1)])]
     names = (
         "compile_params fit_params model_type model_size metrics_elapsed_time metrics_type "
         "loss_type training_metrics_final training_loss_final training_metrics training_loss "

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from dvml.train import keras_objects as ko
+from dvml.configs import keras_objects as ko
 
 pytestmark = pytest.mark.tf
 
@@ -49,7 +49,7 @@ def test_optimizer_table_matches_the_signatures(keras):
 
 
 def test_every_optimizer_argument_the_client_accepts_builds(keras):
-    from dvml.train.params import _OPTIMIZER_CONFIG, build_optimizer
+    from dvml.configs.optimizers import OPTIMIZER_CONFIG, build_optimizer
 
     samples = {
         "learning_rate": 0.01,
@@ -61,7 +61,7 @@ def test_every_optimizer_argument_the_client_accepts_builds(keras):
     }
     for name, kwargs in ko.OPTIMIZER_CLASSES.items():
         for arg in kwargs:
-            if arg not in _OPTIMIZER_CONFIG:
+            if arg not in OPTIMIZER_CONFIG:
                 continue
             value = samples.get(
                 arg,
@@ -111,7 +111,7 @@ _REQUIRED = {
 
 @pytest.mark.parametrize("kind", ["loss", "metric"])
 def test_every_argument_kind_the_client_accepts_builds(keras, kind):
-    from dvml.train.params import compile_kwargs
+    from dvml.configs import compile_kwargs
 
     table = ko.LOSS_CLASSES if kind == "loss" else ko.METRIC_CLASSES
     for name, (kwargs, required, _) in table.items():

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import dvml
+from dvml import configs as cs
+from dvml import configs as p
 from dvml.exceptions import RegistryError
 from dvml.registry.custom import check_source, compile_function
-from dvml.train import config_search as cs
-from dvml.train import params as p
 from tests.helpers import iris_frame, iris_mlp, keras
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]

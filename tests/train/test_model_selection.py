@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 import dvml
+from dvml.configs import check_config_rows
 from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryNotFoundError
 from dvml.registry import Registry
 from dvml.train.model_selection import resolve_model_configs
@@ -214,17 +215,22 @@ def test_resolve_model_configs(reg: Registry, arch_ids: list[int]) -> None:
         resolve_model_configs("nope", registry=reg)
 
 
-def test_registry_checks_rows_it_stores(reg: Registry, arch_ids: list[int]) -> None:
+def test_registry_stores_checked_rows_only(reg: Registry, arch_ids: list[int]) -> None:
+    """Rows are checked once, in dvml.configs; the registry stores the ModelConfig rows it is
+    handed and refuses anything else (dicts included) by type, storing nothing."""
     row = {"mst_key": 1, "model_id": arch_ids[0], "compile_params": "loss='mse'", "fit_params": ""}
-    with pytest.raises(ArgumentError, match="used by no other row"):
-        reg.save_model_selection("t", [row, row])
-    with pytest.raises(ArgumentError, match="exactly the columns"):
-        reg.save_model_selection("t", [{**row, "extra": 1}])
-    with pytest.raises(ArgumentTypeError, match="must be a parameter string"):
-        reg.save_model_selection("t", [{**row, "fit_params": {"epochs": 1}}])
+    with pytest.raises(ArgumentError, match="repeats mst_key=1"):
+        check_config_rows([row, {**row, "fit_params": "epochs=2"}])
+    with pytest.raises(ArgumentError, match="unknown \\['extra'\\]"):
+        check_config_rows([{**row, "extra": 1}])
+    with pytest.raises(ArgumentTypeError, match="list of ModelConfig rows"):
+        reg.save_model_selection("t", [row])  # type: ignore[list-item]
     with pytest.raises(ArgumentTypeError, match="non-empty list"):
         reg.save_model_selection("t", [])
     assert stored_rows(reg) == 0
+    reg.save_model_selection("t", check_config_rows([row]))
+    assert stored_rows(reg) == 1
+    assert reg.model_selection("t")[COLUMNS].to_dict("records") == [row]
 
 
 def test_processes_building_the_same_table_store_it_once(

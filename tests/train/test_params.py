@@ -1,4 +1,4 @@
-"""Tests of dvml.train.params: the safe MADlib-style compile/fit parameter parser."""
+"""Tests of dvml.configs' parameter language: the safe MADlib-style compile/fit parameter parser."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import uuid
 import numpy as np
 import pytest
 
-from dvml.exceptions import ParameterError
-from dvml.train.params import (
+from dvml.configs import (
     COMPILE_KEYS,
     FIT_KEYS,
     MAX_DEPTH,
@@ -25,6 +24,7 @@ from dvml.train.params import (
     parse_compile_params,
     parse_fit_params,
 )
+from dvml.exceptions import ParameterError
 
 # ----------------------------------------------------------------------------- good input
 
@@ -713,7 +713,7 @@ def test_custom_names_make_plain_names_strict():
 
 
 def test_reported_names_follow_keras():
-    from dvml.train.params import reported_name
+    from dvml.configs import reported_name
     from dvml.train.summary import metric_names
 
     parsed = parse_compile_params(

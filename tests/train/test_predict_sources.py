@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 import dvml
+from dvml.configs import parse_compile_params
 from dvml.exceptions import ArgumentError
 from dvml.train.inference import output_probabilities
-from dvml.train.params import parse_compile_params
 from dvml.train.predict import output_activation
 
 LOGITS = "loss=CategoricalCrossentropy(from_logits=True), optimizer='adam', metrics=['accuracy']"

@@ -176,9 +176,9 @@ def test_a_scheduler_parks_adds_and_resumes_models_without_restarting_trainers(
     """A small scheduler on the runtime (what model search does): model 1 trains, is parked;
     model 2 joins the running job and trains; model 1 resumes from exactly its parked
     weights (checked by value), on the same trainer processes."""
+    from dvml.configs import parse_compile_params, parse_fit_params
     from dvml.exceptions import ArgumentError
     from dvml.registry.weights import weights_from_bytes
-    from dvml.train.params import parse_compile_params, parse_fit_params
     from dvml.train.runtime.hopper import ModelHopper
     from dvml.train.runtime.model_state import state_bytes, weights_digest
     from dvml.train.runtime.plan import training_workers

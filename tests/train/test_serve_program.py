@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dvml.configs import parse_compile_params, parse_fit_params
 from dvml.examples import digits_cnn_json
-from dvml.train.params import parse_compile_params, parse_fit_params
 from dvml.train.runtime import serve_program
 from dvml.train.runtime.model_state import write_state
 

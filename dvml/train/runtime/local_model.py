@@ -11,9 +11,9 @@ import math
 from typing import Any
 
 from dvml import tf_runtime
+from dvml.configs import compile_kwargs
 from dvml.placement.metrics_batch import evaluation_batch
 from dvml.resolve.tfdata import evaluation_dataset, evaluation_steps
-from dvml.train.params import compile_kwargs
 
 __all__ = ["build_model", "compile_model", "fit_kwargs", "local_metrics"]
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml import config
 from dvml.cluster.workers import WorkerInfo
+from dvml.configs import parse_compile_params, parse_fit_params
 from dvml.exceptions import (
     ArgumentError,
     ModelMismatchError,
@@ -29,7 +30,6 @@ from dvml.exceptions import (
 from dvml.names import check_name
 from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
-from dvml.train.params import parse_compile_params, parse_fit_params
 from dvml.train.runtime.augment import encode as encode_augment
 from dvml.train.runtime.augment import job_key_part as augment_key_part
 from dvml.train.summary import check_shapes

@@ -80,9 +80,9 @@ class ServedModels:
         """The compiled tf-keras model of ``key``, built from ``spec_path`` on first use."""
 
         def build() -> Any:
+            from dvml.configs import compile_kwargs
             from dvml.registry.custom import custom_objects_from_sources
             from dvml.registry.weights import weights_from_bytes
-            from dvml.train.params import compile_kwargs
 
             spec = read_spec(spec_path)
             custom = custom_objects_from_sources(spec.get("custom_objects") or {})

@@ -260,15 +260,13 @@ METRIC_CLASSES: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "TruePositives": (_THRESHOLDS, (), "true_positives"),
 }
 
-_LOSS_FUNCTIONS = (
+# Functions (and their aliases) that tf_keras.losses.get and tf_keras.metrics.get both resolve.
+_SHARED_FUNCTIONS = (
     "binary_crossentropy",
     "binary_focal_crossentropy",
     "categorical_crossentropy",
     "categorical_focal_crossentropy",
-    "categorical_hinge",
-    "cosine_similarity",
     "hinge",
-    "huber",
     "kl_divergence",
     "kld",
     "kullback_leibler_divergence",
@@ -286,32 +284,13 @@ _LOSS_FUNCTIONS = (
     "sparse_categorical_crossentropy",
     "squared_hinge",
 )
+_LOSS_FUNCTIONS = (*_SHARED_FUNCTIONS, "categorical_hinge", "cosine_similarity", "huber")
 _METRIC_FUNCTIONS = (
+    *_SHARED_FUNCTIONS,
     "binary_accuracy",
-    "binary_crossentropy",
-    "binary_focal_crossentropy",
     "categorical_accuracy",
-    "categorical_crossentropy",
-    "categorical_focal_crossentropy",
-    "hinge",
-    "kl_divergence",
-    "kld",
-    "kullback_leibler_divergence",
-    "log_cosh",
-    "logcosh",
-    "mae",
-    "mape",
-    "mean_absolute_error",
-    "mean_absolute_percentage_error",
-    "mean_squared_error",
-    "mean_squared_logarithmic_error",
-    "mse",
-    "msle",
-    "poisson",
     "sparse_categorical_accuracy",
-    "sparse_categorical_crossentropy",
     "sparse_top_k_categorical_accuracy",
-    "squared_hinge",
     "top_k_categorical_accuracy",
 )
 
@@ -337,7 +316,7 @@ SPARSE_REPLACEMENTS: dict[str, str] = {
 }
 """Losses and metrics for integer labels, refused (dvml's labels are one-hot) -> what to use."""
 
-# keyword argument -> kind of value Keras accepts (checked by dvml.train.params)
+# keyword argument -> kind of value Keras accepts (checked by dvml.configs.keras_specs)
 ARGUMENT_KINDS: dict[str, str] = {
     "name": "str",
     "dtype": "dtype",

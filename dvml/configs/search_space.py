@@ -1,8 +1,9 @@
 """MADlib's grids as a search space that a sampler draws one configuration at a time from.
 
-The grids are MADlib's (see :mod:`dvml.train.config_search`, which checks them here first, with
-its own messages): ``compile_params_grid`` with ``optimizer_params_list`` (a list of dicts, each
-naming ``'optimizer'`` classes and that optimizer's arguments) and ``fit_params_grid``; a value
+The grids are MADlib's (:mod:`dvml.configs.grids` reads and checks them, with the messages
+``model_configs`` shows): ``compile_params_grid`` with ``optimizer_params_list`` (a list of
+dicts, each naming ``'optimizer'`` classes and that optimizer's arguments) and
+``fit_params_grid``; a value
 is a list of choices or a range ``[low, high, 'linear' | 'log' | 'log_near_one']``. The space is
 a flat list of :class:`Dimension` s:
 
@@ -13,9 +14,11 @@ a flat list of :class:`Dimension` s:
   conditional dimension: TPE learns each optimizer's arguments apart).
 
 A sampler fills the dimensions through a :class:`Draw` (random, or Optuna's trial for TPE) and
-:meth:`SearchSpace.config` turns the values into canonical MADlib strings, parsed by
-:mod:`dvml.train.params` as a trainer would. The values are plain JSON (indices and numbers), so
-a journal can hold them. Pure: no I/O.
+:meth:`SearchSpace.config` turns the values into canonical MADlib strings, parsed as a trainer
+would. The one engine of every draw: ``model_configs(search="random")``, Hyperband, hyperopt and
+ASHA all draw through :meth:`SearchSpace.sample` (a seeded :class:`RandomDraw` draws what
+``model_configs``' random search drew before the two were one). The values are plain JSON
+(indices and numbers), so a journal can hold them. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -27,14 +30,22 @@ import random
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from dvml.exceptions import ArgumentError, ParameterError
-from dvml.train import config_search as cs
-from dvml.train import params as p
+from dvml.configs.grids import (
+    DISTRIBUTIONS,
+    INT_KEYS,
+    OPTIMIZER_PARAMS_LIST,
+    check_distributions,
+    choice_value,
+    grid_size,
+    has_distribution,
+    optimizer_choice,
+    parse_grids,
+    rounded,
+)
+from dvml.configs.model_config import ConfigTable, ModelConfig, canonical_texts, check_arch_ids
+from dvml.exceptions import ArgumentError
 
 __all__ = ["Dimension", "Draw", "RandomDraw", "SearchSpace"]
-
-_METRIC_KEYS = ("metrics", "weighted_metrics")
-_SIGNIFICANT = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +99,7 @@ def _is_range(value: Any) -> bool:
         isinstance(value, list)
         and len(value) == 3
         and isinstance(value[-1], str)
-        and value[-1] in cs.DISTRIBUTIONS
+        and value[-1] in DISTRIBUTIONS
         and all(isinstance(c, int | float) and not isinstance(c, bool) for c in value[:-1])
     )
 
@@ -100,7 +111,7 @@ def _dimension(name: str, key: str, values: list[Any], parent: tuple[str, int] |
             low=float(values[0]),
             high=float(values[1]),
             distribution=values[2],
-            integer=key in cs.INT_KEYS,
+            integer=key in INT_KEYS,
             parent=parent,
         )
     return Dimension(name, choices=tuple(values), parent=parent)
@@ -113,14 +124,14 @@ class SearchSpace:
     ----------
     arch_ids : int or list of int
     compile_params_grid, fit_params_grid : dict, str or None
-        MADlib's grids (see :func:`dvml.train.config_search.plan_configs`); ranges allowed.
+        MADlib's grids (see :func:`dvml.configs.config_plans.plan_configs`); ranges allowed.
     custom_names : collection of str
         Custom loss/metric names the configurations may use.
 
     Raises
     ------
     ArgumentError, ArgumentTypeError
-        On a malformed grid or range, as :func:`~dvml.train.config_search.plan_configs` raises.
+        On a malformed grid or range, as :func:`~dvml.configs.config_plans.plan_configs` raises.
     """
 
     def __init__(
@@ -130,18 +141,41 @@ class SearchSpace:
         fit_params_grid: str | Mapping[str, Any] | None,
         custom_names: Collection[str] = (),
     ) -> None:
-        self.ids = cs.check_arch_ids(arch_ids)
-        self.custom_names = frozenset(custom_names)
-        # config_search checks the grids, their ranges and optimizer dicts with its messages,
-        # and one draw proves a configuration can be parsed.
-        cs.plan_configs(
-            self.ids, compile_params_grid, fit_params_grid, "random", 1, 0, self.custom_names
-        )
-        self.compile_grid = cs.parse_grid(compile_params_grid, "compile_params_grid")
-        self.fit_grid = cs.parse_grid(fit_params_grid, "fit_params_grid")
+        ids = check_arch_ids(arch_ids)
+        compile_grid, fit_grid = parse_grids(compile_params_grid, fit_params_grid)
+        check_distributions(compile_grid, fit_grid)
+        self._setup(ids, compile_grid, fit_grid, frozenset(custom_names))
+        # One draw proves that a configuration parses (a grid without a loss fails here).
+        self.config(self.sample(RandomDraw(random.Random(0))))
+
+    @classmethod
+    def checked(
+        cls,
+        ids: list[int],
+        compile_grid: dict[str, list[Any]],
+        fit_grid: dict[str, list[Any]],
+        custom_names: Collection[str],
+    ) -> SearchSpace:
+        """The space of grids already read and checked (:func:`~dvml.configs.grids.parse_grids`,
+        :func:`~dvml.configs.grids.check_distributions`), without a proving draw."""
+        space = cls.__new__(cls)
+        space._setup(ids, compile_grid, fit_grid, frozenset(custom_names))
+        return space
+
+    def _setup(
+        self,
+        ids: list[int],
+        compile_grid: dict[str, list[Any]],
+        fit_grid: dict[str, list[Any]],
+        custom_names: frozenset[str],
+    ) -> None:
+        self.ids = ids
+        self.custom_names = custom_names
+        self.compile_grid = compile_grid
+        self.fit_grid = fit_grid
         dims = [Dimension("model_id", choices=tuple(self.ids))]
         for key, values in self.compile_grid.items():
-            if key == cs.OPTIMIZER_PARAMS_LIST:
+            if key == OPTIMIZER_PARAMS_LIST:
                 dims.append(Dimension("optimizer", choices=tuple(range(len(values)))))
                 for k, entry in enumerate(values):
                     for arg, choices in entry.items():
@@ -198,7 +232,7 @@ class SearchSpace:
     def _number(dim: Dimension, value: float) -> float | int:
         if dim.integer:
             return int(min(max(round(value), math.ceil(dim.low)), math.floor(dim.high)))
-        return min(max(float(f"{value:.{_SIGNIFICANT}g}"), dim.low), dim.high)
+        return min(max(rounded(value), dim.low), dim.high)
 
     def _value(self, name: str, values: Mapping[str, Any]) -> Any:
         dim = self._by_name[name]
@@ -226,27 +260,46 @@ class SearchSpace:
         model_id = int(self._value("model_id", values))
         compile_raw: dict[str, Any] = {}
         for key in self.compile_grid:
-            if key == cs.OPTIMIZER_PARAMS_LIST:
+            if key == OPTIMIZER_PARAMS_LIST:
                 k = values["optimizer"]
-                args = {
+                choice = {
                     arg: self._value(f"optimizer.{k}.{arg}", values)
                     for arg in self.compile_grid[key][k]
                 }
-                name = args.pop("optimizer")
-                compile_raw["optimizer"] = {"class_name": name, "config": args}
+                compile_raw["optimizer"] = optimizer_choice(choice)
             else:
-                value = self._value(f"compile.{key}", values)
-                compile_raw[key] = (
-                    [value] if key in _METRIC_KEYS and not isinstance(value, list) else value
-                )
+                compile_raw[key] = choice_value(key, self._value(f"compile.{key}", values))
         fit_raw = {key: self._value(f"fit.{key}", values) for key in self.fit_grid}
-        try:
-            compiled = p.parse_compile_params(compile_raw, custom_names=self.custom_names)
-            fitted = p.parse_fit_params(fit_raw)
-        except ParameterError as exc:
+        return model_id, *canonical_texts(compile_raw, fit_raw, self.custom_names)
+
+    def distinct_configs(self, num_configs: int, seed: int | None) -> list[ModelConfig]:
+        """``num_configs`` distinct configurations drawn with a seeded :class:`RandomDraw`,
+        ``mst_key`` from 1 (``model_configs(search="random")`` and Hyperband's brackets).
+
+        Raises
+        ------
+        ArgumentError
+            When the space (without ranges) holds fewer configurations, or the draws find too
+            few distinct ones.
+        """
+        if not has_distribution(self.compile_grid) and not has_distribution(self.fit_grid):
+            size = len(self.ids) * grid_size(self.compile_grid) * grid_size(self.fit_grid)
+            if num_configs > size:
+                raise ArgumentError(
+                    f"Random search cannot draw {num_configs} distinct configurations from "
+                    f"{size} possible ones. Received: num_configs={num_configs}. Ask for at "
+                    f"most {size}, use search='grid', or give a distribution [low, high, 'log']."
+                )
+        draw = RandomDraw(random.Random(seed))
+        table = ConfigTable()
+        draws = 0
+        limit = 50 * num_configs + 100  # duplicates of a small discrete space are drawn again
+        while len(table.rows) < num_configs and draws < limit:
+            draws += 1
+            table.add(*self.config(self.sample(draw)))
+        if len(table.rows) < num_configs:
             raise ArgumentError(
-                f"A sampled configuration is refused: {exc} Configuration: compile_params="
-                f"{compile_raw!r:.200}, fit_params={fit_raw!r:.200}. Fix the grid entry it came "
-                "from."
-            ) from None
-        return model_id, p.format_params(compiled), p.format_params(fitted)
+                f"Random search found only {len(table.rows)} distinct configurations in {draws} "
+                f"draws. Received: num_configs={num_configs}. Ask for fewer, or widen the grids."
+            )
+        return table.configs()
