@@ -267,6 +267,8 @@ def _run(
         validation=plan.job.valid.name if plan.job.valid else None,
         checkpoint_dir=plan.checkpoint_dir,
         key=plan.key,
+        sync=plan.sync,
+        last_iteration=plan.job.args.num_iterations,
     )
     return run_elastic(
         client, job, start_iteration, weights_blob, history, collector, collector.regroup
