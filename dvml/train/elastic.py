@@ -265,6 +265,7 @@ def run_elastic(
     on with.
     """
     workers, batch, steps = list(job.workers), list(job.per_worker_batch), job.steps_per_epoch
+    own_steps: list[int] | None = None  # each trainer's steps, once rows follow speed
     initial = (start_iteration, weights_blob, list(history))
     start, blob, hist = initial
     tally = _Tally(on_event)
@@ -277,7 +278,7 @@ def run_elastic(
         began = start
         try:
             results = run_lockstep(client, workers, base, batch, blob, tally, job.timeout,
-                                   until=boundary.due)  # fmt: skip
+                                   until=boundary.due, per_worker_steps=own_steps)  # fmt: skip
         except WorkerDepartedError as exc:
             gone_at = {w.address for w in exc.workers}
             gone = [w for w in workers if w.address in gone_at]
@@ -292,21 +293,19 @@ def run_elastic(
             line = (f"{exc.args[0].split('. ')[0]}; going on with {[w.name for w in workers]} "
                     f"from iteration {start} (elastic=True): {_describe(departure)}")  # fmt: skip
         except BoundaryReached:
-            change = boundary.change
-            if change is None:  # stopped without a decision: cannot happen, fail loudly
-                raise
-            old = workers
-            start, blob, hist = _resumed(client, job, old, tally, began, initial)
-            workers = apply(client, job, change, old, start, state)
-            line = (f"row map changed after iteration {change.after_iteration}: "
-                    f"{change.why}; going on with {[w.name for w in workers]} from "
-                    f"iteration {start}")  # fmt: skip
+            start, blob, hist = _resumed(client, job, workers, tally, began, initial)
+            change = boundary.decide()
+            if change is not None:
+                workers = apply(client, job, change, workers, start, state)
+            why = change.why if change else "no worker that joined takes rows of the dataset"
+            line = (f"row map changed after iteration {boundary.checked}: {why}; going on "
+                    f"with {[w.name for w in workers]} from iteration {start}")  # fmt: skip
         else:
             trained = dict(tally.trained)
             for i, rows in _rows_of(results).items():
                 trained[i] = rows
             return ElasticRun(results, hist, workers, departures, trained, state.changes)
-        batch, steps = _split(client, job, workers)
+        batch, steps, own_steps = _split(client, job, workers)
         logger.warning(line)
         regroup(workers, line)
 
@@ -359,20 +358,31 @@ def _repin(
     return departure
 
 
-def _split(client: Client, job: ElasticJob, workers: list[WorkerInfo]) -> tuple[list[int], int]:
-    """The same global batch split over ``workers``, and the steps per epoch (rows left out
-    on no trainer are not counted). With ``sync="iteration"`` or ``k`` the split follows the
-    rows each holds (:func:`batch_sizes_by_rows`), so a trainer given more rows for its speed
-    trains every one of them once per epoch; with ``"step"`` it is even, as the plan's."""
+def _split(
+    client: Client, job: ElasticJob, workers: list[WorkerInfo]
+) -> tuple[list[int], int, list[int] | None]:
+    """The same global batch split over ``workers``, the steps per epoch and, where trainers
+    run their own number of steps, each one's (rows on no trainer are not counted).
+
+    ``sync="iteration"``: the batch split evenly (each trainer's local SGD keeps its batch)
+    and each trainer runs the steps of its own rows, so a trainer given more rows for its
+    speed runs more steps and one given fewer runs fewer (their weights are averaged by rows
+    once per iteration, MADlib's rule). An int ``k`` averages every k steps, which needs the
+    same steps everywhere: the batch is split by rows (:func:`batch_sizes_by_rows`).
+    ``"step"``: even, with the fewest full batches any trainer holds, as the plan's.
+    """
     layout = describe(job.training, client=client).layout
     rows = {w.vineyard_instance_id: 0 for w in workers}
     for b in layout["buffers"]:
         if b["instance_id"] in rows:
             rows[b["instance_id"]] += int(b["rows"])
     held = [rows[w.vineyard_instance_id] for w in workers]
-    split = per_worker_batch_sizes if job.sync == "step" else batch_sizes_by_rows
+    split = batch_sizes_by_rows if isinstance(job.sync, int) else per_worker_batch_sizes
     per_worker = split(job.global_batch, held)
-    return per_worker, steps_per_epoch(held, per_worker)
+    steps = steps_per_epoch(held, per_worker)
+    if job.sync != "iteration":
+        return per_worker, steps, None
+    return per_worker, steps, [max(r // b, 1) for r, b in zip(held, per_worker, strict=True)]
 
 
 def _rows_of(results: list[dict[str, Any]]) -> dict[int, int]:

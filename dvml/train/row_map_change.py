@@ -83,8 +83,14 @@ def buffers_of(layout: dict[str, Any], workers: list[WorkerInfo]) -> list[dict[s
 
 
 class Boundary:
-    """Asked (in the client's thread, while a run's trainers train) whether the row map
-    changes after the last iteration every trainer reported; holds the decided change."""
+    """Asked (in the client's thread, while a run's trainers train) whether the run should
+    stop after the last iteration every trainer reported, because the row map changes.
+
+    Only cheap questions are asked while the trainers go on into the next iteration (the
+    scheduler's list of workers, the stragglers of the run so far, the speed plan over the
+    layout read before the run started), so that the stop lands in that next iteration,
+    not after it; what a join needs of the workers that joined is asked after the stop
+    (:meth:`decide`)."""
 
     def __init__(
         self,
@@ -99,29 +105,45 @@ class Boundary:
         self.started = time.monotonic()
         self.checked = 0
         self.change: Change | None = None
+        self.joining: set[str] = set()  # addresses the scheduler lists that the job does not
+        # read before the trainers start: the layout the speed plan moves buffers of
+        self.layout = describe(job.training, client=client).layout
 
     def due(self) -> bool:
-        """Whether the run should stop now (its last reported iteration is a boundary at
-        which the row map changes)."""
+        """Whether the run should stop now: a worker joined, or rows should move for speed."""
         done = self.tally.completed()
         if done is None or done <= self.checked or done >= self.job.last_iteration:
             return False
         self.checked = done
         try:
-            self.change = self._joined(done) or self._speed(done)
+            self.joining = self._listed_new()
+            if self.joining:
+                return True
+            self.change = self._speed(done)
         except Exception as exc:  # deciding must never fail the job: train on as planned
             logger.warning("dvml.fit: could not plan a row-map change after iteration %d: "
                            "%s: %s", done, type(exc).__name__, exc)  # fmt: skip
-            self.change = None
+            self.change, self.joining = None, set()
         return self.change is not None
 
+    def decide(self) -> Change | None:
+        """The change, once the run stopped: the speed plan, or the join's (None when no
+        worker that joined takes rows: the same row map goes on)."""
+        if self.change is not None or not self.joining:
+            return self.change
+        return self._joined(self.checked)
+
+    def _listed_new(self) -> set[str]:
+        """Workers the scheduler lists that the job has not considered yet (one cheap call)."""
+        listed = self.client.sync(self.client.scheduler.identity, n_workers=-1)  # type: ignore[union-attr]
+        return set(listed["workers"]) - self.state.known - {w.address for w in self.workers}
+
     def _joined(self, done: int) -> Change | None:
-        present = {w.address for w in self.workers}
         current = discover_workers(self.client, omit_silent=True)
-        fresh = [w for w in current if w.address not in self.state.known | present]
+        fresh = [w for w in current if w.address in self.joining]
+        self.state.known |= self.joining  # each worker considered once
         if not fresh:
             return None
-        self.state.known |= {w.address for w in fresh}  # considered once
         train = describe(self.job.training, client=self.client)
         rules = train.summary.get("distribution_rules", {})
         kind = str(rules.get("kind", "all_workers"))
@@ -148,22 +170,20 @@ class Boundary:
         if self.job.sync == "step":  # every step's all-reduce: no straggler is measured
             return None
         per_iteration = self.tally.timings()
-        names = {**{w.name: w.address for w in self.workers},
-                 **{w.address: w.address for w in self.workers}}  # fmt: skip
         if not stragglers(cumulative(per_iteration)):
             return None
+        names = {**{w.name: w.address for w in self.workers},
+                 **{w.address: w.address for w in self.workers}}  # fmt: skip
         rows = self.tally.rows_of()
         work: dict[str, float] = {}
         for t in cumulative(per_iteration):
-            address = names.get(t.worker, t.worker)
             held = rows.get(t.worker, 0) * len(per_iteration)
             if held:
-                work[address] = t.step_seconds * t.steps / held
+                work[names.get(t.worker, t.worker)] = t.step_seconds * t.steps / held
         if len(work) < 2:
             return None
-        train = describe(self.job.training, client=self.client)
         plan = plan_speed(
-            buffers_of(train.layout, self.workers), work,
+            buffers_of(self.layout, self.workers), work,
             iterations_left=self.job.last_iteration - done,
             restart_seconds=self.restart_seconds(), gave=self.state.gave, took=self.state.took,
         )  # fmt: skip

@@ -170,18 +170,27 @@ def worker_trainers(cluster: Any, worker: str | None = None, **fields: Any) -> l
     return job_trainers(worker_descendants(cluster, worker), **fields)
 
 
-def _duty_cycle(cluster: Any, worker: str, fields: dict[str, Any], stop: threading.Event) -> None:
-    pids: list[int] = []
-    while not stop.is_set() and not pids:
-        pids = worker_trainers(cluster, worker, **fields)
-        stop.wait(0.02)
+def _duty_cycle(
+    cluster: Any, worker: str, fields: dict[str, Any], stop: threading.Event, follow: bool
+) -> None:
+    while not stop.is_set():
+        pids: list[int] = []
+        while not stop.is_set() and not pids:
+            pids = worker_trainers(cluster, worker, **fields)
+            stop.wait(0.02)
+        if not _slow(pids, stop) or not follow:
+            return
+
+
+def _slow(pids: list[int], stop: threading.Event) -> bool:
+    """Stop ``pids`` 50 ms of every 100 until ``stop`` (False) or one is gone (True)."""
     while not stop.is_set() and pids:
         try:
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
             stop.wait(0.05)
         except ProcessLookupError:  # the trainer is done: nothing left to slow
-            return
+            return True
         finally:
             for pid in pids:
                 try:
@@ -189,14 +198,17 @@ def _duty_cycle(cluster: Any, worker: str, fields: dict[str, Any], stop: threadi
                 except ProcessLookupError:
                     pass
         stop.wait(0.05)
+    return False
 
 
 @contextlib.contextmanager
-def half_speed(cluster: Any, worker: str, **fields: Any) -> Iterator[None]:
+def half_speed(cluster: Any, worker: str, follow: bool = False, **fields: Any) -> Iterator[None]:
     """Slow ``worker``'s trainers of the job with ``fields`` (:func:`job_trainers`) to about
-    half speed for the ``with`` block: stopped 50 ms of every 100 (the first ones found)."""
+    half speed for the ``with`` block: stopped 50 ms of every 100 (the first ones found; with
+    ``follow``, the job's next trainers on that worker too once those are gone: an elastic
+    fit restarts its trainers when its row map changes)."""
     stop = threading.Event()
-    slower = threading.Thread(target=_duty_cycle, args=(cluster, worker, fields, stop))
+    slower = threading.Thread(target=_duty_cycle, args=(cluster, worker, fields, stop, follow))
     slower.start()
     try:
         yield

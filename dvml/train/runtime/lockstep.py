@@ -90,13 +90,16 @@ def run_lockstep(
     what: str = "fit",
     payload: bytes | None = None,
     until: Callable[[], bool] | None = None,
+    per_worker_steps: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Launch one trainer per worker and wait for all; their messages go to ``on_event``.
 
     ``what`` names the call in errors (``"run fit again"``); ``payload`` goes to every
     trainer (:func:`~dvml.train.runtime.launch.run_trainer`). ``until`` (asked in this
     thread while the trainers run) stops every trainer when it returns True, and
-    :class:`BoundaryReached` is raised.
+    :class:`BoundaryReached` is raised. ``per_worker_steps``: each trainer's own steps per
+    epoch, replacing the job's (``sync="iteration"`` only: its trainers meet once per
+    iteration, not per step).
     """
     from distributed import Event
 
@@ -109,6 +112,8 @@ def run_lockstep(
     futures = []
     for i, w in enumerate(workers):
         job = _trainer_job(client, base_job, workers, i, endpoints, per_worker_batch[i])
+        if per_worker_steps is not None:
+            job["steps_per_epoch"] = per_worker_steps[i]
         futures.append(
             client.submit(
                 launch.run_trainer,
