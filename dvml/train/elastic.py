@@ -286,6 +286,7 @@ def run_elastic(
             if not gone or not survivors:
                 raise
             departure = _repin(client, job, gone, survivors)
+            state.left |= {w.name for w in gone}
             start, blob, hist = _resumed(client, job, survivors, tally, began, initial)
             departure["at_iteration"] = start
             departures.append(departure)

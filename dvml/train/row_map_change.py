@@ -53,6 +53,7 @@ class RowMapState:
     """What an elastic job remembers across its row-map changes (hysteresis, joins seen)."""
 
     known: set[str]  # worker addresses present when the fit started or already taken in
+    left: set[str] = dataclasses.field(default_factory=set)  # names of workers that left
     gave: set[str] = dataclasses.field(default_factory=set)  # gave rows away for speed
     took: set[str] = dataclasses.field(default_factory=set)  # received rows for speed
     copy_seconds: float = COPY_SECONDS
@@ -136,7 +137,11 @@ class Boundary:
     def _listed_new(self) -> set[str]:
         """Workers the scheduler lists that the job has not considered yet (one cheap call)."""
         listed = self.client.sync(self.client.scheduler.identity, n_workers=-1)  # type: ignore[union-attr]
-        return set(listed["workers"]) - self.state.known - {w.address for w in self.workers}
+        # A worker that left and came back under its name (its Nanny restarted it) is not
+        # taken back by this job: a flapping worker would move rows to and fro.
+        new = {a for a, info in listed["workers"].items()
+               if str(info.get("name")) not in self.state.left}  # fmt: skip
+        return new - self.state.known - {w.address for w in self.workers}
 
     def _joined(self, done: int) -> Change | None:
         current = discover_workers(self.client, omit_silent=True)
