@@ -141,6 +141,7 @@ class ElasticJob:
     key: str
     sync: str | int = "step"  # the fit's sync mode: rows move for speed unless "step"
     last_iteration: int = 0  # num_iterations: no row map changes after it
+    balance: bool = True  # move rows off stragglers (dvml.train.elastic-balance)
 
 
 @dataclasses.dataclass
@@ -400,7 +401,8 @@ def _rows_of(results: list[dict[str, Any]]) -> dict[int, int]:
 def elastic_summary(run: ElasticRun) -> dict[str, Any]:
     """The fields an elastic fit adds to its summary. Pure.
 
-    ``departed`` (names), ``departed_at_iterations`` (name -> the first iteration run
+    ``trainers`` (the last run's: after departures and joins), ``departed`` (names),
+    ``departed_at_iterations`` (name -> the first iteration run
     without it), ``repinned_rows`` and ``repin_seconds`` (the training set's rows copied onto
     the survivors, and the seconds the copies of both datasets and their publication took),
     ``rows_left_out`` (training rows that could not be copied) and
@@ -425,6 +427,7 @@ def elastic_summary(run: ElasticRun) -> dict[str, Any]:
         seconds += sum(float(d[k]["repin_seconds"]) for k in ("training", "validation") if d[k])
     return {
         "elastic": True,
+        "trainers": [w.name for w in run.workers],  # the last run's, joins and departures in
         "departed": sorted(at),
         "departed_at_iterations": at,
         "repinned_rows": repinned,

@@ -269,6 +269,7 @@ def _run(
         key=plan.key,
         sync=plan.sync,
         last_iteration=plan.job.args.num_iterations,
+        balance=bool(config.get("train.elastic-balance")),
     )
     return run_elastic(
         client, job, start_iteration, weights_blob, history, collector, collector.regroup

@@ -172,7 +172,7 @@ class Boundary:
         return Change("join", done, plan.moves, valid, joined, why)
 
     def _speed(self, done: int) -> Change | None:
-        if self.job.sync == "step":  # every step's all-reduce: no straggler is measured
+        if self.job.sync == "step" or not self.job.balance:  # "step": no straggler measured
             return None
         per_iteration = self.tally.timings()
         if not stragglers(cumulative(per_iteration)):

@@ -129,5 +129,6 @@ def test_a_worker_added_during_iteration_1_trains_from_iteration_2(
     assert 0 < rows[name] <= -(-env["rows"] // 3) and sum(rows.values()) == env["rows"], rows
     assert summary["trainer_partitions"][name]["rows"] == rows[name], summary
     assert set(summary["trainer_partitions"]) == {"worker-0", "worker-1", name}
+    assert summary["trainers"] == ["worker-0", "worker-1", name]
     assert summary["rows_per_epoch"] == [[i, env["rows"]] for i in range(1, iterations + 1)]
     assert summary["rebalanced_at_iterations"] == [2]
