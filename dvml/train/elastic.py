@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dvml.cluster.workers import WorkerInfo, discover_workers
+from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import TrainerFailedError, WorkerDepartedError
 from dvml.preprocess.repin import repin
 from dvml.resolve.batches import batch_sizes_by_rows, per_worker_batch_sizes, steps_per_epoch
@@ -314,11 +314,12 @@ def run_elastic(
 
 def _present(client: Client, workers: list[WorkerInfo]) -> set[str]:
     """The addresses of the workers present when the job starts (those that join later are
-    the ones a boundary takes in)."""
+    the ones a boundary takes in): the scheduler's list, one cheap call."""
     present = {w.address for w in workers}
     try:
-        present |= {w.address for w in discover_workers(client, omit_silent=True)}
-    except Exception:  # a silent worker: the job's own are known, the rest may be taken in
+        identity = client.sync(client.scheduler.identity, n_workers=-1)  # type: ignore[union-attr]
+        present |= set(identity["workers"])
+    except Exception:  # the scheduler did not answer: the job's own are known
         pass
     return present
 
