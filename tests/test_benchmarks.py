@@ -196,3 +196,16 @@ def test_quick_b17_is_met_by_default(tmp_path: pathlib.Path) -> None:
         assert row["details"]["default storage"]["compact"] is True
         assert row["details"]["float32 format ratio"] > 3.9
     assert rows["B17a"]["dvml"] == 8 * 8 + 1  # uint8 pixels and a uint8 class index
+
+
+@pytest.mark.cluster
+@pytest.mark.tf
+def test_quick_b22_loses_a_worker_and_trains_every_row_per_epoch(tmp_path: pathlib.Path) -> None:
+    """B22 (issue 37): an elastic fit that loses a worker midway against the same fit
+    undisturbed; the rows it trained per epoch after the loss are the dataset's, exactly."""
+    rows = _quick_rows("B22", tmp_path / "results")
+    assert set(rows) == {"B22b", "B22c"}
+    assert rows["B22c"]["ratio_median"] == 1.0, rows["B22c"]
+    last = rows["B22b"]["details"]["disturbed: last run"]
+    assert last["departed_at_iterations"]["worker-2"] >= 3 and last["rows_left_out"] == 0
+    assert last["repinned_rows"] > 0, last
