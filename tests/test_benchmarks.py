@@ -209,3 +209,12 @@ def test_quick_b22_loses_a_worker_and_trains_every_row_per_epoch(tmp_path: pathl
     last = rows["B22b"]["details"]["disturbed: last run"]
     assert last["departed_at_iterations"]["worker-2"] >= 3 and last["rows_left_out"] == 0
     assert last["repinned_rows"] > 0, last
+
+
+def test_b21_rows_are_registered_with_the_issues_targets() -> None:
+    # B21 (issue 37): its quick run (about 100 s) is left to `python -m benchmarks --quick`
+    chosen = harness.select(harness.load(), ["B21"])
+    assert [(b.key, b.target, b.target_op) for b in chosen] == [
+        ("B21a", 1.45, "<="), ("B21b", 1.6, "<="), ("B21c", 1.45, "<="), ("B21d", 1.0, "<="),
+    ]  # fmt: skip
+    assert len({b.prepare for b in chosen}) == 1  # one cluster for the four rows
