@@ -22,7 +22,6 @@ Details: each side's wall, and the slowed runs' straggler fields (``straggler_wo
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import tempfile
 import time
@@ -70,13 +69,7 @@ def prepare(quick: bool) -> dict[str, Any]:
 
 
 def cleanup(context: dict[str, Any]) -> None:
-    cluster = context["cluster"]
-    if cluster is not None:
-        t.drop_dataset(cluster, TRAIN)
-        cluster.close()
-    if context.get("registry") is not None:
-        context["registry"].close()
-    shutil.rmtree(context["directory"], ignore_errors=True)
+    t.close_context(context, (TRAIN,))
 
 
 def _pack(context: dict[str, Any]) -> None:

@@ -29,7 +29,6 @@ Data: B4's digits in ``COPIES`` shifted, noisy copies (80 % training: 14,376 row
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import statistics
 import tempfile
@@ -72,14 +71,7 @@ def prepare(quick: bool) -> dict[str, Any]:
 
 
 def cleanup(context: dict[str, Any]) -> None:
-    cluster = context["cluster"]
-    if cluster is not None:
-        for name in (TRAIN, VALID):
-            t.drop_dataset(cluster, name)
-        cluster.close()
-    if context.get("registry") is not None:
-        context["registry"].close()
-    shutil.rmtree(context["directory"], ignore_errors=True)
+    t.close_context(context, (TRAIN, VALID))
 
 
 def _pack(context: dict[str, Any]) -> int:
