@@ -4,7 +4,7 @@ One LocalCluster of 3 workers (1 thread each). Before each run (outside the cloc
 training and validation sets are packed again over all 3 workers: a disturbed run leaves the
 dataset re-pinned onto 2 of them, and its killed worker comes back empty (its Nanny restarts
 it). Both sides are ONE ``dvml.fit(..., elastic=True, sync="iteration")`` of the demo CNN
-(:func:`dvml.examples.digits_cnn_json`), Adam(0.003), global batch 256, one epoch per
+(:func:`dvml.examples.digits_cnn_json`), Adam(0.003), global batch 256, ``EPOCHS`` epochs per
 iteration, ``ITERATIONS`` iterations, then :func:`dvml.evaluate` on the validation rows:
 
 - dvml (disturbed): worker-2's Dask worker process is SIGKILLed once iteration ``KILL_AT`` is
@@ -22,8 +22,8 @@ Rows:
 
 B22a (a worker added during the fit) waits for the elastic fit to take joiners in.
 
-Data: B4's digits in ``COPIES`` shifted, noisy copies (80 % training: 14,376 rows;
-``--quick``: 2 copies, 4 iterations, killed after 2).
+Data: B4's digits in ``COPIES`` shifted, noisy copies (80 % training: 86,256 rows, 2 epochs
+per iteration; ``--quick``: 2 copies, 1 epoch, 4 iterations, killed after 2).
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ from benchmarks import _training as t
 from benchmarks.b4_end_to_end import digits_frames
 from benchmarks.harness import Benchmark, register
 
-COPIES = {False: 10, True: 2}
+COPIES = {False: 60, True: 2}
 ITERATIONS = {False: 10, True: 4}  # and the iteration after which a worker is killed
 KILL_AT = {False: 5, True: 2}
 TRAIN, VALID, MODEL = "bench_b22_digits", "bench_b22_digits_val", "bench_b22_cnn"
 COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.003)', " \
     "metrics=['accuracy']"  # fmt: skip
-FIT = "batch_size=256, epochs=1"
+EPOCHS = {False: 2, True: 1}  # per iteration
 VICTIM = "worker-2"
 
 
@@ -56,6 +56,7 @@ def prepare(quick: bool) -> dict[str, Any]:
     context: dict[str, Any] = {
         "cluster": None, "directory": tempfile.mkdtemp(prefix="dvml-bench-b22-"),
         "iterations": ITERATIONS[quick], "kill_at": KILL_AT[quick], "runs": {},
+        "fit_params": f"batch_size=256, epochs={EPOCHS[quick]}",
     }  # fmt: skip
     try:
         context["cluster"] = t.start_cluster(3, 512 * t.MiB)
@@ -104,9 +105,10 @@ def _fit(context: dict[str, Any], disturbed: bool) -> float:
 
     start = time.perf_counter()
     model = dvml.fit(
-        TRAIN, MODEL, context["arch_id"], COMPILE, FIT, num_iterations=context["iterations"],
-        sync="iteration", elastic=True, on_iteration=on_iteration, resume=False,
-        overwrite=True, progress=False, registry=context["registry"], client=cluster.client,
+        TRAIN, MODEL, context["arch_id"], COMPILE, context["fit_params"],
+        num_iterations=context["iterations"], sync="iteration", elastic=True,
+        on_iteration=on_iteration, resume=False, overwrite=True, progress=False,
+        registry=context["registry"], client=cluster.client,
     )  # fmt: skip
     wall = time.perf_counter() - start
     evaluation = dvml.evaluate(MODEL, VALID, registry=context["registry"], client=cluster.client)
