@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -46,6 +47,7 @@ STANDBY = (
     "dvml.train.runtime.trainer --standby"  # a standby's command line, also once it runs a job
 )
 ZYGOTE = "dvml.train.runtime.trainer --zygote"  # the zygote's, and so its forked trainers'
+REFRESH_S = 1.0  # how often half_speed looks for the job's trainers again
 
 
 def _forked(proc: psutil.Process) -> bool:
@@ -170,45 +172,33 @@ def worker_trainers(cluster: Any, worker: str | None = None, **fields: Any) -> l
     return job_trainers(worker_descendants(cluster, worker), **fields)
 
 
-def _duty_cycle(
-    cluster: Any, worker: str, fields: dict[str, Any], stop: threading.Event, follow: bool
-) -> None:
+def _duty_cycle(cluster: Any, worker: str, fields: dict[str, Any], stop: threading.Event) -> None:
+    pids: list[int] = []
+    found_at = 0.0
     while not stop.is_set():
-        pids: list[int] = []
-        while not stop.is_set() and not pids:
-            pids = worker_trainers(cluster, worker, **fields)
+        if time.monotonic() - found_at >= REFRESH_S or not pids:
+            # found again every second: a job that restarts its trainers (an elastic fit going
+            # on from a checkpoint) is slowed on its new ones too
+            pids, found_at = worker_trainers(cluster, worker, **fields), time.monotonic()
+        if not pids:
             stop.wait(0.02)
-        if not _slow(pids, stop) or not follow:
-            return
-
-
-def _slow(pids: list[int], stop: threading.Event) -> bool:
-    """Stop ``pids`` 50 ms of every 100 until ``stop`` (False) or one is gone (True)."""
-    while not stop.is_set() and pids:
-        try:
-            for pid in pids:
+            continue
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
-            stop.wait(0.05)
-        except ProcessLookupError:  # the trainer is done: nothing left to slow
-            return True
-        finally:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
         stop.wait(0.05)
-    return False
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        stop.wait(0.05)
 
 
 @contextlib.contextmanager
-def half_speed(cluster: Any, worker: str, follow: bool = False, **fields: Any) -> Iterator[None]:
+def half_speed(cluster: Any, worker: str, **fields: Any) -> Iterator[None]:
     """Slow ``worker``'s trainers of the job with ``fields`` (:func:`job_trainers`) to about
-    half speed for the ``with`` block: stopped 50 ms of every 100 (the first ones found; with
-    ``follow``, the job's next trainers on that worker too once those are gone: an elastic
-    fit restarts its trainers when its row map changes)."""
+    half speed for the ``with`` block: stopped 50 ms of every 100 (found again every second)."""
     stop = threading.Event()
-    slower = threading.Thread(target=_duty_cycle, args=(cluster, worker, fields, stop, follow))
+    slower = threading.Thread(target=_duty_cycle, args=(cluster, worker, fields, stop))
     slower.start()
     try:
         yield

@@ -74,7 +74,7 @@ def test_rows_move_off_a_trainer_at_half_speed_and_every_row_stays_once_per_epoc
 ) -> None:
     iterations = 5
     seen: list[dict[str, Any]] = []
-    with half_speed(env["cluster"], "worker-1", follow=True, model="rm_slow"):
+    with half_speed(env["cluster"], "worker-1", model="rm_slow"):
         summary = _fit(env, "rm_slow", "batch_size=32, epochs=12", iterations,
                        on_iteration=seen.append, progress=True).summary  # fmt: skip
     print(json.dumps({k: summary.get(k) for k in ("rebalanced_at_iterations", "moved_rows",

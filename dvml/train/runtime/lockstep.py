@@ -269,8 +269,12 @@ def _wait_trainers(
                 outcome.gone,
             )
         if outcome.failed is not None:
-            # The first error to arrive is often a survivor's "peer went away": blame the
-            # trainer that died first when it reports within a few seconds.
+            # The first error to arrive is often a survivor's "peer went away". A departed
+            # worker is named at once (the scheduler drops a dead one within a second);
+            # else blame the trainer that died first when it reports within a few seconds.
+            first = outcome.failed.exception()
+            if looks_like_peer_failure(f"{type(first).__name__}: {first}"):
+                _raise_if_a_peer_left(client, futures, workers, first, rerun, peer_wait=1.0)
             future = _first_cause(futures, outcome.failed)
             worker = workers[futures.index(future)].name
             exc = future.exception()
@@ -314,16 +318,23 @@ def _first_cause(futures: list[Any], failed: Any, wait: float = 5.0) -> Any:
 
 
 def _raise_if_a_peer_left(
-    client: Client, futures: list[Any], workers: list[WorkerInfo], exc: Any, rerun: str
+    client: Client,
+    futures: list[Any],
+    workers: list[WorkerInfo],
+    exc: Any,
+    rerun: str,
+    peer_wait: float = 5.0,
 ) -> None:
     """A surviving trainer's collective error hides the host that went away: name that host.
 
     Asked whatever the error says: what a survivor reports when its peer's host dies depends
     on where in a step it was (and on the load), and a departed worker is the cause in any
-    case. Only an error that looks like a lost peer waits for the scheduler to notice.
+    case. Only an error that looks like a lost peer waits (``peer_wait`` seconds at most) for
+    the scheduler to notice.
     """
     text = f"{type(exc).__name__}: {exc}"
-    gone = departed_workers(client, workers, wait=5.0 if looks_like_peer_failure(text) else 0.0)
+    wait = peer_wait if looks_like_peer_failure(text) else 0.0
+    gone = departed_workers(client, workers, wait=wait)
     if gone:
         # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
         # up on the workers: stop waiting for them now.
