@@ -107,8 +107,12 @@ class Boundary:
         self.checked = 0
         self.change: Change | None = None
         self.joining: set[str] = set()  # addresses the scheduler lists that the job does not
-        # read before the trainers start: the layout the speed plan moves buffers of
-        self.layout = describe(job.training, client=client).layout
+        # read before the trainers start: the layout the speed plan moves buffers of, and
+        # whether the rules grow at all (explicit workers, hosts, tables never take a worker)
+        train = describe(job.training, client=client)
+        self.layout = train.layout
+        rules = train.summary.get("distribution_rules", {})
+        self.grows = str(rules.get("kind", "all_workers")) in GROWABLE_KINDS
 
     def due(self) -> bool:
         """Whether the run should stop now: a worker joined, or rows should move for speed."""
@@ -141,7 +145,11 @@ class Boundary:
         # taken back by this job: a flapping worker would move rows to and fro.
         new = {a for a, info in listed["workers"].items()
                if str(info.get("name")) not in self.state.left}  # fmt: skip
-        return new - self.state.known - {w.address for w in self.workers}
+        new -= self.state.known | {w.address for w in self.workers}
+        if not self.grows:  # the dataset's rules never take a worker: no stop for it
+            self.state.known |= new
+            return set()
+        return new
 
     def _joined(self, done: int) -> Change | None:
         current = discover_workers(self.client, omit_silent=True)
