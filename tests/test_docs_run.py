@@ -18,8 +18,8 @@ the day it is added). Sybil (``sybil.parsers.markdown``) finds the fenced blocks
   lists every one with its reason, so none is silent, and refuses an empty reason or a marker
   that stands before no block.
 - ``bash``/``sh``/``shell``/``console`` blocks are not run: each ``dvml ...`` line in them is
-  parsed with :func:`dvml.cli.build_parser` (synopsis lines too: ``list | show NAME`` are the
-  commands ``dvml models list`` and ``dvml models show NAME``; ``[--dry-run]`` is tried with
+  parsed with :func:`dvml.cli.build_parser` (synopsis lines too: ``list | describe NAME`` are the
+  commands ``dvml models list`` and ``dvml models describe NAME``; ``[--dry-run]`` is tried with
   and without), and each inline ``dvml ...`` code span in the prose must name real groups,
   commands and options.
 """
@@ -168,8 +168,8 @@ def synopsis_commands(line: str) -> list[list[str]]:
     """The argument lists a documented ``dvml ...`` line stands for (without ``dvml``).
 
     ``A | B`` (spaces around the bar) are alternatives of the same group: ``dvml models list |
-    show NAME`` is ``models list`` and ``models show NAME``; ``[--x]`` is optional: each line
-    is tried with every bracketed part and with none.
+    describe NAME`` is ``models list`` and ``models describe NAME``; ``[--x]`` is optional: each
+    line is tried with every bracketed part and with none.
     """
     alternatives = [a.strip() for a in line.split(" | ")]
     first = shlex.split(alternatives[0])

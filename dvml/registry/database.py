@@ -23,7 +23,7 @@ from dvml import config
 from dvml.configs.model_config import COLUMNS, ModelConfig
 from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, RegistryNotFoundError
 from dvml.names import check_name
-from dvml.registry import custom, keras_json, model_lineage
+from dvml.registry import custom, keras_json, model_lineage, renamed_methods
 from dvml.registry import values as v
 from dvml.registry.schema import (
     custom_functions,
@@ -146,7 +146,7 @@ def _new_id(result: sa.CursorResult[Any]) -> int:
     return int(key[0])
 
 
-class Registry:
+class Registry(renamed_methods.RenamedMethods):
     """A model registry in any SQLAlchemy database; an SQLite file by default.
 
     Parameters
@@ -325,7 +325,7 @@ class Registry:
         result["created_at"] = v.utc(result["created_at"])
         return result
 
-    def delete_architecture(self, arch_id: int) -> None:
+    def drop_architecture(self, arch_id: int) -> None:
         """Delete an architecture.
 
         Models trained from it stay and keep working: a dvml fit keeps the architecture's
@@ -612,7 +612,7 @@ class Registry:
             row["validation_metrics"] = v.loads(row["validation_metrics"])
         return pd.DataFrame(rows, columns=list(v.ITERATION_COLUMNS))
 
-    def delete_model(self, name: str) -> None:
+    def drop_model(self, name: str) -> None:
         """Delete a model and its iteration records in one transaction.
 
         ``name`` may also be a ``fit_multiple``/``automl`` run's ``model_output``: its info and
@@ -695,7 +695,7 @@ class Registry:
             row["created_at"] = v.utc(row["created_at"])
         return pd.DataFrame(rows, columns=columns)
 
-    def delete_custom_function(self, name: str) -> None:
+    def drop_custom_function(self, name: str) -> None:
         """Delete a custom function."""
         name = custom.check_name(name)
         t = custom_functions
@@ -912,7 +912,7 @@ class Registry:
         columns = ["name", "n_configs", "search", "seed", "description", "created_at"]
         return pd.DataFrame(rows, columns=columns)
 
-    def delete_model_selection(self, name: str) -> None:
+    def drop_model_selection(self, name: str) -> None:
         """Delete a model selection table and its rows in one transaction."""
         with self._transaction(write=True) as conn:
             selection_id = self._selection_id(conn, name).id

@@ -23,7 +23,7 @@ under ``model_output``: ``.info`` (every configuration, its metrics concatenated
 search as MADlib does, ``metrics_iters`` counted over the whole search, plus ``s`` and ``i``
 for Hyperband), ``.summary`` (with ``automl_method``, ``automl_params``, ``random_state`` and
 the search's journal) and the one-row model selection table of the best configuration
-(``f"{model_output}_best"``, loadable by name with ``dvml.load_model_configs``).
+(``f"{model_output}_best"``, loadable by name with ``dvml.describe_model_configs``).
 
 ``method="asha"`` (dvml's, beyond MADlib) is :class:`~dvml.search.asha.Asha` driven on one
 job of serving trainers that never restart (:mod:`dvml.search.asha_driver`): new
