@@ -214,6 +214,10 @@ def fit_multiple(
         keeps no replica): the summary's ``departed`` and ``departed_at_iterations`` say so.
         Default False: a departure stops the job and a rerun resumes (every model visits
         every partition in every iteration, MADlib's rule).
+    registry : Registry or str, optional
+        The model registry or its URL (default: config ``dvml.registry.url``).
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
 
     Returns
     -------

@@ -275,7 +275,7 @@ def model_selection_table(
         optimizer='Adam(lr=0.001)', metrics=['accuracy']", ...]``. Duplicates count once.
     fit_params_list : str, dict or list of them, optional
         Complete fit parameter sets: ``["batch_size=8, epochs=1", "batch_size=16, epochs=1"]``.
-    name, custom_objects, description, replace, registry
+    name, custom_objects, description, replace, registry : optional
         As for :func:`model_configs`.
 
     Returns
