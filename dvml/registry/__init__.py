@@ -274,6 +274,27 @@ def register_custom_function(
     """Register the source of ``def name(y_true, y_pred)`` as a custom loss or metric.
 
     The code runs wherever it is later loaded; see :meth:`Registry.register_custom_function`.
+
+    Parameters
+    ----------
+    name : str
+        The function's name, as ``compile_params`` will name it.
+    source : str
+        Python source that defines ``name`` (checked with :mod:`ast`, stored as text; never
+        pickle).
+    kind : {"loss", "metric"}
+        What it is.
+    description : str, optional
+        Free text.
+    replace : bool
+        Replace a function registered under this name before.
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Returns
+    -------
+    int
+        The function's id.
     """
     with _opened(registry) as reg:
         return reg.register_custom_function(name, source, kind, description, replace)

@@ -179,7 +179,34 @@ def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwa
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-    """A named dataset (or feature cache) in vineyard: its summary and where its buffers live."""
+    """A named dataset (or feature cache) in vineyard: its summary and where its buffers live.
+
+    Handles come from :func:`describe`, :func:`list` and the preprocessors; the fields are
+    the catalog's record.
+
+    Parameters
+    ----------
+    name : str
+        The dataset's name.
+    id : int
+        Its vineyard object id (kept across versions).
+    kind : str
+        ``"training"``, ``"validation"``, ``"feature_cache"``, ...
+    summary : dict
+        The preprocessor's summary (MADlib's fields and dvml's own).
+    layout : dict
+        ``fields`` and one entry per buffer (worker, host, vineyard instance, rows, object ids).
+    global_tensors : dict of str to int
+        The global tensor object of each field.
+    lost_buffers : tuple of int
+        Indexes of the buffers whose vineyardd no live worker serves (filled in by
+        :func:`describe` and :func:`list`; empty for a dataset that is intact).
+    versions : list of dict
+        One record per version (:mod:`dvml.store.versions`): number, buffers, rows, digest
+        per buffer, source; the oldest first.
+    version : int
+        The version this handle reads: its layout holds that version's buffers only.
+    """
 
     name: str
     id: int
@@ -187,21 +214,29 @@ class Dataset:
     summary: dict[str, Any]
     layout: dict[str, Any]
     global_tensors: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: Indexes of the buffers whose vineyardd no live worker serves (filled in by
-    #: :func:`describe` and :func:`list`; empty for a dataset that is intact).
     lost_buffers: tuple[int, ...] = ()
-    #: One record per version (:mod:`dvml.store.versions`): number, buffers, rows, digest
-    #: per buffer, source; the oldest first.
     versions: builtins.list[dict[str, Any]] = dataclasses.field(default_factory=builtins.list)
-    #: The version this handle reads: its layout holds that version's buffers only.
     version: int = 1
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Dataset:
+        """The handle of a catalog record.
+
+        Parameters
+        ----------
+        record : dict
+            The catalog's record: this class's fields.
+
+        Returns
+        -------
+        Dataset
+            The handle.
+        """
         return cls(**record)
 
     @property
     def rows(self) -> int:
+        """Rows in this version's buffers."""
         return int(sum(b["rows"] for b in self.layout["buffers"]))
 
     @property
@@ -221,7 +256,13 @@ class Dataset:
         return int(sum(b["rows"] for b in self.layout["buffers"] if b["index"] in lost))
 
     def damage(self) -> str | None:
-        """One sentence on what was lost and what to do, or None when intact."""
+        """One sentence on what was lost and what to do.
+
+        Returns
+        -------
+        str or None
+            The sentence, or None when intact.
+        """
         if not self.damaged:
             return None
         lost = set(self.lost_buffers)
@@ -234,10 +275,19 @@ class Dataset:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of this version's buffers in shared memory."""
         return int(sum(f["nbytes"] for b in self.layout["buffers"] for f in b["fields"].values()))
 
     def placement(self) -> pd.DataFrame:
-        """One row per buffer: worker, host, vineyard instance, rows, bytes and object ids."""
+        """Where each buffer lives.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per buffer: ``buffer``, ``worker``, ``worker_name``, ``host``,
+            ``vineyard_instance_id``, ``rows``, ``nbytes``, ``status`` (``"ok"`` or
+            ``"lost"``) and ``<field>_id`` per field.
+        """
         import pandas as pd
 
         rows = []
@@ -257,7 +307,14 @@ class Dataset:
         return pd.DataFrame(rows)
 
     def distribution(self) -> pd.DataFrame:
-        """Rows, bytes and buffers per worker (and host)."""
+        """Rows, bytes and buffers per worker (and host).
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per worker: ``worker_name``, ``host``, ``worker``,
+            ``vineyard_instance_id``, ``buffers``, ``rows``, ``nbytes``.
+        """
         table = self.placement()
         return (
             table.groupby(["worker_name", "host", "worker", "vineyard_instance_id"], sort=False)
@@ -266,7 +323,18 @@ class Dataset:
         )
 
     def plot_placement(self, ax: Any = None) -> Any:
-        """Bar chart of rows per worker, coloured by host; returns the matplotlib Axes."""
+        """Bar chart of rows per worker, coloured by host.
+
+        Parameters
+        ----------
+        ax : matplotlib.axes.Axes, optional
+            Where to draw (default: a new figure).
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+            The axes drawn on.
+        """
         import matplotlib.pyplot as plt
 
         dist = self.distribution()
@@ -285,7 +353,12 @@ class Dataset:
     def drop(self, client: Client | None = None, force: bool = False) -> None:
         """Free this dataset's vineyard memory on every worker and remove its name.
 
-        Refused while a job reads it, unless ``force`` (see :func:`drop`).
+        Parameters
+        ----------
+        client : distributed.Client, optional
+            The cluster's client (default: the current one).
+        force : bool
+            Drop it even while a job reads it; by default that is refused (see :func:`drop`).
         """
         drop(self.name, client=client, force=force)
 
