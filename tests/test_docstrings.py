@@ -61,9 +61,7 @@ CEILINGS: dict[str, set[str]] = {
     "dvml.Registry.register_custom_function": {"PR01"},
     "dvml.Registry.save_model_selection_run": {"PR04"},
     "dvml.RunResult": {"PR01"},
-    "dvml.datasets.append": {"PR03", "PR04"},
     "dvml.fit": {"PR01"},
-    "dvml.validation_preprocessor": {"PR01", "RT01"},
 }
 
 
