@@ -238,7 +238,7 @@ def test_datasets_commands_with_the_recorded_cluster(session: Session) -> None:
     assert described["summary"]["training_dataset"]["name"] == f"{NAME}-train"
 
 
-def test_models_show(session: Session) -> None:
+def test_models_describe(session: Session) -> None:
     out = session.ok("models", "describe", NAME, "--registry", session.registry)
     assert f"name:       {NAME}" in out and "version:    2" in out
     assert f"source_table: {NAME}-train" in out
