@@ -169,6 +169,18 @@ def test_cli_model_configs_delete(capsys: pytest.CaptureFixture[str], url: str, 
     assert dvml.list_model_configs(registry=url).empty
 
 
+def test_cli_aliases_are_left_out_of_the_reference() -> None:
+    from dvml.cli import build_parser, reference_parser
+
+    def commands(parser: Any, group: str) -> set[str]:
+        groups = parser._subparsers._group_actions[0].choices
+        return set(groups[group]._subparsers._group_actions[0].choices)
+
+    assert {"show", "describe"} <= commands(build_parser(), "models")
+    assert commands(reference_parser(), "models") == {"list", "describe", "lineage"}
+    assert {"show", "delete"} & commands(reference_parser(), "model-configs") == set()
+
+
 def test_cli_aliases_are_hidden_from_help(capsys: pytest.CaptureFixture[str]) -> None:
     for group, old in (("models", "show"), ("model-configs", "show"), ("model-configs", "delete")):
         with pytest.raises(SystemExit):

@@ -71,6 +71,7 @@ def add_alias(
         return handler(args)
 
     alias.set_defaults(handler=warn_then_run)
+    alias.dvml_deprecated = True  # read by dvml.cli.reference_parser
     return alias
 
 
