@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 from typing import TYPE_CHECKING, Any
@@ -144,6 +145,19 @@ def drop_dataset(cluster: dvml.LocalCluster, name: str) -> None:
         dvml.datasets.drop(name, client=cluster.client)
     except DatasetNotFoundError:
         pass
+
+
+def close_context(context: dict[str, Any], datasets: tuple[str, ...]) -> None:
+    """A model benchmark's cleanup: drop ``datasets`` and close the cluster (when ``prepare``
+    got that far), close the registry and remove the context's directory."""
+    cluster = context.get("cluster")
+    if cluster is not None:
+        for name in datasets:
+            drop_dataset(cluster, name)
+        cluster.close()
+    if context.get("registry") is not None:
+        context["registry"].close()
+    shutil.rmtree(context["directory"], ignore_errors=True)
 
 
 def tf_child_env() -> dict[str, str]:

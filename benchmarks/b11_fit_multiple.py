@@ -27,7 +27,6 @@ Data: scikit-learn's 1797 digits in 12 shifted, noisy copies (80 % training: 17 
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import tempfile
 import time
@@ -98,14 +97,7 @@ def prepare(quick: bool) -> dict[str, Any]:
 
 
 def cleanup(context: dict[str, Any]) -> None:
-    cluster = context["cluster"]
-    if cluster is not None:
-        for name in (TRAIN, VALID):
-            t.drop_dataset(cluster, name)
-        cluster.close()
-    if context.get("registry") is not None:
-        context["registry"].close()
-    shutil.rmtree(context["directory"], ignore_errors=True)
+    t.close_context(context, (TRAIN, VALID))
 
 
 def dvml_side(context: dict[str, Any]) -> float:

@@ -25,7 +25,6 @@ that holds the model). ``--quick``: ``MAX_T`` 3 instead of 9.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from typing import Any
@@ -107,14 +106,7 @@ def prepare(quick: bool) -> dict[str, Any]:
 
 
 def cleanup(context: dict[str, Any]) -> None:
-    cluster = context["cluster"]
-    if cluster is not None:
-        for name in (TRAIN, VALID):
-            t.drop_dataset(cluster, name)
-        cluster.close()
-    if context.get("registry") is not None:
-        context["registry"].close()
-    shutil.rmtree(context["directory"], ignore_errors=True)
+    t.close_context(context, (TRAIN, VALID))
 
 
 def _grids() -> tuple[dict[str, Any], dict[str, Any]]:

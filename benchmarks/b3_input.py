@@ -9,7 +9,7 @@ run and its train function traced beforehand on two batches, so tracing is not c
 Every side runs in ONE long-lived trainer-like process (``python -m benchmarks.b3_input
 runner``), started once per row with ``VINEYARD_IPC_SOCKET`` of worker-0 of a two-worker
 LocalCluster, TensorFlow imported once. Sizes: 131072 rows of 32 float32 features and 10
-one-hot classes (21 MiB), 5 epochs; ``--quick``: 16384 rows, 2 epochs.
+one-hot classes (21 MiB), 5 epochs; ``--quick``: 8192 rows, 1 epoch.
 
 - dvml side: :func:`dvml.resolve.open_local` of a dataset whose buffer is in worker-0's
   vineyardd, then :func:`dvml.resolve.tfdata.training_dataset` (per-epoch shuffle by index;
@@ -45,7 +45,7 @@ from benchmarks import _training as t
 from benchmarks.harness import Benchmark, register
 
 FEATURES, CLASSES, BATCH, SEED = 32, 10, 128, 0
-SIZES = {False: (131072, 5), True: (16384, 2)}  # quick -> (rows, epochs)
+SIZES = {False: (131072, 5), True: (8192, 1)}  # quick -> (rows, epochs)
 PARQUET_FILES = 4
 NAME, FRAME = "bench_b3", "bench_b3_frame"
 SIDES = ("dvml", "in_process", "parquet", "compute", "compact")

@@ -59,6 +59,8 @@ MODULES: tuple[str, ...] = (
     "benchmarks.b18_object_store",
     "benchmarks.b19_own_loop",
     "benchmarks.b20_short_job",
+    "benchmarks.b21_stragglers",
+    "benchmarks.b22_elastic",
     "benchmarks.b23_memory_plan",
     "benchmarks.b24_versions",
     "benchmarks.b25_dashboard",

@@ -196,3 +196,25 @@ def test_quick_b17_is_met_by_default(tmp_path: pathlib.Path) -> None:
         assert row["details"]["default storage"]["compact"] is True
         assert row["details"]["float32 format ratio"] > 3.9
     assert rows["B17a"]["dvml"] == 8 * 8 + 1  # uint8 pixels and a uint8 class index
+
+
+@pytest.mark.cluster
+@pytest.mark.tf
+def test_quick_b22_loses_a_worker_and_trains_every_row_per_epoch(tmp_path: pathlib.Path) -> None:
+    """B22 (issue 37): an elastic fit that loses a worker midway against the same fit
+    undisturbed; the rows it trained per epoch after the loss are the dataset's, exactly."""
+    rows = _quick_rows("B22", tmp_path / "results")
+    assert set(rows) == {"B22b", "B22c"}
+    assert rows["B22c"]["ratio_median"] == 1.0, rows["B22c"]
+    last = rows["B22b"]["details"]["disturbed: last run"]
+    assert last["departed_at_iterations"]["worker-2"] >= 3 and last["rows_left_out"] == 0
+    assert last["repinned_rows"] > 0, last
+
+
+def test_b21_rows_are_registered_with_the_issues_targets() -> None:
+    # B21 (issue 37): its quick run (about 100 s) is left to `python -m benchmarks --quick`
+    chosen = harness.select(harness.load(), ["B21"])
+    assert [(b.key, b.target, b.target_op) for b in chosen] == [
+        ("B21a", 1.45, "<="), ("B21b", 1.6, "<="), ("B21c", 1.45, "<="), ("B21d", 1.0, "<="),
+    ]  # fmt: skip
+    assert len({b.prepare for b in chosen}) == 1  # one cluster for the four rows

@@ -53,7 +53,6 @@ FUNCTION_CEILINGS: dict[str, int] = {
     "dvml/train/predict.py::_predict": 66,
     "dvml/train/predict.py::predict_byom": 64,
     "dvml/train/run.py::run": 72,
-    "dvml/train/runtime/lockstep.py::run_lockstep": 61,
     "dvml/train/summary.py::build_summary": 74,
 }
 

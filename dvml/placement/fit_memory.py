@@ -54,6 +54,7 @@ __all__ = [
     "plan_fit",
     "plan_fixes",
     "room_line",
+    "rooms_by_host",
 ]
 
 _MiB = 2**20
@@ -442,15 +443,7 @@ def plan_fit(
         Bytes of the weights when known exactly (stored with the architecture); else counted
         from the JSON.
     """
-    from dvml.exceptions import ArgumentError
-
-    by_host = {r.host: r for r in rooms}
-    missing = sorted({h for _, h, _ in trainers} - set(by_host))
-    if missing:
-        raise ArgumentError(
-            f"No room given for the hosts {missing} of the trainers. Received: rooms for "
-            f"{sorted(by_host)}. Pass one HostRoom per host that runs a trainer."
-        )
+    by_host = rooms_by_host(trainers, rooms)
     count = count_model(model, x_shapes[0]) if len(x_shapes) == 1 else None
     notes = ["the dataset adds nothing here: trainers read its buffers zero-copy from "
              "vineyardd's shared memory, already counted when it was packed"]  # fmt: skip
@@ -478,6 +471,22 @@ def plan_fit(
     if plan.fits:
         return plan
     return dataclasses.replace(plan, fixes=tuple(plan_fixes(plan)))
+
+
+def rooms_by_host(
+    trainers: Sequence[tuple[str, str, int]], rooms: Sequence[HostRoom]
+) -> dict[str, HostRoom]:
+    """Host -> its room, checked to cover every host that ``trainers`` names."""
+    from dvml.exceptions import ArgumentError
+
+    by_host = {r.host: r for r in rooms}
+    missing = sorted({h for _, h, _ in trainers} - set(by_host))
+    if missing:
+        raise ArgumentError(
+            f"No room given for the hosts {missing} of the trainers. Received: rooms for "
+            f"{sorted(by_host)}. Pass one HostRoom per host that runs a trainer."
+        )
+    return by_host
 
 
 def host_rows(

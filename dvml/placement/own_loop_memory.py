@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from dvml.exceptions import ArgumentError
 from dvml.placement.fit_memory import (
     BATCHES_HELD,
     FitMemoryPlan,
@@ -28,6 +27,7 @@ from dvml.placement.fit_memory import (
     TrainerMemory,
     host_rows,
     plan_fixes,
+    rooms_by_host,
 )
 from dvml.placement.memory import format_size
 
@@ -69,13 +69,7 @@ def plan_run(
     FitMemoryPlan
         One row per trainer; ``fixes`` when it does not fit.
     """
-    by_host = {r.host: r for r in rooms}
-    missing = sorted({h for _, h, _ in trainers} - set(by_host))
-    if missing:
-        raise ArgumentError(
-            f"No room given for the hosts {missing} of the trainers. Received: rooms for "
-            f"{sorted(by_host)}. Pass one HostRoom per host that runs a trainer."
-        )
+    by_host = rooms_by_host(trainers, rooms)
     row = FLOAT32_BYTES * row_values
     hosts: dict[str, list[TrainerMemory]] = {}
     for worker, host, batch in trainers:

@@ -9,7 +9,7 @@ import numpy as np
 
 from dvml.exceptions import ParameterError
 
-__all__ = ["BatchPlan", "per_worker_batch_sizes", "steps_per_epoch"]
+__all__ = ["BatchPlan", "batch_sizes_by_rows", "per_worker_batch_sizes", "steps_per_epoch"]
 
 
 def per_worker_batch_sizes(global_batch_size: int, rows_per_worker: Sequence[int]) -> list[int]:
@@ -39,6 +39,37 @@ def per_worker_batch_sizes(global_batch_size: int, rows_per_worker: Sequence[int
     most_rows_first = sorted(range(n_workers), key=lambda i: (-rows_per_worker[i], i))
     larger = set(most_rows_first[:extra])
     return [base + (i in larger) for i in range(n_workers)]
+
+
+def batch_sizes_by_rows(global_batch_size: int, rows_per_worker: Sequence[int]) -> list[int]:
+    """Split the global batch over the workers in proportion to the rows each holds.
+
+    When an elastic fit gives a faster trainer more rows (dvml.placement.row_map), an even
+    split would leave the extra rows out of every epoch (:func:`steps_per_epoch` is the fewest
+    full batches any worker holds). Split by rows, every worker runs about the same number of
+    steps over its own rows, so every row is trained once per epoch, the sum is still exactly
+    ``global_batch_size``, and a trainer with fewer rows runs smaller (faster) steps. Largest
+    remainders get the leftover rows (the first of equals); every worker gets at least one.
+
+    Raises
+    ------
+    ParameterError
+        When ``global_batch_size`` is smaller than the number of workers.
+    """
+    n_workers = len(rows_per_worker)
+    total = sum(rows_per_worker)
+    if total <= 0:
+        return per_worker_batch_sizes(global_batch_size, rows_per_worker)
+    if global_batch_size < n_workers:
+        return per_worker_batch_sizes(global_batch_size, rows_per_worker)  # raises, saying why
+    spare = global_batch_size - n_workers  # one row each first, the rest by rows
+    exact = [spare * r / total for r in rows_per_worker]
+    sizes = [1 + int(e) for e in exact]
+    left = global_batch_size - sum(sizes)
+    by_remainder = sorted(range(n_workers), key=lambda i: (-(exact[i] - int(exact[i])), i))
+    for i in by_remainder[:left]:
+        sizes[i] += 1
+    return sizes
 
 
 def steps_per_epoch(rows_per_worker: Sequence[int], per_worker_batch: int | Sequence[int]) -> int:

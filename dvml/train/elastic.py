@@ -1,4 +1,10 @@
-"""Elastic fits: a lock-step job that goes on without the workers that leave it.
+"""Elastic fits: a lock-step job whose row map changes at iteration boundaries.
+
+Three things change which rows each trainer owns, always between two iterations and in this
+one loop (:func:`run_elastic`): a worker that leaves (below), a worker that joins and a
+trainer that holds the others back (:mod:`dvml.train.row_map_change`: whole buffers move onto
+the new worker, or off the straggler so that rows follow speed, and the trainers restart from
+the boundary's checkpoint on the new row map with the same global batch).
 
 ``dvml.fit(..., elastic=True)`` runs its trainers through :func:`run_elastic` instead of one
 :func:`~dvml.train.runtime.lockstep.run_lockstep`. When a worker leaves during iteration *i*
@@ -32,18 +38,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import TrainerFailedError, WorkerDepartedError
 from dvml.preprocess.repin import repin
-from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
+from dvml.resolve.batches import batch_sizes_by_rows, per_worker_batch_sizes, steps_per_epoch
 from dvml.store.datasets import describe
 from dvml.store.versions import buffer_digest, version_digest
+from dvml.train.row_map_change import Boundary, RowMapState, apply, summary_fields
 from dvml.train.runtime import launch
-from dvml.train.runtime.lockstep import resume_from, run_lockstep
+from dvml.train.runtime.lockstep import BoundaryReached, resume_from, run_lockstep
 from dvml.train.runtime.plan import Job, dataset_key, job_key
+from dvml.train.stragglers import timings_of
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -130,6 +139,9 @@ class ElasticJob:
     validation: str | None
     checkpoint_dir: str
     key: str
+    sync: str | int = "step"  # the fit's sync mode: rows move for speed unless "step"
+    last_iteration: int = 0  # num_iterations: no row map changes after it
+    balance: bool = True  # move rows off stragglers (dvml.train.elastic-balance)
 
 
 @dataclasses.dataclass
@@ -151,6 +163,9 @@ class ElasticRun:
     rows_per_epoch : dict of int to int
         Iteration -> the rows its trainers trained on once per epoch, as they reported them
         (:class:`_Tally`), for every iteration this call trained.
+    changes : list of dict
+        One per row-map change for a worker that joined or a straggler
+        (:func:`dvml.train.row_map_change.apply`'s records).
     """
 
     results: list[dict[str, Any]]
@@ -158,6 +173,7 @@ class ElasticRun:
     workers: list[WorkerInfo]
     departures: list[dict[str, Any]]
     rows_per_epoch: dict[int, int]
+    changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class _Tally:
@@ -173,13 +189,35 @@ class _Tally:
     def __init__(self, forward: Callable[[Any], None]) -> None:
         self.forward, self.lock = forward, threading.Lock()
         self.reported: dict[int, dict[str, int]] = {}
+        self.messages: dict[int, list[dict[str, Any]]] = {}
         self.resolved: dict[str, int] = {}
         self.n = 0
         self.trained: dict[int, int] = {}
+        self.first_done_at: float | None = None  # when this run's first iteration completed
+        self.first_work_seconds = 0.0  # and how long its trainers trained and measured in it
 
     def begin(self, n: int) -> None:
         with self.lock:
-            self.reported, self.resolved, self.n = {}, {}, n
+            self.reported, self.resolved, self.n, self.messages = {}, {}, n, {}
+            self.first_done_at, self.first_work_seconds = None, 0.0
+
+    def completed(self) -> int | None:
+        """This run's last iteration every trainer reported (and so checkpointed)."""
+        with self.lock:
+            done = [i for i, m in self.messages.items() if len(m) == self.n]
+        return max(done) if done else None
+
+    def timings(self) -> list[list[Any]]:
+        """This run's completed iterations' trainer timings, in order (dvml.train.stragglers)."""
+        with self.lock:
+            done = sorted(i for i, m in self.messages.items() if len(m) == self.n)
+            return [timings_of(self.messages[i]) for i in done]
+
+    def rows_of(self) -> dict[str, int]:
+        """The rows each trainer of this run holds, by the worker key its messages carry."""
+        with self.lock:
+            return {str(m["worker"]): int(m.get("rows") or 0)
+                    for ms in self.messages.values() for m in ms}  # fmt: skip
 
     def settle(self, first: int, last: int) -> None:
         """Iterations ``first`` to ``last`` of this run were trained by all its trainers."""
@@ -198,8 +236,15 @@ class _Tally:
                 iteration = int(message["iteration"])
                 rows = self.reported.setdefault(iteration, {})
                 rows[worker] = int(message["rows"])
+                self.messages.setdefault(iteration, []).append(message)
                 if len(rows) == self.n:
                     self.trained[iteration] = sum(rows.values())
+                    if self.first_done_at is None:
+                        self.first_done_at = time.monotonic()
+                        self.first_work_seconds = max(
+                            float(m.get("fit_seconds") or 0) + float(m.get("metrics_seconds") or 0)
+                            for m in self.messages[iteration]
+                        )
         self.forward(event)
 
 
@@ -212,22 +257,29 @@ def run_elastic(
     on_event: Callable[[Any], None],
     regroup: Callable[[list[WorkerInfo], str], None],
 ) -> ElasticRun:
-    """Run ``job``'s trainers to its last iteration, going on without workers that leave.
+    """Run ``job``'s trainers to its last iteration, changing the row map at iteration
+    boundaries: going on without workers that leave, taking in workers that join and moving
+    rows off a straggler (:mod:`dvml.train.row_map_change`).
 
     ``regroup`` is told the trainers of each new run and why (the progress collector's).
     Raises what :func:`run_lockstep` raises, except a departure that leaves a worker to go
     on with.
     """
     workers, batch, steps = list(job.workers), list(job.per_worker_batch), job.steps_per_epoch
+    own_steps: list[int] | None = None  # each trainer's steps, once rows follow speed
     initial = (start_iteration, weights_blob, list(history))
     start, blob, hist = initial
     tally = _Tally(on_event)
     departures: list[dict[str, Any]] = []
+    state = RowMapState(known=_present(client, workers))
     while True:
         tally.begin(len(workers))
         base = {**job.job(start, hist), "steps_per_epoch": steps}
+        boundary = Boundary(client, job, workers, tally, state)
+        began = start
         try:
-            results = run_lockstep(client, workers, base, batch, blob, tally, job.timeout)
+            results = run_lockstep(client, workers, base, batch, blob, tally, job.timeout,
+                                   until=boundary.due, per_worker_steps=own_steps)  # fmt: skip
         except WorkerDepartedError as exc:
             gone_at = {w.address for w in exc.workers}
             gone = [w for w in workers if w.address in gone_at]
@@ -235,23 +287,57 @@ def run_elastic(
             if not gone or not survivors:
                 raise
             departure = _repin(client, job, gone, survivors)
-            resumed = find_elastic_checkpoint(client, survivors, job.checkpoint_dir, job.key)
-            began = start
-            start, blob, hist = resumed if resumed is not None else initial
-            tally.settle(began, start - 1)
+            state.left |= {w.name for w in gone}
+            start, blob, hist = _resumed(client, job, survivors, tally, began, initial)
             departure["at_iteration"] = start
             departures.append(departure)
             workers = survivors
-            batch, steps = _split(client, job, workers)
             line = (f"{exc.args[0].split('. ')[0]}; going on with {[w.name for w in workers]} "
                     f"from iteration {start} (elastic=True): {_describe(departure)}")  # fmt: skip
-            logger.warning(line)
-            regroup(workers, line)
-            continue
-        trained = dict(tally.trained)
-        for i, rows in _rows_of(results).items():
-            trained[i] = rows
-        return ElasticRun(results, hist, workers, departures, trained)
+        except BoundaryReached:
+            start, blob, hist = _resumed(client, job, workers, tally, began, initial)
+            change = boundary.decide()
+            if change is not None:
+                workers = apply(client, job, change, workers, start, state)
+            why = change.why if change else "no worker that joined takes rows of the dataset"
+            line = (f"row map changed after iteration {boundary.checked}: {why}; going on "
+                    f"with {[w.name for w in workers]} from iteration {start}")  # fmt: skip
+        else:
+            trained = dict(tally.trained)
+            for i, rows in _rows_of(results).items():
+                trained[i] = rows
+            return ElasticRun(results, hist, workers, departures, trained, state.changes)
+        batch, steps, own_steps = _split(client, job, workers)
+        logger.warning(line)
+        regroup(workers, line)
+
+
+def _present(client: Client, workers: list[WorkerInfo]) -> set[str]:
+    """The addresses of the workers present when the job starts (those that join later are
+    the ones a boundary takes in): the scheduler's list, one cheap call."""
+    present = {w.address for w in workers}
+    try:
+        identity = client.sync(client.scheduler.identity, n_workers=-1)  # type: ignore[union-attr]
+        present |= set(identity["workers"])
+    except Exception:  # the scheduler did not answer: the job's own are known
+        pass
+    return present
+
+
+def _resumed(
+    client: Client,
+    job: ElasticJob,
+    workers: list[WorkerInfo],
+    tally: _Tally,
+    began: int,
+    initial: tuple[int, bytes | None, list[dict[str, Any]]],
+) -> tuple[int, bytes | None, list[dict[str, Any]]]:
+    """Where the next run starts: the last iteration every one of ``workers`` checkpointed
+    (the iterations before it counted by ``tally``), else where this call began."""
+    resumed = find_elastic_checkpoint(client, workers, job.checkpoint_dir, job.key)
+    start, blob, hist = resumed if resumed is not None else initial
+    tally.settle(began, start - 1)
+    return start, blob, hist
 
 
 def _repin(
@@ -275,17 +361,31 @@ def _repin(
     return departure
 
 
-def _split(client: Client, job: ElasticJob, workers: list[WorkerInfo]) -> tuple[list[int], int]:
-    """The same global batch split over ``workers`` by the rows they hold now, and the steps
-    per epoch (rows left out on no trainer are not counted)."""
+def _split(
+    client: Client, job: ElasticJob, workers: list[WorkerInfo]
+) -> tuple[list[int], int, list[int] | None]:
+    """The same global batch split over ``workers``, the steps per epoch and, where trainers
+    run their own number of steps, each one's (rows on no trainer are not counted).
+
+    ``sync="iteration"``: the batch split evenly (each trainer's local SGD keeps its batch)
+    and each trainer runs the steps of its own rows, so a trainer given more rows for its
+    speed runs more steps and one given fewer runs fewer (their weights are averaged by rows
+    once per iteration, MADlib's rule). An int ``k`` averages every k steps, which needs the
+    same steps everywhere: the batch is split by rows (:func:`batch_sizes_by_rows`).
+    ``"step"``: even, with the fewest full batches any trainer holds, as the plan's.
+    """
     layout = describe(job.training, client=client).layout
     rows = {w.vineyard_instance_id: 0 for w in workers}
     for b in layout["buffers"]:
         if b["instance_id"] in rows:
             rows[b["instance_id"]] += int(b["rows"])
     held = [rows[w.vineyard_instance_id] for w in workers]
-    per_worker = per_worker_batch_sizes(job.global_batch, held)
-    return per_worker, steps_per_epoch(held, per_worker)
+    split = batch_sizes_by_rows if isinstance(job.sync, int) else per_worker_batch_sizes
+    per_worker = split(job.global_batch, held)
+    steps = steps_per_epoch(held, per_worker)
+    if job.sync != "iteration":
+        return per_worker, steps, None
+    return per_worker, steps, [max(r // b, 1) for r, b in zip(held, per_worker, strict=True)]
 
 
 def _rows_of(results: list[dict[str, Any]]) -> dict[int, int]:
@@ -302,13 +402,17 @@ def _rows_of(results: list[dict[str, Any]]) -> dict[int, int]:
 def elastic_summary(run: ElasticRun) -> dict[str, Any]:
     """The fields an elastic fit adds to its summary. Pure.
 
-    ``departed`` (names), ``departed_at_iterations`` (name -> the first iteration run
+    ``trainers`` (the last run's: after departures and joins), ``departed`` (names),
+    ``departed_at_iterations`` (name -> the first iteration run
     without it), ``repinned_rows`` and ``repin_seconds`` (the training set's rows copied onto
     the survivors, and the seconds the copies of both datasets and their publication took),
     ``rows_left_out`` (training rows that could not be copied) and
     ``rows_left_out_from_iteration`` (None when none), ``rows_per_epoch`` ([iteration, rows]:
-    the rows the iteration's trainers held, each trained once per epoch) and ``departures``
-    (:attr:`ElasticRun.departures`).
+    the rows the iteration's trainers held, each trained once per epoch), ``departures``
+    (:attr:`ElasticRun.departures`), and the row-map changes for joins and stragglers
+    (:func:`dvml.train.row_map_change.summary_fields`: ``rebalanced_at_iterations``,
+    ``moved_rows``, ``moved_bytes``, ``joined``, ``joined_at_iterations``,
+    ``row_map_changes``).
     """
     at: dict[str, int] = {}
     repinned = left_out = 0
@@ -324,6 +428,7 @@ def elastic_summary(run: ElasticRun) -> dict[str, Any]:
         seconds += sum(float(d[k]["repin_seconds"]) for k in ("training", "validation") if d[k])
     return {
         "elastic": True,
+        "trainers": [w.name for w in run.workers],  # the last run's, joins and departures in
         "departed": sorted(at),
         "departed_at_iterations": at,
         "repinned_rows": repinned,
@@ -332,6 +437,7 @@ def elastic_summary(run: ElasticRun) -> dict[str, Any]:
         "rows_left_out_from_iteration": left_from,
         "rows_per_epoch": [[i, run.rows_per_epoch[i]] for i in sorted(run.rows_per_epoch)],
         "departures": run.departures,
+        **summary_fields(run.changes),
     }
 
 

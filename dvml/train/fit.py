@@ -155,8 +155,11 @@ def fit(
         (:mod:`dvml.train.elastic`). Rows whose vineyardd is gone too are left out and counted.
         The summary says what happened: ``departed``, ``departed_at_iterations``,
         ``repinned_rows``, ``repin_seconds``, ``rows_left_out``, ``rows_per_epoch``,
-        ``departures``. Default False: the fit fails naming the worker, and the same call
-        resumes from its last iteration.
+        ``departures``. Workers that join are trained on from the next iteration, and rows
+        move off a straggler when it pays (``sync="iteration"``/``k``; config
+        ``dvml.train.elastic-balance``): :mod:`dvml.train.row_map_change`, ``joined``,
+        ``rebalanced_at_iterations``, ``moved_rows``. Default False: the fit fails naming
+        the worker, and the same call resumes from its last iteration.
     resume : bool
         Resume from the checkpoint of an interrupted run of the same job, if there is one.
     timeout : float, optional
@@ -267,6 +270,9 @@ def _run(
         validation=plan.job.valid.name if plan.job.valid else None,
         checkpoint_dir=plan.checkpoint_dir,
         key=plan.key,
+        sync=plan.sync,
+        last_iteration=plan.job.args.num_iterations,
+        balance=bool(config.get("train.elastic-balance")),
     )
     return run_elastic(
         client, job, start_iteration, weights_blob, history, collector, collector.regroup

@@ -25,7 +25,11 @@ Why this rule:
   stands out and the waiter does not: the slow one is named, never the one that waits.
 - *Per step, not per row.* Every trainer of a fit runs the same steps per iteration with the
   same per-trainer batch (dvml.train.runtime.plan), so a step is the same amount of work on
-  each; a trainer's local row count only says how often its rows repeat.
+  each; a trainer's local row count only says how often its rows repeat. (An elastic fit
+  whose rows follow speed keeps the per-trainer batch with ``sync="iteration"``, each trainer
+  running the steps of its own rows, so a step stays the same work; with an int ``k`` it
+  splits the batch by rows, and a trainer given more rows has larger steps: the row map's
+  hysteresis, not this rule, keeps rows from moving back.)
 - *Against the others' median.* The median of the others is not moved by the straggler itself
   (a mean over all trainers would be) nor by a second slow trainer among many; with two
   trainers it is simply the other one.

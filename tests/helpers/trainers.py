@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -46,6 +47,7 @@ STANDBY = (
     "dvml.train.runtime.trainer --standby"  # a standby's command line, also once it runs a job
 )
 ZYGOTE = "dvml.train.runtime.trainer --zygote"  # the zygote's, and so its forked trainers'
+REFRESH_S = 1.0  # how often half_speed looks for the job's trainers again
 
 
 def _forked(proc: psutil.Process) -> bool:
@@ -172,29 +174,29 @@ def worker_trainers(cluster: Any, worker: str | None = None, **fields: Any) -> l
 
 def _duty_cycle(cluster: Any, worker: str, fields: dict[str, Any], stop: threading.Event) -> None:
     pids: list[int] = []
-    while not stop.is_set() and not pids:
-        pids = worker_trainers(cluster, worker, **fields)
-        stop.wait(0.02)
-    while not stop.is_set() and pids:
-        try:
-            for pid in pids:
+    found_at = 0.0
+    while not stop.is_set():
+        if time.monotonic() - found_at >= REFRESH_S or not pids:
+            # found again every second: a job that restarts its trainers (an elastic fit going
+            # on from a checkpoint) is slowed on its new ones too
+            pids, found_at = worker_trainers(cluster, worker, **fields), time.monotonic()
+        if not pids:
+            stop.wait(0.02)
+            continue
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
-            stop.wait(0.05)
-        except ProcessLookupError:  # the trainer is done: nothing left to slow
-            return
-        finally:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+        stop.wait(0.05)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         stop.wait(0.05)
 
 
 @contextlib.contextmanager
 def half_speed(cluster: Any, worker: str, **fields: Any) -> Iterator[None]:
     """Slow ``worker``'s trainers of the job with ``fields`` (:func:`job_trainers`) to about
-    half speed for the ``with`` block: stopped 50 ms of every 100 (the first ones found)."""
+    half speed for the ``with`` block: stopped 50 ms of every 100 (found again every second)."""
     stop = threading.Event()
     slower = threading.Thread(target=_duty_cycle, args=(cluster, worker, fields, stop))
     slower.start()

@@ -128,3 +128,37 @@ def test_the_summary_names_each_departure_and_what_became_of_its_rows():
     assert summary["rows_left_out"] == 20 and summary["rows_left_out_from_iteration"] == 5
     assert summary["rows_per_epoch"] == [[1, 100], [3, 100], [5, 80]]
     assert summary["elastic"] is True and summary["departures"] == departures
+
+
+def test_the_tally_knows_the_runs_last_complete_iteration_and_its_timings():
+    tally = _Tally(lambda e: None)
+    tally.begin(2)
+    assert tally.completed() is None and tally.timings() == []
+    tally(_event("iteration", "a", iteration=1, rows=60, steps=10, fit_seconds=1.0,
+                 averaging_seconds=0.5))  # fmt: skip
+    assert tally.completed() is None  # b has not reported 1 yet: no boundary
+    tally(_event("iteration", "b", iteration=1, rows=40, steps=10, fit_seconds=1.0))
+    assert tally.completed() == 1 and tally.first_done_at is not None
+    assert tally.first_work_seconds == 1.0
+    (timings,) = tally.timings()
+    assert {t.worker: t.step_seconds for t in timings} == {"a": 0.05, "b": 0.1}
+    assert tally.rows_of() == {"a": 60, "b": 40}
+    tally.begin(3)  # a new run (a new row map): its own iterations and figures only
+    assert tally.completed() is None and tally.rows_of() == {}
+
+
+def test_the_summary_says_what_each_row_map_change_moved_and_who_joined():
+    changes = [
+        {"kind": "speed", "at_iteration": 2, "after_iteration": 1, "joined": [],
+         "training": {"rows_moved": 200, "bytes_moved": 5000}},
+        {"kind": "join", "at_iteration": 4, "after_iteration": 3, "joined": ["w3"],
+         "training": {"rows_moved": 300, "bytes_moved": 7500}, "validation": None},
+    ]  # fmt: skip
+    summary = elastic_summary(ElasticRun([], [], [], [], {}, changes))
+    assert summary["rebalanced_at_iterations"] == [2, 4]
+    assert summary["moved_rows"] == 500 and summary["moved_bytes"] == 12500
+    assert summary["joined"] == ["w3"] and summary["joined_at_iterations"] == {"w3": 4}
+    assert summary["row_map_changes"] == changes and summary["trainers"] == []
+    quiet = elastic_summary(ElasticRun([], [], [], [], {}))
+    assert quiet["rebalanced_at_iterations"] == [] and quiet["moved_rows"] == 0
+    assert quiet["joined"] == [] and quiet["joined_at_iterations"] == {}

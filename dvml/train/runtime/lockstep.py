@@ -36,12 +36,19 @@ if TYPE_CHECKING:
     from distributed import Client
 
 __all__ = [
+    "BoundaryReached",
     "clear_checkpoints",
     "find_checkpoint",
     "reserve_ports",
     "resume_from",
     "run_lockstep",
 ]
+
+
+class BoundaryReached(Exception):
+    """The caller's ``until`` asked a lock-step run to stop at an iteration boundary: its
+    trainers were stopped and the caller restarts them from their last checkpoint (an
+    elastic fit changing its row map, :mod:`dvml.train.row_map_change`)."""
 
 
 def reserve_ports(client: Client, workers: list[WorkerInfo]) -> list[str]:
@@ -82,11 +89,17 @@ def run_lockstep(
     timeout: float,
     what: str = "fit",
     payload: bytes | None = None,
+    until: Callable[[], bool] | None = None,
+    per_worker_steps: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Launch one trainer per worker and wait for all; their messages go to ``on_event``.
 
     ``what`` names the call in errors (``"run fit again"``); ``payload`` goes to every
-    trainer (:func:`~dvml.train.runtime.launch.run_trainer`).
+    trainer (:func:`~dvml.train.runtime.launch.run_trainer`). ``until`` (asked in this
+    thread while the trainers run) stops every trainer when it returns True, and
+    :class:`BoundaryReached` is raised. ``per_worker_steps``: each trainer's own steps per
+    epoch, replacing the job's (``sync="iteration"`` only: its trainers meet once per
+    iteration, not per step).
     """
     from distributed import Event
 
@@ -98,22 +111,9 @@ def run_lockstep(
     abort = Event(abort_name, client=client)
     futures = []
     for i, w in enumerate(workers):
-        job = {
-            **base_job,
-            "client_id": client.id,
-            "host": w.host,
-            "gpus": list(w.gpus),
-            # Each trainer's own share of the global batch (they differ by at most one row).
-            "per_worker_batch": per_worker_batch[i],
-            "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
-            # Trainers that share this machine's cores: its network address, not DVML_HOST
-            # (a LocalCluster's simulated hosts are one machine).
-            "trainers_on_host": sum(1 for o in workers if machine(o) == machine(w)),
-        }
-        if base_job.get("program", "fit") == "fit" and not base_job.get("use_gpus"):
-            # A CPU fit's trainers go on as this client's inference sessions once the fit is
-            # done (sessions.adopt): an evaluate right after it pays no TensorFlow import.
-            job["serve_after"] = inference_settings(client.id)
+        job = _trainer_job(client, base_job, workers, i, endpoints, per_worker_batch[i])
+        if per_worker_steps is not None:
+            job["steps_per_epoch"] = per_worker_steps[i]
         futures.append(
             client.submit(
                 launch.run_trainer,
@@ -135,15 +135,47 @@ def run_lockstep(
                              **{k: base_job.get(k) for k in _JOB_FIELDS}})  # fmt: skip
     ended: dict[str, Any] = {"kind": "ended", "outcome": "failed"}
     try:
-        results = _wait_trainers(client, futures, workers, abort, what)
+        results = _wait_trainers(client, futures, workers, abort, what, until)
         ended["outcome"] = "done"
         return results
+    except BoundaryReached:  # the caller restarts them on a new row map
+        ended["outcome"] = "restarted"
+        raise
     except BaseException as exc:  # the page names what stopped the job
         ended["error"] = f"{type(exc).__name__}: {exc}"[:500]
         raise
     finally:
         _log_job(client, topic, {**ended, "at": time.time()})
         client.unsubscribe_topic(topic)
+
+
+def _trainer_job(
+    client: Client,
+    base_job: dict[str, Any],
+    workers: list[WorkerInfo],
+    i: int,
+    endpoints: list[str],
+    batch: int,
+) -> dict[str, Any]:
+    """What trainer ``i`` (on ``workers[i]``) is told: the job, plus its own place in it."""
+    w = workers[i]
+    job = {
+        **base_job,
+        "client_id": client.id,
+        "host": w.host,
+        "gpus": list(w.gpus),
+        # Each trainer's own share of the global batch (even, or by rows: dvml.train.elastic).
+        "per_worker_batch": batch,
+        "tf_config": {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": i}},
+        # Trainers that share this machine's cores: its network address, not DVML_HOST
+        # (a LocalCluster's simulated hosts are one machine).
+        "trainers_on_host": sum(1 for o in workers if machine(o) == machine(w)),
+    }
+    if base_job.get("program", "fit") == "fit" and not base_job.get("use_gpus"):
+        # A CPU fit's trainers go on as this client's inference sessions once the fit is
+        # done (sessions.adopt): an evaluate right after it pays no TensorFlow import.
+        job["serve_after"] = inference_settings(client.id)
+    return job
 
 
 _JOB_FIELDS = ("program", "model", "training", "sync", "num_iterations", "start_iteration")
@@ -213,13 +245,20 @@ def clear_checkpoints(client: Client, workers: list[WorkerInfo], directory: str)
 
 
 def _wait_trainers(
-    client: Client, futures: list[Any], workers: list[WorkerInfo], abort: Any, what: str
+    client: Client,
+    futures: list[Any],
+    workers: list[WorkerInfo],
+    abort: Any,
+    what: str,
+    until: Callable[[], bool] | None = None,
 ) -> list[dict[str, Any]]:
     """Wait for every trainer; on the first failure, a departed worker (the runtime's
     watcher) or an interrupt here, stop them all."""
     rerun = f"run {what} again: it resumes from the last completed iteration"
     try:
-        outcome = watch(client, futures, workers)
+        outcome = watch(client, futures, workers, until=until)
+        if outcome.stopped:
+            raise BoundaryReached()
         if outcome.gone:
             # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
             # up on the workers: stop waiting for them now.
@@ -230,8 +269,12 @@ def _wait_trainers(
                 outcome.gone,
             )
         if outcome.failed is not None:
-            # The first error to arrive is often a survivor's "peer went away": blame the
-            # trainer that died first when it reports within a few seconds.
+            # The first error to arrive is often a survivor's "peer went away". A departed
+            # worker is named at once (the scheduler drops a dead one within a second);
+            # else blame the trainer that died first when it reports within a few seconds.
+            first = outcome.failed.exception()
+            if looks_like_peer_failure(f"{type(first).__name__}: {first}"):
+                _raise_if_a_peer_left(client, futures, workers, first, rerun, peer_wait=1.0)
             future = _first_cause(futures, outcome.failed)
             worker = workers[futures.index(future)].name
             exc = future.exception()
@@ -275,16 +318,23 @@ def _first_cause(futures: list[Any], failed: Any, wait: float = 5.0) -> Any:
 
 
 def _raise_if_a_peer_left(
-    client: Client, futures: list[Any], workers: list[WorkerInfo], exc: Any, rerun: str
+    client: Client,
+    futures: list[Any],
+    workers: list[WorkerInfo],
+    exc: Any,
+    rerun: str,
+    peer_wait: float = 5.0,
 ) -> None:
     """A surviving trainer's collective error hides the host that went away: name that host.
 
     Asked whatever the error says: what a survivor reports when its peer's host dies depends
     on where in a step it was (and on the load), and a departed worker is the cause in any
-    case. Only an error that looks like a lost peer waits for the scheduler to notice.
+    case. Only an error that looks like a lost peer waits (``peer_wait`` seconds at most) for
+    the scheduler to notice.
     """
     text = f"{type(exc).__name__}: {exc}"
-    gone = departed_workers(client, workers, wait=5.0 if looks_like_peer_failure(text) else 0.0)
+    wait = peer_wait if looks_like_peer_failure(text) else 0.0
+    gone = departed_workers(client, workers, wait=wait)
     if gone:
         # Their trainers' tasks would keep the clean-up waiting until the scheduler gives
         # up on the workers: stop waiting for them now.

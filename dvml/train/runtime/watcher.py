@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.probe import probe_context, reachable
@@ -79,10 +80,11 @@ def describe_departure(gone: list[WorkerInfo]) -> str:
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """How :func:`watch` ended: every task finished (both None), a task failed (``failed``),
-    or workers of the job are gone (``gone``)."""
+    workers of the job are gone (``gone``), or its ``until`` said stop (``stopped``)."""
 
     failed: Any = None
     gone: list[WorkerInfo] | None = None
+    stopped: bool = False
 
 
 def watch(
@@ -94,12 +96,13 @@ def watch(
     first: bool = False,
     probe_every: float = 2.0,
     poll: float = 0.25,
+    until: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Wait until every one of ``futures`` finished (with ``first``: any one of them), one of
     ``watched`` (default: the same) failed or was cancelled, or a worker of ``workers`` is
     gone (not listed by the scheduler, or not accepting a TCP connection: a host cut off is
     named within ``probe_every`` plus the probe timeout, not after the scheduler's worker
-    TTL)."""
+    TTL), or ``until()`` (asked in this thread at every poll) says stop."""
     watched = futures if watched is None else watched
     next_probe = time.monotonic() + probe_every
     while True:
@@ -111,6 +114,8 @@ def watch(
         finished = [f.status == "finished" for f in futures]
         if not finished or (any if first else all)(finished):
             return Outcome()
+        if until is not None and until():
+            return Outcome(stopped=True)
         if time.monotonic() >= next_probe:
             gone = departed_workers(client, workers, wait=0.0)
             if gone:
