@@ -2,9 +2,9 @@
 
 Nothing here copies a docstring: the API reference is generated from ``dvml.__all__`` and the
 public sub-namespaces (``docs/_ext/dvml_docs.py`` writes the autosummary pages at build time),
-the CLI reference from ``dvml.cli.build_parser``, and the notebooks are rendered from the copies
-the notebook tests executed (``docs/_build/executed/``) when there are any, never executed here:
-running them needs a cluster.
+the CLI reference from ``dvml.cli.reference_parser``, and the notebooks are rendered from the
+copies the notebook tests executed (``docs/_build/executed/``) when there are any, never
+executed here: running them needs a cluster.
 """
 
 from __future__ import annotations

@@ -41,19 +41,30 @@ _EXPORTS: dict[str, str] = {
     "plot_history": "dvml.train.model",
     "model_configs": "dvml.train.model_selection",
     "model_selection_table": "dvml.train.model_selection",
-    "load_model_configs": "dvml.train.model_selection",
+    "describe_model_configs": "dvml.train.model_selection",
     "list_model_configs": "dvml.train.model_selection",
-    "delete_model_configs": "dvml.train.model_selection",
+    "drop_model_configs": "dvml.train.model_selection",
     "load_keras_model": "dvml.registry",
     "list_architectures": "dvml.registry",
-    "show_architecture": "dvml.registry",
-    "delete_architecture": "dvml.registry",
+    "describe_architecture": "dvml.registry",
+    "drop_architecture": "dvml.registry",
     "list_models": "dvml.registry",
     "lineage": "dvml.registry",
-    "show_model": "dvml.registry",
-    "delete_model": "dvml.registry",
+    "describe_model": "dvml.registry",
+    "drop_model": "dvml.registry",
     "register_custom_function": "dvml.registry",
     "Registry": "dvml.registry",
+}
+
+# Deprecated spellings (docs/architecture.md, "Verbs of the public API"): they resolve for one
+# release, warn when called, and are left out of __all__ and the reference.
+_DEPRECATED: dict[str, str] = {
+    "load_model_configs": "dvml.train.model_selection",
+    "delete_model_configs": "dvml.train.model_selection",
+    "show_architecture": "dvml.registry",
+    "delete_architecture": "dvml.registry",
+    "show_model": "dvml.registry",
+    "delete_model": "dvml.registry",
 }
 
 # public sub-namespaces, imported on first use: dvml.datasets.list(), ...
@@ -78,9 +89,12 @@ __all__ = [
     "automl",
     "connect",
     "datasets",
-    "delete_architecture",
-    "delete_model",
-    "delete_model_configs",
+    "describe_architecture",
+    "describe_model",
+    "describe_model_configs",
+    "drop_architecture",
+    "drop_model",
+    "drop_model_configs",
     "evaluate",
     "export_to_mlflow",
     "features",
@@ -93,7 +107,6 @@ __all__ = [
     "list_model_configs",
     "list_models",
     "load_keras_model",
-    "load_model_configs",
     "model_configs",
     "model_selection_table",
     "plan",
@@ -102,8 +115,6 @@ __all__ = [
     "predict_byom",
     "register_custom_function",
     "run",
-    "show_architecture",
-    "show_model",
     "tf_dataset",
     "training_preprocessor",
     "validation_preprocessor",
@@ -119,15 +130,15 @@ if TYPE_CHECKING:
     from dvml.preprocess.api import training_preprocessor, validation_preprocessor
     from dvml.registry import (
         Registry,
-        delete_architecture,
-        delete_model,
+        describe_architecture,
+        describe_model,
+        drop_architecture,
+        drop_model,
         lineage,
         list_architectures,
         list_models,
         load_keras_model,
         register_custom_function,
-        show_architecture,
-        show_model,
     )
     from dvml.resolve.local_dataset import tf_dataset
     from dvml.search.driver import automl
@@ -138,9 +149,9 @@ if TYPE_CHECKING:
     from dvml.train.fit_multiple import ModelSelection, fit_multiple
     from dvml.train.model import Model, plot_history
     from dvml.train.model_selection import (
-        delete_model_configs,
+        describe_model_configs,
+        drop_model_configs,
         list_model_configs,
-        load_model_configs,
         model_configs,
         model_selection_table,
     )
@@ -153,6 +164,8 @@ def __getattr__(name: str) -> Any:
         value = importlib.import_module(_MODULES[name])
     elif name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _DEPRECATED:
+        value = getattr(importlib.import_module(_DEPRECATED[name]), name)
     else:
         raise AttributeError(f"module 'dvml' has no attribute {name!r}")
     globals()[name] = value

@@ -60,7 +60,7 @@ def run_demo(
     elapsed = time.monotonic() - started
     say(
         f"\nDone in {elapsed:.0f}s: model 'demo_digits_cnn' is in the registry "
-        f"(dvml.show_model('demo_digits_cnn')); the cluster was stopped and cleaned up."
+        f"(dvml.describe_model('demo_digits_cnn')); the cluster was stopped and cleaned up."
     )
     return {
         "validation_accuracy": result["metric"],

@@ -168,8 +168,13 @@ class MemoryPlanError(VineyardMemoryError):
     before any buffer is written), or a fit's trainers do not fit their hosts (refused before
     any trainer starts).
 
-    ``plan`` holds the plan: a :class:`~dvml.placement.memory.MemoryPlan` or a
-    :class:`~dvml.placement.fit_memory.FitMemoryPlan` (``plan.table()``, ``plan.fixes``).
+    Parameters
+    ----------
+    message : str
+        What does not fit and what to do.
+    plan : MemoryPlan or FitMemoryPlan, optional
+        The plan, kept as ``.plan``: a :class:`~dvml.placement.memory.MemoryPlan` or a
+        :class:`~dvml.placement.fit_memory.FitMemoryPlan` (``plan.table()``, ``plan.fixes``).
     """
 
     def __init__(self, message: str, plan: object = None) -> None:
@@ -205,9 +210,18 @@ class TrainerFailedError(TrainingError):
 
 
 class WorkerDepartedError(TrainerFailedError):
-    """Workers of a job left the cluster during training (the host died, was cut off, or the
-    worker was killed); ``workers`` lists them (:class:`dvml.WorkerInfo`), so that an elastic
-    job can go on without them."""
+    """Workers of a job left the cluster during training.
+
+    The host died, was cut off, or the worker was killed.
+
+    Parameters
+    ----------
+    message : str
+        Which workers left and what to do.
+    workers : list of WorkerInfo, optional
+        The departed workers (:class:`dvml.WorkerInfo`), kept as ``.workers``, so that an
+        elastic job can go on without them.
+    """
 
     def __init__(self, message: str, workers: list[Any] | None = None) -> None:
         super().__init__(message)

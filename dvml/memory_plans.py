@@ -48,6 +48,16 @@ def features(
     its rows counted as its pack would (:func:`pack`), then planned with its packed bytes
     written first (the ``source`` column); each worker's rows are taken as one buffer.
 
+    Parameters
+    ----------
+    source, backbone, layer, pooling, batch_size, distribution_rules : as for features.cache
+        What :func:`dvml.features.cache` takes.
+    registry, client : optional
+        The registry (default: config ``dvml.registry.url``) and Dask client (default: the
+        current one).
+    **preprocess_kwargs
+        For a raw source: the arguments of its pack (:func:`pack`).
+
     Returns
     -------
     FeatureMemoryPlan

@@ -89,10 +89,10 @@ def test_every_public_name_has_a_reference_page(site: Path) -> None:
 
 
 def test_cli_reference_has_every_command(site: Path) -> None:
-    from dvml.cli import build_parser
+    from dvml.cli import reference_parser
 
     text = (site / "cli.html").read_text()
-    groups = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    groups = reference_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     commands = [f"dvml-{g}-{c}" for g, p in groups.items() for c in _subcommands(p)]
     assert groups and commands
     # sphinx-argparse gives each group and command a section, id "dvml-<group>-<command>"

@@ -18,10 +18,10 @@ the day it is added). Sybil (``sybil.parsers.markdown``) finds the fenced blocks
   lists every one with its reason, so none is silent, and refuses an empty reason or a marker
   that stands before no block.
 - ``bash``/``sh``/``shell``/``console`` blocks are not run: each ``dvml ...`` line in them is
-  parsed with :func:`dvml.cli.build_parser` (synopsis lines too: ``list | show NAME`` are the
-  commands ``dvml models list`` and ``dvml models show NAME``; ``[--dry-run]`` is tried with
-  and without), and each inline ``dvml ...`` code span in the prose must name real groups,
-  commands and options.
+  parsed with :func:`dvml.cli.reference_parser` (synopsis lines too: ``list | describe NAME``
+  are the commands ``dvml models list`` and ``dvml models describe NAME``; ``[--dry-run]`` is
+  tried with and without), and each inline ``dvml ...`` code span in the prose must name real
+  groups, commands and options (deprecated command names are not real here).
 """
 
 from __future__ import annotations
@@ -152,12 +152,12 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def parse_command(argv: list[str]) -> str | None:
     """None when ``dvml argv...`` parses (``--help`` included); else argparse's message."""
-    from dvml.cli import build_parser
+    from dvml.cli import reference_parser
 
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            build_parser().parse_args(argv)
+            reference_parser().parse_args(argv)
     except SystemExit as exc:
         if exc.code not in (0, None):
             return err.getvalue().strip().splitlines()[-1]
@@ -168,8 +168,8 @@ def synopsis_commands(line: str) -> list[list[str]]:
     """The argument lists a documented ``dvml ...`` line stands for (without ``dvml``).
 
     ``A | B`` (spaces around the bar) are alternatives of the same group: ``dvml models list |
-    show NAME`` is ``models list`` and ``models show NAME``; ``[--x]`` is optional: each line
-    is tried with every bracketed part and with none.
+    describe NAME`` is ``models list`` and ``models describe NAME``; ``[--x]`` is optional: each
+    line is tried with every bracketed part and with none.
     """
     alternatives = [a.strip() for a in line.split(" | ")]
     first = shlex.split(alternatives[0])
@@ -202,12 +202,12 @@ def check_inline(span: str) -> str | None:
     """A prose ``dvml ...`` span: its groups, commands and options must exist; values and
     placeholders are not checked (a span may quote part of a command line). ``a|b`` names
     several commands. None when it is fine, else what is wrong."""
-    from dvml.cli import build_parser
+    from dvml.cli import reference_parser
 
     words = span.split()[1:]
     if not words or not re.fullmatch(r"[a-z-][\w|-]*", words[0]):
         return None  # "dvml / baseline", "dvml ... --debug": not a command line
-    parsers = [build_parser()]
+    parsers = [reference_parser()]
     for word in words:
         if word.startswith("-"):
             option = word.split("=", 1)[0]

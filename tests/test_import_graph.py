@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "dvml"
 
 # Lowest first. Units within one layer do not import each other.
 LAYERS: list[set[str]] = [
-    {"dvml._version", "dvml.exceptions"},
+    {"dvml._version", "dvml.exceptions", "dvml.deprecation"},
     {"dvml.tf_runtime", "dvml.vineyard_runtime"},
     {"dvml.config", "dvml.names", "dvml.limits", "dvml.examples", "dvml.configs"},
     {"dvml.cluster", "dvml.registry"},

@@ -27,9 +27,9 @@ MAX_FUNCTION_LINES = 60
 # Issue 41: today's offenders, each with its size as a ceiling. This list may only shrink.
 MODULE_CEILINGS: dict[str, int] = {
     "dvml/jobs/schemas.py": 700,
-    "dvml/preprocess/api.py": 971,
+    "dvml/preprocess/api.py": 907,
     "dvml/preprocess/tasks.py": 645,
-    "dvml/registry/database.py": 964,
+    "dvml/registry/database.py": 914,
     "dvml/registry/keras_json.py": 657,
     "dvml/testing/netns.py": 712,
     "dvml/train/runtime/sessions.py": 633,

@@ -51,7 +51,7 @@ NAMESPACES: dict[str, str] = {
     "datasets": "dvml.preprocess.datasets_api",
     "features": "dvml.features",
     "exceptions": "dvml.exceptions",
-    "plan": "dvml.train.plans",
+    "plan": "dvml.memory_plans",
 }
 
 

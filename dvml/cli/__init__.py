@@ -21,7 +21,7 @@ import select
 import sys
 from collections.abc import Sequence
 
-__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "build_parser", "main", "reference_parser"]
 
 # Add a group by adding its module here; its register(subparsers) does the rest.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -54,6 +54,29 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser
+
+
+def reference_parser() -> argparse.ArgumentParser:
+    """:func:`build_parser` without the deprecated command names: what the docs may use.
+
+    ``docs/cli.rst`` documents this parser, and ``tests/test_docs_run.py`` checks the docs'
+    command lines against it, so that no page teaches a name kept only as an alias
+    (:func:`dvml.cli._common.add_alias`).
+    """
+    parser = build_parser()
+    _drop_deprecated(parser)
+    return parser
+
+
+def _drop_deprecated(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            # choices is this same dict: the name is gone from parsing and from the docs
+            for name, sub in list(action._name_parser_map.items()):
+                if getattr(sub, "dvml_deprecated", False):
+                    del action._name_parser_map[name]
+                else:
+                    _drop_deprecated(sub)
 
 
 # 128 + SIGPIPE: what a shell reports for a tool that the closed pipe ended (`set -o pipefail`).

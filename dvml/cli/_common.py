@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "add_alias",
     "add_command",
     "add_group",
     "add_state_dir_argument",
@@ -41,6 +43,36 @@ def add_command(
     parser = subparsers.add_parser(name, help=help, description=description or help)
     parser.set_defaults(handler=handler)
     return parser
+
+
+def add_alias(
+    subparsers: Any, old: str, command: argparse.ArgumentParser, group: str
+) -> argparse.ArgumentParser:
+    """Keep the renamed command ``dvml <group> <old>`` for one release (hidden from help).
+
+    It takes the same arguments as ``command``, runs it, and first says on stderr that
+    ``old`` is deprecated and what to type instead (as :func:`dvml.deprecation.renamed` warns
+    in Python).
+    """
+    from dvml.deprecation import REMOVED_AFTER
+
+    # No help= keeps it out of the group's list of commands.
+    alias = subparsers.add_parser(old, add_help=False, description=command.description)
+    alias._add_container_actions(command)  # what argparse's parents= does: same arguments
+    new = command.prog.rpartition(" ")[2]
+    handler: Handler = command.get_default("handler")
+
+    def warn_then_run(args: argparse.Namespace) -> int:
+        print(
+            f"dvml: warning: `dvml {group} {old}` is deprecated and will be removed after dvml "
+            f"{REMOVED_AFTER}: use `dvml {group} {new}` (same arguments).",
+            file=sys.stderr,
+        )
+        return handler(args)
+
+    alias.set_defaults(handler=warn_then_run)
+    alias.dvml_deprecated = True  # read by dvml.cli.reference_parser
+    return alias
 
 
 def add_state_dir_argument(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from dvml.cli._cluster_options import add_json_option, print_json
-from dvml.cli._common import add_command, add_group, format_table
+from dvml.cli._common import add_alias, add_command, add_group, format_table
 
 __all__ = ["register"]
 
@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
     _, commands = add_group(
         subparsers,
         "model-configs",
-        help="generate, list and show model selection tables (MADlib's model configurations).",
+        help="generate, list, describe and drop model selection tables (MADlib's model "
+        "configurations).",
         description="Model selection tables: one row per configuration (mst_key, model_id, "
         "compile_params, fit_params) that `dvml fit-multiple` trains at once. Stored in the "
         "model registry; no cluster is needed.",
@@ -77,14 +78,18 @@ def register(subparsers: Any) -> None:
     _add_registry(listing)
     add_json_option(listing)
 
-    show = add_command(commands, "show", _show, help="the configurations of a stored table.")
+    show = add_command(
+        commands, "describe", _describe, help="the configurations of a stored table."
+    )
     show.add_argument("name", help="the table's name.")
     _add_registry(show)
     add_json_option(show)
+    add_alias(commands, "show", show, "model-configs")
 
-    delete = add_command(commands, "delete", _delete, help="delete a stored table.")
-    delete.add_argument("name", help="the table's name.")
-    _add_registry(delete)
+    drop = add_command(commands, "drop", _drop, help="remove a stored table.")
+    drop.add_argument("name", help="the table's name.")
+    _add_registry(drop)
+    add_alias(commands, "delete", drop, "model-configs")
 
 
 _FLAGS = ("architecture", "compile_grid", "fit_grid", "search", "num_configs", "seed")
@@ -187,7 +192,7 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(args: argparse.Namespace) -> int:
+def _describe(args: argparse.Namespace) -> int:
     from dvml.registry import Registry
 
     with Registry(args.registry) as registry:
@@ -196,10 +201,10 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delete(args: argparse.Namespace) -> int:
+def _drop(args: argparse.Namespace) -> int:
     from dvml.registry import Registry
 
     with Registry(args.registry) as registry:
-        registry.delete_model_selection(args.name)
+        registry.drop_model_selection(args.name)
     print(f"Deleted model selection table {args.name!r}.")
     return 0

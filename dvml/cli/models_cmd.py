@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from dvml.cli._cluster_options import add_json_option, print_json
-from dvml.cli._common import add_command, add_group, format_table
+from dvml.cli._common import add_alias, add_command, add_group, format_table
 
 __all__ = ["lineage_lines", "register"]
 
@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
     _, commands = add_group(
         subparsers,
         "models",
-        help="list and show the trained models in the registry.",
+        help="list and describe the trained models in the registry.",
         description="The models in the model registry (an SQLite file by default). These "
         "commands read the registry only; no cluster is needed.",
     )
@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
     add_json_option(listing)
 
     show = add_command(
-        commands, "show", _show,
+        commands, "describe", _describe,
         help="a model's summary and its per-iteration metrics.",
         description="Print what the registry holds about one model: its architecture, "
         "training parameters, final losses and metrics, trainers, promotion record (models "
@@ -59,6 +59,7 @@ def register(subparsers: Any) -> None:
     show.add_argument("name", help="the model's name.")
     _add_registry(show)
     add_json_option(show)
+    add_alias(commands, "show", show, "models")
 
     lineage = add_command(
         commands, "lineage", _lineage,
@@ -94,7 +95,7 @@ def _short(value: Any) -> Any:
     return value
 
 
-def _show(args: argparse.Namespace) -> int:
+def _describe(args: argparse.Namespace) -> int:
     from dvml.registry import Registry
 
     with Registry(args.registry) as registry:

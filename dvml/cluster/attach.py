@@ -118,7 +118,14 @@ class Cluster:
     """A handle on a running Dask + vineyard cluster.
 
     Obtained from :func:`connect` (a cluster started elsewhere) or as the base of
-    :class:`~dvml.LocalCluster`. ``client`` is a connected :class:`distributed.Client`.
+    :class:`~dvml.LocalCluster`.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A connected client, kept as ``.client``.
+    wait_for_workers : bool
+        Wait (boundedly) until the workers have dvml's worker plugins.
     """
 
     client: Client
@@ -130,10 +137,12 @@ class Cluster:
 
     @property
     def scheduler_address(self) -> str:
+        """The scheduler's address (``tcp://...`` or ``tls://...``)."""
         return str(getattr(self.client.scheduler, "address", ""))
 
     @property
     def dashboard_link(self) -> str:
+        """The Dask dashboard's URL."""
         return str(self.client.dashboard_link)
 
     @property
@@ -152,12 +161,24 @@ class Cluster:
         return self._workers
 
     def refresh(self) -> list[WorkerInfo]:
-        """Discover the workers again (after workers joined or left)."""
+        """Discover the workers again (after workers joined or left).
+
+        Returns
+        -------
+        list of WorkerInfo
+            The workers now (:attr:`workers`).
+        """
         self._workers = None
         return self.workers
 
     def worker_table(self) -> pd.DataFrame:
-        """The workers as a table: address, name, host, vineyard socket and id, GPU count."""
+        """The workers as a table.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per worker: address, name, host, vineyard socket and id, GPU count, pid.
+        """
         import pandas as pd
 
         return pd.DataFrame([w.as_row() for w in self.workers])
@@ -168,6 +189,12 @@ class Cluster:
         Bounded by ``cluster.daemon-timeout``: a worker that does not answer (frozen by a
         vineyard call waiting on a dead etcd) is listed with ``vineyardd`` "worker not
         answering" instead of hanging the call.
+
+        Returns
+        -------
+        pandas.DataFrame
+            :meth:`worker_table` with ``vineyardd``, ``memory_used``, ``memory_limit`` and
+            ``etcd_reachable``.
         """
         import pandas as pd
 
@@ -187,7 +214,13 @@ class Cluster:
         return pd.concat([table.reset_index(drop=True), extra], axis=1)
 
     def gpu_configuration(self) -> pd.DataFrame:
-        """See :func:`dvml.gpu_configuration`."""
+        """The GPUs of every worker host (:func:`dvml.gpu_configuration`).
+
+        Returns
+        -------
+        pandas.DataFrame
+            As :func:`dvml.gpu_configuration` returns.
+        """
         return gpu_configuration(self.client)
 
     def close(self) -> None:

@@ -161,6 +161,18 @@ class LocalCluster(Cluster):
     # -- start -----------------------------------------------------------------------------
 
     def socket_path(self, spec: LocalWorkerSpec) -> str:
+        """The IPC socket of one worker's vineyardd, in the cluster's 0700 directory.
+
+        Parameters
+        ----------
+        spec : LocalWorkerSpec
+            The worker.
+
+        Returns
+        -------
+        str
+            The socket's path.
+        """
         return os.path.join(self.directory, "sockets", spec.socket_name)
 
     def _start(self, scheduler_port: int, dashboard_address: str | None) -> None:
@@ -329,10 +341,12 @@ class LocalCluster(Cluster):
 
     @property
     def etcd(self) -> ManagedProcess | None:
+        """The etcd process this cluster started (None before it starts)."""
         return self._state.etcd
 
     @property
     def vineyardds(self) -> list[ManagedProcess]:
+        """The vineyardd processes this cluster started, one per worker."""
         return self._state.vineyardds
 
     def _start_vineyardd(self, spec: LocalWorkerSpec, prefix: str) -> None:
@@ -427,7 +441,13 @@ class LocalCluster(Cluster):
     # -- inspect ---------------------------------------------------------------------------
 
     def processes(self) -> dict[str, int]:
-        """Pids of every process this cluster started: etcd, vineyardds and Dask workers."""
+        """Pids of every process this cluster started: etcd, vineyardds and Dask workers.
+
+        Returns
+        -------
+        dict of str to int
+            The pid of each, by a name that says what it is (``"vineyardd of worker-0"``).
+        """
         pids = {"etcd": self.etcd.pid} if self.etcd else {}
         for spec, proc in zip(self.specs, self.vineyardds, strict=False):
             pids[f"vineyardd of {spec.name}"] = proc.pid
@@ -441,6 +461,11 @@ class LocalCluster(Cluster):
         """Every worker with the state of its vineyardd process, plus the etcd state.
 
         A dead daemon shows as ``"dead (exit N)"``; the table says which worker it served.
+
+        Returns
+        -------
+        pandas.DataFrame
+            :meth:`Cluster.status` with ``vineyardd_process`` and ``etcd``.
         """
         table = super().status()
         states = {}

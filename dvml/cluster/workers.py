@@ -46,7 +46,25 @@ SOCKET_ENV = "VINEYARD_IPC_SOCKET"
 
 @dataclasses.dataclass(frozen=True)
 class WorkerInfo:
-    """One Dask worker and the vineyard instance and GPUs that belong to it."""
+    """One Dask worker and the vineyard instance and GPUs that belong to it.
+
+    Parameters
+    ----------
+    address : str
+        The worker's Dask address (``tcp://...`` or ``tls://...``).
+    name : str
+        The worker's name.
+    host : str
+        Its host name (``DVML_HOST``, else its address's host).
+    vineyard_socket : str or None
+        The IPC socket of its vineyardd (None: none reachable).
+    vineyard_instance_id : int or None
+        Its vineyardd's instance id.
+    gpus : tuple of str
+        The GPUs it owns (``nvidia-smi -L`` descriptions).
+    pid : int
+        The worker process's id.
+    """
 
     address: str
     name: str
@@ -58,15 +76,35 @@ class WorkerInfo:
 
     @property
     def n_gpus(self) -> int:
+        """How many GPUs it owns."""
         return len(self.gpus)
 
     def as_row(self) -> dict[str, Any]:
+        """The worker as one row of a worker table.
+
+        Returns
+        -------
+        dict
+            The fields, with ``gpus`` as a count.
+        """
         row = dataclasses.asdict(self)
         row["gpus"] = len(self.gpus)
         return row
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> WorkerInfo:
+        """The worker that :func:`dataclasses.asdict` gave as ``d`` (e.g. after JSON).
+
+        Parameters
+        ----------
+        d : dict
+            The fields; ``gpus`` as a list or tuple.
+
+        Returns
+        -------
+        WorkerInfo
+            The worker.
+        """
         return cls(**{**d, "gpus": tuple(d.get("gpus", ()))})
 
 

@@ -124,10 +124,15 @@ def cache(
         a feature cache.
     registry : Registry or str, optional
         Where an architecture id is looked up.
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
     training : str or Dataset, optional
         For a validation cache: the training feature cache it goes with (found by its key
         when the source was built by :func:`dvml.validation_preprocessor`). The backbone,
         layer and pooling must be the same.
+    **preprocess_kwargs
+        For raw images: passed to :func:`dvml.training_preprocessor` when they are packed
+        first (``image_size``, ``normalizing_const``, ...).
 
     Returns
     -------

@@ -33,10 +33,25 @@ COLUMNS = [
 
 
 def describe(name: str, client: Client | None = None) -> Dataset:
-    """The feature cache ``name`` (raises DatasetNotFoundError, also for a plain dataset).
+    """The feature cache ``name``: its key, backbone, source and where its buffers live.
 
-    ``.summary`` holds the cache key and its parts, the backbone's description and the source;
-    ``.distribution()`` the rows and bytes per worker.
+    Parameters
+    ----------
+    name : str
+        The cache's name.
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
+
+    Returns
+    -------
+    Dataset
+        ``.summary`` holds the cache key and its parts, the backbone's description and the
+        source; ``.distribution()`` the rows and bytes per worker.
+
+    Raises
+    ------
+    DatasetNotFoundError
+        When no feature cache has this name (also for a plain dataset).
     """
     ds = datasets.describe(name, current_client(client))
     if ds.kind != KIND:
@@ -59,10 +74,18 @@ def _current(now: tuple[Any, int] | None, source: dict[str, Any]) -> bool | None
 def list(client: Client | None = None) -> pd.DataFrame:
     """Every feature cache: size, backbone, layer, pooling, source and bytes per worker.
 
-    ``source_current`` says whether the packed dataset it was computed from still exists
-    unchanged, at the version it featurized (False after an append: ask for the cache again
-    and only the new rows are featurized), None when the source was raw images, packed only
-    for the cache.
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per cache. ``source_current`` says whether the packed dataset it was
+        computed from still exists unchanged, at the version it featurized (False after an
+        append: ask for the cache again and only the new rows are featurized), None when the
+        source was raw images, packed only for the cache.
     """
     import pandas as pd
 
@@ -99,8 +122,15 @@ def list(client: Client | None = None) -> pd.DataFrame:
 def drop(name: str, client: Client | None = None, force: bool = False) -> None:
     """Free the cache's vineyard memory on every worker and remove its name.
 
-    Refused while a job (a fit on the features) reads it, unless ``force``
-    (:func:`dvml.datasets.drop`).
+    Parameters
+    ----------
+    name : str
+        The cache's name.
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
+    force : bool
+        Drop it even while a job (a fit on the features) reads it; by default that is
+        refused (:func:`dvml.datasets.drop`).
     """
     client = current_client(client)
     describe(name, client)
@@ -112,6 +142,16 @@ def calls(client: Client | None = None) -> dict[str, int]:
 
     Counts live in the worker processes (:data:`dvml.features.featurize.CALLS`) and restart from
     zero when a worker restarts: compare two readings to see whether a call ran the backbone.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
+
+    Returns
+    -------
+    dict of str to int
+        Each count of :data:`dvml.features.featurize.CALLS`, summed.
     """
     per_worker = current_client(client).run(featurize.calls)
     total = dict.fromkeys(featurize.CALLS, 0)
@@ -123,10 +163,21 @@ def calls(client: Client | None = None) -> dict[str, int]:
 
 def to_numpy(name: str, max_bytes: int = 256 * 2**20,
              client: Client | None = None) -> dict[str, np.ndarray]:  # fmt: skip
-    """Copy a (small) feature cache to the client: ``{"x_0": features, "y": one-hot labels}``.
+    """Copy a (small) feature cache to the client, for inspection, plots and tests.
 
-    Rows come in buffer order. For inspection, plots and tests: training never needs this,
-    and caches larger than ``max_bytes`` are refused.
+    Parameters
+    ----------
+    name : str
+        The cache's name.
+    max_bytes : int
+        Larger caches are refused (StoreError): training never needs this copy.
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``{"x_0": features, "y": one-hot labels}``, rows in buffer order.
     """
     client = current_client(client)
     ds = describe(name, client)

@@ -64,6 +64,13 @@ def save(name: str, directory: str | os.PathLike[str], overwrite: bool = False,
         Created if missing. Each worker writes its buffers into ``directory/<worker name>/``.
     overwrite : bool
         Replace a cache saved in ``directory`` before.
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
+
+    Returns
+    -------
+    str
+        The path of the manifest written into ``directory``.
 
     Raises
     ------
@@ -142,6 +149,8 @@ def load(directory: str | os.PathLike[str], name: str | None = None, overwrite: 
     overwrite : bool
         Replace another dataset of that name. The same cache, loaded already, is returned
         as it is.
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
 
     Returns
     -------

@@ -8,7 +8,6 @@ the same number of rows (within one row).
 from __future__ import annotations
 
 import datetime
-import math
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,13 +33,18 @@ from dvml.preprocess.admission import (
 from dvml.preprocess.encode import (
     check_normalizing_const,
     class_values_of,
-    index_dtype,
     label_vartype,
 )
 from dvml.preprocess.graph import compute_stats, pack_and_publish
+from dvml.preprocess.row_format import (
+    Output,
+    all_row_bytes,
+    compact_row_bytes,
+    field_dtypes,
+    storage_record,
+)
 from dvml.preprocess.source_info import source_record
 from dvml.preprocess.sources import source_parts
-from dvml.preprocess.tasks import storage_dtypes
 from dvml.store.datasets import Dataset, describe, exists
 from dvml.store.leases import check_not_leased
 from dvml.store.versions import balance_new_rows
@@ -217,8 +221,25 @@ def validation_preprocessor(
     The training set's class values, ``num_classes``, ``normalizing_const``, image size,
     shard extensions (unless ``image_ext``/``label_ext`` are given) and (unless
     ``distribution_rules`` is given) distribution rules are reused; labels that the training
-    set never saw are refused. ``source``, ``storage_options`` and ``source_files`` are as
-    for :func:`training_preprocessor`.
+    set never saw are refused.
+
+    Parameters
+    ----------
+    source, y, x : as for training_preprocessor
+        The rows to pack and their label and feature columns.
+    training : str or Dataset
+        The training set (or its name) whose settings are reused.
+    buffer_size, distribution_rules : optional
+        As for :func:`training_preprocessor`; the rules default to the training set's.
+    name, overwrite, force, on_invalid, seed, progress : as for training_preprocessor
+        The dataset's name and how to pack it.
+    storage_options, image_ext, label_ext, source_files, client : optional
+        As for :func:`training_preprocessor`; the extensions default to the training set's.
+
+    Returns
+    -------
+    Dataset
+        The published validation set; ``.summary`` holds MADlib's summary fields.
     """
     if training is None:
         raise ArgumentError(
@@ -284,12 +305,14 @@ def append(
         A dataset made by :func:`training_preprocessor` or :func:`validation_preprocessor`.
     source : DataFrame, dict of arrays, str or list of str
         The new rows, in any form the preprocessors take, with the same columns.
-    on_invalid, progress, storage_options, client
+    on_invalid, progress, storage_options : optional
         As for :func:`training_preprocessor`.
     source_files : list of str, optional
         The files ``source``'s rows were read from, when ``source`` is a DataFrame of them
         (e.g. the training part of a split): the version's source records these files
         (sizes, times) instead of the DataFrame.
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
 
     Returns
     -------
@@ -500,8 +523,8 @@ def _plan_and_pack(
     x_shapes = _common_shapes(stats, src.x_names)
     outputs = _outputs(stats, src.y, num_classes, training, x_shapes, append_to is not None)
     class_values, n_classes, _ = outputs[0]
-    dtypes = _storage_dtypes(stats, outputs, compact)
-    row_bytes = _all_row_bytes(x_shapes, outputs, dtypes)
+    dtypes = field_dtypes(stats, outputs, compact)
+    row_bytes = all_row_bytes(x_shapes, outputs, dtypes)
     max_bytes = _max_buffer_bytes()
     addresses = [t.address for t in targets]
     if kind == "validation":
@@ -523,7 +546,7 @@ def _plan_and_pack(
     plan = pack_plan(
         client, layout.rows_per_worker, targets, row_bytes,
         name if overwrite and append_to is None else None,  # an append frees nothing
-        None if compact else _compact_row_bytes(stats, x_shapes, outputs),
+        None if compact else compact_row_bytes(stats, x_shapes, outputs),
     )  # fmt: skip
     if is_planning():  # dvml.plan.pack: the plan is all it asked for
         raise Planned(plan, n_classes)
@@ -552,7 +575,7 @@ def _plan_and_pack(
         "image_size": list(src.image_size) if src.image_size else None,
         "channels": channels,
         "seed": seed,
-        "storage": _storage(dtypes, len(outputs)),
+        "storage": storage_record(dtypes, len(outputs)),
         **({"image_ext": shard_exts[0], "label_ext": shard_exts[1]} if shard_exts else {}),
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "dvml_version": __version__,
@@ -628,9 +651,6 @@ def _source_params(
     }  # fmt: skip
 
 
-_Output = tuple[list[Any] | None, int, str | None]  # class_values, width, array dtype
-
-
 def _outputs(
     stats: list[dict[str, Any]],
     y: str | list[str],
@@ -638,7 +658,7 @@ def _outputs(
     training: Dataset | None,
     x_shapes: list[list[int]],
     appending: bool = False,
-) -> list[_Output]:
+) -> list[Output]:
     """Each output's class values (None for labels already one-hot encoded), one-hot width
     and array dtype: one output per label column (MADlib's several dependent variables)."""
     names = [y] if isinstance(y, str) else list(y)
@@ -655,7 +675,7 @@ def _outputs(
             f"{training.name!r} has {training.summary['dependent_varname']}. Give both the "
             "same outputs."
         )
-    outputs: list[_Output] = []
+    outputs: list[Output] = []
     for k in range(len(names)):
         part = [s if k == 0 else {**s["more_outputs"][k - 1], "rows": s["rows"]} for s in stats]
         labels = _labels_found(part)
@@ -679,15 +699,7 @@ def _per_output(value: Any, n_outputs: int) -> list[Any]:
     return [value] if n_outputs == 1 else list(value)
 
 
-def _y_dtypes(dtypes: dict[str, str] | None, k: int) -> dict[str, str] | None:
-    """The dtypes of x and output ``k``'s y, named as :func:`_row_bytes` reads them."""
-    if dtypes is None:
-        return None
-    xs = {f: d for f, d in dtypes.items() if f.startswith("x_") and k == 0}
-    return {**xs, "y": dtypes["y" if k == 0 else f"y_{k}"]}
-
-
-def _label_summary(y: str | list[str], outputs: list[_Output]) -> dict[str, Any]:
+def _label_summary(y: str | list[str], outputs: list[Output]) -> dict[str, Any]:
     """MADlib's label fields: ``dependent_varname``, ``dependent_vartype``,
     ``class_values`` and ``<y>_class_values``, ``num_classes``; for several label columns
     (a multi-output model) each is one entry per output, as in MADlib's summary (arrays),
@@ -765,82 +777,6 @@ def _num_classes(
             f"found ({class_values[:10]}). Raise num_classes or leave it as None."
         )
     return int(n)
-
-
-def _common_dtypes(stats: list[dict[str, Any]]) -> list[str]:
-    """Each x input's source dtype where every non-empty part agrees; else ``"mixed"``."""
-    found: list[set[str]] = []
-    for s in stats:
-        if not s["rows"]:
-            continue
-        for k, dtype in enumerate(s.get("x_dtypes") or []):
-            if len(found) <= k:
-                found.append(set())
-            found[k].add(dtype)
-    return [next(iter(d)) if len(d) == 1 else "mixed" for d in found]
-
-
-def _all_row_bytes(
-    x_shapes: list[list[int]], outputs: list[_Output], dtypes: dict[str, str] | None
-) -> int:
-    """Bytes of one packed row: x and every output's y."""
-    return sum(
-        _row_bytes(x_shapes if k == 0 else [], width, _y_dtypes(dtypes, k))
-        for k, (_, width, _) in enumerate(outputs)
-    )
-
-
-def _compact_row_bytes(
-    stats: list[dict[str, Any]], x_shapes: list[list[int]], outputs: list[_Output]
-) -> int | None:
-    """Bytes of one row with compact storage, when it would store some x as uint8 (else None:
-    compact storage would save little, and the plan does not offer it)."""
-    dtypes = _storage_dtypes(stats, outputs, True)
-    if dtypes is None or all(d != "uint8" for f, d in dtypes.items() if f.startswith("x_")):
-        return None
-    return _all_row_bytes(x_shapes, outputs, dtypes)
-
-
-def _storage_dtypes(
-    stats: list[dict[str, Any]], outputs: list[_Output], compact: bool
-) -> dict[str, str] | None:
-    """The stored dtype of every field (None: the float32 layout): x and the first output's y
-    by :func:`storage_dtypes`, each further output's y as class indices or float32."""
-    class_values, n_classes, _ = outputs[0]
-    dtypes = storage_dtypes(_common_dtypes(stats), n_classes, compact, class_values is not None)
-    if dtypes is not None:
-        for k, (values, width, _) in enumerate(outputs[1:], start=1):
-            dtypes[f"y_{k}"] = str(index_dtype(width)) if values is not None else "float32"
-    return dtypes
-
-
-def _row_bytes(x_shapes: list[list[int]], n_classes: int, dtypes: dict[str, str] | None) -> int:
-    import numpy as np
-
-    if dtypes is None:
-        return 4 * (sum(math.prod(s) for s in x_shapes) + n_classes)
-    x = sum(math.prod(s) * np.dtype(dtypes[f"x_{k}"]).itemsize for k, s in enumerate(x_shapes))
-    y = np.dtype(dtypes["y"])
-    return int(x + y.itemsize * (1 if y.kind in "iu" else n_classes))
-
-
-def _storage(dtypes: dict[str, str] | None, n_outputs: int = 1) -> dict[str, Any]:
-    """The summary's record of the packed format, read by :mod:`dvml.resolve`; a
-    multi-output dataset records each output's (``y_dtypes``, ``ys``)."""
-    import numpy as np
-
-    if dtypes is None:
-        return {"compact": False, "y": "one_hot"}
-    xs = sorted((f for f in dtypes if f.startswith("x_")), key=lambda f: int(f[2:]))
-    ys = ["y", *(f"y_{k}" for k in range(1, n_outputs))]
-    # labels already one-hot encoded stay one-hot float32 in the compact format
-    kinds = ["index" if np.dtype(dtypes[f]).kind in "iu" else "one_hot" for f in ys]
-    out = {"compact": True, "x_dtypes": [dtypes[f] for f in xs], "y": kinds[0],
-           "y_dtype": dtypes["y"]}  # fmt: skip
-    if n_outputs > 1:
-        out["ys"] = kinds
-        out["y_dtypes"] = [dtypes[f] for f in ys]
-    return out
 
 
 def _check_arguments(

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from dvml.deprecation import renamed
 from dvml.registry.weights import weights_from_bytes, weights_to_bytes
 
 if TYPE_CHECKING:
@@ -53,17 +54,17 @@ def _opened(registry: Registry | str | None) -> Iterator[Registry]:
 
 __all__ = [
     "Registry",
-    "delete_architecture",
-    "delete_custom_function",
-    "delete_model",
+    "describe_architecture",
+    "describe_model",
+    "drop_architecture",
+    "drop_custom_function",
+    "drop_model",
     "lineage",
     "list_architectures",
     "list_custom_functions",
     "list_models",
     "load_keras_model",
     "register_custom_function",
-    "show_architecture",
-    "show_model",
     "weights_from_bytes",
     "weights_to_bytes",
 ]
@@ -108,25 +109,79 @@ def load_keras_model(
 
 
 def list_architectures(registry: Registry | str | None = None) -> pd.DataFrame:
-    """The architectures in the registry, without JSON or weights."""
+    """The architectures in the registry, without JSON or weights.
+
+    Parameters
+    ----------
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per architecture.
+    """
     with _opened(registry) as reg:
         return reg.list_architectures()
 
 
-def show_architecture(arch_id: int, registry: Registry | str | None = None) -> dict[str, Any]:
-    """Everything stored about one architecture (:meth:`Registry.get_architecture`)."""
+def describe_architecture(arch_id: int, registry: Registry | str | None = None) -> dict[str, Any]:
+    """Everything stored about one architecture (:meth:`Registry.get_architecture`).
+
+    Parameters
+    ----------
+    arch_id : int
+        The architecture's id, as :func:`load_keras_model` returned it.
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one (``dvml.registry.url``).
+
+    Returns
+    -------
+    dict
+        ``id``, ``name``, ``description``, ``model_json``, ``weights`` (a list of arrays or
+        None), ``input_shapes``, ``output_shape``, ``created_at``.
+
+    Raises
+    ------
+    RegistryNotFoundError
+        When no architecture has this id.
+    """
     with _opened(registry) as reg:
         return reg.get_architecture(arch_id)
 
 
-def delete_architecture(arch_id: int, registry: Registry | str | None = None) -> None:
-    """Delete an architecture; models trained from it stay."""
+def drop_architecture(arch_id: int, registry: Registry | str | None = None) -> None:
+    """Remove an architecture from the registry; models trained from it stay.
+
+    Parameters
+    ----------
+    arch_id : int
+        The architecture's id.
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Raises
+    ------
+    RegistryNotFoundError
+        When no architecture has this id.
+    """
     with _opened(registry) as reg:
-        reg.delete_architecture(arch_id)
+        reg.drop_architecture(arch_id)
 
 
 def list_models(registry: Registry | str | None = None) -> pd.DataFrame:
-    """The trained models in the registry, without weights."""
+    """The trained models in the registry, without weights.
+
+    Parameters
+    ----------
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per model.
+    """
     with _opened(registry) as reg:
         return reg.list_models()
 
@@ -163,17 +218,49 @@ def lineage(model: Any, registry: Registry | str | None = None) -> Lineage:
     return from_summary(entry["name"], entry["version"], entry["summary"])
 
 
-def show_model(name: str, registry: Registry | str | None = None) -> dict[str, Any]:
-    """Everything stored about one model (:meth:`Registry.get_model`)."""
+def describe_model(name: str, registry: Registry | str | None = None) -> dict[str, Any]:
+    """Everything stored about one model (:meth:`Registry.get_model`).
+
+    Parameters
+    ----------
+    name : str
+        The model's name.
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Returns
+    -------
+    dict
+        ``id``, ``name``, ``arch_id``, ``version``, ``weights``, ``summary`` (MADlib's fit
+        summary fields), ``created_at``, ``updated_at``.
+
+    Raises
+    ------
+    RegistryNotFoundError
+        When no model has this name.
+    """
     with _opened(registry) as reg:
         return reg.get_model(name)
 
 
-def delete_model(name: str, registry: Registry | str | None = None) -> None:
-    """Delete a model and its iteration records; or a ``fit_multiple``/``automl`` run (its
-    ``model_output``): its info, summary and models (MADlib's ``DROP TABLE``)."""
+def drop_model(name: str, registry: Registry | str | None = None) -> None:
+    """Remove a model and its iteration records, or a ``fit_multiple``/``automl`` run.
+
+    Parameters
+    ----------
+    name : str
+        A model's name, or a run's ``model_output``: then its info, summary and models go
+        (MADlib's ``DROP TABLE x, x_info, x_summary``).
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Raises
+    ------
+    RegistryNotFoundError
+        When no model or run has this name.
+    """
     with _opened(registry) as reg:
-        reg.delete_model(name)
+        reg.drop_model(name)
 
 
 def register_custom_function(
@@ -187,6 +274,27 @@ def register_custom_function(
     """Register the source of ``def name(y_true, y_pred)`` as a custom loss or metric.
 
     The code runs wherever it is later loaded; see :meth:`Registry.register_custom_function`.
+
+    Parameters
+    ----------
+    name : str
+        The function's name, as ``compile_params`` will name it.
+    source : str
+        Python source that defines ``name`` (checked with :mod:`ast`, stored as text; never
+        pickle).
+    kind : {"loss", "metric"}
+        What it is.
+    description : str, optional
+        Free text.
+    replace : bool
+        Replace a function registered under this name before.
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Returns
+    -------
+    int
+        The function's id.
     """
     with _opened(registry) as reg:
         return reg.register_custom_function(name, source, kind, description, replace)
@@ -198,7 +306,35 @@ def list_custom_functions(registry: Registry | str | None = None) -> pd.DataFram
         return reg.list_custom_functions()
 
 
-def delete_custom_function(name: str, registry: Registry | str | None = None) -> None:
-    """Delete a custom function."""
+def drop_custom_function(name: str, registry: Registry | str | None = None) -> None:
+    """Remove a custom function from the registry.
+
+    Parameters
+    ----------
+    name : str
+        The function's name, as registered.
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Raises
+    ------
+    RegistryNotFoundError
+        When no custom function has this name.
+    """
     with _opened(registry) as reg:
-        reg.delete_custom_function(name)
+        reg.drop_custom_function(name)
+
+
+# Deprecated names (docs/architecture.md, "Verbs of the public API"), kept for one release.
+show_architecture = renamed(
+    describe_architecture, "dvml.show_architecture", "dvml.describe_architecture"
+)
+show_model = renamed(describe_model, "dvml.show_model", "dvml.describe_model")
+delete_architecture = renamed(
+    drop_architecture, "dvml.delete_architecture", "dvml.drop_architecture"
+)
+delete_model = renamed(drop_model, "dvml.delete_model", "dvml.drop_model")
+delete_custom_function = renamed(
+    drop_custom_function, "dvml.registry.delete_custom_function",
+    "dvml.registry.drop_custom_function",
+)  # fmt: skip

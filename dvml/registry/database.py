@@ -20,20 +20,18 @@ import pandas as pd
 import sqlalchemy as sa
 
 from dvml import config
-from dvml.configs.model_config import COLUMNS, ModelConfig
 from dvml.exceptions import ArgumentError, ArgumentTypeError, RegistryError, RegistryNotFoundError
 from dvml.names import check_name
-from dvml.registry import custom, keras_json, model_lineage
+from dvml.registry import custom, keras_json, model_lineage, renamed_methods, selection_tables
 from dvml.registry import values as v
 from dvml.registry.schema import (
     custom_functions,
     metadata,
     model_arch,
     model_iterations,
-    model_selection_rows,
     model_selection_runs,
-    model_selections,
     models,
+    new_id,
 )
 from dvml.registry.weights import WEIGHTS_FORMAT, weights_from_bytes, weights_to_bytes
 
@@ -139,14 +137,7 @@ def _insert_iterations(conn: sa.Connection, model_id: int, rows: list[dict[str, 
         conn.execute(sa.insert(model_iterations), [{**row, "model_id": model_id} for row in rows])
 
 
-def _new_id(result: sa.CursorResult[Any]) -> int:
-    key = result.inserted_primary_key
-    if key is None:  # pragma: no cover - every insert here has an integer primary key
-        raise RegistryError("The database returned no id for a new row. Received: None.")
-    return int(key[0])
-
-
-class Registry:
+class Registry(selection_tables.SelectionTables, renamed_methods.RenamedMethods):
     """A model registry in any SQLAlchemy database; an SQLite file by default.
 
     Parameters
@@ -163,6 +154,14 @@ class Registry:
     functions are code: their Python source is stored and run by :meth:`load_custom_objects`,
     so whoever may write to the registry may run code in the processes that load them.
     """
+
+    # Named here so that the reference documents them as Registry's (they live in
+    # dvml.registry.selection_tables, one module per kind of record).
+    _tables = selection_tables.SelectionTables
+    save_model_selection = _tables.save_model_selection
+    model_selection = _tables.model_selection
+    list_model_selections = _tables.list_model_selections
+    drop_model_selection = _tables.drop_model_selection
 
     def __init__(self, url: str | None = None) -> None:
         raw = config.registry_url() if url is None else url
@@ -259,6 +258,15 @@ class Registry:
         The input shapes and the number of output units are read from the JSON without
         TensorFlow and shown by :meth:`list_architectures` (None where they are not plain).
 
+        Parameters
+        ----------
+        model_json : str
+            The architecture's JSON (tf-keras or Keras 3 in the common layers).
+        weights : list of numpy.ndarray, optional
+            Initial weights, for example pre-trained ones.
+        name, description : str, optional
+            Free text.
+
         Returns
         -------
         int
@@ -278,10 +286,16 @@ class Registry:
         }
         with self._transaction(write=True) as conn:
             result = conn.execute(sa.insert(model_arch).values(**row))
-            return _new_id(result)
+            return new_id(result)
 
     def list_architectures(self) -> pd.DataFrame:
-        """One row per architecture: id, name, description, shapes, has_weights, created_at."""
+        """One row per architecture, without JSON or weights.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns id, name, description, shapes, has_weights, created_at.
+        """
         t = model_arch
         has_weights = sa.case((t.c.weights.is_(None), False), else_=True).label("has_weights")
         query = sa.select(
@@ -304,7 +318,18 @@ class Registry:
         return pd.DataFrame(rows, columns=[*columns, "created_at"])
 
     def get_architecture(self, arch_id: int) -> dict[str, Any]:
-        """Everything stored about one architecture, weights as a list of arrays or None.
+        """Everything stored about one architecture.
+
+        Parameters
+        ----------
+        arch_id : int
+            The architecture's id.
+
+        Returns
+        -------
+        dict
+            ``id``, ``name``, ``description``, ``model_json``, ``weights`` (a list of arrays or
+            None), ``input_shapes``, ``output_shape``, ``created_at``.
 
         Raises
         ------
@@ -325,12 +350,17 @@ class Registry:
         result["created_at"] = v.utc(result["created_at"])
         return result
 
-    def delete_architecture(self, arch_id: int) -> None:
-        """Delete an architecture.
+    def drop_architecture(self, arch_id: int) -> None:
+        """Remove an architecture.
 
         Models trained from it stay and keep working: a dvml fit keeps the architecture's
         JSON in the model's summary (``model_arch``, MADlib's column of a model table), so
         predict and evaluate need no architecture row; their ``arch_id`` then names nothing.
+
+        Parameters
+        ----------
+        arch_id : int
+            The architecture's id.
         """
         arch_id = v.check_id(arch_id, "arch_id")
         with self._transaction(write=True) as conn:
@@ -454,7 +484,7 @@ class Registry:
             conn.execute(update.values(**values, version=existing.version + 1))
         else:
             insert = sa.insert(models).values(name=name, created_at=now, version=1, **values)
-            model_id = _new_id(conn.execute(insert))
+            model_id = new_id(conn.execute(insert))
         _insert_iterations(conn, model_id, rows)
         return model_id
 
@@ -477,7 +507,7 @@ class Registry:
         models_ : list of dict
             One per configuration: ``name``, ``arch_id``, ``weights``, ``summary``,
             ``iterations`` (as for :meth:`save_model`).
-        info, summary
+        info, summary : list of dict, dict
             MADlib's ``<model_output>_info`` rows and ``<model_output>_summary``.
 
         Returns
@@ -503,7 +533,17 @@ class Registry:
         return ids
 
     def model_selection_run(self, name: str) -> dict[str, Any]:
-        """A ``fit_multiple`` run: ``info`` (list of rows) and ``summary`` (dict).
+        """A ``fit_multiple`` run's info and summary.
+
+        Parameters
+        ----------
+        name : str
+            The run's ``model_output``.
+
+        Returns
+        -------
+        dict
+            ``info`` (a list of rows, MADlib's ``<model_output>_info``) and ``summary`` (a dict).
 
         Raises
         ------
@@ -538,6 +578,12 @@ class Registry:
             Summary keys the caller needs (:data:`TRAINED_SUMMARY_KEYS` for evaluate and
             predict): a model saved without them (by :meth:`save_model` with another summary)
             is a :class:`RegistryError` naming what is missing, not a ``KeyError`` later.
+
+        Returns
+        -------
+        dict
+            ``id``, ``name``, ``arch_id``, ``weights``, ``summary``, ``version``,
+            ``created_at``, ``updated_at``.
         """
         with self._transaction() as conn:
             result = dict(self._model_row(conn, name)._mapping)
@@ -557,14 +603,31 @@ class Registry:
         return result
 
     def model_exists(self, name: str) -> bool:
-        """Whether a model of this name exists."""
+        """Whether a model of this name exists.
+
+        Parameters
+        ----------
+        name : str
+            The model's name.
+
+        Returns
+        -------
+        bool
+            True when the registry holds it.
+        """
         name = v.check_model_name(name)
         with self._transaction() as conn:
             query = sa.select(models.c.id).where(models.c.name == name)
             return conn.execute(query).first() is not None
 
     def list_models(self) -> pd.DataFrame:
-        """One row per model: id, name, arch_id, version, n_iterations, created_at, updated_at."""
+        """One row per model, without weights.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns id, name, arch_id, version, n_iterations, created_at, updated_at.
+        """
         counts = (
             sa.select(model_iterations.c.model_id, sa.func.count().label("n_iterations"))
             .group_by(model_iterations.c.model_id)
@@ -593,13 +656,35 @@ class Registry:
         return pd.DataFrame(rows, columns=columns)
 
     def model_summary(self, name: str) -> dict[str, Any]:
-        """The summary dict saved with the model."""
+        """The summary dict saved with the model.
+
+        Parameters
+        ----------
+        name : str
+            The model's name.
+
+        Returns
+        -------
+        dict
+            MADlib's fit summary fields and dvml's own.
+        """
         with self._transaction() as conn:
             row = self._model_row(conn, name, models.c.summary)
         return dict(v.loads(row.summary) or {})
 
     def model_iterations(self, name: str) -> pd.DataFrame:
-        """The per-iteration records of a model, ordered by iteration; metrics are dicts."""
+        """The per-iteration records of a model, ordered by iteration; metrics are dicts.
+
+        Parameters
+        ----------
+        name : str
+            The model's name.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per evaluated iteration: losses, metrics, seconds.
+        """
         with self._transaction() as conn:
             model_id = self._model_row(conn, name, models.c.id).id
             t = model_iterations
@@ -612,12 +697,15 @@ class Registry:
             row["validation_metrics"] = v.loads(row["validation_metrics"])
         return pd.DataFrame(rows, columns=list(v.ITERATION_COLUMNS))
 
-    def delete_model(self, name: str) -> None:
-        """Delete a model and its iteration records in one transaction.
+    def drop_model(self, name: str) -> None:
+        """Remove a model and its iteration records in one transaction.
 
-        ``name`` may also be a ``fit_multiple``/``automl`` run's ``model_output``: its info and
-        summary are deleted with every model the run registered (MADlib's ``DROP TABLE x,
-        x_info, x_summary``).
+        Parameters
+        ----------
+        name : str
+            The model's name, or a ``fit_multiple``/``automl`` run's ``model_output``: its info
+            and summary are removed with every model the run registered (MADlib's ``DROP TABLE
+            x, x_info, x_summary``).
         """
         name = v.check_model_name(name)
         runs = model_selection_runs
@@ -653,6 +741,19 @@ class Registry:
         text; nothing is run here. Registering is a trust decision: the code runs in every
         process that later calls :meth:`load_custom_objects` with this name.
 
+        Parameters
+        ----------
+        name : str
+            The function's name.
+        source : str
+            Python source that defines ``name``.
+        kind : {"loss", "metric"}
+            What it is.
+        description : str, optional
+            Free text.
+        replace : bool
+            Replace a function of this name.
+
         Returns
         -------
         int
@@ -682,10 +783,16 @@ class Registry:
             if existing is not None:
                 conn.execute(sa.update(t).where(t.c.id == existing.id).values(**row))
                 return int(existing.id)
-            return _new_id(conn.execute(sa.insert(t).values(**row)))
+            return new_id(conn.execute(sa.insert(t).values(**row)))
 
     def list_custom_functions(self) -> pd.DataFrame:
-        """One row per custom function: id, name, kind, description, created_at, source."""
+        """One row per custom function, with its source.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns id, name, kind, description, created_at, source.
+        """
         t = custom_functions
         columns = ["id", "name", "kind", "description", "created_at", "source"]
         with self._transaction() as conn:
@@ -695,8 +802,14 @@ class Registry:
             row["created_at"] = v.utc(row["created_at"])
         return pd.DataFrame(rows, columns=columns)
 
-    def delete_custom_function(self, name: str) -> None:
-        """Delete a custom function."""
+    def drop_custom_function(self, name: str) -> None:
+        """Remove a custom function.
+
+        Parameters
+        ----------
+        name : str
+            The function's name.
+        """
         name = custom.check_name(name)
         t = custom_functions
         with self._transaction(write=True) as conn:
@@ -710,6 +823,16 @@ class Registry:
 
         For processes that compile the functions elsewhere (trainers) with
         :func:`dvml.registry.custom.compile_function`.
+
+        Parameters
+        ----------
+        names : str or iterable of str
+            The functions' names.
+
+        Returns
+        -------
+        dict of str to str
+            The source of each, by name.
 
         Raises
         ------
@@ -746,195 +869,22 @@ class Registry:
         registry user registered on purpose: the trust boundary is who may write to the
         registry. Weights, in contrast, are data and never run anything.
 
+        Parameters
+        ----------
+        names : str or iterable of str
+            The functions' names.
+
+        Returns
+        -------
+        dict of str to callable
+            Each compiled function, by name.
+
         Raises
         ------
         RegistryNotFoundError
             Naming every requested function that does not exist.
         """
         return custom.custom_objects_from_sources(self.custom_function_sources(names))
-
-    # ------------------------------------------------------------------- model selection tables
-
-    def save_model_selection(
-        self,
-        name: str,
-        rows: Sequence[ModelConfig],
-        *,
-        search: str | None = None,
-        seed: int | None = None,
-        source: Mapping[str, Any] | None = None,
-        custom_objects: Sequence[str] | None = None,
-        description: str | None = None,
-        replace: bool = False,
-    ) -> int:
-        """Store a model selection table (MADlib's ``mst_key``, ``model_id``, ``compile_params``,
-        ``fit_params``) under ``name``, in one transaction.
-
-        The rows are stored as they are handed: a :class:`~dvml.configs.ModelConfig` is a
-        checked row (:func:`dvml.configs.check_config_rows` checks rows once, before this).
-        Every ``model_id`` must be an architecture in the registry.
-
-        Parameters
-        ----------
-        name : str
-            The table's name (letters, digits and ``. _ - @ +``).
-        rows : list of ModelConfig
-            One per configuration; ``mst_key`` values are distinct.
-        search, seed, source, custom_objects, description : optional
-            How the table was made (``source``: the grids or lists, as JSON), shown by
-            :meth:`list_model_selections` and kept in the loaded table's ``attrs``.
-        replace : bool
-            Replace a table of the same name instead of failing.
-
-        Returns
-        -------
-        int
-            The table's id.
-
-        Raises
-        ------
-        ArgumentTypeError
-            When ``rows`` is not a non-empty list of :class:`~dvml.configs.ModelConfig`.
-        RegistryError
-            When a table of this name exists and ``replace`` is False.
-        RegistryNotFoundError
-            Naming every ``model_id`` that is not an architecture.
-        """
-        name = check_name(name, "name")
-        checked = _row_dicts(rows)
-        header = {
-            "description": v.check_text(description, "description"),
-            "search": v.check_text(search, "search", 16),
-            "seed": None if seed is None else v.check_id(seed, "seed"),
-            "source": v.dumps(None if source is None else dict(source), "source"),
-            "custom_objects": v.dumps(list(custom_objects or []), "custom_objects"),
-            "created_at": v.now(),
-        }
-        ids = sorted({row["model_id"] for row in checked})
-        t = model_selections
-        with self._transaction(write=True) as conn:
-            query = sa.select(model_arch.c.id).where(model_arch.c.id.in_(ids))
-            found = {int(r.id) for r in conn.execute(query)}
-            missing = [i for i in ids if i not in found]
-            if missing:
-                raise self._not_found(
-                    f"architecture with id {', '.join(map(str, missing))}",
-                    f"model_id values {ids} in model selection table {name!r}",
-                    "list_architectures",
-                )
-            existing = conn.execute(sa.select(t.c.id).where(t.c.name == name)).first()
-            if existing is not None and not replace:
-                raise RegistryError(
-                    f"A model selection table named {name!r} exists in the registry at "
-                    f"{self.url}. Received: name={name!r}, replace=False. Pass replace=True "
-                    "to overwrite it, or choose another name."
-                )
-            if existing is not None:
-                selection_id = int(existing.id)
-                rows_table = model_selection_rows
-                conn.execute(sa.delete(rows_table).where(rows_table.c.selection_id == selection_id))
-                conn.execute(sa.update(t).where(t.c.id == selection_id).values(**header))
-            else:
-                selection_id = _new_id(conn.execute(sa.insert(t).values(name=name, **header)))
-            conn.execute(
-                sa.insert(model_selection_rows),
-                [{**row, "selection_id": selection_id} for row in checked],
-            )
-        return selection_id
-
-    def _selection_id(self, conn: sa.Connection, name: Any) -> sa.Row[Any]:
-        name = check_name(name, "name")
-        t = model_selections
-        row = conn.execute(sa.select(t).where(t.c.name == name)).first()
-        if row is None:
-            raise self._not_found(
-                f"model selection table named {name!r}", f"name={name!r}", "list_model_selections"
-            )
-        return row
-
-    def model_selection(self, name: str) -> pd.DataFrame:
-        """A stored model selection table, ordered by ``mst_key``.
-
-        Returns
-        -------
-        pandas.DataFrame
-            Columns ``mst_key``, ``model_id``, ``compile_params``, ``fit_params``;
-            ``attrs`` holds ``name``, ``description``, ``search``, ``seed``, ``source``,
-            ``custom_objects`` and ``created_at``.
-        """
-        r = model_selection_rows
-        with self._transaction() as conn:
-            header = dict(self._selection_id(conn, name)._mapping)
-            query = (
-                sa.select(*(r.c[c] for c in COLUMNS))
-                .where(r.c.selection_id == header["id"])
-                .order_by(r.c.mst_key)
-            )
-            rows = [dict(row._mapping) for row in conn.execute(query)]
-        frame = pd.DataFrame(rows, columns=list(COLUMNS))
-        frame = frame.astype({"mst_key": "int64", "model_id": "int64"})
-        frame.attrs.update(
-            name=header["name"],
-            description=header["description"],
-            search=header["search"],
-            seed=header["seed"],
-            source=v.loads(header["source"]),
-            custom_objects=v.loads(header["custom_objects"]) or [],
-            created_at=v.utc(header["created_at"]),
-        )
-        return frame
-
-    def list_model_selections(self) -> pd.DataFrame:
-        """One row per model selection table: name, n_configs, search, seed, description,
-        created_at."""
-        t, r = model_selections, model_selection_rows
-        counts = (
-            sa.select(r.c.selection_id, sa.func.count().label("n_configs"))
-            .group_by(r.c.selection_id)
-            .subquery()
-        )
-        query = (
-            sa.select(
-                t.c.name,
-                sa.func.coalesce(counts.c.n_configs, 0).label("n_configs"),
-                t.c.search,
-                t.c.seed,
-                t.c.description,
-                t.c.created_at,
-            )
-            .select_from(t.outerjoin(counts, counts.c.selection_id == t.c.id))
-            .order_by(t.c.id)
-        )
-        with self._transaction() as conn:
-            rows = [dict(row._mapping) for row in conn.execute(query)]
-        for row in rows:
-            row["created_at"] = v.utc(row["created_at"])
-        columns = ["name", "n_configs", "search", "seed", "description", "created_at"]
-        return pd.DataFrame(rows, columns=columns)
-
-    def delete_model_selection(self, name: str) -> None:
-        """Delete a model selection table and its rows in one transaction."""
-        with self._transaction(write=True) as conn:
-            selection_id = self._selection_id(conn, name).id
-            r = model_selection_rows
-            conn.execute(sa.delete(r).where(r.c.selection_id == selection_id))
-            conn.execute(sa.delete(model_selections).where(model_selections.c.id == selection_id))
-
-
-def _row_dicts(rows: Any) -> list[dict[str, Any]]:
-    """The rows to insert. Not a check: dvml.configs checked each ModelConfig once."""
-    if (
-        isinstance(rows, str | bytes)
-        or not isinstance(rows, Sequence)
-        or not rows
-        or not all(isinstance(row, ModelConfig) for row in rows)
-    ):
-        raise ArgumentTypeError(
-            "rows must be a non-empty list of ModelConfig rows (checked by "
-            f"dvml.configs.check_config_rows). Received: {type(rows).__name__} {rows!r:.200}. "
-            "Store rows with dvml.model_selection_table, which checks them."
-        )
-    return [row.as_dict() for row in rows]
 
 
 def open_registry(registry: Registry | str | None) -> Registry:

@@ -8,8 +8,12 @@ are never reused (``AUTOINCREMENT`` on SQLite), so a dangling id never points to
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
+
+from dvml.exceptions import RegistryError
 
 __all__ = [
     "custom_functions",
@@ -20,6 +24,7 @@ __all__ = [
     "model_selection_runs",
     "model_selections",
     "models",
+    "new_id",
 ]
 
 metadata = sa.MetaData()
@@ -130,3 +135,11 @@ model_selection_runs = sa.Table(
     sa.Column("summary", _TEXT, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+
+def new_id(result: sa.CursorResult[Any]) -> int:
+    """The id of the row an insert added."""
+    key = result.inserted_primary_key
+    if key is None:  # pragma: no cover - every insert here has an integer primary key
+        raise RegistryError("The database returned no id for a new row. Received: None.")
+    return int(key[0])

@@ -29,12 +29,19 @@ def tf_dataset(
         A dataset packed by :func:`dvml.training_preprocessor` (or a feature cache).
     batch_size : int
         Rows per batch (one copy per batch out of shared memory; never of the dataset).
-    shuffle, seed : bool, int
+    shuffle : bool
         Reshuffle the rows every epoch, from ``seed``.
     repeat : bool
         True: endless, ``local rows // batch_size`` batches per epoch (take as many steps as
         you need: with several trainers, the same number on each). False: every local row
         once, in order (evaluation).
+    seed : int
+        The shuffle's seed.
+
+    Returns
+    -------
+    tf.data.Dataset
+        ``(x, y)`` batches read from this worker's shared memory.
 
     Raises
     ------

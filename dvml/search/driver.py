@@ -23,7 +23,7 @@ under ``model_output``: ``.info`` (every configuration, its metrics concatenated
 search as MADlib does, ``metrics_iters`` counted over the whole search, plus ``s`` and ``i``
 for Hyperband), ``.summary`` (with ``automl_method``, ``automl_params``, ``random_state`` and
 the search's journal) and the one-row model selection table of the best configuration
-(``f"{model_output}_best"``, loadable by name with ``dvml.load_model_configs``).
+(``f"{model_output}_best"``, loadable by name with ``dvml.describe_model_configs``).
 
 ``method="asha"`` (dvml's, beyond MADlib) is :class:`~dvml.search.asha.Asha` driven on one
 job of serving trainers that never restart (:mod:`dvml.search.asha_driver`): new
@@ -141,9 +141,8 @@ def automl(
 
     Parameters
     ----------
-    training_set, validation_set : str or Dataset
-        As for :func:`dvml.fit_multiple`; configurations are ranked by the validation loss
-        when there is a validation set, else by the training loss (never by the metric).
+    training_set : str or Dataset
+        As for :func:`dvml.fit_multiple`.
     model_output : str
         The search's name: its models are ``f"{model_output}_{mst_key}"``, its info and
         summary are found under ``model_output``, its best configuration under
@@ -164,7 +163,10 @@ def automl(
         extra too).
     seed : int, optional
         MADlib's ``random_state``: the sampler's seed.
-    metrics_compute_frequency, use_gpus, name, description, custom_objects
+    validation_set : str or Dataset, optional
+        As for :func:`dvml.fit_multiple`; configurations are ranked by the validation loss
+        when there is a validation set, else by the training loss (never by the metric).
+    metrics_compute_frequency, use_gpus, name, description, custom_objects : optional
         As for :func:`dvml.fit_multiple` (a frequency larger than a call's iterations is
         dropped for that call, as MADlib does).
     augment : tf-keras layer or function, optional
@@ -180,6 +182,9 @@ def automl(
         Replace the outputs of ``model_output`` that exist (the run, its models, the table
         ``f"{model_output}_best"``). By default they are refused, as MADlib refuses an
         output table that exists, unless ``resume=True`` continues that search.
+    registry, client : optional
+        The registry (default: config ``dvml.registry.url``) and Dask client (default: the
+        current one).
 
     Returns
     -------

@@ -41,9 +41,24 @@ __all__ = [
 def vineyard_workers(client: Client, all_vineyardds: bool = True) -> dict[int, WorkerInfo]:
     """Workers that have a reachable vineyardd, by vineyard instance id.
 
-    Raises :class:`~dvml.exceptions.DaemonDiedError` first when etcd or (with
-    ``all_vineyardds``) a vineyardd of the cluster is not running: every dvml call that
-    touches vineyard passes here. Reading the catalog needs etcd and one live vineyardd only.
+    Parameters
+    ----------
+    client : distributed.Client
+        The cluster's client.
+    all_vineyardds : bool
+        Require every vineyardd of the cluster to run; False needs etcd and one live
+        vineyardd only (enough to read the catalog).
+
+    Returns
+    -------
+    dict of int to WorkerInfo
+        The workers by vineyard instance id.
+
+    Raises
+    ------
+    DaemonDiedError
+        First, when etcd or (with ``all_vineyardds``) a vineyardd is not running: every dvml
+        call that touches vineyard passes here.
     """
     require_daemons(client, vineyardd=all_vineyardds)
     return {
@@ -59,6 +74,19 @@ def lost_buffers(layout: dict[str, Any], live_instances: Any) -> tuple[int, ...]
     A buffer lives in the shared memory of one vineyardd; when no live worker serves that
     instance any more (its daemon died, or its host left the cluster), the buffer's rows are
     gone even though the dataset's name and metadata, kept in etcd, still list them.
+
+    Parameters
+    ----------
+    layout : dict
+        A dataset's layout (``Dataset.layout``): its ``buffers`` with their
+        ``instance_id``.
+    live_instances : iterable of int
+        The vineyard instances that live workers serve.
+
+    Returns
+    -------
+    tuple of int
+        The lost buffers' indexes, in buffer order.
     """
     live = set(live_instances)
     return tuple(b["index"] for b in layout["buffers"] if b["instance_id"] not in live)
@@ -77,6 +105,20 @@ def buffer_workers(
 
     The one mapping from where a dataset's buffers were put to the workers that serve those
     vineyard instances now, used by fit, evaluate and the feature cache.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The cluster's client.
+    dataset : Dataset
+        The dataset.
+    error : type of DvmlError
+        The error class to raise when a buffer is lost.
+
+    Returns
+    -------
+    list of WorkerInfo
+        One worker per buffer.
 
     Raises
     ------
@@ -98,7 +140,25 @@ def buffer_workers(
 
 
 def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run ``fn`` on ``worker`` (any vineyard worker when None) and return its result."""
+    """Run ``fn`` on ``worker`` (any vineyard worker when None) and return its result.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The cluster's client.
+    worker : WorkerInfo or None
+        Where to run; None: any worker with a live vineyardd (a catalog read, which a dead
+        vineyardd elsewhere does not fail).
+    fn : callable
+        A top-level (picklable) function.
+    *args, **kwargs
+        Its arguments.
+
+    Returns
+    -------
+    object
+        What ``fn`` returned.
+    """
     catalog_only = worker is None
     if worker is None:  # the catalog: etcd and any live vineyardd
         workers = vineyard_workers(client, all_vineyardds=False)
@@ -119,7 +179,34 @@ def run_on(client: Client, worker: WorkerInfo | None, fn: Any, *args: Any, **kwa
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-    """A named dataset (or feature cache) in vineyard: its summary and where its buffers live."""
+    """A named dataset (or feature cache) in vineyard: its summary and where its buffers live.
+
+    Handles come from :func:`describe`, :func:`list` and the preprocessors; the fields are
+    the catalog's record.
+
+    Parameters
+    ----------
+    name : str
+        The dataset's name.
+    id : int
+        Its vineyard object id (kept across versions).
+    kind : str
+        ``"training"``, ``"validation"``, ``"feature_cache"``, ...
+    summary : dict
+        The preprocessor's summary (MADlib's fields and dvml's own).
+    layout : dict
+        ``fields`` and one entry per buffer (worker, host, vineyard instance, rows, object ids).
+    global_tensors : dict of str to int
+        The global tensor object of each field.
+    lost_buffers : tuple of int
+        Indexes of the buffers whose vineyardd no live worker serves (filled in by
+        :func:`describe` and :func:`list`; empty for a dataset that is intact).
+    versions : list of dict
+        One record per version (:mod:`dvml.store.versions`): number, buffers, rows, digest
+        per buffer, source; the oldest first.
+    version : int
+        The version this handle reads: its layout holds that version's buffers only.
+    """
 
     name: str
     id: int
@@ -127,21 +214,29 @@ class Dataset:
     summary: dict[str, Any]
     layout: dict[str, Any]
     global_tensors: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: Indexes of the buffers whose vineyardd no live worker serves (filled in by
-    #: :func:`describe` and :func:`list`; empty for a dataset that is intact).
     lost_buffers: tuple[int, ...] = ()
-    #: One record per version (:mod:`dvml.store.versions`): number, buffers, rows, digest
-    #: per buffer, source; the oldest first.
     versions: builtins.list[dict[str, Any]] = dataclasses.field(default_factory=builtins.list)
-    #: The version this handle reads: its layout holds that version's buffers only.
     version: int = 1
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Dataset:
+        """The handle of a catalog record.
+
+        Parameters
+        ----------
+        record : dict
+            The catalog's record: this class's fields.
+
+        Returns
+        -------
+        Dataset
+            The handle.
+        """
         return cls(**record)
 
     @property
     def rows(self) -> int:
+        """Rows in this version's buffers."""
         return int(sum(b["rows"] for b in self.layout["buffers"]))
 
     @property
@@ -161,7 +256,13 @@ class Dataset:
         return int(sum(b["rows"] for b in self.layout["buffers"] if b["index"] in lost))
 
     def damage(self) -> str | None:
-        """One sentence on what was lost and what to do, or None when intact."""
+        """One sentence on what was lost and what to do.
+
+        Returns
+        -------
+        str or None
+            The sentence, or None when intact.
+        """
         if not self.damaged:
             return None
         lost = set(self.lost_buffers)
@@ -174,10 +275,19 @@ class Dataset:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of this version's buffers in shared memory."""
         return int(sum(f["nbytes"] for b in self.layout["buffers"] for f in b["fields"].values()))
 
     def placement(self) -> pd.DataFrame:
-        """One row per buffer: worker, host, vineyard instance, rows, bytes and object ids."""
+        """Where each buffer lives.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per buffer: ``buffer``, ``worker``, ``worker_name``, ``host``,
+            ``vineyard_instance_id``, ``rows``, ``nbytes``, ``status`` (``"ok"`` or
+            ``"lost"``) and ``<field>_id`` per field.
+        """
         import pandas as pd
 
         rows = []
@@ -197,7 +307,14 @@ class Dataset:
         return pd.DataFrame(rows)
 
     def distribution(self) -> pd.DataFrame:
-        """Rows, bytes and buffers per worker (and host)."""
+        """Rows, bytes and buffers per worker (and host).
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per worker: ``worker_name``, ``host``, ``worker``,
+            ``vineyard_instance_id``, ``buffers``, ``rows``, ``nbytes``.
+        """
         table = self.placement()
         return (
             table.groupby(["worker_name", "host", "worker", "vineyard_instance_id"], sort=False)
@@ -206,7 +323,18 @@ class Dataset:
         )
 
     def plot_placement(self, ax: Any = None) -> Any:
-        """Bar chart of rows per worker, coloured by host; returns the matplotlib Axes."""
+        """Bar chart of rows per worker, coloured by host.
+
+        Parameters
+        ----------
+        ax : matplotlib.axes.Axes, optional
+            Where to draw (default: a new figure).
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+            The axes drawn on.
+        """
         import matplotlib.pyplot as plt
 
         dist = self.distribution()
@@ -225,7 +353,12 @@ class Dataset:
     def drop(self, client: Client | None = None, force: bool = False) -> None:
         """Free this dataset's vineyard memory on every worker and remove its name.
 
-        Refused while a job reads it, unless ``force`` (see :func:`drop`).
+        Parameters
+        ----------
+        client : distributed.Client, optional
+            The cluster's client (default: the current one).
+        force : bool
+            Drop it even while a job reads it; by default that is refused (see :func:`drop`).
         """
         drop(self.name, client=client, force=force)
 
@@ -283,8 +416,21 @@ def describe(name: str, client: Client | None = None, version: int | None = None
 
 
 def versions(name: str, client: Client | None = None) -> pd.DataFrame:
-    """One row per version of ``name``: version, rows added, total rows, buffers, created,
-    readable, source; the oldest first (:mod:`dvml.store.versions`)."""
+    """One row per version of a dataset, the oldest first (:mod:`dvml.store.versions`).
+
+    Parameters
+    ----------
+    name : str
+        The dataset's name.
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``version``, ``rows_added``, ``rows`` (the total), ``buffers``, ``created``,
+        ``readable``, ``source``.
+    """
     import pandas as pd
 
     ds = describe(name, client)
@@ -301,12 +447,38 @@ def versions(name: str, client: Client | None = None) -> pd.DataFrame:
 
 
 def resolve_dataset(value: str | Dataset, client: Client) -> Dataset:
-    """``value`` itself when it is a :class:`Dataset`, else the dataset it names."""
+    """``value`` itself when it is a :class:`Dataset`, else the dataset it names.
+
+    Parameters
+    ----------
+    value : str or Dataset
+        A dataset or its name.
+    client : distributed.Client
+        The cluster's client.
+
+    Returns
+    -------
+    Dataset
+        The dataset (:func:`describe` of a name).
+    """
     return value if isinstance(value, Dataset) else describe(value, client)
 
 
 def exists(name: str, client: Client | None = None) -> bool:
-    """Whether a dataset or feature cache called ``name`` exists."""
+    """Whether a dataset or feature cache called ``name`` exists.
+
+    Parameters
+    ----------
+    name : str
+        The name to look for.
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
+
+    Returns
+    -------
+    bool
+        True when the catalog holds it.
+    """
     return run_on(current_client(client), None, catalog.find_record, name) is not None
 
 
@@ -315,11 +487,23 @@ LIST_COLUMNS = ["name", "kind", "rows", "version", "buffers", "workers", "nbytes
 
 
 def list(client: Client | None = None, kind: str | None = None) -> pd.DataFrame:
-    """Every dataset (and feature cache): name, kind, rows, latest version, buffers, workers,
-    bytes, status.
+    """Every dataset (and feature cache), one row each.
 
-    ``status`` is ``"damaged"`` for a dataset whose buffers partly lived on a vineyardd that no
-    live worker serves any more; ``lost_rows`` counts the rows gone with it.
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
+    kind : str, optional
+        Only datasets of this kind (``"training"``, ``"validation"``, ``"feature_cache"``,
+        ...).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``name``, ``kind``, ``rows``, ``version`` (the latest), ``buffers``,
+        ``workers``, ``nbytes``, ``created``, ``status``, ``lost_rows``. ``status`` is
+        ``"damaged"`` for a dataset whose buffers partly lived on a vineyardd that no live
+        worker serves any more; ``lost_rows`` counts the rows gone with it.
     """
     import pandas as pd
 

@@ -70,7 +70,15 @@ logger = logging.getLogger("dvml.train")
 
 
 class ModelSelection:
-    """The result of :func:`fit_multiple`: MADlib's info and summary tables and the models."""
+    """The result of :func:`fit_multiple`: MADlib's info and summary tables and the models.
+
+    Parameters
+    ----------
+    name : str
+        The run's ``model_output``.
+    registry : Registry
+        The registry that holds it.
+    """
 
     def __init__(self, name: str, registry: Registry) -> None:
         self.name, self.registry = name, registry
@@ -87,10 +95,22 @@ class ModelSelection:
 
     @property
     def mst_keys(self) -> list[int]:
+        """The configurations' keys, in :attr:`info`'s order."""
         return [int(k) for k in self.info["mst_key"]]
 
     def model(self, mst_key: int) -> Model:
-        """The registered model of one configuration (evaluate, predict, warm start by name)."""
+        """The registered model of one configuration (evaluate, predict, warm start by name).
+
+        Parameters
+        ----------
+        mst_key : int
+            The configuration's key.
+
+        Returns
+        -------
+        Model
+            Its model, ``f"{model_output}_{mst_key}"``.
+        """
         if int(mst_key) not in self.mst_keys:
             raise ArgumentError(
                 f"No configuration with mst_key={mst_key!r} in {self.name!r}. Received: "
@@ -99,7 +119,20 @@ class ModelSelection:
         return Model(model_name(self.name, mst_key), self.registry)
 
     def best(self, by: str = "validation_metrics_final", maximize: bool = True) -> Model:
-        """The model whose ``by`` column of :attr:`info` is the highest (or lowest)."""
+        """The model whose ``by`` column of :attr:`info` is the highest (or lowest).
+
+        Parameters
+        ----------
+        by : str
+            A column of :attr:`info`.
+        maximize : bool
+            Take the highest value; False: the lowest (for a loss).
+
+        Returns
+        -------
+        Model
+            The best configuration's model.
+        """
         info = self.info
         if by not in info or info[by].isna().all():
             raise ArgumentError(
@@ -214,6 +247,10 @@ def fit_multiple(
         keeps no replica): the summary's ``departed`` and ``departed_at_iterations`` say so.
         Default False: a departure stops the job and a rerun resumes (every model visits
         every partition in every iteration, MADlib's rule).
+    registry : Registry or str, optional
+        The model registry or its URL (default: config ``dvml.registry.url``).
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
 
     Returns
     -------

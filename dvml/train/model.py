@@ -15,7 +15,15 @@ __all__ = ["Model", "plot_history"]
 
 
 class Model:
-    """A model in the registry, as returned by :func:`dvml.fit`."""
+    """A model in the registry, as returned by :func:`dvml.fit`.
+
+    Parameters
+    ----------
+    name : str
+        The model's name in the registry.
+    registry : Registry
+        The registry that holds it.
+    """
 
     def __init__(self, name: str, registry: Registry) -> None:
         self.name = name
@@ -27,22 +35,75 @@ class Model:
         return dict(self.registry.model_summary(self.name))
 
     def history(self) -> pd.DataFrame:
-        """One row per evaluated iteration: losses and metrics on training and validation."""
+        """One row per evaluated iteration: losses and metrics on training and validation.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``iteration``, ``training_loss``, ``training_metrics``,
+            ``validation_loss``, ``validation_metrics``, ``elapsed_s``.
+        """
         return self.registry.model_iterations(self.name)
 
     def weights(self) -> list[Any]:
+        """The trained weights, as ``model.get_weights()`` gives them.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            One array per weight.
+        """
         return list(self.registry.get_model(self.name)["weights"])
 
     def plot(self, ax: Any = None) -> Any:
-        """Training and validation loss and metrics per iteration (matplotlib)."""
+        """Training and validation loss and metrics per iteration (matplotlib).
+
+        Parameters
+        ----------
+        ax : matplotlib.axes.Axes, optional
+            Where to draw (default: a new figure).
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+            The axes drawn on (:func:`plot_history`).
+        """
         return plot_history(self.history(), title=self.name, ax=ax)
 
     def evaluate(self, dataset: Any, **kwargs: Any) -> dict[str, Any]:
+        """Evaluate this model on a packed dataset, on the workers (:func:`dvml.evaluate`).
+
+        Parameters
+        ----------
+        dataset : str or Dataset
+            A validation set (or any packed dataset with labels).
+        **kwargs
+            :func:`dvml.evaluate`'s other arguments.
+
+        Returns
+        -------
+        dict
+            As :func:`dvml.evaluate` returns.
+        """
         return evaluate(self.name, dataset, registry=self.registry, **kwargs)
 
     def predict(
         self, data: Any, id_col: str, x: Any, pred_type: Any = "response", **kwargs: Any
     ) -> Any:
+        """Predict raw rows with this model, on the workers (:func:`dvml.predict`).
+
+        Parameters
+        ----------
+        data, id_col, x, pred_type : as for dvml.predict
+            The rows, their id and feature columns, and what to return per row.
+        **kwargs
+            :func:`dvml.predict`'s other arguments.
+
+        Returns
+        -------
+        dask.dataframe.DataFrame
+            As :func:`dvml.predict` returns.
+        """
         return predict(self.name, data, id_col, x, pred_type, registry=self.registry, **kwargs)
 
     def __repr__(self) -> str:
@@ -55,7 +116,22 @@ class Model:
 
 
 def plot_history(history: pd.DataFrame, title: str = "", ax: Any = None) -> Any:
-    """Plot loss (left axis) and metrics (right axis) per iteration; return the Axes."""
+    """Plot loss (left axis) and metrics (right axis) per iteration.
+
+    Parameters
+    ----------
+    history : pandas.DataFrame
+        :meth:`Model.history`'s table.
+    title : str
+        The plot's title.
+    ax : matplotlib.axes.Axes, optional
+        Where to draw (default: a new figure).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on (metrics on a twin axis at the right).
+    """
     import matplotlib.pyplot as plt
 
     if ax is None:

@@ -3,7 +3,7 @@
 
 :func:`model_configs` and :func:`model_selection_table` plan the configurations with the pure
 :mod:`dvml.configs` (every parameter string parsed up front) and store them in the
-model registry under a name; :func:`load_model_configs` reads a table back and
+model registry under a name; :func:`describe_model_configs` reads a table back and
 :func:`resolve_model_configs` turns whatever a caller was given (a name, a DataFrame, a list
 of dicts) into one checked table, for :func:`dvml.fit_multiple`.
 """
@@ -21,6 +21,7 @@ import pandas as pd
 
 from dvml import configs as cs
 from dvml.configs import ModelConfig
+from dvml.deprecation import renamed
 from dvml.exceptions import ArgumentTypeError, RegistryError
 from dvml.names import check_name
 from dvml.registry.database import opened_registry
@@ -30,9 +31,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "checked_configs",
-    "delete_model_configs",
+    "describe_model_configs",
+    "drop_model_configs",
     "list_model_configs",
-    "load_model_configs",
     "model_configs",
     "model_selection_table",
     "resolve_model_configs",
@@ -274,7 +275,7 @@ def model_selection_table(
         optimizer='Adam(lr=0.001)', metrics=['accuracy']", ...]``. Duplicates count once.
     fit_params_list : str, dict or list of them, optional
         Complete fit parameter sets: ``["batch_size=8, epochs=1", "batch_size=16, epochs=1"]``.
-    name, custom_objects, description, replace, registry
+    name, custom_objects, description, replace, registry : optional
         As for :func:`model_configs`.
 
     Returns
@@ -337,8 +338,21 @@ def _records(table: pd.DataFrame | Sequence[Mapping[str, Any]]) -> list[dict[str
     return [dict(row) for row in table]
 
 
-def load_model_configs(name: str, registry: Registry | str | None = None) -> pd.DataFrame:
+def describe_model_configs(name: str, registry: Registry | str | None = None) -> pd.DataFrame:
     """A stored model selection table by name (see :func:`model_configs`).
+
+    Parameters
+    ----------
+    name : str
+        The table's name.
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one (``dvml.registry.url``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``mst_key``, ``model_id``, ``compile_params``, ``fit_params``; ``attrs`` has
+        ``name``, ``search``, ``seed``, ``description`` and ``custom_objects``.
 
     Raises
     ------
@@ -350,16 +364,49 @@ def load_model_configs(name: str, registry: Registry | str | None = None) -> pd.
 
 
 def list_model_configs(registry: Registry | str | None = None) -> pd.DataFrame:
-    """The stored model selection tables: name, n_configs, search, seed, description,
-    created_at."""
+    """The stored model selection tables.
+
+    Parameters
+    ----------
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per table: ``name``, ``n_configs``, ``search``, ``seed``, ``description``,
+        ``created_at``.
+    """
     with opened_registry(registry) as reg:
         return reg.list_model_selections()
 
 
-def delete_model_configs(name: str, registry: Registry | str | None = None) -> None:
-    """Delete a stored model selection table (models trained from it stay)."""
+def drop_model_configs(name: str, registry: Registry | str | None = None) -> None:
+    """Remove a stored model selection table (models trained from it stay).
+
+    Parameters
+    ----------
+    name : str
+        The table's name.
+    registry : Registry, str or None
+        The registry, its URL, or None for the configured one.
+
+    Raises
+    ------
+    RegistryNotFoundError
+        When no table has this name.
+    """
     with opened_registry(registry) as reg:
-        reg.delete_model_selection(name)
+        reg.drop_model_selection(name)
+
+
+# Deprecated names (docs/architecture.md, "Verbs of the public API"), kept for one release.
+load_model_configs = renamed(
+    describe_model_configs, "dvml.load_model_configs", "dvml.describe_model_configs"
+)
+delete_model_configs = renamed(
+    drop_model_configs, "dvml.delete_model_configs", "dvml.drop_model_configs"
+)
 
 
 def resolve_model_configs(

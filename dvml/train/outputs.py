@@ -43,19 +43,17 @@ def existing_outputs(reg: Registry, model_output: str, *, selection: bool) -> li
         reg.model_selection_run(model_output)
         found.append(
             f"the run {model_output!r} with its .info, .summary and models "
-            f"(dvml.delete_model({model_output!r}))"
+            f"(dvml.drop_model({model_output!r}))"
         )
     except (RegistryNotFoundError, ArgumentError, ArgumentTypeError):
         pass
     pattern = re.compile(re.escape(model_output) + r"_[0-9]+")
     models = [str(n) for n in reg.list_models()["name"] if pattern.fullmatch(str(n))]
-    found += [f"the model {n!r} (dvml.delete_model({n!r}))" for n in models]
+    found += [f"the model {n!r} (dvml.drop_model({n!r}))" for n in models]
     if selection:
         best = f"{model_output}_best"
         if best in set(reg.list_model_selections()["name"]):
-            found.append(
-                f"the model selection table {best!r} (dvml.delete_model_configs({best!r}))"
-            )
+            found.append(f"the model selection table {best!r} (dvml.drop_model_configs({best!r}))")
     return found
 
 

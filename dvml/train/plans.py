@@ -59,6 +59,16 @@ def fit(
     Takes :func:`dvml.fit`'s arguments (those that change its memory) and checks them as it
     does, then reads each trainer host's room (from the workers' heartbeats). Starts no trainer.
 
+    Parameters
+    ----------
+    training_set, arch_id, compile_params, fit_params : as for dvml.fit
+        The training set, the architecture and its parameters.
+    use_gpus, validation_set, custom_objects : optional
+        As for :func:`dvml.fit`.
+    registry, client : optional
+        The registry (default: config ``dvml.registry.url``) and Dask client (default: the
+        current one).
+
     Returns
     -------
     FitMemoryPlan
@@ -93,6 +103,16 @@ def fit_multiple(
     model selection table's name, the table, or its rows) and checks them as it does, then
     reads each trainer host's room (from the workers' heartbeats). Starts no trainer.
 
+    Parameters
+    ----------
+    training_set, configs : as for dvml.fit_multiple
+        The training set and the configurations.
+    use_gpus, validation_set, custom_objects : optional
+        As for :func:`dvml.fit_multiple`.
+    registry, client : optional
+        The registry (default: config ``dvml.registry.url``) and Dask client (default: the
+        current one).
+
     Returns
     -------
     FitMemoryPlan
@@ -111,12 +131,25 @@ def fit_multiple(
 
 
 def pack(source: Any, *, validation: bool = False, **kwargs: Any) -> MemoryPlan:
-    """The memory plan of ``dvml.training_preprocessor(source, **kwargs)`` (or of
-    ``dvml.validation_preprocessor`` with ``validation=True``).
+    """The memory plan of ``dvml.training_preprocessor(source, **kwargs)``.
 
     The source is read and its rows counted as the preprocessor does (that is most of a pack's
     time for a large source); then, instead of splitting and packing, the plan is returned.
     Nothing is written to any vineyardd.
+
+    Parameters
+    ----------
+    source : as for dvml.training_preprocessor
+        The data to pack.
+    validation : bool
+        Plan ``dvml.validation_preprocessor(source, **kwargs)`` instead.
+    **kwargs
+        The preprocessor's other arguments.
+
+    Returns
+    -------
+    MemoryPlan
+        The shared-memory bytes per vineyardd; ``.fits``; ``.fixes`` when it does not fit.
     """
     api = preprocess_api
     call = api.validation_preprocessor if validation else api.training_preprocessor
@@ -142,8 +175,17 @@ def run(
     """The memory plan of ``dvml.run(train_fn, datasets, batch_size=..., memory=...)``.
 
     Takes :func:`dvml.run`'s arguments that change its memory and places the trainers as it
-    does; starts no trainer. ``memory`` is the caller's estimate of what ``train_fn`` builds
-    in each trainer (without it the plan is a lower bound, and its notes say so).
+    does; starts no trainer.
+
+    Parameters
+    ----------
+    datasets, batch_size, use_gpus : as for dvml.run
+        The datasets the trainers read, the global batch size, GPU placement.
+    memory : int or str, optional
+        The caller's estimate of what ``train_fn`` builds in each trainer (without it the
+        plan is a lower bound, and its notes say so).
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
 
     Returns
     -------

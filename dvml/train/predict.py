@@ -377,7 +377,10 @@ def predict(
         probabilities: for a model compiled with a loss ``from_logits=True`` (recorded in its
         summary's compile_params) the softmax of its outputs (the sigmoid for
         ``BinaryCrossentropy``).
-    storage_options, image_ext, label_ext
+    registry, client : optional
+        The registry (default: config ``dvml.registry.url``) and Dask client (default: the
+        current one).
+    storage_options, image_ext, label_ext : optional
         As for :func:`dvml.training_preprocessor` (shards: the training set's extensions by
         default).
 
@@ -512,17 +515,40 @@ def predict_byom(
 ) -> Any:
     """Predict with a model trained elsewhere: an architecture with its weights (BYOM).
 
-    ``class_values`` name the model's outputs (default: 0..n-1), as a flat list or in
-    MADlib's 2-D form (one list per output); the count must match the model's output size.
-    ``data`` is a DataFrame or any file source :func:`predict` reads; images are resized to
-    ``image_size`` (default: the architecture's input height and width) with ``channels``
-    (default: its input's). ``from_logits=True`` says the model ends in logits: its outputs
-    are turned into probabilities (softmax; sigmoid for a single output).
+    Parameters
+    ----------
+    arch_id : int
+        A registered architecture with weights (:func:`dvml.load_keras_model`).
+    data, id_col, x, pred_type : as for predict
+        As for :func:`predict`: a DataFrame or any file source it reads.
+    class_values : list, optional
+        Names of the model's outputs (default: 0..n-1), flat or in MADlib's 2-D form (one
+        list per output, ``[['a', 'b'], ['x', 'y', 'z']]`` for a multi-output model); the
+        count must match the model's output size.
+    normalizing_const : float
+        What the inputs are divided by, as the training preprocessor's.
+    class_name : str or list of str
+        The ``class_name`` column; a multi-output model's rows default to MADlib's
+        ``dependent_var_0``, ``dependent_var_1``, ...
+    registry, client : optional
+        The registry (default: config ``dvml.registry.url``) and Dask client (default: the
+        current one).
+    dependent_count : int, optional
+        MADlib's number of outputs of a multi-output model (each input row gives one row
+        per output).
+    from_logits : bool
+        The model ends in logits: its outputs become probabilities (softmax; sigmoid for a
+        single output).
+    image_size, channels : optional
+        Images are resized to ``image_size`` (default: the architecture's input height and
+        width) with ``channels`` (default: its input's).
+    storage_options, image_ext, label_ext : optional
+        As for :func:`predict`.
 
-    A multi-output model (MADlib's ``dependent_count``) takes one list of class values per
-    output (``[['a', 'b'], ['x', 'y', 'z']]``): each input row gives one row per output,
-    whose ``class_name`` is MADlib's ``dependent_var_0``, ``dependent_var_1``, ... unless
-    ``class_name`` lists the names.
+    Returns
+    -------
+    dask.dataframe.DataFrame
+        MADlib's columns ``id, class_name, class_value, prob, rank``.
     """
     client = current_client(client)
     outputs = byom_outputs(class_values, dependent_count)

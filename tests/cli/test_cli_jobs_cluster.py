@@ -238,15 +238,15 @@ def test_datasets_commands_with_the_recorded_cluster(session: Session) -> None:
     assert described["summary"]["training_dataset"]["name"] == f"{NAME}-train"
 
 
-def test_models_show(session: Session) -> None:
-    out = session.ok("models", "show", NAME, "--registry", session.registry)
+def test_models_describe(session: Session) -> None:
+    out = session.ok("models", "describe", NAME, "--registry", session.registry)
     assert f"name:       {NAME}" in out and "version:    2" in out
     assert f"source_table: {NAME}-train" in out
     assert "warm_start: True" in out and "trainers: ['worker-0', 'worker-1']" in out
     history = out.split("\n\n")[-1].splitlines()
     assert history[0].startswith("iteration  training_loss")
     assert len(history) == 2  # one evaluated iteration
-    shown = json.loads(session.ok("models", "show", NAME, "--registry", session.registry,
+    shown = json.loads(session.ok("models", "describe", NAME, "--registry", session.registry,
                                   "--json"))  # fmt: skip
     assert shown["summary"]["validation_table"] == f"{NAME}-val"
     assert shown["iterations"][0]["iteration"] == 1

@@ -39,7 +39,7 @@ def job_file(tmp_path: pathlib.Path, text: str = JOB) -> pathlib.Path:
     [["datasets", "--help"], ["datasets", "list", "--help"], ["datasets", "describe", "--help"],
      ["datasets", "drop", "--help"], ["datasets", "append", "--help"], ["models", "--help"],
      ["models", "list", "--help"],
-     ["models", "show", "--help"], ["fit", "--help"], ["evaluate", "--help"],
+     ["models", "describe", "--help"], ["fit", "--help"], ["evaluate", "--help"],
      ["predict", "--help"], ["features", "--help"], ["features", "list", "--help"],
      ["features", "describe", "--help"], ["features", "drop", "--help"]],
 )  # fmt: skip
@@ -117,7 +117,7 @@ def test_models_without_a_cluster(tmp_path: pathlib.Path) -> None:
     assert result.returncode == 0 and result.stdout.strip() == "(none)"
     listed = dvml_cli("models", "list", "--registry", url, "--json", tmp_path=tmp_path)
     assert json.loads(listed.stdout) == []
-    line = one_error_line(dvml_cli("models", "show", "nope", "--registry", url,
+    line = one_error_line(dvml_cli("models", "describe", "nope", "--registry", url,
                                    tmp_path=tmp_path))  # fmt: skip
     assert "No model named 'nope'" in line
 

@@ -62,8 +62,8 @@ def table_count(tmp_path: pathlib.Path) -> int:
 @pytest.mark.parametrize(
     "args",
     [["model-configs", "--help"], ["model-configs", "generate", "--help"],
-     ["model-configs", "list", "--help"], ["model-configs", "show", "--help"],
-     ["model-configs", "delete", "--help"], ["fit-multiple", "--help"]],
+     ["model-configs", "list", "--help"], ["model-configs", "describe", "--help"],
+     ["model-configs", "drop", "--help"], ["fit-multiple", "--help"]],
 )  # fmt: skip
 def test_help(args: list[str], tmp_path: pathlib.Path) -> None:
     result = dvml_cli(*args, tmp_path=tmp_path)
@@ -89,19 +89,18 @@ def test_generate_list_show_delete(tmp_path: pathlib.Path) -> None:
     rows = json.loads(listing.stdout)
     assert [(r["name"], r["n_configs"], r["search"]) for r in rows] == [("digits-grid", 4, "grid")]
 
-    shown = dvml_cli(
-        "model-configs", "show", "digits-grid", "--registry", registry, "--json", tmp_path=tmp_path
-    )
+    shown = dvml_cli("model-configs", "describe", "digits-grid", "--registry", registry, "--json",
+                     tmp_path=tmp_path)  # fmt: skip
     table = json.loads(shown.stdout)
     assert [c["mst_key"] for c in table["configs"]] == [1, 2, 3, 4]
     assert table["configs"][1]["fit_params"] == "batch_size=16, epochs=1"
 
     deleted = dvml_cli(
-        "model-configs", "delete", "digits-grid", "--registry", registry, tmp_path=tmp_path
+        "model-configs", "drop", "digits-grid", "--registry", registry, tmp_path=tmp_path
     )
     assert deleted.returncode == 0, deleted.stderr
     assert table_count(tmp_path) == 0
-    missing = dvml_cli("model-configs", "show", "digits-grid", "--registry", registry,
+    missing = dvml_cli("model-configs", "describe", "digits-grid", "--registry", registry,
                        tmp_path=tmp_path)  # fmt: skip
     assert "No model selection table named 'digits-grid'" in one_error_line(missing)
 

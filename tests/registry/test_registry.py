@@ -184,12 +184,12 @@ def test_add_list_get_delete_architecture(reg):
     assert reg.get_architecture(second)["weights"] is None
     assert reg.get_architecture(np.int64(second))["id"] == second
 
-    reg.delete_architecture(first)
+    reg.drop_architecture(first)
     assert reg.list_architectures()["id"].tolist() == [second]
     with pytest.raises(RegistryNotFoundError, match=rf"id {first}.*list_architectures"):
         reg.get_architecture(first)
     with pytest.raises(RegistryNotFoundError, match=rf"arch_id={first}"):
-        reg.delete_architecture(first)
+        reg.drop_architecture(first)
 
 
 def test_list_is_empty_frame_with_columns(reg):
@@ -201,7 +201,7 @@ def test_list_is_empty_frame_with_columns(reg):
 
 def test_architecture_ids_are_never_reused(reg):
     first = reg.add_architecture(sequential_json())
-    reg.delete_architecture(first)
+    reg.drop_architecture(first)
     assert reg.add_architecture(sequential_json()) > first
 
 
@@ -540,7 +540,7 @@ def test_failure_inside_the_transaction_rolls_back(reg, arch_id, url, monkeypatc
 
 
 def test_not_found_model_errors_name_it_and_say_how_to_list(reg):
-    for call in (reg.get_model, reg.model_summary, reg.model_iterations, reg.delete_model):
+    for call in (reg.get_model, reg.model_summary, reg.model_iterations, reg.drop_model):
         with pytest.raises(RegistryNotFoundError, match=r"'ghost'.*list_models"):
             call("ghost")
     with pytest.raises(LookupError):
@@ -550,14 +550,14 @@ def test_not_found_model_errors_name_it_and_say_how_to_list(reg):
 def test_delete_model_removes_iterations(reg, arch_id, url):
     reg.save_model("m", arch_id, _weights(), iterations=ITERATIONS)
     reg.save_model("other", arch_id, _weights(), iterations=ITERATIONS[:1])
-    reg.delete_model("m")
+    reg.drop_model("m")
     assert not reg.model_exists("m")
     assert _raw(url, "SELECT COUNT(*) FROM model_iterations") == [(1,)]
 
 
 def test_deleting_an_architecture_keeps_its_models(reg, arch_id):
     reg.save_model("m", arch_id, _weights())
-    reg.delete_architecture(arch_id)
+    reg.drop_architecture(arch_id)
     model = reg.get_model("m")
     assert model["arch_id"] == arch_id
     assert len(model["weights"]) == 2
@@ -625,10 +625,10 @@ def test_register_list_load_delete_custom_function(reg, url, monkeypatch):
     assert reg.load_custom_objects("scaled_mae")["scaled_mae"].__name__ == "scaled_mae"
     assert reg.load_custom_objects([]) == {}
 
-    reg.delete_custom_function("scaled_mae")
+    reg.drop_custom_function("scaled_mae")
     assert reg.list_custom_functions().empty
     with pytest.raises(RegistryNotFoundError, match=r"'scaled_mae'.*list_custom_functions"):
-        reg.delete_custom_function("scaled_mae")
+        reg.drop_custom_function("scaled_mae")
 
 
 def test_custom_function_sources(reg):
@@ -764,17 +764,17 @@ def test_module_functions_with_a_url_string(url):
     arch = dvml.registry.load_keras_model(sequential_json(), name="mlp", registry=url)
     table = dvml.registry.list_architectures(registry=url)
     assert table["name"].tolist() == ["mlp"]
-    assert dvml.registry.show_architecture(arch, registry=url)["weights"] is None
+    assert dvml.registry.describe_architecture(arch, registry=url)["weights"] is None
     with Registry(url) as registry:
         registry.save_model("m", arch, _weights())
     assert dvml.registry.list_models(registry=url)["name"].tolist() == ["m"]
-    assert dvml.registry.show_model("m", registry=url)["version"] == 1
-    dvml.registry.delete_model("m", registry=url)
-    dvml.registry.delete_architecture(arch, registry=url)
+    assert dvml.registry.describe_model("m", registry=url)["version"] == 1
+    dvml.registry.drop_model("m", registry=url)
+    dvml.registry.drop_architecture(arch, registry=url)
     assert dvml.registry.list_models(registry=url).empty
     dvml.registry.register_custom_function("scaled_mae", GOOD_SOURCE, registry=url)
     assert dvml.registry.list_custom_functions(registry=url)["name"].tolist() == ["scaled_mae"]
-    dvml.registry.delete_custom_function("scaled_mae", registry=url)
+    dvml.registry.drop_custom_function("scaled_mae", registry=url)
 
 
 def test_load_keras_model_takes_a_model_object(reg):
@@ -795,17 +795,17 @@ def test_module_functions_refuse_a_bad_registry():
 def test_public_names():
     assert set(dvml.registry.__all__) == {
         "Registry",
-        "delete_architecture",
-        "delete_custom_function",
-        "delete_model",
+        "drop_architecture",
+        "drop_custom_function",
+        "drop_model",
         "lineage",
         "list_architectures",
         "list_custom_functions",
         "list_models",
         "load_keras_model",
         "register_custom_function",
-        "show_architecture",
-        "show_model",
+        "describe_architecture",
+        "describe_model",
         "weights_from_bytes",
         "weights_to_bytes",
     }

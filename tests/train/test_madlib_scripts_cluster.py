@@ -98,7 +98,7 @@ def test_fit_keeps_madlibs_text_and_fields_and_stands_alone(env: dict[str, Any])
         dvml.fit("mc_iris", "mc_fit", own_arch, SGD_DECAY, fit_text, **common)
     assert dvml.Model("mc_fit", reg).summary["end_training_time"] == s["end_training_time"]
     # item 7: the model stands on its own once its architecture is deleted
-    reg.delete_architecture(own_arch)
+    reg.drop_architecture(own_arch)
     # item 8: pred_type=None is MADlib's NULL, its default ('prob': every class)
     out = dvml.predict("mc_fit", env["test"].iloc[:5], "id", "x", pred_type=None,
                        registry=reg, client=client).compute(scheduler=client)  # fmt: skip
@@ -166,12 +166,12 @@ def test_automl_refuses_existing_outputs_and_has_madlibs_summary(env: dict[str, 
     args = ("mc_iris", "mc_auto", env["arch"], compile_grid, fit_grid)
     kwargs = {"method": "hyperopt", "params": "num_configs=2, num_iterations=1", "seed": 3,
               "registry": reg, "client": client, "progress": False}  # fmt: skip
-    with pytest.raises(RegistryError, match=r"mc_auto_best.*delete_model_configs"):
+    with pytest.raises(RegistryError, match=r"mc_auto_best.*drop_model_configs"):
         dvml.automl(*args, **kwargs)
-    assert dvml.load_model_configs("mc_auto_best", registry=reg)[list(cs.COLUMNS)].equals(
+    assert dvml.describe_model_configs("mc_auto_best", registry=reg)[list(cs.COLUMNS)].equals(
         mine[list(cs.COLUMNS)]
     )
-    dvml.delete_model_configs("mc_auto_best", registry=reg)
+    dvml.drop_model_configs("mc_auto_best", registry=reg)
     result = dvml.automl(*args, **kwargs)
     s = result.summary
     assert s["object_table"] is None and s["use_gpus"] is False

@@ -68,17 +68,17 @@ def test_grid_round_trip(reg: Registry, arch_ids: list[int]) -> None:
 
     # read back by name, through a second connection to the same file
     with Registry(reg.url) as other:
-        loaded = dvml.load_model_configs("grid", registry=other)
+        loaded = dvml.describe_model_configs("grid", registry=other)
     pd.testing.assert_frame_equal(loaded, table)
     listing = dvml.list_model_configs(registry=reg)
     assert listing[["name", "n_configs", "search"]].to_dict("records") == [
         {"name": "grid", "n_configs": 8, "search": "grid"}
     ]
-    dvml.delete_model_configs("grid", registry=reg)
+    dvml.drop_model_configs("grid", registry=reg)
     assert dvml.list_model_configs(registry=reg).empty
     assert stored_rows(reg) == 0
     with pytest.raises(RegistryNotFoundError, match="No model selection table named 'grid'"):
-        dvml.load_model_configs("grid", registry=reg)
+        dvml.describe_model_configs("grid", registry=reg)
 
 
 def test_madlib_strings_give_the_same_table(reg: Registry, arch_ids: list[int]) -> None:
@@ -122,7 +122,7 @@ def test_a_name_in_use_gets_the_new_rows(reg: Registry, arch_ids: list[int]) -> 
     replaced = dvml.model_configs(
         arch_ids, COMPILE, {"epochs": [1]}, name="t", replace=True, registry=reg
     )
-    assert len(replaced) == 4 and len(dvml.load_model_configs("t", registry=reg)) == 4
+    assert len(replaced) == 4 and len(dvml.describe_model_configs("t", registry=reg)) == 4
     assert stored_rows(reg) == 4
 
 
