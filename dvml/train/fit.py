@@ -29,8 +29,9 @@ from dvml.train.elastic import (
     run_elastic,
 )
 from dvml.train.fit_admission import admitted
-from dvml.train.job_scalars import JobScalars, iteration_scalars
-from dvml.train.memory_use import memory_summary, over_plan
+from dvml.train.fit_progress import FitProgress
+from dvml.train.job_scalars import JobScalars
+from dvml.train.memory_use import memory_summary
 from dvml.train.model import Model
 from dvml.train.model_lock import holding_model
 from dvml.train.outputs import check_outputs_free, model_exists
@@ -45,13 +46,8 @@ from dvml.train.runtime.plan import (
     place_job,
 )
 from dvml.train.stragglers import (
-    TrainerTiming,
     by_iteration,
-    cumulative,
-    describe,
     run_summary,
-    stragglers,
-    timings_of,
 )
 from dvml.train.summary import build_summary, iteration_record, weights_size_kb
 from dvml.train.sync import check_sync, choose_sync
@@ -162,6 +158,9 @@ def fit(
         the worker, and the same call resumes from its last iteration.
     resume : bool
         Resume from the checkpoint of an interrupted run of the same job, if there is one.
+    seed : int, optional
+        The shuffles' seed (config ``dvml.preprocess.seed``): the same seed, data and
+        arguments give the same batches in the same order.
     timeout : float, optional
         Seconds before the trainers are stopped (config ``dvml.train.trainer-timeout``).
     overwrite : bool
@@ -170,6 +169,11 @@ def fit(
         Called on the client with each iteration's aggregated record while training runs.
     progress : bool
         Log one line per iteration (logger ``dvml.train``, and printed).
+    registry : Registry or str, optional
+        Where the architecture is read and the model registered (default: the configured
+        registry, ``dvml.registry.url``).
+    client : distributed.Client, optional
+        The cluster's client (default: the current one).
 
     Returns
     -------
@@ -182,7 +186,7 @@ def fit(
     reg = open_registry(registry)
     if not (warm_start or overwrite) and model_exists(reg, model):
         check_outputs_free(reg, "dvml.fit", model,
-                           [f"the model {model!r} (dvml.delete_model({model!r}))"],
+                           [f"the model {model!r} (dvml.drop_model({model!r}))"],
                            "warm_start=True to train it on")  # fmt: skip
     client = current_client(client)
     # The datasets it reads are leased for the whole fit: a drop or overwrite is refused.
@@ -224,7 +228,7 @@ def _train(
     """Resume, run the trainers (elastic or not), register the model, clear the checkpoints."""
     start_iteration, weights_blob, history = _resume(client, plan, resume)
     scalars = JobScalars(plan.tensorboard_dir) if plan.tensorboard_dir else None
-    collector = _Progress(
+    collector = FitProgress(
         {w.address: w.name for w in plan.job.workers}, plan.model, plan.job.args.num_iterations,
         reporting[0], reporting[1], scalars, _planned(plan),
     )  # fmt: skip
@@ -250,7 +254,7 @@ def _run(
     start_iteration: int,
     weights_blob: bytes | None,
     history: list[dict[str, Any]],
-    collector: _Progress,
+    collector: FitProgress,
 ) -> ElasticRun:
     """The trainers' run: one lock-step run, or an elastic one (dvml.train.elastic)."""
     if not plan.elastic:
@@ -504,95 +508,3 @@ def _check_tensorboard(tensorboard_dir: str | None) -> None:
             "tensorboard_dir was given but TensorBoard is not installed. Install it with "
             "`pip install tensorboard` (a dvml dependency), or leave tensorboard_dir out."
         )
-
-
-class _Progress:
-    """Collects trainers' progress events; reports each iteration once all trainers sent it."""
-
-    def __init__(
-        self,
-        names: dict[str, str],
-        model: str,
-        total: int,
-        callback: Callable[[dict[str, Any]], None] | None,
-        echo: bool,
-        scalars: JobScalars | None = None,
-        planned: dict[str, int] | None = None,
-    ) -> None:
-        # the trainers' worker names by address (Dask's log_event sets "worker" to the address)
-        self.names, self.n, self.model, self.total = names, len(names), model, total
-        self.callback, self.echo, self.scalars = callback, echo, scalars
-        self.pending: dict[int, list[dict[str, Any]]] = {}
-        self.timings: list[list[TrainerTiming]] = []  # of this run's iterations, in order
-        self.planned: dict[str, int] = dict(planned or {})
-        self.named_over: set[str] = set()  # trainers already named over their memory plan
-
-    def regroup(self, workers: list[Any], why: str) -> None:
-        """The trainers of an elastic fit's next run (``why``: the departure, printed with
-        the progress lines): iterations wait for these only, and stragglers are named among
-        them (a departed trainer's figures are not compared)."""
-        if self.echo:
-            print(f"[dvml.fit {self.model}] {why}", flush=True)
-        self.names, self.n = {w.address: w.name for w in workers}, len(workers)
-        self.pending.clear()
-        self.timings.clear()
-
-    def _over_plan(self, named: list[dict[str, Any]]) -> list[str]:
-        """A line's note for each trainer over its memory plan (once per trainer)."""
-        margin = float(config.get("memory.margin"))
-        notes = []
-        for m in named:
-            worker, used = m["worker"], m.get("resident_bytes")
-            planned = self.planned.get(worker)
-            if worker in self.named_over or planned is None or used is None:
-                continue
-            if over_plan(planned, used, margin):
-                self.named_over.add(worker)
-                notes.append(
-                    f"the trainer on {worker} uses {used / 2**20:.0f} MiB, over its planned "
-                    f"{planned / 2**20:.0f} MiB (+{margin:.0%} margin)"
-                )
-        return notes
-
-    def __call__(self, event: tuple[float, dict[str, Any]]) -> None:
-        _, message = event
-        if message.get("kind") != "iteration":
-            return
-        bucket = self.pending.setdefault(message["iteration"], [])
-        bucket.append(message)
-        if len(bucket) < self.n:
-            return
-        record = iteration_record(bucket)
-        record["fit_loss"] = sum(m["fit_loss"] for m in bucket) / len(bucket)
-        # training time alone (the slowest trainer), and the part of it spent averaging
-        record["fit_seconds"] = max(m.get("fit_seconds", 0.0) for m in bucket)
-        record["averaging_seconds"] = max(m.get("averaging_seconds", 0.0) for m in bucket)
-        # the end-of-iteration metrics over the local rows (0 where none were computed)
-        record["metrics_seconds"] = max(m.get("metrics_seconds", 0.0) for m in bucket)
-        # the trainers slower than the others over the run so far (dvml.train.stragglers)
-        named = [{**m, "worker": self.names.get(m["worker"], m["worker"])} for m in bucket]
-        self.timings.append(timings_of(named))
-        slow = stragglers(cumulative(self.timings))
-        record["stragglers"] = [dataclasses.asdict(s) for s in slow]
-        over = self._over_plan(named)  # named once, in the line and the record
-        record["memory_over_plan"] = over
-        if self.scalars is not None:  # the job's TensorBoard stream (tensorboard_dir/job)
-            self.scalars.write(record["iteration"], iteration_scalars(record, named))
-        if self.echo:
-            metrics = record.get("training_metrics") or {}
-            extra = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-            if record.get("validation_loss") is not None:
-                extra += f" val_loss={record['validation_loss']:.4f}"
-                extra += "".join(
-                    f" val_{k}={v:.4f}" for k, v in (record.get("validation_metrics") or {}).items()
-                )
-            line = (
-                f"[dvml.fit {self.model}] iteration {record['iteration']}/{self.total} "
-                f"loss={record['fit_loss']:.4f} {extra} ({record['elapsed_s']:.1f}s)"
-            )
-            line += "".join(f"; {describe(s)}" for s in slow)
-            line += "".join(f"; {note}" for note in over)
-            logger.info(line)
-            print(line, flush=True)
-        if self.callback is not None:
-            self.callback(record)

@@ -66,7 +66,7 @@ SYNC_MODES = ("step", "none")
 class RunResult:
     """What :func:`run` returns.
 
-    Attributes
+    Parameters
     ----------
     name : str
         The run's name (its checkpoints and lock are keyed by it).

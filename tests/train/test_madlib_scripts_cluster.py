@@ -94,7 +94,7 @@ def test_fit_keeps_madlibs_text_and_fields_and_stands_alone(env: dict[str, Any])
     # item 3: TensorBoard event files, one directory per trainer
     assert {e.parent.parent.name for e in _events(tb)} == set(s["trainers"]), _events(tb)
     # item 1: a second fit to the same name is refused, naming the model and how to drop it
-    with pytest.raises(RegistryError, match=r"mc_fit.*dvml\.delete_model\('mc_fit'\)"):
+    with pytest.raises(RegistryError, match=r"mc_fit.*dvml\.drop_model\('mc_fit'\)"):
         dvml.fit("mc_iris", "mc_fit", own_arch, SGD_DECAY, fit_text, **common)
     assert dvml.Model("mc_fit", reg).summary["end_training_time"] == s["end_training_time"]
     # item 7: the model stands on its own once its architecture is deleted
