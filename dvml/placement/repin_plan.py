@@ -23,7 +23,7 @@ from typing import Any
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.placement.move_plan import Move
 
-__all__ = ["RepinPlan", "plan_repin"]
+__all__ = ["RepinPlan", "parsed_buffers", "plan_repin"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,8 @@ class RepinPlan:
         return sum(m.nbytes for m in self.moves)
 
 
-def _parsed(buffers: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, int, int]]:
+def parsed_buffers(buffers: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, int, int]]:
+    """A plan's buffers as ``(index, worker, rows, nbytes)`` tuples, checked."""
     parsed = []
     for position, b in enumerate(buffers):
         try:
@@ -121,7 +122,7 @@ def plan_repin(
             "A re-pin needs at least one survivor and no worker both departed and surviving. "
             f"Received: departed={sorted(gone)}, survivors={list(survivors)}."
         )
-    parsed = _parsed(buffers)
+    parsed = parsed_buffers(buffers)
     load = {s: 0 for s in survivors}
     for _, worker, rows, _ in parsed:
         if worker in load:

@@ -44,7 +44,7 @@ from typing import Any
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError
 from dvml.placement.move_plan import Move, RebalancePlan, plan_rebalance
-from dvml.placement.repin_plan import _parsed
+from dvml.placement.repin_plan import parsed_buffers
 
 __all__ = ["MIN_GAIN", "SpeedPlan", "plan_join", "plan_speed"]
 
@@ -139,7 +139,7 @@ def plan_speed(
     speeds = _checked_speeds(seconds_per_row)
     if isinstance(iterations_left, bool) or not isinstance(iterations_left, int):
         raise ArgumentTypeError(f"iterations_left must be an int. Received: {iterations_left!r}.")
-    parsed = [b for b in _parsed(buffers) if b[1] in speeds]
+    parsed = [b for b in parsed_buffers(buffers) if b[1] in speeds]
     load = {w: 0 for w in speeds}
     for _, worker, rows, _ in parsed:
         load[worker] += rows

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import WorkerInfo
-from dvml.exceptions import TrainerFailedError, WorkerDepartedError
+from dvml.exceptions import DvmlError, TrainerFailedError, WorkerDepartedError
 from dvml.train.runtime import launch
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.exits import KILLED_BY
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 
-class BoundaryReached(Exception):
+class BoundaryReached(DvmlError):
     """The caller's ``until`` asked a lock-step run to stop at an iteration boundary: its
     trainers were stopped and the caller restarts them from their last checkpoint (an
     elastic fit changing its row map, :mod:`dvml.train.row_map_change`)."""
