@@ -74,17 +74,21 @@ def test_rows_move_off_a_trainer_at_half_speed_and_every_row_stays_once_per_epoc
 ) -> None:
     iterations = 5
     seen: list[dict[str, Any]] = []
+    # iterations long enough (~5 s idle) that a move pays for its restart on an idle machine
+    # as on a loaded one: the saving grows with the epochs, the restart does not
     with half_speed(env["cluster"], "worker-1", model="rm_slow"):
-        summary = _fit(env, "rm_slow", "batch_size=32, epochs=12", iterations,
+        summary = _fit(env, "rm_slow", "batch_size=32, epochs=36", iterations,
                        on_iteration=seen.append, progress=True).summary  # fmt: skip
     print(json.dumps({k: summary.get(k) for k in ("rebalanced_at_iterations", "moved_rows",
           "trainer_step_seconds", "rows_per_epoch")}, default=str))  # fmt: skip
     # worker-1 is named after iteration 1, and the next iteration runs on a new row map
     assert seen[0]["stragglers"] and seen[0]["stragglers"][0]["worker"] == "worker-1", seen[0]
-    # the first new row map starts at iteration 2; later ones (the slow worker still behind
-    # on its smaller share) move rows the same way, never back (hysteresis)
+    # the first new row map starts at the next boundary the trainers reach (iteration 2, or 3
+    # when they finished iteration 2 before the stop); later ones (the slow worker still
+    # behind on its smaller share) move rows the same way, never back (hysteresis)
     changes = summary["row_map_changes"]
-    assert summary["rebalanced_at_iterations"][0] == 2, changes
+    assert summary["rebalanced_at_iterations"], (changes, seen)
+    assert summary["rebalanced_at_iterations"][0] in (2, 3), changes
     assert changes[0]["kind"] == "speed" and changes[0]["after_iteration"] == 1, changes
     moves = [m for c in changes for m in c["training"]["moves"]]
     assert all(c["kind"] == "speed" for c in changes), changes
@@ -105,7 +109,7 @@ def test_rows_move_off_a_trainer_at_half_speed_and_every_row_stays_once_per_epoc
     assert "row map changed after iteration 1" in out, out[-2000:]
 
 
-def test_a_worker_added_during_iteration_1_trains_from_iteration_2(
+def test_a_worker_added_during_iteration_1_trains_from_the_next_boundary(
     env: dict[str, Any],
 ) -> None:
     iterations = 4
@@ -121,7 +125,10 @@ def test_a_worker_added_during_iteration_1_trains_from_iteration_2(
     summary = model.summary
     name = next(w.name for w in discover_workers(env["client"]) if w.address == address)
     assert summary["joined"] == [name], summary["row_map_changes"]
-    assert summary["joined_at_iterations"] == {name: 2}, summary["row_map_changes"]
+    # from the next boundary the trainers reach after it joined: 2, or 3 when they finished
+    # iteration 2 before they were stopped
+    joined_at = summary["joined_at_iterations"][name]
+    assert joined_at in (2, 3), summary["row_map_changes"]
     (change,) = summary["row_map_changes"]
     assert change["kind"] == "join" and change["trainers"] == ["worker-0", "worker-1", name]
     # it holds rows now, no more than its share, and its trainer trained them
@@ -131,4 +138,4 @@ def test_a_worker_added_during_iteration_1_trains_from_iteration_2(
     assert set(summary["trainer_partitions"]) == {"worker-0", "worker-1", name}
     assert summary["trainers"] == ["worker-0", "worker-1", name]
     assert summary["rows_per_epoch"] == [[i, env["rows"]] for i in range(1, iterations + 1)]
-    assert summary["rebalanced_at_iterations"] == [2]
+    assert summary["rebalanced_at_iterations"] == [joined_at]
