@@ -22,7 +22,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dvml.exceptions import ArgumentError, ArgumentTypeError
+from dvml.exceptions import ArgumentTypeError
+from dvml.placement.buffer_rows import parsed_buffers
 
 __all__ = ["GROWABLE_KINDS", "Move", "RebalancePlan", "plan_rebalance"]
 
@@ -68,23 +69,6 @@ class RebalancePlan:
     share_bytes: int
 
 
-def _buffer(b: Mapping[str, Any], position: int) -> tuple[int, str, int, int]:
-    try:
-        index, worker, rows = int(b["index"]), str(b["worker"]), int(b["rows"])
-        nbytes = int(b.get("nbytes", 0))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ArgumentTypeError(
-            "Every buffer must be a mapping with 'index', 'worker', 'rows' (and optionally "
-            f"'nbytes'). Received at position {position}: {dict(b)!r}."
-        ) from exc
-    if rows < 0 or nbytes < 0:
-        raise ArgumentError(
-            f"A buffer's rows and nbytes must be >= 0. Received at position {position}: "
-            f"rows={rows}, nbytes={nbytes}."
-        )
-    return index, worker, rows, nbytes
-
-
 def plan_rebalance(
     buffers: Sequence[Mapping[str, Any]], targets: Sequence[str], rules_kind: str
 ) -> RebalancePlan:
@@ -113,7 +97,7 @@ def plan_rebalance(
         raise ArgumentTypeError(
             f"targets must be a sequence of worker keys (str). Received: targets={targets!r}."
         )
-    parsed = [_buffer(b, i) for i, b in enumerate(buffers)]
+    parsed = parsed_buffers(buffers)
     load: dict[str, int] = {}
     for _, worker, rows, _ in parsed:
         load[worker] = load.get(worker, 0) + rows

@@ -43,8 +43,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from dvml.exceptions import ArgumentError, ArgumentTypeError
+from dvml.placement.buffer_rows import parsed_buffers
 from dvml.placement.move_plan import Move, RebalancePlan, plan_rebalance
-from dvml.placement.repin_plan import parsed_buffers
 
 __all__ = ["MIN_GAIN", "SpeedPlan", "plan_join", "plan_speed"]
 
