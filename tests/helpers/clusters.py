@@ -11,7 +11,7 @@ from tests.helpers.processes import assert_no_new_processes, child_processes
 if TYPE_CHECKING:
     import dvml
 
-__all__ = ["on_worker", "running_cluster"]
+__all__ = ["digits_elastic_env", "on_worker", "running_cluster"]
 
 
 @contextmanager
@@ -62,3 +62,37 @@ def tls_environment(cluster: Any) -> dict[str, str]:
         "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": files["cert"],
         "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": files["key"],
     }
+
+
+@contextmanager
+def digits_elastic_env(
+    cluster: Any, tmp: Any, prefix: str, rows: int, buffer_size: int, model_json: str
+) -> Iterator[dict[str, Any]]:
+    """What the elastic fit tests share: on ``cluster`` (a test's own, which a killed or added
+    worker changes), the first ``rows`` digits packed as ``<prefix>_digits`` in buffers of
+    ``buffer_size`` and the rest as ``<prefix>_val``, a registry in ``tmp`` holding
+    ``model_json``; the ``settings`` give the cluster's state directory under ``tmp``."""
+    import dask
+
+    import dvml
+    from dvml.examples import digits_frame
+
+    frame = digits_frame()
+    settings = {"dvml.cluster.state-dir": str(tmp / "state")}
+    client = cluster.client
+    with dask.config.set(settings):
+        train = dvml.training_preprocessor(
+            frame.iloc[:rows], y="label", x="pixels", normalizing_const=16.0,
+            buffer_size=buffer_size, name=f"{prefix}_digits", client=client,
+        )  # fmt: skip
+        dvml.validation_preprocessor(
+            frame.iloc[rows:], y="label", x="pixels", training=f"{prefix}_digits",
+            name=f"{prefix}_val", client=client,
+        )  # fmt: skip
+    registry = dvml.Registry(f"sqlite:///{tmp / 'registry.db'}")
+    arch = dvml.load_keras_model(model_json, name="model", registry=registry)
+    try:
+        yield {"cluster": cluster, "client": client, "registry": registry, "arch": arch,
+               "state": tmp / "state", "settings": settings, "rows": train.rows}  # fmt: skip
+    finally:
+        registry.close()

@@ -22,8 +22,8 @@ import dask
 import pytest
 
 import dvml
-from dvml.examples import digits_frame
 from tests.helpers import Background, poll_for
+from tests.helpers.clusters import digits_elastic_env
 from tests.helpers.models import keras
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
@@ -48,24 +48,9 @@ def _dense() -> Any:
 def env(local_cluster: Any, tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
     """A 2-worker LocalCluster of the test's own (a killed worker's Nanny starts a new worker
     process: it must be closed with the test), digits packed on it in 8 buffers, a registry."""
-    frame = digits_frame()
-    settings = {"dvml.cluster.state-dir": str(tmp_path / "state")}
     cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
-    client = cluster.client
-    with dask.config.set(settings):
-        train = dvml.training_preprocessor(
-            frame.iloc[:1500], y="label", x="pixels", normalizing_const=16.0, buffer_size=200,
-            name="el_digits", client=client,
-        )  # fmt: skip
-        dvml.validation_preprocessor(
-            frame.iloc[1500:], y="label", x="pixels", training="el_digits", name="el_val",
-            client=client,
-        )  # fmt: skip
-    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    arch = dvml.load_keras_model(_dense().to_json(), name="dense", registry=registry)
-    yield {"cluster": cluster, "client": client, "registry": registry, "arch": arch,
-           "state": tmp_path / "state", "settings": settings, "rows": train.rows}  # fmt: skip
-    registry.close()
+    with digits_elastic_env(cluster, tmp_path, "el", 1500, 200, _dense().to_json()) as env:
+        yield env
 
 
 class _Lines(logging.Handler):

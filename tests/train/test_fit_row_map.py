@@ -21,8 +21,8 @@ import pytest
 
 import dvml
 from dvml.cluster.workers import discover_workers
-from dvml.examples import digits_frame
 from tests.helpers import Background, cnn, half_speed, poll_for, worker_trainers
+from tests.helpers.clusters import digits_elastic_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -32,24 +32,9 @@ COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.003)
 @pytest.fixture
 def env(local_cluster: Any, tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
     """A 2-worker LocalCluster of the test's own, digits packed in 16 buffers, a registry."""
-    frame = digits_frame()
-    settings = {"dvml.cluster.state-dir": str(tmp_path / "state")}
     cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
-    client = cluster.client
-    with dask.config.set(settings):
-        train = dvml.training_preprocessor(
-            frame.iloc[:1600], y="label", x="pixels", normalizing_const=16.0, buffer_size=100,
-            name="rm_digits", client=client,
-        )  # fmt: skip
-        dvml.validation_preprocessor(
-            frame.iloc[1600:], y="label", x="pixels", training="rm_digits", name="rm_val",
-            client=client,
-        )  # fmt: skip
-    registry = dvml.Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    arch = dvml.load_keras_model(cnn().to_json(), name="cnn", registry=registry)
-    yield {"cluster": cluster, "client": client, "registry": registry, "arch": arch,
-           "state": tmp_path / "state", "settings": settings, "rows": train.rows}  # fmt: skip
-    registry.close()
+    with digits_elastic_env(cluster, tmp_path, "rm", 1600, 100, cnn().to_json()) as env:
+        yield env
 
 
 def _fit(env: dict[str, Any], model: str, fit: str, iterations: int, **kw: Any) -> Any:
