@@ -19,11 +19,11 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
+source scripts/_install.sh
 if [ -n "${DVML_EXTRAS:-}" ]; then
-  .venv/bin/python -m pip install --quiet -e ".[${DVML_EXTRAS}]"
+  venv_install .venv -e ".[${DVML_EXTRAS}]"
 else
-  .venv/bin/python -m pip install --quiet -e .
+  venv_install .venv -e .
 fi
 # An editable install leaves dvml's bytecode to the first import, and where
 # PYTHONDONTWRITEBYTECODE is set (as on our CI machines) no process ever writes it: every Dask
