@@ -9,9 +9,10 @@ Every test is checked for leaked child processes: a child of the test process th
 during the test and still runs after it (a few seconds of grace) fails the test. The session
 clusters' processes and multiprocessing's resource tracker are not counted.
 
-Under pytest-xdist (``./scripts/check`` runs ``-n 2``) each worker process gets its own dvml
-state directory (cluster state file, default registry) and trainer-zygote directory, so the two
-never share a registry or a zygote; tests marked ``serial`` run afterwards, alone.
+``./scripts/check`` runs the suite in one process (two xdist processes took as long on 2 cores,
+and timing-bound tests failed under the load). A run with pytest-xdist (``-n 2``) still works:
+each worker process gets its own dvml state directory (cluster state file, default registry)
+and trainer-zygote directory, so the two never share a registry or a zygote.
 
 Helpers (polling, probes, builders) live in the importable package ``tests.helpers``; this
 file holds fixtures and that per-worker set-up only.
