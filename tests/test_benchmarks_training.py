@@ -1,4 +1,4 @@
-"""The training-side benchmarks (B1, B3, B4, B7, B10): real quick runs, and their pure pieces.
+"""The training-side benchmarks (B1, B3, B4, B7, B10): one real quick run, and their pure pieces.
 
 The run checks that every row has numbers, not that the targets are met: on a shared 2-core
 machine the ratios are only meaningful at full sizes and with several repeats.
@@ -10,6 +10,7 @@ import json
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -93,17 +94,25 @@ def test_synthetic_arrays_are_one_kib_rows_and_reproducible() -> None:
     assert (a["y"].sum(axis=1) == 1).all() and a["x_0"].dtype == np.float32
 
 
-@pytest.mark.cluster
-@pytest.mark.tf
-def test_quick_training_benchmarks_write_a_row_each(tmp_path: pathlib.Path) -> None:
-    out = tmp_path / "results"
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One ``python -m benchmarks --quick --only B1,B3,B4,B7,B10 --repeats 1`` for the module
+    (the interpreter and the harness start once): its rows by key and its results.md."""
+    out = tmp_path_factory.mktemp("quick") / "results"
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", "B1,B3,B4,B7",
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "B1,B3,B4,B7,B10",
          "--repeats", "1", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=420, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    return {"rows": rows, "table": (out / "results.md").read_text()}
+
+
+@pytest.mark.cluster
+@pytest.mark.tf
+def test_quick_training_benchmarks_write_a_row_each(quick: dict[str, Any]) -> None:
+    rows = {k: r for k, r in quick["rows"].items() if not k.startswith("B10")}
     assert sorted(rows) == sorted(ROWS)
     for key, row in rows.items():
         assert row["error"] is None, (key, row["error"])
@@ -114,23 +123,15 @@ def test_quick_training_benchmarks_write_a_row_each(tmp_path: pathlib.Path) -> N
         assert rows[key]["details"]["sync"] == sync
         assert "trainer start s (median)" in rows[key]["details"]
         assert rows[key]["details"]["fit s, training only (median)"] > 0
-    table = (out / "results.md").read_text()
-    assert all(f"| {key}: " in table for key in ROWS)
+    assert all(f"| {key}: " in quick["table"] for key in ROWS)
 
 
 @pytest.mark.cluster
 @pytest.mark.tf
 def test_quick_b10_reports_samples_per_second_and_the_collective_cost(
-    tmp_path: pathlib.Path,
+    quick: dict[str, Any],
 ) -> None:
-    out = tmp_path / "results"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", "B10", "--repeats", "1",
-         "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=540, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = {r["benchmark"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    rows = {k: r for k, r in quick["rows"].items() if k.startswith("B10")}
     assert len(rows) in (4, 6)
     for key, row in rows.items():
         assert row["error"] is None, (key, row["error"])
