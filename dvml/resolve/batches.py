@@ -9,7 +9,13 @@ import numpy as np
 
 from dvml.exceptions import ParameterError
 
-__all__ = ["BatchPlan", "batch_sizes_by_rows", "per_worker_batch_sizes", "steps_per_epoch"]
+__all__ = [
+    "BatchPlan",
+    "batch_sizes_by_rows",
+    "per_worker_batch_sizes",
+    "steps_covering",
+    "steps_per_epoch",
+]
 
 
 def per_worker_batch_sizes(global_batch_size: int, rows_per_worker: Sequence[int]) -> list[int]:
@@ -72,6 +78,13 @@ def batch_sizes_by_rows(global_batch_size: int, rows_per_worker: Sequence[int]) 
     return sizes
 
 
+def steps_covering(rows: int, batch_size: int) -> int:
+    """Steps that train every one of ``rows`` once: full batches, and a short last one for
+    the rest (``sync="iteration"``'s trainers and the model hopper's hops, which run their
+    own steps: nothing makes them stop at the same step as the others)."""
+    return max(1, -(-int(rows) // int(batch_size)))
+
+
 def steps_per_epoch(rows_per_worker: Sequence[int], per_worker_batch: int | Sequence[int]) -> int:
     """Steps every worker runs per epoch: the fewest full batches any worker holds.
 
@@ -103,12 +116,32 @@ class BatchPlan:
 
     Rows are numbered across the local buffers in order; each epoch draws a new permutation
     (seeded by ``seed`` and the epoch), so batches mix rows of every local buffer.
+
+    ``steps`` batches of ``batch_size`` rows; when ``steps * batch_size`` exceeds the rows (at
+    most by ``batch_size - 1``: ``steps`` of :func:`steps_covering`), the last batch holds the
+    rest, so the epoch trains every row once. With fewer steps, the rows past
+    ``steps * batch_size`` of the epoch's permutation wait for another epoch.
     """
 
     buffer_rows: tuple[int, ...]
     batch_size: int
     steps: int
     seed: int
+
+    def __post_init__(self) -> None:
+        covering = steps_covering(int(sum(self.buffer_rows)), self.batch_size)
+        if self.steps > covering:
+            raise ParameterError(
+                f"A batch plan of {self.steps} steps of {self.batch_size} rows needs more rows "
+                f"than the {sum(self.buffer_rows)} it has (at most {covering} steps). Plan "
+                "the steps with steps_per_epoch or steps_covering."
+            )
+
+    @property
+    def short_batch(self) -> int:
+        """Rows of the epoch's last, short batch (0 when every batch is full)."""
+        total = int(sum(self.buffer_rows))
+        return total % self.batch_size if self.steps * self.batch_size > total else 0
 
     @property
     def offsets(self) -> np.ndarray:
@@ -127,9 +160,12 @@ class BatchPlan:
         # (offsets increase) and sorted within each, so a batch splits at the buffer offsets.
         # This runs in the trainer's input thread, where per-batch Python work competes with
         # the training loop for the GIL.
-        used = order[: self.steps * self.batch_size].reshape(self.steps, self.batch_size)
-        used = np.sort(used, axis=1)
-        for rows in used:
+        full = min(self.steps, total // self.batch_size)
+        used = order[: full * self.batch_size].reshape(full, self.batch_size)
+        batches = list(np.sort(used, axis=1))
+        if self.short_batch:
+            batches.append(np.sort(order[full * self.batch_size :]))
+        for rows in batches:
             cuts = np.searchsorted(rows, offsets)
             yield [
                 (b, rows[cuts[b] : cuts[b + 1]] - offsets[b])

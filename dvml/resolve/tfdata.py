@@ -137,7 +137,8 @@ def training_dataset(
     first_epoch: int = 0,
 ) -> Any:
     """An endless dataset (infinite cardinality) of ``steps`` batches per epoch, reshuffled by
-    index every epoch.
+    index every epoch; with ``steps`` of :func:`~dvml.resolve.batches.steps_covering` the last
+    batch of each epoch is short and every local row is trained once per epoch.
 
     Epoch ``e``'s order is a function of ``seed`` and ``e`` alone
     (:class:`~dvml.resolve.batches.BatchPlan`): a dataset built with ``first_epoch=e`` yields
@@ -153,24 +154,30 @@ def training_dataset(
     """
     tf = tf_runtime.tensorflow()
 
-    plan = BatchPlan(parts.buffer_rows, batch_size, steps, seed)
+    plan = BatchPlan(tuple(parts.buffer_rows), batch_size, steps, seed)
     x_fields, y_fields = parts.x_fields, parts.y_fields
     group = _group_size(parts, batch_size, steps)
+    short = plan.short_batch
+
+    def gathered(chunk: list[Any], size: int) -> tuple[Any, Any]:
+        rows = parts.take([piece for pieces in chunk for piece in pieces])
+        shaped = {f: a.reshape(len(chunk), size, *a.shape[1:]) for f, a in rows.items()}
+        return _as_inputs(shaped, x_fields, y_fields)
 
     def groups() -> Iterator[tuple[Any, Any]]:
         epoch = int(first_epoch)
         while True:
             batches = list(plan.epoch(epoch, shuffle))
-            for start in range(0, len(batches), group):
-                chunk = batches[start : start + group]
-                rows = parts.take([piece for pieces in chunk for piece in pieces])
-                shaped = {
-                    f: a.reshape(len(chunk), batch_size, *a.shape[1:]) for f, a in rows.items()
-                }
-                yield _as_inputs(shaped, x_fields, y_fields)
+            full = batches[:-1] if short else batches
+            for start in range(0, len(full), group):
+                yield gathered(full[start : start + group], batch_size)
+            if short:  # the epoch's last rows: a group of its own, one smaller batch
+                yield gathered(batches[-1:], short)
             epoch += 1
 
-    signature = _signature(parts, lead=(None, batch_size))
+    # A short last batch makes the batch dimension vary (one trace of the train step all the
+    # same: Keras traces for the dataset's element spec, whose batch dimension is then None).
+    signature = _signature(parts, lead=(None, None if short else batch_size))
     dataset = tf.data.Dataset.from_generator(groups, output_signature=signature).unbatch()
     dataset = _decoded(dataset, parts)
     if augment is not None:

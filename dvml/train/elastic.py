@@ -45,7 +45,12 @@ from typing import TYPE_CHECKING, Any
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import TrainerFailedError, WorkerDepartedError
 from dvml.preprocess.repin import repin
-from dvml.resolve.batches import batch_sizes_by_rows, per_worker_batch_sizes, steps_per_epoch
+from dvml.resolve.batches import (
+    batch_sizes_by_rows,
+    per_worker_batch_sizes,
+    steps_covering,
+    steps_per_epoch,
+)
 from dvml.store.datasets import describe
 from dvml.store.versions import buffer_digest, version_digest
 from dvml.train.row_map_change import Boundary, RowMapState, apply, summary_fields
@@ -133,6 +138,7 @@ class ElasticJob:
     job: Callable[[int, list[dict[str, Any]]], dict[str, Any]]  # (start, history) -> base job
     per_worker_batch: list[int]
     steps_per_epoch: int
+    trainer_steps: list[int] | None  # each trainer's own steps (sync="iteration"), else None
     global_batch: int
     timeout: float
     training: str
@@ -184,7 +190,9 @@ class _Tally:
     after an iteration it trained may never report it: the iterations every survivor
     checkpointed were trained by every trainer of that run (their averaging, or every step's
     all-reduce, needs all of them), so :meth:`settle` counts them with the rows each trainer
-    reported it resolved (:class:`~dvml.train.runtime.protocol.Resolved`)."""
+    reported for another iteration of the run, or else the rows it reported it resolved
+    (:class:`~dvml.train.runtime.protocol.Resolved`), which a trainer whose steps cover its
+    rows (``sync="iteration"``) trains."""
 
     def __init__(self, forward: Callable[[Any], None]) -> None:
         self.forward, self.lock = forward, threading.Lock()
@@ -224,7 +232,10 @@ class _Tally:
         with self.lock:
             for i in range(first, last + 1):
                 if i not in self.trained and len(self.resolved) == self.n:
-                    self.trained[i] = sum(self.resolved.values())
+                    # each trainer trains the same rows every iteration of a run: the rows
+                    # it reported for another one, else all it holds (its first iteration)
+                    last = {w: r for rows in self.reported.values() for w, r in rows.items()}
+                    self.trained[i] = sum(last.get(w, r) for w, r in self.resolved.items())
 
     def __call__(self, event: Any) -> None:
         _, message = event
@@ -266,7 +277,7 @@ def run_elastic(
     on with.
     """
     workers, batch, steps = list(job.workers), list(job.per_worker_batch), job.steps_per_epoch
-    own_steps: list[int] | None = None  # each trainer's steps, once rows follow speed
+    own_steps = job.trainer_steps  # each trainer's own steps (sync="iteration")
     initial = (start_iteration, weights_blob, list(history))
     start, blob, hist = initial
     tally = _Tally(on_event)
@@ -368,10 +379,11 @@ def _split(
     run their own number of steps, each one's (rows on no trainer are not counted).
 
     ``sync="iteration"``: the batch split evenly (each trainer's local SGD keeps its batch)
-    and each trainer runs the steps of its own rows, so a trainer given more rows for its
-    speed runs more steps and one given fewer runs fewer (their weights are averaged by rows
-    once per iteration, MADlib's rule). An int ``k`` averages every k steps, which needs the
-    same steps everywhere: the batch is split by rows (:func:`batch_sizes_by_rows`).
+    and each trainer runs the steps that cover its own rows (the last batch short), so a
+    trainer given more rows for its speed runs more steps and one given fewer runs fewer
+    (their weights are averaged by rows once per iteration, MADlib's rule). An int ``k``
+    averages every k steps, which needs the same steps everywhere: the batch is split by rows
+    (:func:`batch_sizes_by_rows`).
     ``"step"``: even, with the fewest full batches any trainer holds, as the plan's.
     """
     layout = describe(job.training, client=client).layout
@@ -385,7 +397,7 @@ def _split(
     steps = steps_per_epoch(held, per_worker)
     if job.sync != "iteration":
         return per_worker, steps, None
-    return per_worker, steps, [max(r // b, 1) for r, b in zip(held, per_worker, strict=True)]
+    return per_worker, steps, [steps_covering(r, b) for r, b in zip(held, per_worker, strict=True)]
 
 
 def _rows_of(results: list[dict[str, Any]]) -> dict[int, int]:

@@ -44,6 +44,7 @@ from dvml.train.runtime.plan import (
     model_spec,
     now,
     place_job,
+    trainer_steps,
 )
 from dvml.train.stragglers import (
     by_iteration,
@@ -261,6 +262,7 @@ def _run(
         results = run_lockstep(
             client, plan.job.workers, _job(plan, start_iteration, history),
             plan.per_worker_batch, weights_blob, collector, plan.job.timeout,
+            per_worker_steps=plan.trainer_steps,
         )  # fmt: skip
         return ElasticRun(results, history, plan.job.workers, [], {})
     job = ElasticJob(
@@ -268,6 +270,7 @@ def _run(
         job=lambda start, hist: _job(plan, start, hist),
         per_worker_batch=plan.per_worker_batch,
         steps_per_epoch=plan.steps_per_epoch,
+        trainer_steps=plan.trainer_steps,
         global_batch=int(plan.fit_params["batch_size"]),
         timeout=plan.job.timeout,
         training=plan.job.train.name,
@@ -295,6 +298,7 @@ class _Plan:
     fit_params: dict[str, Any]
     per_worker_batch: list[int]  # one per trainer, in workers' order
     steps_per_epoch: int
+    trainer_steps: list[int] | None  # each trainer's own (sync="iteration"), else None
     weights: Any
     tensorboard_dir: str | None
     sync: str | int
@@ -343,6 +347,7 @@ def _plan(
         fit_params=spec.fit_params,
         per_worker_batch=per_worker,
         steps_per_epoch=steps,
+        trainer_steps=trainer_steps(job.train, workers, per_worker, sync_mode),
         weights=spec.weights,
         tensorboard_dir=tensorboard_dir,
         sync=sync_mode,

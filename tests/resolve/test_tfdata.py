@@ -53,6 +53,42 @@ def test_an_epoch_is_every_planned_row_once(
     assert not np.array_equal(first, second)  # reshuffled every epoch
 
 
+@pytest.mark.parametrize("group_bytes", [1, 10**9])
+def test_with_covering_steps_every_row_is_trained_once_per_epoch_the_last_batch_short(
+    monkeypatch: pytest.MonkeyPatch, group_bytes: int
+) -> None:
+    # sync="iteration" and the model hopper: 13 steps of 8 over 100 rows, the 13th of 4 rows
+    from dvml.resolve.batches import steps_covering
+
+    monkeypatch.setattr(tfdata, "GROUP_BYTES", group_bytes)
+    parts = _parts((37, 50, 13))
+    batch = 8
+    steps = steps_covering(parts.rows, batch)
+    assert steps == 13
+    dataset = tfdata.training_dataset(parts, batch, steps, seed=5)
+    sizes, seen = [], []
+    for (x0, x1), y in dataset.take(3 * steps):
+        ids = x0.numpy()[:, 0].astype(int)
+        np.testing.assert_array_equal(x1.numpy()[:, 0, 0], ids)
+        np.testing.assert_array_equal(y.numpy().argmax(axis=1), ids % 3)
+        sizes.append(len(ids))
+        seen.append(ids)
+    assert sizes == ([batch] * 12 + [4]) * 3
+    epochs = [np.concatenate(seen[e * steps : (e + 1) * steps]) for e in range(3)]
+    for ids in epochs:
+        assert sorted(ids.tolist()) == list(range(100))  # every row, once
+    assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_a_plan_of_more_steps_than_its_rows_cover_is_refused() -> None:
+    from dvml.exceptions import ParameterError
+    from dvml.resolve.batches import BatchPlan
+
+    BatchPlan((37, 50, 13), batch_size=8, steps=13, seed=0)  # 12 full and one of 4
+    with pytest.raises(ParameterError, match="at most 13 steps"):
+        BatchPlan((37, 50, 13), batch_size=8, steps=14, seed=0)
+
+
 def test_a_dataset_from_a_later_epoch_continues_the_same_sequence() -> None:
     # The data position: an iteration (or a resumed job) that builds its dataset anew starts
     # at the epoch where the previous one stopped, not at epoch 0 again.

@@ -28,7 +28,7 @@ from dvml.exceptions import (
     TrainingError,
 )
 from dvml.names import check_name
-from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
+from dvml.resolve.batches import per_worker_batch_sizes, steps_covering, steps_per_epoch
 from dvml.store.datasets import Dataset, buffer_workers, resolve_dataset
 from dvml.train.runtime.augment import encode as encode_augment
 from dvml.train.runtime.augment import job_key_part as augment_key_part
@@ -260,6 +260,23 @@ def batch_split(
             dict(zip([w.name for w in workers], per_worker, strict=True)),
         )
     return per_worker, steps
+
+
+def trainer_steps(
+    train: Dataset, workers: list[WorkerInfo], per_worker: list[int], sync: str | int
+) -> list[int] | None:
+    """Each trainer's own steps per epoch where trainers do not meet at every step
+    (``sync="iteration"``: they meet once per iteration, in the averaging), else None.
+
+    Such a trainer runs the steps that cover its rows, the last batch short
+    (:func:`~dvml.resolve.batches.steps_covering`), so every row is trained once per epoch.
+    Trainers that meet at every step (``"step"``) or every ``k`` steps run the same number of
+    full batches, :func:`~dvml.resolve.batches.steps_per_epoch`.
+    """
+    if sync != "iteration":
+        return None
+    rows = rows_per_worker(train, workers)
+    return [steps_covering(rows[w.name], b) for w, b in zip(workers, per_worker, strict=True)]
 
 
 def dataset_key(dataset: Any) -> list[Any] | None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from dvml import tf_runtime
 from dvml.exceptions import TrainingError
+from dvml.resolve.batches import steps_covering
 from dvml.resolve.partitions import open_local
 from dvml.resolve.tfdata import training_dataset
 from dvml.train.runtime import memory_sample
@@ -172,7 +173,9 @@ def _train(
     loaded_from = load_state(model, command.state_in)
     loaded = time.perf_counter()
     batch = min(int(fit_params.get("batch_size", 32)), train.rows)
-    steps = max(1, train.rows // batch)
+    # A hop trains every row of the partition once per epoch, the last batch short (MADlib's
+    # fit on a segment's rows): nothing makes it stop at another trainer's step.
+    steps = steps_covering(train.rows, batch)
     # A new shuffle per model, iteration and worker.
     seed = shuffle_seed(
         int(job["seed"]), iteration=command.iteration, model=key, worker=int(job["worker_index"])

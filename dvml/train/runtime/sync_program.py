@@ -191,7 +191,9 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
             "fit_loss": float(fitted.history["loss"][-1]),
             "sync": job.get("sync", "step"),
             "steps": steps * len(fitted.history["loss"]),  # every epoch of the iteration
-            "rows": train.rows,
+            # the rows this trainer trained per epoch: all it holds where its steps cover
+            # them (sync="iteration"), the full batches' otherwise (dvml.resolve.batches)
+            "rows": min(train.rows, steps * per_worker_batch),
         }
         if averager is not None:
             record["averages"] = averager.count - averaged[0]
