@@ -230,12 +230,12 @@ class _Tally:
     def settle(self, first: int, last: int) -> None:
         """Iterations ``first`` to ``last`` of this run were trained by all its trainers."""
         with self.lock:
+            # each trainer trains the same rows every iteration of a run: the rows it reported
+            # for another one, else all it holds (a trainer whose steps cover its rows)
+            per_trainer = {w: r for rows in self.reported.values() for w, r in rows.items()}
             for i in range(first, last + 1):
                 if i not in self.trained and len(self.resolved) == self.n:
-                    # each trainer trains the same rows every iteration of a run: the rows
-                    # it reported for another one, else all it holds (its first iteration)
-                    last = {w: r for rows in self.reported.values() for w, r in rows.items()}
-                    self.trained[i] = sum(last.get(w, r) for w, r in self.resolved.items())
+                    self.trained[i] = sum(per_trainer.get(w, r) for w, r in self.resolved.items())
 
     def __call__(self, event: Any) -> None:
         _, message = event
