@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import linecache
 import os
 import pathlib
@@ -19,6 +20,8 @@ from dvml.exceptions import TrainerFailedError
 from tests.helpers import Background, cnn, pid_gone, poll_for, worker_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
+
+ID_ROWS = 1400  # 700 a worker: 70 batches of 10 (a global batch of 20), none left over
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +44,17 @@ def env(cluster2: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
             frame.iloc[1400:], y="label", x="pixels", training="run_digits",
             name="run_digits_val", overwrite=True, client=client,
         )  # fmt: skip
+        # Rows that carry their id as their only input: what a trainer reads is countable.
+        ids = np.arange(ID_ROWS, dtype="float32")
+        dvml.training_preprocessor(
+            pd.DataFrame({"x": list(ids[:, None]), "label": (ids % 10).astype(int)}), y="label",
+            x="x", name="run_ids", overwrite=True, client=client,
+        )  # fmt: skip
         registry = dvml.Registry(f"sqlite:///{tmp / 'registry.db'}")
         yield {"client": client, "registry": registry, "settings": settings,
                "model_json": cnn().to_json()}  # fmt: skip
         registry.close()
-        for name in ("run_digits", "run_digits_val"):
+        for name in ("run_digits", "run_digits_val", "run_ids"):
             dvml.datasets.drop(name, client=client)
 
 
@@ -162,6 +171,28 @@ def checkpointed(context: Any) -> int:
         model.fit(context.dataset_creator("train", epoch=epoch), epochs=1,
                   steps_per_epoch=context.steps_per_epoch, verbose=0)  # fmt: skip
         context.report({"epoch": epoch}, checkpoint=model)
+    return start
+
+
+def counting(context: Any) -> int:
+    """Reads the primary dataset's batches from the checkpoint's epoch on and writes the row
+    ids of each epoch it read, then checkpoints it: ``<attempt>-<rank>-<epoch>.json``."""
+    import json
+    import time
+
+    found = context.checkpoint()
+    start = found.step if found is not None else 0
+    batches = iter(context.dataset(epoch=start))  # the data position: the next unseen epoch
+    for epoch in range(start, context.config["epochs"]):
+        ids: list[int] = []
+        for _ in range(context.steps_per_epoch):
+            x, _ = next(batches)
+            ids.extend(int(v) for v in x.numpy()[:, 0])
+        name = f"{context.config['attempt']}-{context.rank}-{epoch}.json"
+        with open(os.path.join(context.config["out"], name), "w") as f:
+            json.dump(ids, f)
+        context.report({"epoch": epoch}, checkpoint=[np.zeros(1, "float32")])
+        time.sleep(context.config["pause"])
     return start
 
 
@@ -288,6 +319,48 @@ def test_a_killed_trainer_then_a_rerun_resumes_from_its_checkpoint(
     assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 2
     assert resumed.value == resumed.resumed_from_step  # train_fn started from the checkpoint
     assert resumed.history["step"].tolist()[0] == resumed.resumed_from_step + 1
+
+
+def test_across_a_kill_and_a_resume_every_row_id_is_read_once_per_epoch(
+    env: dict[str, Any], cluster2: Any, tmp_path: pathlib.Path
+) -> None:
+    """Issue 37 item 5 for dvml.run: the trainers' row ids, counted. A trainer is killed
+    mid-run; the rerun starts at the checkpoint's epoch (``context.checkpoint().step``), and
+    the epochs of the run that results (the first attempt's before it, the rerun's from it)
+    each read every row of the dataset exactly once over the two trainers."""
+    config = {"out": str(tmp_path), "pause": 0.2}
+
+    def go(attempt: int, epochs: int, seen: Any = None) -> dvml.RunResult:
+        with dask.config.set(env["settings"]):
+            return dvml.run(counting, "run_ids", batch_size=20, name="run_ids_count",
+                            config={**config, "attempt": attempt, "epochs": epochs},
+                            on_report=seen, progress=False, registry=env["registry"],
+                            client=env["client"])  # fmt: skip
+
+    job = Background(lambda seen: go(0, 40, seen))
+    assert poll_for(lambda: len(job.times) >= 4, 300), "no second epoch checkpointed"
+    victims = worker_trainers(cluster2, "worker-1", name="run_ids_count")
+    assert len(victims) == 1, victims
+    os.kill(victims[0], signal.SIGKILL)
+    assert isinstance(job.error(300), TrainerFailedError)
+    assert poll_for(lambda: all(pid_gone(p) for p in victims), 30)
+    epochs = 6
+    resumed = go(1, epochs)
+    start = resumed.resumed_from_step
+    assert start is not None and 2 <= start < epochs and resumed.value == start, resumed
+    read = {tuple(int(v) for v in f.stem.split("-")): json.loads(f.read_text())
+            for f in tmp_path.glob("*.json")}  # fmt: skip
+    # the rerun read no epoch before the checkpoint's: it went on at the next unseen one
+    assert sorted(e for a, _, e in read if a == 1) == sorted(list(range(start, epochs)) * 2)
+    for epoch in range(epochs):
+        attempt = 0 if epoch < start else 1
+        both = read[(attempt, 0, epoch)] + read[(attempt, 1, epoch)]
+        assert sorted(both) == list(range(ID_ROWS)), (epoch, attempt, len(both))
+    # what both attempts read of one epoch is the same: the batches an uninterrupted run reads
+    for (attempt, rank, epoch), ids in read.items():
+        if attempt == 0 and (1, rank, epoch) in read:
+            assert ids == read[(1, rank, epoch)], (rank, epoch)
+    assert read[(0, 0, 0)] != read[(0, 0, 1)]  # a new shuffle every epoch
 
 
 def test_a_saved_model_is_evaluated_like_a_fit_model(env: dict[str, Any]) -> None:
