@@ -9,9 +9,10 @@ trainers reported (and so checkpointed) whether the row map should change:
   hosts and tables never grow): whole buffers move onto it, no more than its share
   (:func:`dvml.placement.row_map.plan_join`, the rule of ``dvml.datasets.rebalance``), the
   validation set's too;
-- a trainer is named a **straggler** (:mod:`dvml.train.stragglers`) with ``sync="iteration"``
-  or an int ``k``: whole buffers of the training set move off it so that each trainer's rows
-  follow its measured speed, when that pays (:func:`dvml.placement.row_map.plan_speed`:
+- a trainer is named a **straggler** (:mod:`dvml.train.stragglers`; with ``sync="step"`` from
+  each trainer's own compute, measured alone: :mod:`dvml.train.runtime.speed_probe`): whole
+  buffers of the training set move off it so that each trainer's rows follow its measured
+  speed, when that pays (:func:`dvml.placement.row_map.plan_speed`:
   at least 10 % shorter iterations, more seconds saved than the restart costs, hysteresis).
 
 When it should, the lock-step run is stopped
@@ -19,7 +20,10 @@ When it should, the lock-step run is stopped
 worker to worker (the rebalance copy: never a re-read of the source) and publishes the
 datasets' next versions, and the trainers restart from the boundary's checkpoint on the new
 row map, the same global batch split over them by their rows
-(:func:`dvml.resolve.batches.batch_sizes_by_rows`).
+(:func:`dvml.resolve.batches.batch_sizes_by_rows`; ``sync="iteration"`` keeps an even batch and
+runs each trainer's own steps, :func:`dvml.train.elastic._split`). With ``sync="step"`` the
+slow trainer then runs smaller steps over its fewer rows, each row weighted so that a step's
+gradient stays the mean over the global batch (:func:`dvml.resolve.batches.row_weights`).
 """
 
 from __future__ import annotations
@@ -180,7 +184,7 @@ class Boundary:
         return Change("join", done, plan.moves, valid, joined, why)
 
     def _speed(self, done: int) -> Change | None:
-        if self.job.sync == "step" or not self.job.balance:  # "step": no straggler measured
+        if not self.job.balance:
             return None
         per_iteration = self.tally.timings()
         if not stragglers(cumulative(per_iteration)):

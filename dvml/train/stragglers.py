@@ -46,9 +46,14 @@ The fit names stragglers after each iteration in its progress line, and in its s
 over the whole run (:func:`run_summary`). ``fit_multiple`` does the same from its hops
 (:func:`hop_timings`): each worker's training seconds per step over the models it trained.
 
-With ``sync="step"`` every step's all-reduce is inside TensorFlow's train function: the
-trainers report no waiting of their own, their step times are equal and no one is named
-(a per-step split of the collective wait is not measured yet).
+With ``sync="step"`` every step's all-reduce is inside TensorFlow's train function, so every
+trainer's step lasts as long as the slowest one's and ``fit_seconds`` cannot tell them apart.
+Each trainer then measures its own compute before every iteration, alone
+(:mod:`dvml.train.runtime.speed_probe`: forward and backward passes on its local batch, no
+collective) and reports it as ``probe_step_seconds``; :func:`timings_of` takes that as its
+step time and the rest of its ``fit_seconds`` (``fit_seconds - steps * probe_step_seconds``)
+as its waiting: its input and the all-reduce, in which the fast trainers wait for the slow
+one. The same rule then names the slow trainer after its first iteration.
 """
 
 from __future__ import annotations
@@ -151,17 +156,19 @@ def timings_of(messages: Iterable[dict[str, Any]]) -> list[TrainerTiming]:
     """The timings in trainers' ``Iteration`` messages (as dicts with their ``worker``).
 
     Messages of trainers older than the ``steps`` field count 1 step each, which leaves
-    the comparison between them as valid (every trainer runs the same steps).
+    the comparison between them as valid (every trainer runs the same steps). A
+    ``sync="step"`` trainer's message with ``probe_step_seconds`` (its own compute per step,
+    measured alone) waited the rest of its ``fit_seconds`` (input and all-reduce).
     """
-    return [
-        TrainerTiming(
-            worker=m["worker"],
-            steps=int(m.get("steps") or 1),
-            fit_seconds=float(m.get("fit_seconds") or 0.0),
-            waiting_seconds=float(m.get("averaging_seconds") or 0.0),
-        )
-        for m in messages
-    ]
+    timings = []
+    for m in messages:
+        steps = int(m.get("steps") or 1)
+        fit = float(m.get("fit_seconds") or 0.0)
+        waiting = float(m.get("averaging_seconds") or 0.0)
+        if m.get("probe_step_seconds") is not None:
+            waiting = max(fit - float(m["probe_step_seconds"]) * steps, 0.0)
+        timings.append(TrainerTiming(m["worker"], steps, fit, waiting))
+    return timings
 
 
 def by_iteration(messages: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]]:
@@ -172,17 +179,18 @@ def by_iteration(messages: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]
     return [timings_of(grouped[i]) for i in sorted(grouped)]
 
 
-def describe(straggler: Straggler, averaging: bool = True) -> str:
+def describe(straggler: Straggler, averaging: bool = True, step: bool = False) -> str:
     """One phrase for a progress line: who, how much slower, and the split (``averaging``:
-    with its wait in the averaging; a model hopper's trainers do not average)."""
+    with its wait in the averaging; a model hopper's trainers do not average; ``step``:
+    ``sync="step"``, its compute measured alone and the rest of the step its input and
+    all-reduce)."""
+    where = "input and all-reduce" if step else "the averaging"
     waited = (
-        f"; it waited {straggler.waiting_step_seconds:.3f} s/step in the averaging"
-        if averaging
-        else ""
+        f"; it waited {straggler.waiting_step_seconds:.3f} s/step in {where}" if averaging else ""
     )
     return (
         f"{straggler.worker} is {straggler.ratio:.1f}x slower than the others "
-        f"({straggler.step_seconds:.3f} s/step of input+compute vs "
+        f"({straggler.step_seconds:.3f} s/step of {'compute' if step else 'input+compute'} vs "
         f"{straggler.others_step_seconds:.3f}{waited})"
     )
 

@@ -115,6 +115,12 @@ class Iteration(Line):
     # train.runtime.memory_sample)
     resident_bytes: int | None = None
     zygote_bytes: int | None = None
+    # sync="step": the trainer's own seconds per step of compute (forward and backward on its
+    # local batch, alone: train.runtime.speed_probe), what the probe cost, and its local batch;
+    # fit_seconds - steps * probe_step_seconds is then its input and all-reduce wait
+    probe_step_seconds: float | None = None
+    probe_seconds: float | None = None
+    batch: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["MIN_PASSES", "PROBE_SECONDS", "SpeedProbe"]
+__all__ = ["MIN_PASSES", "PROBE_SECONDS", "SpeedProbe", "local_probe"]
 
 PROBE_SECONDS = 0.25
 """Least wall time of one probe: two and a half periods of a 100-ms duty cycle."""
@@ -82,3 +82,13 @@ class SpeedProbe:
             n += 1
         end = time.monotonic()
         return (end - start) / n, end - began
+
+
+def local_probe(model: Any, train: Any, batch_size: int, tf: Any) -> SpeedProbe:
+    """A probe of ``model`` on the first ``batch_size`` rows of the trainer's local partitions
+    (``train``, :func:`dvml.resolve.partitions.open_local`), decoded as training decodes them."""
+    from dvml.resolve.tfdata import training_dataset
+
+    # one batch, in stored order: one copy of batch_size rows, held for the whole fit
+    x = next(iter(training_dataset(train, batch_size, 1, 0, shuffle=False)))[0]
+    return SpeedProbe(model, x, tf)

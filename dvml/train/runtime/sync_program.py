@@ -55,6 +55,7 @@ class _Setup:
     data: Callable[[int], Any]  # iteration -> what model.fit reads in it (data_position)
     callbacks: list[Any]
     augment: Any  # x -> x on each training batch, or None (dvml.train.runtime.augment)
+    probe: Any = None  # sync="step": the trainer's own speed (dvml.train.runtime.speed_probe)
 
 
 def run(job: dict[str, Any], startup: Startup) -> None:
@@ -155,13 +156,18 @@ def _build(job: dict[str, Any], keras: Any, strategy: Any, train: Any, startup: 
 
         def dataset_fn(context: Any) -> Any:  # called by each model.fit: one per iteration
             seed = shuffle_seed(job["seed"], worker=context.input_pipeline_id)
-            return training_dataset(
-                train, per_worker_batch, steps, seed, shuffle, augment, first_epoch=first
-            )
+            weight = job.get("row_weight")  # unequal local batches (dvml.resolve.batches)
+            return training_dataset(train, per_worker_batch, steps, seed, shuffle, augment,
+                                    first_epoch=first, row_weight=weight)  # fmt: skip
 
         return keras.utils.experimental.DatasetCreator(dataset_fn)
 
-    return _Setup(model, evaluator, averager, every_k, data, callbacks, augment)
+    probe = None
+    if sync == "step":
+        from dvml.train.runtime.speed_probe import local_probe
+
+        probe = local_probe(model, train, per_worker_batch, tf_runtime.tensorflow())
+    return _Setup(model, evaluator, averager, every_k, data, callbacks, augment, probe)
 
 
 def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> list[Any]:
@@ -175,6 +181,8 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
     freq = int(job["metrics_compute_frequency"])
     averager = setup.averager
     for iteration in range(first, last + 1):
+        # alone, before the lock-step fit: the trainer's own speed, which the fit hides
+        probe = setup.probe.measure() if setup.probe is not None else None
         t0 = time.monotonic()
         averaged = (averager.count, averager.seconds) if averager is not None else (0, 0.0)
         data = setup.data(iteration)
@@ -193,6 +201,9 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
             "steps": steps * len(fitted.history["loss"]),  # every epoch of the iteration
             "rows": train.rows,
         }
+        if probe is not None:
+            record.update(probe_step_seconds=probe[0], probe_seconds=probe[1],
+                          batch=per_worker_batch)  # fmt: skip
         if averager is not None:
             record["averages"] = averager.count - averaged[0]
             record["averaging_seconds"] = averager.seconds - averaged[1]
