@@ -44,7 +44,7 @@ from dvml.train.stragglers import cumulative, stragglers
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["Boundary", "Change", "RowMapState", "apply", "buffers_of"]
+__all__ = ["Boundary", "Change", "RowMapState", "apply", "buffers_of", "seconds_per_row"]
 
 logger = logging.getLogger("dvml.train")
 
@@ -191,12 +191,9 @@ class Boundary:
             return None
         names = {**{w.name: w.address for w in self.workers},
                  **{w.address: w.address for w in self.workers}}  # fmt: skip
-        rows = self.tally.rows_of()
-        work: dict[str, float] = {}
-        for t in cumulative(per_iteration):
-            held = rows.get(t.worker, 0) * len(per_iteration)
-            if held:
-                work[names.get(t.worker, t.worker)] = t.step_seconds * t.steps / held
+        work = seconds_per_row(cumulative(per_iteration), self.tally.rows_of(),
+                               len(per_iteration), self.job.global_batch)  # fmt: skip
+        work = {names.get(w, w): spr for w, spr in work.items()}
         if len(work) < 2:
             return None
         plan = plan_speed(
@@ -256,6 +253,32 @@ def apply(
     record["trainers"] = [w.name for w in trainers]
     state.changes.append(record)
     return trainers
+
+
+def seconds_per_row(
+    timings: list[Any], rows: dict[str, int], iterations: int, global_batch: int
+) -> dict[str, float]:
+    """Each trainer's seconds of its own work per row it holds, per iteration (the speed plan's
+    measure, :func:`dvml.placement.row_map.plan_speed`), from its ``timings`` summed over
+    ``iterations`` and the ``rows`` it holds. Pure.
+
+    ``sync="iteration"`` and ``k``: its work over the iterations, per row held. ``"step"``: its
+    probe's seconds per row (a step of ``probe_batch`` rows, measured alone) times the epochs
+    of an iteration (``steps * global_batch / rows``, every row once per epoch): per row, so
+    that the prediction holds for a share of rows other than the one it trains now.
+    """
+    total = sum(rows.get(t.worker, 0) for t in timings) * iterations
+    work: dict[str, float] = {}
+    for t in timings:
+        held = rows.get(t.worker, 0) * iterations
+        if not held:
+            continue
+        if t.probe_batch:
+            epochs = t.steps * global_batch / max(total, 1)
+            work[t.worker] = t.step_seconds / t.probe_batch * epochs
+        else:
+            work[t.worker] = t.step_seconds * t.steps / held
+    return work
 
 
 def summary_fields(changes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -29,7 +29,8 @@ Why this rule:
   whose rows follow speed keeps the per-trainer batch with ``sync="iteration"``, each trainer
   running the steps of its own rows, so a step stays the same work; with an int ``k`` it
   splits the batch by rows, and a trainer given more rows has larger steps: the row map's
-  hysteresis, not this rule, keeps rows from moving back.)
+  hysteresis, not this rule, keeps rows from moving back. With ``sync="step"`` every
+  trainer's probe times a step of the same even share, whatever its own share.)
 - *Against the others' median.* The median of the others is not moved by the straggler itself
   (a mean over all trainers would be) nor by a second slow trainer among many; with two
   trainers it is simply the other one.
@@ -89,6 +90,9 @@ class TrainerTiming:
     steps: int
     fit_seconds: float  # input + compute + waiting in the averaging
     waiting_seconds: float = 0.0  # the part of fit_seconds spent in the averaging
+    # sync="step": the rows of the probed step whose seconds are the step time (the even
+    # share of the global batch on every trainer: the same work); None otherwise
+    probe_batch: int | None = None
 
     @property
     def step_seconds(self) -> float:
@@ -165,9 +169,11 @@ def timings_of(messages: Iterable[dict[str, Any]]) -> list[TrainerTiming]:
         steps = int(m.get("steps") or 1)
         fit = float(m.get("fit_seconds") or 0.0)
         waiting = float(m.get("averaging_seconds") or 0.0)
+        probe_batch = None
         if m.get("probe_step_seconds") is not None:
             waiting = max(fit - float(m["probe_step_seconds"]) * steps, 0.0)
-        timings.append(TrainerTiming(m["worker"], steps, fit, waiting))
+            probe_batch = int(m.get("probe_batch") or m.get("batch") or 1)
+        timings.append(TrainerTiming(m["worker"], steps, fit, waiting, probe_batch))
     return timings
 
 
@@ -216,13 +222,15 @@ def hop_timings(records: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]]:
 def cumulative(per_iteration: Sequence[Sequence[TrainerTiming]]) -> list[TrainerTiming]:
     """Each trainer's steps and seconds summed over the iterations (first-seen order)."""
     sums: dict[str, list[float]] = {}
+    probed: dict[str, int | None] = {}
     for timings in per_iteration:
         for t in timings:
             total = sums.setdefault(t.worker, [0, 0.0, 0.0])
             total[0] += max(t.steps, 1)
             total[1] += max(t.fit_seconds, t.waiting_seconds)
             total[2] += t.waiting_seconds
-    return [TrainerTiming(w, int(n), fit, wait) for w, (n, fit, wait) in sums.items()]
+            probed[t.worker] = t.probe_batch  # one per run: the even share of its batch
+    return [TrainerTiming(w, int(n), fit, wait, probed[w]) for w, (n, fit, wait) in sums.items()]
 
 
 def run_summary(per_iteration: Sequence[Sequence[TrainerTiming]]) -> dict[str, Any]:

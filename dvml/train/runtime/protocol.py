@@ -115,11 +115,12 @@ class Iteration(Line):
     # train.runtime.memory_sample)
     resident_bytes: int | None = None
     zygote_bytes: int | None = None
-    # sync="step": the trainer's own seconds per step of compute (forward and backward on its
-    # local batch, alone: train.runtime.speed_probe), what the probe cost, and its local batch;
-    # fit_seconds - steps * probe_step_seconds is then its input and all-reduce wait
+    # sync="step": the trainer's own seconds of compute for a step of probe_batch rows (the
+    # even share of the global batch: the same work on every trainer), measured alone
+    # (train.runtime.speed_probe), what the probe cost, and its own local batch
     probe_step_seconds: float | None = None
     probe_seconds: float | None = None
+    probe_batch: int | None = None
     batch: int | None = None
 
 

@@ -166,7 +166,13 @@ def _build(job: dict[str, Any], keras: Any, strategy: Any, train: Any, startup: 
     if sync == "step":
         from dvml.train.runtime.speed_probe import local_probe
 
-        probe = local_probe(model, train, per_worker_batch, tf_runtime.tensorflow())
+        # every trainer probes the same work (the even share of the global batch), whatever
+        # its own share: its speed, comparable across trainers (speed_probe)
+        probe_batch = int(job.get("probe_batch") or per_worker_batch)
+        # the evaluator: the same layers with plain variables (fit calls callbacks inside the
+        # strategy's scope, where a mirrored variable's handle cannot be read)
+        probe = local_probe(evaluator, train, probe_batch, tf_runtime.tensorflow())
+        callbacks.append(probe.callback(keras))
     return _Setup(model, evaluator, averager, every_k, data, callbacks, augment, probe)
 
 
@@ -181,8 +187,6 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
     freq = int(job["metrics_compute_frequency"])
     averager = setup.averager
     for iteration in range(first, last + 1):
-        # alone, before the lock-step fit: the trainer's own speed, which the fit hides
-        probe = setup.probe.measure() if setup.probe is not None else None
         t0 = time.monotonic()
         averaged = (averager.count, averager.seconds) if averager is not None else (0, 0.0)
         data = setup.data(iteration)
@@ -201,9 +205,12 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
             "steps": steps * len(fitted.history["loss"]),  # every epoch of the iteration
             "rows": train.rows,
         }
-        if probe is not None:
-            record.update(probe_step_seconds=probe[0], probe_seconds=probe[1],
-                          batch=per_worker_batch)  # fmt: skip
+        if setup.probe is not None and setup.probe.last is not None:
+            # the probe ran inside the fit (its first epoch's end): its seconds are not the fit's
+            per_step, cost = setup.probe.last
+            record["fit_seconds"] -= cost
+            record.update(probe_step_seconds=per_step, probe_seconds=cost,
+                          probe_batch=setup.probe.batch_size, batch=per_worker_batch)  # fmt: skip
         if averager is not None:
             record["averages"] = averager.count - averaged[0]
             record["averaging_seconds"] = averager.seconds - averaged[1]
