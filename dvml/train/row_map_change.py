@@ -10,7 +10,7 @@ trainers reported (and so checkpointed) whether the row map should change:
   (:func:`dvml.placement.row_map.plan_join`, the rule of ``dvml.datasets.rebalance``), the
   validation set's too;
 - a trainer is named a **straggler** (:mod:`dvml.train.stragglers`; with ``sync="step"`` from
-  each trainer's own compute, measured alone: :mod:`dvml.train.runtime.speed_probe`): whole
+  the trainers' wait in the all-reduce: :mod:`dvml.train.runtime.collective_wait`): whole
   buffers of the training set move off it so that each trainer's rows follow its measured
   speed, when that pays (:func:`dvml.placement.row_map.plan_speed`:
   at least 10 % shorter iterations, more seconds saved than the restart costs, hysteresis).
@@ -191,8 +191,7 @@ class Boundary:
             return None
         names = {**{w.name: w.address for w in self.workers},
                  **{w.address: w.address for w in self.workers}}  # fmt: skip
-        work = seconds_per_row(cumulative(per_iteration), self.tally.rows_of(),
-                               len(per_iteration), self.job.global_batch)  # fmt: skip
+        work = seconds_per_row(cumulative(per_iteration), self.tally.rows_of(), len(per_iteration))
         work = {names.get(w, w): spr for w, spr in work.items()}
         if len(work) < 2:
             return None
@@ -255,28 +254,20 @@ def apply(
     return trainers
 
 
-def seconds_per_row(
-    timings: list[Any], rows: dict[str, int], iterations: int, global_batch: int
-) -> dict[str, float]:
-    """Each trainer's seconds of its own work per row it holds, per iteration (the speed plan's
-    measure, :func:`dvml.placement.row_map.plan_speed`), from its ``timings`` summed over
+def seconds_per_row(timings: list[Any], rows: dict[str, int], iterations: int) -> dict[str, float]:
+    """Each trainer's seconds of its own work (its timing's step time: the wait in the
+    averaging or the all-reduce left out) per row it holds, per iteration: the speed plan's
+    measure (:func:`dvml.placement.row_map.plan_speed`), from its ``timings`` summed over
     ``iterations`` and the ``rows`` it holds. Pure.
 
-    ``sync="iteration"`` and ``k``: its work over the iterations, per row held. ``"step"``: its
-    probe's seconds per row (a step of ``probe_batch`` rows, measured alone) times the epochs
-    of an iteration (``steps * global_batch / rows``, every row once per epoch): per row, so
-    that the prediction holds for a share of rows other than the one it trains now.
+    Per row, so that the prediction holds for another share of rows: ``sync="iteration"`` runs
+    the steps of a trainer's own rows, and ``"step"`` and ``k`` its share of the global batch
+    by rows (every row once per epoch either way).
     """
-    total = sum(rows.get(t.worker, 0) for t in timings) * iterations
     work: dict[str, float] = {}
     for t in timings:
         held = rows.get(t.worker, 0) * iterations
-        if not held:
-            continue
-        if t.probe_batch:
-            epochs = t.steps * global_batch / max(total, 1)
-            work[t.worker] = t.step_seconds / t.probe_batch * epochs
-        else:
+        if held:
             work[t.worker] = t.step_seconds * t.steps / held
     return work
 

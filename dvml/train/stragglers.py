@@ -4,7 +4,8 @@ The rule
 --------
 Each trainer reports, per iteration, the steps it trained, the seconds of its fit (reading
 its input and computing, *including* the time it waited in the averaging) and the part of
-them it waited in the averaging (``sync="iteration"`` or an int ``k``). A trainer's **step
+them it waited in the averaging (``sync="iteration"`` or an int ``k``) or in its steps'
+gradient all-reduce (``sync="step"``). A trainer's **step
 time** is its own work per step::
 
     step_seconds = (fit_seconds - waiting_seconds) / steps
@@ -28,9 +29,8 @@ Why this rule:
   each; a trainer's local row count only says how often its rows repeat. (An elastic fit
   whose rows follow speed keeps the per-trainer batch with ``sync="iteration"``, each trainer
   running the steps of its own rows, so a step stays the same work; with an int ``k`` it
-  splits the batch by rows, and a trainer given more rows has larger steps: the row map's
-  hysteresis, not this rule, keeps rows from moving back. With ``sync="step"`` every
-  trainer's probe times a step of the same even share, whatever its own share.)
+  splits the batch by rows, and so does ``sync="step"``: a trainer given more rows has larger
+  steps, and the row map's hysteresis, not this rule, keeps rows from moving back.)
 - *Against the others' median.* The median of the others is not moved by the straggler itself
   (a mean over all trainers would be) nor by a second slow trainer among many; with two
   trainers it is simply the other one.
@@ -48,13 +48,11 @@ over the whole run (:func:`run_summary`). ``fit_multiple`` does the same from it
 (:func:`hop_timings`): each worker's training seconds per step over the models it trained.
 
 With ``sync="step"`` every step's all-reduce is inside TensorFlow's train function, so every
-trainer's step lasts as long as the slowest one's and ``fit_seconds`` cannot tell them apart.
-Each trainer then measures its own compute before every iteration, alone
-(:mod:`dvml.train.runtime.speed_probe`: forward and backward passes on its local batch, no
-collective) and reports it as ``probe_step_seconds``; :func:`timings_of` takes that as its
-step time and the rest of its ``fit_seconds`` (``fit_seconds - steps * probe_step_seconds``)
-as its waiting: its input and the all-reduce, in which the fast trainers wait for the slow
-one. The same rule then names the slow trainer after its first iteration.
+trainer's step lasts as long as the slowest one's and ``fit_seconds`` alone cannot tell them
+apart. Each trainer times its steps' wait in that all-reduce inside the step
+(:mod:`dvml.train.runtime.collective_wait`) and reports it as its ``averaging_seconds``: the
+fast trainers wait there for the slow one, so the same rule names the slow one after its
+first iteration, from the whole iteration's figures.
 """
 
 from __future__ import annotations
@@ -90,9 +88,6 @@ class TrainerTiming:
     steps: int
     fit_seconds: float  # input + compute + waiting in the averaging
     waiting_seconds: float = 0.0  # the part of fit_seconds spent in the averaging
-    # sync="step": the rows of the probed step whose seconds are the step time (the even
-    # share of the global batch on every trainer: the same work); None otherwise
-    probe_batch: int | None = None
 
     @property
     def step_seconds(self) -> float:
@@ -160,21 +155,17 @@ def timings_of(messages: Iterable[dict[str, Any]]) -> list[TrainerTiming]:
     """The timings in trainers' ``Iteration`` messages (as dicts with their ``worker``).
 
     Messages of trainers older than the ``steps`` field count 1 step each, which leaves
-    the comparison between them as valid (every trainer runs the same steps). A
-    ``sync="step"`` trainer's message with ``probe_step_seconds`` (its own compute per step,
-    measured alone) waited the rest of its ``fit_seconds`` (input and all-reduce).
+    the comparison between them as valid (every trainer runs the same steps).
     """
-    timings = []
-    for m in messages:
-        steps = int(m.get("steps") or 1)
-        fit = float(m.get("fit_seconds") or 0.0)
-        waiting = float(m.get("averaging_seconds") or 0.0)
-        probe_batch = None
-        if m.get("probe_step_seconds") is not None:
-            waiting = max(fit - float(m["probe_step_seconds"]) * steps, 0.0)
-            probe_batch = int(m.get("probe_batch") or m.get("batch") or 1)
-        timings.append(TrainerTiming(m["worker"], steps, fit, waiting, probe_batch))
-    return timings
+    return [
+        TrainerTiming(
+            worker=m["worker"],
+            steps=int(m.get("steps") or 1),
+            fit_seconds=float(m.get("fit_seconds") or 0.0),
+            waiting_seconds=float(m.get("averaging_seconds") or 0.0),
+        )
+        for m in messages
+    ]
 
 
 def by_iteration(messages: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]]:
@@ -187,16 +178,15 @@ def by_iteration(messages: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]
 
 def describe(straggler: Straggler, averaging: bool = True, step: bool = False) -> str:
     """One phrase for a progress line: who, how much slower, and the split (``averaging``:
-    with its wait in the averaging; a model hopper's trainers do not average; ``step``:
-    ``sync="step"``, its compute measured alone and the rest of the step its input and
-    all-reduce)."""
-    where = "input and all-reduce" if step else "the averaging"
+    with its wait in the averaging; a model hopper's trainers do not average; ``step``: the
+    wait is in the steps' gradient all-reduce, ``sync="step"``)."""
+    where = "the all-reduce" if step else "the averaging"
     waited = (
         f"; it waited {straggler.waiting_step_seconds:.3f} s/step in {where}" if averaging else ""
     )
     return (
         f"{straggler.worker} is {straggler.ratio:.1f}x slower than the others "
-        f"({straggler.step_seconds:.3f} s/step of {'compute' if step else 'input+compute'} vs "
+        f"({straggler.step_seconds:.3f} s/step of input+compute vs "
         f"{straggler.others_step_seconds:.3f}{waited})"
     )
 
@@ -222,15 +212,13 @@ def hop_timings(records: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]]:
 def cumulative(per_iteration: Sequence[Sequence[TrainerTiming]]) -> list[TrainerTiming]:
     """Each trainer's steps and seconds summed over the iterations (first-seen order)."""
     sums: dict[str, list[float]] = {}
-    probed: dict[str, int | None] = {}
     for timings in per_iteration:
         for t in timings:
             total = sums.setdefault(t.worker, [0, 0.0, 0.0])
             total[0] += max(t.steps, 1)
             total[1] += max(t.fit_seconds, t.waiting_seconds)
             total[2] += t.waiting_seconds
-            probed[t.worker] = t.probe_batch  # one per run: the even share of its batch
-    return [TrainerTiming(w, int(n), fit, wait, probed[w]) for w, (n, fit, wait) in sums.items()]
+    return [TrainerTiming(w, int(n), fit, wait) for w, (n, fit, wait) in sums.items()]
 
 
 def run_summary(per_iteration: Sequence[Sequence[TrainerTiming]]) -> dict[str, Any]:

@@ -106,19 +106,18 @@ def test_the_global_batch_split_by_rows_trains_every_row_once_per_epoch() -> Non
     assert batch_sizes_by_rows(3, [5, 1, 1]) == [1, 1, 1]
 
 
-def test_seconds_per_row_of_step_trainers_comes_from_their_probes_per_row() -> None:
+def test_seconds_per_row_is_each_trainers_own_work_per_row_it_holds() -> None:
     from dvml.train.row_map_change import seconds_per_row
     from dvml.train.stragglers import TrainerTiming
 
-    # sync="step", 2 iterations of 100 steps at global batch 32 over 1600 rows (2 epochs
-    # each): w1's probe of 16 rows took 2x w0's. w1 already gave rows away (400 vs 1200): its
-    # own steps are smaller, its speed per row is what the probe says
-    timings = [TrainerTiming("w0", 200, 20.0, 12.0, 16), TrainerTiming("w1", 200, 20.0, 4.0, 16)]
-    work = seconds_per_row(timings, {"w0": 1200, "w1": 400}, 2, 32)
-    assert work == pytest.approx({"w0": 0.04 / 16 * 2, "w1": 0.08 / 16 * 2})
-    # the plan predicts an iteration's compute from them: 1200 rows x 0.005 s = 6 s on w0
-    # sync="iteration": the work over the iterations per row held
-    plain = [TrainerTiming("w0", 100, 10.0, 4.0), TrainerTiming("w1", 50, 10.0, 0.0)]
-    assert seconds_per_row(plain, {"w0": 800, "w1": 800}, 2, 32) == pytest.approx(
+    # 2 iterations; w0 waited 4 s of its 10 (in the averaging or the all-reduce) for w1
+    plain = [TrainerTiming("w0", 100, 10.0, 4.0), TrainerTiming("w1", 100, 10.0, 0.0)]
+    assert seconds_per_row(plain, {"w0": 800, "w1": 800}, 2) == pytest.approx(
         {"w0": 6.0 / 1600, "w1": 10.0 / 1600}
+    )
+    # sync="step" after a move: w1 holds 400 rows (smaller steps), w0 1200; a trainer that
+    # holds no rows of the dataset is left out
+    moved = [*plain, TrainerTiming("w2", 100, 10.0, 9.0)]
+    assert seconds_per_row(moved, {"w0": 1200, "w1": 400}, 2) == pytest.approx(
+        {"w0": 6.0 / 2400, "w1": 10.0 / 800}
     )

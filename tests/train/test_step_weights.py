@@ -6,8 +6,11 @@ LOCAL batch (SUM_OVER_BATCH_SIZE divides by the number of rows, not by the weigh
 scales it by 1/n and sums the gradients: a row in a batch of 2 would weigh 3x a row in a
 batch of 6. Weighting each row ``n * b / B`` (dvml.resolve.tfdata's ``row_weight``) makes the
 sum the mean over all B rows. Two trainers of a two-output model (mse + crossentropy), local
-batches of 6 and 2 rows, one SGD step each, against one process with the 8 rows in one batch.
-Trainer 0 runs dvml's speed probe alone first: it must not wait on a collective.
+batches of 6 and 2 rows, 4 SGD steps each, against one process with the 8 rows in one batch.
+
+The same trainers time their wait in the all-reduce (dvml.train.runtime.collective_wait,
+the straggler rule's figure with sync="step"): trainer 1's input sleeps 0.15 s per batch, so
+trainer 0 waits for it in every step, and the timing leaves the gradients unchanged.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ def _weights(output: str) -> list[np.ndarray]:
     line = next((s for s in output.splitlines() if s.startswith("WEIGHTS ")), None)
     assert line is not None, output[-3000:]
     return [np.asarray(w) for w in json.loads(line[len("WEIGHTS ") :])]
+
+
+def _wait(output: str) -> float:
+    line = next((s for s in output.splitlines() if s.startswith("WAIT ")), None)
+    assert line is not None, output[-3000:]
+    return float(line.split()[1])
 
 
 def _run(mode: str, weighted: bool) -> list[str]:
@@ -65,10 +74,12 @@ def test_weighted_unequal_local_batches_give_the_global_mean_gradient() -> None:
     (single,) = _run("single", False)
     expected = _weights(single)
     weighted = _run("trainer", True)
-    assert "PROBE" in weighted[0], weighted[0][-3000:]  # the probe ran alone and returned
     for output in weighted:  # both trainers hold the same weights: the global mean's step
         for got, want in zip(_weights(output), expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # without the weights the step is another one (the rows of the small batch weigh more)
+    # trainer 0 waited in the all-reduce for trainer 1's slow input, trainer 1 hardly
+    waits = [_wait(output) for output in weighted]
+    assert waits[0] > 0.3 and waits[1] < waits[0] / 2, waits
     unweighted = _weights(_run("trainer", False)[0])
     assert not all(np.allclose(g, w, atol=1e-4) for g, w in zip(unweighted, expected, strict=True))

@@ -135,40 +135,22 @@ def test_run_summary_of_an_even_run_is_null() -> None:
     assert run_summary([])["trainer_step_seconds"] == {}
 
 
-def test_a_step_trainers_probe_is_its_step_time_and_the_rest_its_wait() -> None:
-    # sync="step": both fits took 10 s (lock-step); the probes say w1 computes 2x slower
+def test_a_step_trainers_wait_in_the_all_reduce_is_left_out_of_its_step_time() -> None:
+    # sync="step": both fits took 10 s (lock-step); w0 waited 6 s of them in the all-reduce
+    # for w1, which waited 2 s (the transfer and its own input)
     messages = [
-        {
-            "worker": "w0",
-            "fit_seconds": 10.0,
-            "steps": 100,
-            "probe_step_seconds": 0.04,
-            "probe_batch": 16,
-            "batch": 24,
-        },
-        {
-            "worker": "w1",
-            "fit_seconds": 10.0,
-            "steps": 100,
-            "probe_step_seconds": 0.08,
-            "probe_batch": 16,
-            "batch": 8,
-        },
-    ]
+        {"worker": "w0", "sync": "step", "fit_seconds": 10.0, "steps": 100,
+         "averaging_seconds": 6.0, "batch": 16},
+        {"worker": "w1", "sync": "step", "fit_seconds": 10.0, "steps": 100,
+         "averaging_seconds": 2.0, "batch": 16},
+    ]  # fmt: skip
     timings = timings_of(messages)
-    # the probe's batch is the even share on both (the same work), not their own batches
-    assert timings == [T("w0", 100, 10.0, 6.0, 16), T("w1", 100, 10.0, 2.0, 16)]
     assert [t.step_seconds for t in timings] == pytest.approx([0.04, 0.08])
     (slow,) = stragglers(timings)
     assert slow.worker == "w1" and slow.ratio == pytest.approx(2.0)
     text = describe(slow, step=True)
-    assert "0.080 s/step of compute vs 0.040" in text, text
-    assert "waited 0.020 s/step in input and all-reduce" in text, text
-    # without the probe the lock-step hides it: equal step times, no one named
-    assert stragglers(timings_of([{k: v for k, v in m.items() if k != "probe_step_seconds"}
+    assert "0.080 s/step of input+compute vs 0.040" in text, text
+    assert "waited 0.020 s/step in the all-reduce" in text, text
+    # without the wait the lock-step hides it: equal step times, no one named
+    assert stragglers(timings_of([{k: v for k, v in m.items() if k != "averaging_seconds"}
                                   for m in messages])) == []  # fmt: skip
-    assert cumulative([timings, timings])[1] == T("w1", 200, 20.0, 4.0, 16)
-    # a probe slower than the whole step (a burst during it): the step time, no negative wait
-    (over,) = timings_of([{"worker": "w", "fit_seconds": 1.0, "steps": 10,
-                           "probe_step_seconds": 0.5}])  # fmt: skip
-    assert over.waiting_seconds == 0.0 and over.step_seconds == pytest.approx(0.1)

@@ -173,13 +173,10 @@ def _trainer_job(
         "trainers_on_host": sum(1 for o in workers if machine(o) == machine(w)),
     }
     fit = base_job.get("program", "fit") == "fit"
-    if fit and base_job.get("sync", "step") == "step":
-        # its speed probe's batch: the even share, the same work on every trainer
-        job["probe_batch"] = max(1, round(sum(batches) / len(batches)))
-        if len(set(batches)) > 1:
-            # unequal local batches: each row weighs n*b/B, so that the step's gradient stays
-            # the mean over the global batch (dvml.resolve.batches)
-            job["row_weight"] = row_weights(batches)[i]
+    if fit and base_job.get("sync", "step") == "step" and len(set(batches)) > 1:
+        # unequal local batches: each row weighs n*b/B, so that the step's gradient stays the
+        # mean over the global batch (dvml.resolve.batches)
+        job["row_weight"] = row_weights(batches)[i]
     if fit and not base_job.get("use_gpus"):
         # A CPU fit's trainers go on as this client's inference sessions once the fit is
         # done (sessions.adopt): an evaluate right after it pays no TensorFlow import.

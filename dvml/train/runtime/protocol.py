@@ -115,12 +115,8 @@ class Iteration(Line):
     # train.runtime.memory_sample)
     resident_bytes: int | None = None
     zygote_bytes: int | None = None
-    # sync="step": the trainer's own seconds of compute for a step of probe_batch rows (the
-    # even share of the global batch: the same work on every trainer), measured alone
-    # (train.runtime.speed_probe), what the probe cost, and its own local batch
-    probe_step_seconds: float | None = None
-    probe_seconds: float | None = None
-    probe_batch: int | None = None
+    # its local batch (sync="step": unequal once an elastic fit moved rows for speed; its
+    # averaging_seconds are then its steps' wait in the all-reduce, train.runtime.collective_wait)
     batch: int | None = None
 
 

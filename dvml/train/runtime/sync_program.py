@@ -55,7 +55,7 @@ class _Setup:
     data: Callable[[int], Any]  # iteration -> what model.fit reads in it (data_position)
     callbacks: list[Any]
     augment: Any  # x -> x on each training batch, or None (dvml.train.runtime.augment)
-    probe: Any = None  # sync="step": the trainer's own speed (dvml.train.runtime.speed_probe)
+    timer: Any = None  # sync="step": its wait in the all-reduce (train.runtime.collective_wait)
 
 
 def run(job: dict[str, Any], startup: Startup) -> None:
@@ -162,18 +162,12 @@ def _build(job: dict[str, Any], keras: Any, strategy: Any, train: Any, startup: 
 
         return keras.utils.experimental.DatasetCreator(dataset_fn)
 
-    probe = None
-    if sync == "step":
-        from dvml.train.runtime.speed_probe import local_probe
+    timer = None
+    if sync == "step":  # outside the scope: its variable is this trainer's own
+        from dvml.train.runtime.collective_wait import time_collective
 
-        # every trainer probes the same work (the even share of the global batch), whatever
-        # its own share: its speed, comparable across trainers (speed_probe)
-        probe_batch = int(job.get("probe_batch") or per_worker_batch)
-        # the evaluator: the same layers with plain variables (fit calls callbacks inside the
-        # strategy's scope, where a mirrored variable's handle cannot be read)
-        probe = local_probe(evaluator, train, probe_batch, tf_runtime.tensorflow())
-        callbacks.append(probe.callback(keras))
-    return _Setup(model, evaluator, averager, every_k, data, callbacks, augment, probe)
+        timer = time_collective(model, tf_runtime.tensorflow())
+    return _Setup(model, evaluator, averager, every_k, data, callbacks, augment, timer)
 
 
 def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> list[Any]:
@@ -189,6 +183,7 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
     for iteration in range(first, last + 1):
         t0 = time.monotonic()
         averaged = (averager.count, averager.seconds) if averager is not None else (0, 0.0)
+        waited = setup.timer.seconds() if setup.timer is not None else 0.0
         data = setup.data(iteration)
         fitted = setup.model.fit(data, steps_per_epoch=steps, callbacks=setup.callbacks, **kwargs)
         if setup.every_k is not None:
@@ -205,12 +200,9 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
             "steps": steps * len(fitted.history["loss"]),  # every epoch of the iteration
             "rows": train.rows,
         }
-        if setup.probe is not None and setup.probe.last is not None:
-            # the probe ran inside the fit (its first epoch's end): its seconds are not the fit's
-            per_step, cost = setup.probe.last
-            record["fit_seconds"] -= cost
-            record.update(probe_step_seconds=per_step, probe_seconds=cost,
-                          probe_batch=setup.probe.batch_size, batch=per_worker_batch)  # fmt: skip
+        if setup.timer is not None:  # sync="step": the steps' wait in the all-reduce
+            record["averaging_seconds"] = setup.timer.seconds() - waited
+            record["batch"] = per_worker_batch
         if averager is not None:
             record["averages"] = averager.count - averaged[0]
             record["averaging_seconds"] = averager.seconds - averaged[1]
