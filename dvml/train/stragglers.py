@@ -29,8 +29,10 @@ Why this rule:
   each; a trainer's local row count only says how often its rows repeat. (An elastic fit
   whose rows follow speed keeps the per-trainer batch with ``sync="iteration"``, each trainer
   running the steps of its own rows, so a step stays the same work; with an int ``k`` it
-  splits the batch by rows, and so does ``sync="step"``: a trainer given more rows has larger
-  steps, and the row map's hysteresis, not this rule, keeps rows from moving back.)
+  splits the batch by rows, and a trainer given more rows has larger steps: the row map's
+  hysteresis, not this rule, keeps rows from moving back. ``sync="step"`` splits it by rows
+  too, and its trainers report their batch: their steps are counted in steps of the mean
+  batch, so they are compared per row, :func:`timings_of`.)
 - *Against the others' median.* The median of the others is not moved by the straggler itself
   (a mean over all trainers would be) nor by a second slow trainer among many; with two
   trainers it is simply the other one.
@@ -155,17 +157,24 @@ def timings_of(messages: Iterable[dict[str, Any]]) -> list[TrainerTiming]:
     """The timings in trainers' ``Iteration`` messages (as dicts with their ``worker``).
 
     Messages of trainers older than the ``steps`` field count 1 step each, which leaves
-    the comparison between them as valid (every trainer runs the same steps).
+    the comparison between them as valid (every trainer runs the same steps). Messages of one
+    iteration that all carry their local ``batch`` (``sync="step"``), unequal once an elastic
+    fit split the batch by rows, count their steps in steps of the mean batch
+    (``steps * batch / mean``): a trainer given fewer rows for its speed runs smaller steps,
+    and is compared per row, not per (smaller) step. Its seconds are unchanged.
     """
-    return [
-        TrainerTiming(
-            worker=m["worker"],
-            steps=int(m.get("steps") or 1),
-            fit_seconds=float(m.get("fit_seconds") or 0.0),
-            waiting_seconds=float(m.get("averaging_seconds") or 0.0),
-        )
-        for m in messages
-    ]
+    messages = list(messages)
+    batched = bool(messages) and all(m.get("batch") for m in messages)
+    batches = [int(m["batch"]) if batched else 1 for m in messages]
+    mean = sum(batches) / len(batches) if batched else 1.0
+    timings = []
+    for m, batch in zip(messages, batches, strict=True):
+        steps = int(m.get("steps") or 1)
+        if batched:
+            steps = max(1, round(steps * batch / mean))
+        fit, wait = float(m.get("fit_seconds") or 0.0), float(m.get("averaging_seconds") or 0.0)
+        timings.append(TrainerTiming(m["worker"], steps, fit, wait))
+    return timings
 
 
 def by_iteration(messages: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]]:

@@ -62,6 +62,8 @@ def test_a_step_trainer_at_half_speed_is_named_and_rows_move_only_off_it(
     steps = summary["trainer_step_seconds"]
     assert steps["worker-1"] > steps["worker-0"], steps
     out = capsys.readouterr().out
+    with capsys.disabled():
+        print(out[-3000:])
     assert "worker-1 is" in out and "s/step in the all-reduce" in out, out[-2000:]
     # rows moved only off the slow trainer, when they moved at all (a move must pay its
     # restart: on a loaded machine it may not), and never back

@@ -154,3 +154,19 @@ def test_a_step_trainers_wait_in_the_all_reduce_is_left_out_of_its_step_time() -
     # without the wait the lock-step hides it: equal step times, no one named
     assert stragglers(timings_of([{k: v for k, v in m.items() if k != "averaging_seconds"}
                                   for m in messages])) == []  # fmt: skip
+
+
+def test_step_trainers_of_unequal_batches_are_compared_per_row() -> None:
+    # after a move for speed: w1 runs batches of 8 rows, w0 of 24, the same 100 steps; w0's
+    # own time per step is larger (3x the rows) but per row w1 is still 1.5x slower
+    messages = [
+        {"worker": "w0", "fit_seconds": 10.0, "steps": 100, "averaging_seconds": 4.0, "batch": 24},
+        {"worker": "w1", "fit_seconds": 10.0, "steps": 100, "averaging_seconds": 7.0, "batch": 8},
+    ]
+    timings = timings_of(messages)
+    assert [t.steps for t in timings] == [150, 50]  # steps of the mean batch (16)
+    assert [t.step_seconds for t in timings] == pytest.approx([0.04, 0.06])
+    assert [s.worker for s in stragglers(timings, threshold=1.4, min_excess=0.0)] == ["w1"]
+    # compared per step, the faster trainer with the larger share would look 2x slower
+    plain = timings_of([{k: v for k, v in m.items() if k != "batch"} for m in messages])
+    assert [s.worker for s in stragglers(plain)] == ["w0"]
