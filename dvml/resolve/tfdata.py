@@ -154,7 +154,7 @@ def training_dataset(
 
     ``row_weight`` (``sync="step"`` with unequal local batches): every element becomes
     ``(x, y, sample_weight)`` with this weight on each row, so that the step's gradient stays
-    the mean over the global batch's rows (:func:`dvml.resolve.batches.row_weight`).
+    the mean over the global batch's rows (:func:`dvml.resolve.batches.row_weights`).
     """
     tf = tf_runtime.tensorflow()
 

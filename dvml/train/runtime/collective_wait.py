@@ -17,7 +17,7 @@ the whole iteration.
 
 Why this and not a probe: an earlier design timed forward and backward passes of the model
 on each trainer alone for 0.25 s per iteration. On a 2-core host shared with other work (load
-average 13) it named the FAST trainer in two runs of three: a quarter of a second of one
+average 13) it named the FAST trainer in two runs of four: a quarter of a second of one
 process's wall time is a draw of the scheduler. The timestamps cost two small ops per step
 and measure the whole iteration, which is what the rule of ``sync="iteration"`` measures too.
 

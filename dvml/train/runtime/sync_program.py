@@ -13,6 +13,9 @@ resumes from the last iteration every trainer completed.
 Sync modes: ``"step"``, the strategy all-reduces gradients every step; ``"iteration"`` and an
 int ``k``, the model lives OUTSIDE the strategy's scope and trains on local rows only, and the
 strategy's collective context averages the weights (:mod:`dvml.train.runtime.averaging`).
+With ``"step"`` each trainer times its wait in the step's all-reduce
+(:mod:`dvml.train.runtime.collective_wait`: the straggler rule's figure) and, when an elastic
+fit split the global batch unequally, weighs its rows ``row_weight`` (dvml.resolve.batches).
 """
 
 from __future__ import annotations
