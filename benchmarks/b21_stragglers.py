@@ -10,7 +10,10 @@ buffers, the demo CNN (:func:`dvml.examples.digits_cnn_json`), Adam(0.003), glob
   (:data:`MITIGATION`: the arguments that let a fit move work off a slow trainer), slowed /
   undisturbed (target <= 1.45; the ideal, a share of rows per speed, is 1.33; without
   mitigation about 2);
-- B21b: the same with ``sync="step"`` (target <= 1.6);
+- B21b: the same with ``sync="step"`` (target <= 1.6): the slow trainer is named from its
+  wait in the step's all-reduce (dvml.train.runtime.collective_wait), whole buffers move off
+  it and the global batch is split by rows, rows weighted so that a step's gradient stays
+  the mean over the global batch;
 - B21c: ``dvml.fit_multiple`` of 8 configurations (4 learning rates x 2 batch sizes, one epoch
   per hop), 2 iterations (target <= 1.45);
 - B21d: the iterations of B21a's slowed fit until worker-1 was named in its progress records,

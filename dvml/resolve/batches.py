@@ -1,4 +1,17 @@
-"""Pure batching arithmetic: equal steps on every worker, per-epoch shuffles by index."""
+"""Pure batching arithmetic: equal steps on every worker, per-epoch shuffles by index.
+
+The averaging rule of ``sync="step"``
+-------------------------------------
+A step's gradient is the mean over the global batch's rows, however the batch is split over
+the trainers. tf-keras under MultiWorkerMirroredStrategy takes each trainer's loss as the
+mean over its LOCAL batch (``SUM_OVER_BATCH_SIZE`` divides by the number of rows, not by the
+sum of their weights), scales it by ``1/n`` and sums the gradients over the ``n`` trainers:
+with unequal local batches a row of a small batch would weigh more. Each trainer therefore
+weighs its rows :func:`row_weights` (``n * b / B`` for a local batch of ``b`` rows of a global
+batch of ``B``), which makes the sum exactly the mean over the ``B`` rows (checked for one-
+and two-output models against one process: tests/train/test_step_weights.py). Even splits
+weigh 1 and train unweighted.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +26,7 @@ __all__ = [
     "BatchPlan",
     "batch_sizes_by_rows",
     "per_worker_batch_sizes",
+    "row_weights",
     "steps_covering",
     "steps_per_epoch",
 ]
@@ -24,9 +38,9 @@ def per_worker_batch_sizes(global_batch_size: int, rows_per_worker: Sequence[int
     When ``global_batch_size`` does not divide evenly, the ``global_batch_size % n`` workers
     that hold the most rows (the first of equals) feed one row more per batch, which keeps the
     number of full batches every worker can run (:func:`steps_per_epoch`) as large as possible.
-    Each step then still uses exactly ``global_batch_size`` rows over all workers; the gradient
-    is the mean of the workers' per-batch means, so a row in a larger batch weighs slightly
-    less than one in a smaller batch.
+    Each step then still uses exactly ``global_batch_size`` rows over all workers; with
+    ``sync="step"`` the rows are weighted (:func:`row_weights`) so that the gradient is the mean
+    over them all.
 
     Raises
     ------
@@ -57,6 +71,10 @@ def batch_sizes_by_rows(global_batch_size: int, rows_per_worker: Sequence[int]) 
     ``global_batch_size``, and a trainer with fewer rows runs smaller (faster) steps. Largest
     remainders get the leftover rows (the first of equals); every worker gets at least one.
 
+    ``sync="step"`` and an int ``k`` use it in an elastic fit whose rows moved. With
+    ``sync="step"`` a trainer with fewer rows (a straggler that gave rows away) runs smaller
+    steps, and :func:`row_weights` keeps every row's weight in the step's mean gradient equal.
+
     Raises
     ------
     ParameterError
@@ -76,6 +94,29 @@ def batch_sizes_by_rows(global_batch_size: int, rows_per_worker: Sequence[int]) 
     for i in by_remainder[:left]:
         sizes[i] += 1
     return sizes
+
+
+def row_weights(per_worker_batch: Sequence[int]) -> list[float]:
+    """Each trainer's weight per row under ``sync="step"``: ``n * b / B``.
+
+    With it, tf-keras's per-trainer mean over ``b`` rows, scaled by ``1/n`` and summed over
+    the ``n`` trainers, is the mean over all ``B = sum(per_worker_batch)`` rows (module
+    docstring). Every weight is 1.0 for an even split.
+
+    Raises
+    ------
+    ParameterError
+        When a batch is not a positive int.
+    """
+    sizes = list(per_worker_batch)
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise ParameterError(
+            "Each trainer's batch must be a positive int, one per trainer. Received: "
+            f"per_worker_batch={sizes!r}. Split the global batch with per_worker_batch_sizes "
+            "or batch_sizes_by_rows."
+        )
+    total = sum(sizes)
+    return [len(sizes) * b / total for b in sizes]
 
 
 def steps_covering(rows: int, batch_size: int) -> int:

@@ -135,6 +135,7 @@ def training_dataset(
     shuffle: bool = True,
     augment: Callable[[Any], Any] | None = None,
     first_epoch: int = 0,
+    row_weight: float | None = None,
 ) -> Any:
     """An endless dataset (infinite cardinality) of ``steps`` batches per epoch, reshuffled by
     index every epoch; with ``steps`` of :func:`~dvml.resolve.batches.steps_covering` the last
@@ -151,6 +152,10 @@ def training_dataset(
     ``(group, batch_size, ...)``) and ``unbatch`` hands them to Keras one batch at a time.
     ``augment`` (``x -> x`` on one batch of inputs, after decoding) runs in a parallel ``map``
     on every batch: each epoch draws new random transforms.
+
+    ``row_weight`` (``sync="step"`` with unequal local batches): every element becomes
+    ``(x, y, sample_weight)`` with this weight on each row, so that the step's gradient stays
+    the mean over the global batch's rows (:func:`dvml.resolve.batches.row_weights`).
     """
     tf = tf_runtime.tensorflow()
 
@@ -184,6 +189,14 @@ def training_dataset(
         dataset = dataset.map(
             lambda x, y: (augment(x), y), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
         )
+    if row_weight is not None:
+        weight = tf.constant(row_weight, tf.float32)
+
+        def weighted(x: Any, y: Any) -> tuple[Any, Any, Any]:
+            rows = tf.shape(tf.nest.flatten(y)[0])[0]  # a short last batch too
+            return x, y, tf.fill([rows], weight)
+
+        dataset = dataset.map(weighted, deterministic=True)
     # Endless, and saying so: for a dataset of unknown length MultiWorkerMirroredStrategy's
     # iterator all-reduces at every step whether each trainer still has a batch (one gRPC
     # round trip per step on CPU, see dvml.train.runtime.step_collectives).

@@ -145,7 +145,7 @@ class ElasticJob:
     validation: str | None
     checkpoint_dir: str
     key: str
-    sync: str | int = "step"  # the fit's sync mode: rows move for speed unless "step"
+    sync: str | int = "step"  # the fit's sync mode
     last_iteration: int = 0  # num_iterations: no row map changes after it
     balance: bool = True  # move rows off stragglers (dvml.train.elastic-balance)
 
@@ -382,9 +382,12 @@ def _split(
     and each trainer runs the steps that cover its own rows (the last batch short), so a
     trainer given more rows for its speed runs more steps and one given fewer runs fewer
     (their weights are averaged by rows once per iteration, MADlib's rule). An int ``k``
-    averages every k steps, which needs the same steps everywhere: the batch is split by rows
-    (:func:`batch_sizes_by_rows`).
-    ``"step"``: even, with the fewest full batches any trainer holds, as the plan's.
+    averages every k steps and ``"step"`` all-reduces every step, which need the same steps
+    everywhere: the batch is split by rows (:func:`batch_sizes_by_rows`), so a trainer that
+    gave rows away for its speed runs smaller steps (the rows past each trainer's last full
+    batch wait for a later epoch); ``"step"``'s trainers weigh their rows so that a step's
+    gradient stays the mean over the global batch (:func:`dvml.resolve.batches.row_weights`,
+    applied by the lock-step launch).
     """
     layout = describe(job.training, client=client).layout
     rows = {w.vineyard_instance_id: 0 for w in workers}
@@ -392,7 +395,7 @@ def _split(
         if b["instance_id"] in rows:
             rows[b["instance_id"]] += int(b["rows"])
     held = [rows[w.vineyard_instance_id] for w in workers]
-    split = batch_sizes_by_rows if isinstance(job.sync, int) else per_worker_batch_sizes
+    split = per_worker_batch_sizes if job.sync == "iteration" else batch_sizes_by_rows
     per_worker = split(job.global_batch, held)
     steps = steps_per_epoch(held, per_worker)
     if job.sync != "iteration":

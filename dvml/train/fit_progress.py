@@ -107,7 +107,8 @@ class FitProgress:
                 f"[dvml.fit {self.model}] iteration {record['iteration']}/{self.total} "
                 f"loss={record['fit_loss']:.4f} {extra} ({record['elapsed_s']:.1f}s)"
             )
-            line += "".join(f"; {describe(s)}" for s in slow)
+            step = bucket[0].get("sync") == "step"  # its wait is in the all-reduce
+            line += "".join(f"; {describe(s, step=step)}" for s in slow)
             line += "".join(f"; {note}" for note in over)
             logger.info(line)
             print(line, flush=True)

@@ -9,9 +9,10 @@ trainers reported (and so checkpointed) whether the row map should change:
   hosts and tables never grow): whole buffers move onto it, no more than its share
   (:func:`dvml.placement.row_map.plan_join`, the rule of ``dvml.datasets.rebalance``), the
   validation set's too;
-- a trainer is named a **straggler** (:mod:`dvml.train.stragglers`) with ``sync="iteration"``
-  or an int ``k``: whole buffers of the training set move off it so that each trainer's rows
-  follow its measured speed, when that pays (:func:`dvml.placement.row_map.plan_speed`:
+- a trainer is named a **straggler** (:mod:`dvml.train.stragglers`; with ``sync="step"`` from
+  the trainers' wait in the all-reduce: :mod:`dvml.train.runtime.collective_wait`): whole
+  buffers of the training set move off it so that each trainer's rows follow its measured
+  speed, when that pays (:func:`dvml.placement.row_map.plan_speed`:
   at least 10 % shorter iterations, more seconds saved than the restart costs, hysteresis).
 
 When it should, the lock-step run is stopped
@@ -19,7 +20,10 @@ When it should, the lock-step run is stopped
 worker to worker (the rebalance copy: never a re-read of the source) and publishes the
 datasets' next versions, and the trainers restart from the boundary's checkpoint on the new
 row map, the same global batch split over them by their rows
-(:func:`dvml.resolve.batches.batch_sizes_by_rows`).
+(:func:`dvml.resolve.batches.batch_sizes_by_rows`; ``sync="iteration"`` keeps an even batch and
+runs each trainer's own steps, :func:`dvml.train.elastic._split`). With ``sync="step"`` the
+slow trainer then runs smaller steps over its fewer rows, each row weighted so that a step's
+gradient stays the mean over the global batch (:func:`dvml.resolve.batches.row_weights`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from dvml.train.stragglers import cumulative, stragglers
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["Boundary", "Change", "RowMapState", "apply", "buffers_of"]
+__all__ = ["Boundary", "Change", "RowMapState", "apply", "buffers_of", "seconds_per_row"]
 
 logger = logging.getLogger("dvml.train")
 
@@ -180,19 +184,15 @@ class Boundary:
         return Change("join", done, plan.moves, valid, joined, why)
 
     def _speed(self, done: int) -> Change | None:
-        if self.job.sync == "step" or not self.job.balance:  # "step": no straggler measured
+        if not self.job.balance:
             return None
         per_iteration = self.tally.timings()
         if not stragglers(cumulative(per_iteration)):
             return None
         names = {**{w.name: w.address for w in self.workers},
                  **{w.address: w.address for w in self.workers}}  # fmt: skip
-        rows = self.tally.rows_of()
-        work: dict[str, float] = {}
-        for t in cumulative(per_iteration):
-            held = rows.get(t.worker, 0) * len(per_iteration)
-            if held:
-                work[names.get(t.worker, t.worker)] = t.step_seconds * t.steps / held
+        work = seconds_per_row(cumulative(per_iteration), self.tally.rows_of(), len(per_iteration))
+        work = {names.get(w, w): spr for w, spr in work.items()}
         if len(work) < 2:
             return None
         plan = plan_speed(
@@ -252,6 +252,24 @@ def apply(
     record["trainers"] = [w.name for w in trainers]
     state.changes.append(record)
     return trainers
+
+
+def seconds_per_row(timings: list[Any], rows: dict[str, int], iterations: int) -> dict[str, float]:
+    """Each trainer's seconds of its own work (its timing's step time: the wait in the
+    averaging or the all-reduce left out) per row it holds, per iteration: the speed plan's
+    measure (:func:`dvml.placement.row_map.plan_speed`), from its ``timings`` summed over
+    ``iterations`` and the ``rows`` it holds. Pure.
+
+    Per row, so that the prediction holds for another share of rows: ``sync="iteration"`` runs
+    the steps of a trainer's own rows, and ``"step"`` and ``k`` its share of the global batch
+    by rows (every row once per epoch either way).
+    """
+    work: dict[str, float] = {}
+    for t in timings:
+        held = rows.get(t.worker, 0) * iterations
+        if held:
+            work[t.worker] = t.step_seconds * t.steps / held
+    return work
 
 
 def summary_fields(changes: list[dict[str, Any]]) -> dict[str, Any]:

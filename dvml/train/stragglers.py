@@ -4,7 +4,8 @@ The rule
 --------
 Each trainer reports, per iteration, the steps it trained, the seconds of its fit (reading
 its input and computing, *including* the time it waited in the averaging) and the part of
-them it waited in the averaging (``sync="iteration"`` or an int ``k``). A trainer's **step
+them it waited in the averaging (``sync="iteration"`` or an int ``k``) or in its steps'
+gradient all-reduce (``sync="step"``). A trainer's **step
 time** is its own work per step::
 
     step_seconds = (fit_seconds - waiting_seconds) / steps
@@ -29,7 +30,9 @@ Why this rule:
   whose rows follow speed keeps the per-trainer batch with ``sync="iteration"``, each trainer
   running the steps of its own rows, so a step stays the same work; with an int ``k`` it
   splits the batch by rows, and a trainer given more rows has larger steps: the row map's
-  hysteresis, not this rule, keeps rows from moving back.)
+  hysteresis, not this rule, keeps rows from moving back. ``sync="step"`` splits it by rows
+  too, and its trainers report their batch: their steps are counted in steps of the mean
+  batch, so they are compared per row, :func:`timings_of`.)
 - *Against the others' median.* The median of the others is not moved by the straggler itself
   (a mean over all trainers would be) nor by a second slow trainer among many; with two
   trainers it is simply the other one.
@@ -46,9 +49,12 @@ The fit names stragglers after each iteration in its progress line, and in its s
 over the whole run (:func:`run_summary`). ``fit_multiple`` does the same from its hops
 (:func:`hop_timings`): each worker's training seconds per step over the models it trained.
 
-With ``sync="step"`` every step's all-reduce is inside TensorFlow's train function: the
-trainers report no waiting of their own, their step times are equal and no one is named
-(a per-step split of the collective wait is not measured yet).
+With ``sync="step"`` every step's all-reduce is inside TensorFlow's train function, so every
+trainer's step lasts as long as the slowest one's and ``fit_seconds`` alone cannot tell them
+apart. Each trainer times its steps' wait in that all-reduce inside the step
+(:mod:`dvml.train.runtime.collective_wait`) and reports it as its ``averaging_seconds``: the
+fast trainers wait there for the slow one, so the same rule names the slow one after its
+first iteration, from the whole iteration's figures.
 """
 
 from __future__ import annotations
@@ -151,17 +157,24 @@ def timings_of(messages: Iterable[dict[str, Any]]) -> list[TrainerTiming]:
     """The timings in trainers' ``Iteration`` messages (as dicts with their ``worker``).
 
     Messages of trainers older than the ``steps`` field count 1 step each, which leaves
-    the comparison between them as valid (every trainer runs the same steps).
+    the comparison between them as valid (every trainer runs the same steps). Messages of one
+    iteration that all carry their local ``batch`` (``sync="step"``), unequal once an elastic
+    fit split the batch by rows, count their steps in steps of the mean batch
+    (``steps * batch / mean``): a trainer given fewer rows for its speed runs smaller steps,
+    and is compared per row, not per (smaller) step. Its seconds are unchanged.
     """
-    return [
-        TrainerTiming(
-            worker=m["worker"],
-            steps=int(m.get("steps") or 1),
-            fit_seconds=float(m.get("fit_seconds") or 0.0),
-            waiting_seconds=float(m.get("averaging_seconds") or 0.0),
-        )
-        for m in messages
-    ]
+    messages = list(messages)
+    batched = bool(messages) and all(m.get("batch") for m in messages)
+    batches = [int(m["batch"]) if batched else 1 for m in messages]
+    mean = sum(batches) / len(batches) if batched else 1.0
+    timings = []
+    for m, batch in zip(messages, batches, strict=True):
+        steps = int(m.get("steps") or 1)
+        if batched:
+            steps = max(1, round(steps * batch / mean))
+        fit, wait = float(m.get("fit_seconds") or 0.0), float(m.get("averaging_seconds") or 0.0)
+        timings.append(TrainerTiming(m["worker"], steps, fit, wait))
+    return timings
 
 
 def by_iteration(messages: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]]:
@@ -172,13 +185,13 @@ def by_iteration(messages: Iterable[dict[str, Any]]) -> list[list[TrainerTiming]
     return [timings_of(grouped[i]) for i in sorted(grouped)]
 
 
-def describe(straggler: Straggler, averaging: bool = True) -> str:
+def describe(straggler: Straggler, averaging: bool = True, step: bool = False) -> str:
     """One phrase for a progress line: who, how much slower, and the split (``averaging``:
-    with its wait in the averaging; a model hopper's trainers do not average)."""
+    with its wait in the averaging; a model hopper's trainers do not average; ``step``: the
+    wait is in the steps' gradient all-reduce, ``sync="step"``)."""
+    where = "the all-reduce" if step else "the averaging"
     waited = (
-        f"; it waited {straggler.waiting_step_seconds:.3f} s/step in the averaging"
-        if averaging
-        else ""
+        f"; it waited {straggler.waiting_step_seconds:.3f} s/step in {where}" if averaging else ""
     )
     return (
         f"{straggler.worker} is {straggler.ratio:.1f}x slower than the others "

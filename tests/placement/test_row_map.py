@@ -104,3 +104,20 @@ def test_the_global_batch_split_by_rows_trains_every_row_once_per_epoch() -> Non
     left_out = sum(r - steps * b for r, b in zip([800, 400], sizes, strict=True))
     assert left_out == 48 and left_out <= 0.05 * 1200
     assert batch_sizes_by_rows(3, [5, 1, 1]) == [1, 1, 1]
+
+
+def test_seconds_per_row_is_each_trainers_own_work_per_row_it_holds() -> None:
+    from dvml.train.row_map_change import seconds_per_row
+    from dvml.train.stragglers import TrainerTiming
+
+    # 2 iterations; w0 waited 4 s of its 10 (in the averaging or the all-reduce) for w1
+    plain = [TrainerTiming("w0", 100, 10.0, 4.0), TrainerTiming("w1", 100, 10.0, 0.0)]
+    assert seconds_per_row(plain, {"w0": 800, "w1": 800}, 2) == pytest.approx(
+        {"w0": 6.0 / 1600, "w1": 10.0 / 1600}
+    )
+    # sync="step" after a move: w1 holds 400 rows (smaller steps), w0 1200; a trainer that
+    # holds no rows of the dataset is left out
+    moved = [*plain, TrainerTiming("w2", 100, 10.0, 9.0)]
+    assert seconds_per_row(moved, {"w0": 1200, "w1": 400}, 2) == pytest.approx(
+        {"w0": 6.0 / 2400, "w1": 10.0 / 800}
+    )

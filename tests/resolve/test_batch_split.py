@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dvml.exceptions import ParameterError
-from dvml.resolve.batches import per_worker_batch_sizes, steps_per_epoch
+from dvml.resolve.batches import per_worker_batch_sizes, row_weights, steps_per_epoch
 
 
 @pytest.mark.parametrize(
@@ -44,3 +44,30 @@ def test_steps_are_equal_for_all_and_fit_every_worker() -> None:
 def test_steps_too_large_batch_names_the_short_worker() -> None:
     with pytest.raises(ParameterError, match="holds only 2 rows, fewer than its per-worker batch"):
         steps_per_epoch([10, 2], [2, 3])
+
+
+@pytest.mark.parametrize(
+    ("batches", "expected"),
+    [
+        ([16, 16], [1.0, 1.0]),  # even: unweighted
+        ([6, 2], [1.5, 0.5]),  # a straggler's smaller share of the global batch of 8
+        ([3, 2], [1.2, 0.8]),  # MADlib's iris batch 5 on 2 trainers
+        ([1, 1, 2], [0.75, 0.75, 1.5]),
+    ],
+)
+def test_row_weights_make_the_mean_of_local_means_the_global_mean(
+    batches: list[int], expected: list[float]
+) -> None:
+    weights = row_weights(batches)
+    assert weights == pytest.approx(expected)
+    # tf-keras's rule: each trainer's weighted mean over its b rows, scaled by 1/n, summed;
+    # with a loss of 1 per row the global mean is 1 (each row counts 1/B)
+    n, total = len(batches), sum(batches)
+    assert sum(w * b / b / n for w, b in zip(weights, batches, strict=True)) == pytest.approx(1)
+    assert all(w / b / n == pytest.approx(1 / total) for w, b in zip(weights, batches, strict=True))
+
+
+@pytest.mark.parametrize("batches", [[], [4, 0], [2.5, 2], [True, 3]])
+def test_row_weights_refuse_what_is_not_a_batch_per_trainer(batches: list[object]) -> None:
+    with pytest.raises(ParameterError, match=r"positive int.*Received: per_worker_batch="):
+        row_weights(batches)  # type: ignore[arg-type]

@@ -107,6 +107,19 @@ def test_a_dataset_from_a_later_epoch_continues_the_same_sequence() -> None:
     assert ids(0, 1) != ids(1, 1)  # epoch 1 is not epoch 0 again
 
 
+def test_a_row_weight_adds_the_same_sample_weight_to_every_row_of_every_batch() -> None:
+    # sync="step" with unequal local batches (dvml.resolve.batches.row_weights): the rows and
+    # their order are those of the unweighted dataset, each with the trainer's weight
+    parts = _parts((37, 50, 13))
+    plain = list(tfdata.training_dataset(parts, 8, 12, seed=5).take(13))
+    weighted = list(tfdata.training_dataset(parts, 8, 12, seed=5, row_weight=1.5).take(13))
+    for ((x0, _), y), ((wx0, _), wy, w) in zip(plain, weighted, strict=True):
+        np.testing.assert_array_equal(wx0.numpy(), x0.numpy())
+        np.testing.assert_array_equal(wy.numpy(), y.numpy())
+        assert w.shape == (8,) and w.dtype.name == "float32"
+        np.testing.assert_array_equal(w.numpy(), np.full(8, 1.5, np.float32))
+
+
 def test_the_training_dataset_says_it_is_endless() -> None:
     # Under MultiWorkerMirroredStrategy a dataset of unknown length costs an all-reduce per
     # step (do all trainers still have a batch?); an infinite one does not.

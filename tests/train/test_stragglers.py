@@ -133,3 +133,40 @@ def test_run_summary_of_an_even_run_is_null() -> None:
     assert fields["straggler_ratio"] is None and fields["straggler_iterations"] is None
     assert fields["trainer_step_seconds"] == pytest.approx({"w0": 0.19, "w1": 0.2})
     assert run_summary([])["trainer_step_seconds"] == {}
+
+
+def test_a_step_trainers_wait_in_the_all_reduce_is_left_out_of_its_step_time() -> None:
+    # sync="step": both fits took 10 s (lock-step); w0 waited 6 s of them in the all-reduce
+    # for w1, which waited 2 s (the transfer and its own input)
+    messages = [
+        {"worker": "w0", "sync": "step", "fit_seconds": 10.0, "steps": 100,
+         "averaging_seconds": 6.0, "batch": 16},
+        {"worker": "w1", "sync": "step", "fit_seconds": 10.0, "steps": 100,
+         "averaging_seconds": 2.0, "batch": 16},
+    ]  # fmt: skip
+    timings = timings_of(messages)
+    assert [t.step_seconds for t in timings] == pytest.approx([0.04, 0.08])
+    (slow,) = stragglers(timings)
+    assert slow.worker == "w1" and slow.ratio == pytest.approx(2.0)
+    text = describe(slow, step=True)
+    assert "0.080 s/step of input+compute vs 0.040" in text, text
+    assert "waited 0.020 s/step in the all-reduce" in text, text
+    # without the wait the lock-step hides it: equal step times, no one named
+    assert stragglers(timings_of([{k: v for k, v in m.items() if k != "averaging_seconds"}
+                                  for m in messages])) == []  # fmt: skip
+
+
+def test_step_trainers_of_unequal_batches_are_compared_per_row() -> None:
+    # after a move for speed: w1 runs batches of 8 rows, w0 of 24, the same 100 steps; w0's
+    # own time per step is larger (3x the rows) but per row w1 is still 1.5x slower
+    messages = [
+        {"worker": "w0", "fit_seconds": 10.0, "steps": 100, "averaging_seconds": 4.0, "batch": 24},
+        {"worker": "w1", "fit_seconds": 10.0, "steps": 100, "averaging_seconds": 7.0, "batch": 8},
+    ]
+    timings = timings_of(messages)
+    assert [t.steps for t in timings] == [150, 50]  # steps of the mean batch (16)
+    assert [t.step_seconds for t in timings] == pytest.approx([0.04, 0.06])
+    assert [s.worker for s in stragglers(timings, threshold=1.4, min_excess=0.0)] == ["w1"]
+    # compared per step, the faster trainer with the larger share would look 2x slower
+    plain = timings_of([{k: v for k, v in m.items() if k != "batch"} for m in messages])
+    assert [s.worker for s in stragglers(plain)] == ["w0"]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import DvmlError, TrainerFailedError, WorkerDepartedError
+from dvml.resolve.batches import row_weights
 from dvml.train.runtime import launch
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.exits import KILLED_BY
@@ -111,7 +112,7 @@ def run_lockstep(
     abort = Event(abort_name, client=client)
     futures = []
     for i, w in enumerate(workers):
-        job = _trainer_job(client, base_job, workers, i, endpoints, per_worker_batch[i])
+        job = _trainer_job(client, base_job, workers, i, endpoints, per_worker_batch)
         if per_worker_steps is not None:
             job["steps_per_epoch"] = per_worker_steps[i]
         futures.append(
@@ -155,10 +156,10 @@ def _trainer_job(
     workers: list[WorkerInfo],
     i: int,
     endpoints: list[str],
-    batch: int,
+    batches: list[int],
 ) -> dict[str, Any]:
     """What trainer ``i`` (on ``workers[i]``) is told: the job, plus its own place in it."""
-    w = workers[i]
+    w, batch = workers[i], batches[i]
     job = {
         **base_job,
         "client_id": client.id,
@@ -171,7 +172,12 @@ def _trainer_job(
         # (a LocalCluster's simulated hosts are one machine).
         "trainers_on_host": sum(1 for o in workers if machine(o) == machine(w)),
     }
-    if base_job.get("program", "fit") == "fit" and not base_job.get("use_gpus"):
+    fit = base_job.get("program", "fit") == "fit"
+    if fit and base_job.get("sync", "step") == "step" and len(set(batches)) > 1:
+        # unequal local batches: each row weighs n*b/B, so that the step's gradient stays the
+        # mean over the global batch (dvml.resolve.batches)
+        job["row_weight"] = row_weights(batches)[i]
+    if fit and not base_job.get("use_gpus"):
         # A CPU fit's trainers go on as this client's inference sessions once the fit is
         # done (sessions.adopt): an evaluate right after it pays no TensorFlow import.
         job["serve_after"] = inference_settings(client.id)

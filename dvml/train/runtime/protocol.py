@@ -115,6 +115,9 @@ class Iteration(Line):
     # train.runtime.memory_sample)
     resident_bytes: int | None = None
     zygote_bytes: int | None = None
+    # its local batch (sync="step": unequal once an elastic fit moved rows for speed; its
+    # averaging_seconds are then its steps' wait in the all-reduce, train.runtime.collective_wait)
+    batch: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,9 @@ resumes from the last iteration every trainer completed.
 Sync modes: ``"step"``, the strategy all-reduces gradients every step; ``"iteration"`` and an
 int ``k``, the model lives OUTSIDE the strategy's scope and trains on local rows only, and the
 strategy's collective context averages the weights (:mod:`dvml.train.runtime.averaging`).
+With ``"step"`` each trainer times its wait in the step's all-reduce
+(:mod:`dvml.train.runtime.collective_wait`: the straggler rule's figure) and, when an elastic
+fit split the global batch unequally, weighs its rows ``row_weight`` (dvml.resolve.batches).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class _Setup:
     data: Callable[[int], Any]  # iteration -> what model.fit reads in it (data_position)
     callbacks: list[Any]
     augment: Any  # x -> x on each training batch, or None (dvml.train.runtime.augment)
+    timer: Any = None  # sync="step": its wait in the all-reduce (train.runtime.collective_wait)
 
 
 def run(job: dict[str, Any], startup: Startup) -> None:
@@ -155,13 +159,18 @@ def _build(job: dict[str, Any], keras: Any, strategy: Any, train: Any, startup: 
 
         def dataset_fn(context: Any) -> Any:  # called by each model.fit: one per iteration
             seed = shuffle_seed(job["seed"], worker=context.input_pipeline_id)
-            return training_dataset(
-                train, per_worker_batch, steps, seed, shuffle, augment, first_epoch=first
-            )
+            weight = job.get("row_weight")  # unequal local batches (dvml.resolve.batches)
+            return training_dataset(train, per_worker_batch, steps, seed, shuffle, augment,
+                                    first_epoch=first, row_weight=weight)  # fmt: skip
 
         return keras.utils.experimental.DatasetCreator(dataset_fn)
 
-    return _Setup(model, evaluator, averager, every_k, data, callbacks, augment)
+    timer = None
+    if sync == "step":  # outside the scope: its variable is this trainer's own
+        from dvml.train.runtime.collective_wait import time_collective
+
+        timer = time_collective(model, tf_runtime.tensorflow())
+    return _Setup(model, evaluator, averager, every_k, data, callbacks, augment, timer)
 
 
 def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> list[Any]:
@@ -177,6 +186,7 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
     for iteration in range(first, last + 1):
         t0 = time.monotonic()
         averaged = (averager.count, averager.seconds) if averager is not None else (0, 0.0)
+        waited = setup.timer.seconds() if setup.timer is not None else 0.0
         data = setup.data(iteration)
         fitted = setup.model.fit(data, steps_per_epoch=steps, callbacks=setup.callbacks, **kwargs)
         if setup.every_k is not None:
@@ -195,6 +205,9 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
             # them (sync="iteration"), the full batches' otherwise (dvml.resolve.batches)
             "rows": min(train.rows, steps * per_worker_batch),
         }
+        if setup.timer is not None:  # sync="step": the steps' wait in the all-reduce
+            record["averaging_seconds"] = setup.timer.seconds() - waited
+            record["batch"] = per_worker_batch
         if averager is not None:
             record["averages"] = averager.count - averaged[0]
             record["averaging_seconds"] = averager.seconds - averaged[1]
