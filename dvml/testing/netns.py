@@ -45,15 +45,15 @@ from typing import Any
 from dvml.exceptions import ArgumentError, ClusterError, ClusterStartError
 from dvml.testing import netns_os
 from dvml.testing.netns_os import (
-    _certificates,
-    _mapped_shm_inodes,
-    _ns_pids,
-    _pid_alive,
-    _remove_semaphores,
-    _run,
-    _signal,
     leftovers,
     listening,
+    make_certificates,
+    mapped_shm_inodes,
+    ns_pids,
+    pid_alive,
+    remove_semaphores,
+    run_cmd,
+    send_signal,
     unavailable_reason,
 )
 
@@ -162,7 +162,7 @@ class NetnsCluster:
         self.state["etcd_endpoint"] = f"http://{head}:{ETCD_PORT}"
         self.state["scheduler_address"] = f"{'tls' if tls else 'tcp'}://{head}:{SCHEDULER_PORT}"
         if tls:
-            self.state["tls"] = _certificates(os.path.join(self.workdir, "tls"))
+            self.state["tls"] = make_certificates(os.path.join(self.workdir, "tls"))
         self._save()
 
     # -- the registry --------------------------------------------------------------------------
@@ -242,9 +242,9 @@ class NetnsCluster:
 
     def _network(self) -> None:
         bridge = self.state["bridge"]
-        _run(["ip", "link", "add", bridge, "type", "bridge"])
+        run_cmd(["ip", "link", "add", bridge, "type", "bridge"])
         self._record("links", bridge)
-        _run(["ip", "link", "set", bridge, "up"])
+        run_cmd(["ip", "link", "set", bridge, "up"])
         for i, role in enumerate([self.state["head"], *self.state["hosts"]]):
             self._attach(role, i)
         self._wait_reachable([h["address"] for h in self.state["hosts"]])
@@ -253,18 +253,18 @@ class NetnsCluster:
         """Create ``role``'s namespace and its veth to the bridge, with its address."""
         ns, bridge = role["namespace"], self.state["bridge"]
         prefix = ipaddress.ip_network(self.state["subnet"]).prefixlen
-        _run(["ip", "netns", "add", ns])
+        run_cmd(["ip", "netns", "add", ns])
         self._record("namespaces", ns)
-        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        run_cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
         outer, inner = f"dv{self.id}n{index}", f"dv{self.id}p{index}"
-        _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
+        run_cmd(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
         self._record("links", outer)  # deleting one end deletes its peer
         role["link"] = outer
-        _run(["ip", "link", "set", inner, "netns", ns])
-        _run(["ip", "-n", ns, "link", "set", inner, "name", "eth0"])
-        _run(["ip", "-n", ns, "addr", "add", f"{role['address']}/{prefix}", "dev", "eth0"])
-        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-        _run(["ip", "link", "set", outer, "master", bridge, "up"])
+        run_cmd(["ip", "link", "set", inner, "netns", ns])
+        run_cmd(["ip", "-n", ns, "link", "set", inner, "name", "eth0"])
+        run_cmd(["ip", "-n", ns, "addr", "add", f"{role['address']}/{prefix}", "dev", "eth0"])
+        run_cmd(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        run_cmd(["ip", "link", "set", outer, "master", bridge, "up"])
         self._save()
 
     def add_host(self, workers: int | None = None) -> dict[str, Any]:
@@ -416,7 +416,7 @@ class NetnsCluster:
         return [
             p["pid"]
             for p in self.state["processes"]
-            if p["namespace"] == namespace and p["name"] != "vineyardd" and _pid_alive(p["pid"])
+            if p["namespace"] == namespace and p["name"] != "vineyardd" and pid_alive(p["pid"])
         ]
 
     # -- use -----------------------------------------------------------------------------------
@@ -461,11 +461,11 @@ class NetnsCluster:
         deadline = time.monotonic() + 10.0
         while True:
             # Zombies count as gone: their parent (outside the host, or dead) reaps them.
-            pids = [p for p in _ns_pids(namespace) if p not in spared and _pid_alive(p)]
+            pids = [p for p in ns_pids(namespace) if p not in spared and pid_alive(p)]
             if not pids or time.monotonic() > deadline:
                 break
             for pid in pids:
-                inodes |= _mapped_shm_inodes(pid)
+                inodes |= mapped_shm_inodes(pid)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -473,14 +473,14 @@ class NetnsCluster:
                 if pid not in killed:
                     killed.append(pid)
             time.sleep(0.05)
-        _remove_semaphores(inodes)
+        remove_semaphores(inodes)
         return killed
 
     def set_link(self, namespace: str, up: bool) -> None:
         """Cut (``up=False``) or restore a host's link to the bridge: a network partition."""
         roles = [self.state["head"], *self.state["hosts"]]
         role = next(r for r in roles if r["namespace"] == namespace)
-        _run(["ip", "link", "set", role["link"], "up" if up else "down"])
+        run_cmd(["ip", "link", "set", role["link"], "up" if up else "down"])
 
     def throttle_host(self, namespace: str, cpus: float) -> str:
         """Cap a worker host's CPU at ``cpus`` cores (a cgroup v1 CPU quota); the cgroup's path.
@@ -495,7 +495,7 @@ class NetnsCluster:
         path = netns_os.make_cpu_cgroup(name, cpus)
         if path not in self.state.setdefault("cgroups", []):
             self._record("cgroups", path)
-        netns_os.move_to_cgroup(path, _ns_pids(namespace))
+        netns_os.move_to_cgroup(path, ns_pids(namespace))
         return path
 
     def unthrottle_host(self, namespace: str) -> None:
@@ -511,7 +511,7 @@ class NetnsCluster:
     def status(self) -> dict[str, Any]:
         """Each namespace with its address, live recorded processes and TCP listeners."""
         rows = {}
-        existing = set(_run(["ip", "netns", "list"]).split())
+        existing = set(run_cmd(["ip", "netns", "list"]).split())
         for role in [self.state["head"], *self.state["hosts"]]:
             ns = role["namespace"]
             if ns not in existing:
@@ -520,7 +520,7 @@ class NetnsCluster:
             procs = [
                 f"{p['name']}({p['pid']})"
                 for p in self.state["processes"]
-                if p["namespace"] == ns and _pid_alive(p["pid"])
+                if p["namespace"] == ns and pid_alive(p["pid"])
             ]
             rows[ns] = {
                 "address": role["address"],
@@ -541,21 +541,21 @@ class NetnsCluster:
         too. Only pids found inside this cluster's own namespaces are signalled.
         """
         problems: list[str] = []
-        existing = set(_run(["ip", "netns", "list"], check=False).split())
+        existing = set(run_cmd(["ip", "netns", "list"], check=False).split())
         ours = [n for n in self.state["namespaces"] if n in existing]
-        inside = {pid for ns in ours for pid in _ns_pids(ns)}
+        inside = {pid for ns in ours for pid in ns_pids(ns)}
         recorded = [p["pid"] for p in reversed(self.state["processes"]) if p["pid"] in inside]
         for pid in recorded:
-            _signal(pid, signal.SIGTERM)
+            send_signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in recorded):
+        while time.monotonic() < deadline and any(pid_alive(p) for p in recorded):
             time.sleep(0.1)
         for _ in range(50):
-            left = {pid for ns in ours for pid in _ns_pids(ns) if _pid_alive(pid)}
+            left = {pid for ns in ours for pid in ns_pids(ns) if pid_alive(pid)}
             if not left:
                 break
             for pid in left:
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGKILL)
             time.sleep(0.1)
         else:
             problems.append(f"processes still running in {ours}: {sorted(left)}")
@@ -565,7 +565,7 @@ class NetnsCluster:
             )
             if out.returncode != 0:
                 problems.append(f"ip netns del {ns}: {out.stderr.strip()}")
-        links = set(_run(["ip", "-o", "link", "show"], check=False).split())
+        links = set(run_cmd(["ip", "-o", "link", "show"], check=False).split())
         for link in reversed(self.state["links"]):
             if f"{link}:" in links or any(t.startswith(f"{link}@") for t in links):
                 out = subprocess.run(

@@ -17,13 +17,30 @@ from typing import Any
 
 from dvml.exceptions import ClusterError
 
-__all__ = ["leftovers", "listening", "unavailable_reason"]
+__all__ = [
+    "cgroup_leftovers",
+    "cpu_cgroup_reason",
+    "leftovers",
+    "listening",
+    "make_certificates",
+    "make_cpu_cgroup",
+    "mapped_shm_inodes",
+    "move_to_cgroup",
+    "ns_pids",
+    "pid_alive",
+    "remove_cgroup",
+    "remove_semaphores",
+    "run_cmd",
+    "send_signal",
+    "unavailable_reason",
+]
 
 PREFIX = "dvml"
 _SHM, _SEMAPHORE_PREFIX = "/dev/shm", "sem.mp-"
 
 
-def _run(argv: Sequence[str], check: bool = True, timeout: float = 30) -> str:
+def run_cmd(argv: Sequence[str], check: bool = True, timeout: float = 30) -> str:
+    """Run a command; its stdout (``check``: a non-zero exit raises ClusterError)."""
     out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     if check and out.returncode != 0:
         raise ClusterError(
@@ -42,16 +59,16 @@ def unavailable_reason() -> str | None:
             return f"the `{tool}` command is not installed (iproute2 provides ip and ss)"
     probe = f"{PREFIX}-probe-{secrets.token_hex(3)}"
     try:
-        _run(["ip", "netns", "add", probe])
+        run_cmd(["ip", "netns", "add", probe])
     except ClusterError as exc:
         return f"`ip netns add` failed: {exc}"
-    _run(["ip", "netns", "del", probe], check=False)
+    run_cmd(["ip", "netns", "del", probe], check=False)
     return None
 
 
 def listening(namespace: str) -> list[dict[str, Any]]:
     """The TCP sockets listening inside ``namespace``: ``address``, ``port``, ``process``."""
-    out = _run(["ip", "netns", "exec", namespace, "ss", "-ltnpH"])
+    out = run_cmd(["ip", "netns", "exec", namespace, "ss", "-ltnpH"])
     rows = []
     for line in out.splitlines():
         fields = line.split()
@@ -65,12 +82,13 @@ def listening(namespace: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _ns_pids(namespace: str) -> list[int]:
-    out = _run(["ip", "netns", "pids", namespace], check=False)
+def ns_pids(namespace: str) -> list[int]:
+    """Pids of every process inside network namespace ``namespace``."""
+    out = run_cmd(["ip", "netns", "pids", namespace], check=False)
     return [int(p) for p in out.split() if p.isdigit()]
 
 
-def _mapped_shm_inodes(pid: int) -> set[int]:
+def mapped_shm_inodes(pid: int) -> set[int]:
     """Inodes of the ``/dev/shm`` files that process ``pid`` maps.
 
     A named semaphore shows under the temporary name it was created with (glibc links it to
@@ -83,7 +101,7 @@ def _mapped_shm_inodes(pid: int) -> set[int]:
         return set()
 
 
-def _remove_semaphores(inodes: set[int]) -> None:
+def remove_semaphores(inodes: set[int]) -> None:
     """Remove Python multiprocessing's named semaphores (``sem.mp-*``) with these inodes."""
     try:
         entries = [e for e in os.scandir(_SHM) if e.name.startswith(_SEMAPHORE_PREFIX)]
@@ -95,7 +113,8 @@ def _remove_semaphores(inodes: set[int]) -> None:
                 os.unlink(entry.path)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -105,8 +124,8 @@ def _pid_alive(pid: int) -> bool:
 
 def leftovers(cluster_id: str, workdir: str | None = None) -> list[str]:
     """Namespaces, links and files of cluster ``cluster_id`` that still exist (for leak checks)."""
-    found = [f"namespace {n}" for n in _run(["ip", "netns", "list"]).split() if cluster_id in n]
-    for line in _run(["ip", "-o", "link", "show"]).splitlines():
+    found = [f"namespace {n}" for n in run_cmd(["ip", "netns", "list"]).split() if cluster_id in n]
+    for line in run_cmd(["ip", "-o", "link", "show"]).splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
         if cluster_id in name:
             found.append(f"link {name}")
@@ -116,7 +135,7 @@ def leftovers(cluster_id: str, workdir: str | None = None) -> list[str]:
     return found
 
 
-def _certificates(directory: str) -> dict[str, str]:
+def make_certificates(directory: str) -> dict[str, str]:
     """A test CA and one certificate signed by it, for every Dask peer (``openssl``).
 
     Dask checks that a peer's certificate is signed by the CA, not its host name, so one
@@ -128,18 +147,19 @@ def _certificates(directory: str) -> dict[str, str]:
     ca, ca_key = os.path.join(directory, "ca.pem"), os.path.join(directory, "ca-key.pem")
     cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
     csr = os.path.join(directory, "cert.csr")
-    _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+    run_cmd(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
           "-subj", "/CN=dvml-netns-ca", "-keyout", ca_key, "-out", ca])  # fmt: skip
-    _run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=dvml-netns",
+    run_cmd(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=dvml-netns",
           "-keyout", key, "-out", csr])  # fmt: skip
-    _run(["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key,
+    run_cmd(["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key,
           "-CAcreateserial", "-days", "2", "-out", cert])  # fmt: skip
     for path in (ca_key, key):
         os.chmod(path, 0o600)
     return {"ca": ca, "cert": cert, "key": key}
 
 
-def _signal(pid: int, sig: int) -> None:
+def send_signal(pid: int, sig: int) -> None:
+    """Signal ``pid``; one that is gone already is not an error."""
     try:
         os.kill(pid, sig)
     except ProcessLookupError:

@@ -5,7 +5,7 @@ that share nothing but the bridge (each its own address, vineyardd and Dask work
 client in the head namespace: ``dvml.fit(..., elastic=True, sync="iteration")`` on digits
 packed with ``all_workers`` over the hosts, while
 
-- a host's CPU is throttled (a cgroup v1 quota of half a core on every process of the host):
+- a host's CPU is throttled (a cgroup v1 quota of a third of a core on every process of it):
   its trainer is named a straggler after the first iteration, a move of rows (when it pays on
   this shared machine) goes off it, and every row is trained once per epoch;
 - a host is added (:meth:`~dvml.testing.netns.NetnsCluster.add_host`): it trains from the next
@@ -119,8 +119,12 @@ def test_a_throttled_host_is_named_and_rows_move_off_it_with_every_row_once_per_
     state, name, iterations = str(tmp_path / "state"), "ne_slow", 5
     prepared = _prepare(cluster, name, model_json, state)
     slow = cluster.hosts[1]
-    # Half a core for every process of the host (its zygote too: the trainers it forks, also
-    # the ones an elastic fit restarts, are throttled from their first instruction).
+    # A third of a core for every process of the host (its zygote too: the trainers it forks,
+    # also the ones an elastic fit restarts, are throttled from their first instruction). Not
+    # half: on this 2-core machine, shared with other work, the other host's trainer often gets
+    # less than a core, and half a core measured only 1.6-1.8x its step time, named from
+    # iteration 3 (the rule's threshold is 1.5x over the run so far, iteration 1's start-up
+    # included); a third of a core is named after iteration 1.
     path = cluster.throttle_host(slow["namespace"], cpus=0.3)
     try:
         fit = _fit(cluster, name, prepared, state, iterations=iterations, epochs=30)
@@ -132,7 +136,7 @@ def test_a_throttled_host_is_named_and_rows_move_off_it_with_every_row_once_per_
     summary, host_of = result["summary"], result["address_host"]
     worker_host = result["host_of"]
     # named within one iteration: the first iteration's record names the throttled host
-    print("throttled host:", slow["address"], summary["trainer_step_seconds"], result["records"])
+    print(f"throttled host {slow['address']}: step seconds {summary['trainer_step_seconds']}")
     first = result["records"][0]
     assert first["iteration"] == 1 and first["stragglers"], result["records"]
     assert worker_host[first["stragglers"][0]["worker"]] == slow["address"], first
