@@ -356,7 +356,15 @@ def elastic_prepare(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
     arch = dvml.load_keras_model(args["model_json"], name="dense")
     nbytes = sum(int(f["nbytes"]) for b in ds.layout["buffers"] for f in b["fields"].values())
     return {"arch": arch, "rows": ds.rows, "rows_by_host": _rows_by_host(args["name"]),
-            "bytes_per_row": nbytes / ds.rows}  # fmt: skip
+            "bytes_per_row": nbytes / ds.rows,
+            "trainers": _trainers(cluster, ds)}  # fmt: skip
+
+
+def _trainers(cluster: Any, ds: Any) -> list[str]:
+    """The workers a fit of ``ds`` trains on now: one per vineyard instance holding rows."""
+    from dvml.store.datasets import buffer_workers
+
+    return sorted({w.name for w in buffer_workers(cluster.client, ds)})
 
 
 def _rows_by_host(name: str) -> dict[str, int]:

@@ -14,11 +14,15 @@ packed with ``all_workers`` over the hosts, while
   its summary counts exactly the rows that host held as left out.
 
 One namespace cluster for the module (its start is most of the cost); each scenario leaves it
-with every host running and its dataset dropped. Skipped, with the reason, without root.
+with every host running and its dataset dropped. A fourth scenario has a cluster of its own,
+two workers per host sharing the host's vineyardd: the worker that trains a host's rows dies
+and the other worker of that host takes its place, on the same rows in place
+(:mod:`dvml.train.stand_ins`). Skipped, with the reason, without root.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import time
@@ -232,3 +236,73 @@ def test_a_host_killed_during_the_fit_leaves_its_rows_out_and_the_fit_finishes(
     # the host comes back for what follows (the module's cluster keeps every host running)
     cluster.start_host(victim["namespace"])
     _drop(cluster, name, state)
+
+
+@pytest.fixture
+def two_worker_hosts() -> Iterator[netns.NetnsCluster]:
+    """Two hosts of two Dask workers each, sharing their host's vineyardd (on a subnet of
+    its own: the module's cluster is still up beside it)."""
+    with running_netns_cluster(
+        hosts=2,
+        workers_per_host=2,
+        subnet="10.78.0.0/24",
+        vineyard_memory="96MiB",
+        env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "20s"},
+    ) as c:
+        yield c
+
+
+def _kill_tree(pid: int) -> list[int]:
+    """SIGKILL a process and every process below it (a Dask worker that crashes)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    tree = [proc, *proc.children(recursive=True)]
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    return [p.pid for p in tree]
+
+
+def test_a_hosts_trainer_worker_killed_while_its_vineyardd_lives_is_replaced_in_place(
+    two_worker_hosts: netns.NetnsCluster, model_json: str, tmp_path: pathlib.Path
+) -> None:
+    """A host of two workers loses the one that trains (its vineyardd and the other worker go
+    on): the other worker of that host trains the same rows, read in place from the same
+    vineyardd; no byte crosses to another host and the job keeps a trainer per host. (Before:
+    the rows were copied over the network onto the other host's trainer, which then trained
+    them all, and this host's live worker stood idle.)"""
+    cluster = two_worker_hosts
+    state, name, iterations = str(tmp_path / "state"), "ne_stand", 4
+    prepared = _prepare(cluster, name, model_json, state)
+    victim = cluster.hosts[1]
+    # the worker of the victim host that trains its rows (one per vineyardd); the other idles
+    (trainer,) = [w for w in prepared["trainers"] if w.startswith(victim["address"])]
+    (spare,) = [w for w in victim["worker_names"] if w != trainer]
+    pid = next(p["pid"] for p in cluster.processes() if p["name"] == trainer)
+    fit = _fit(cluster, name, prepared, state, iterations=iterations, epochs=10)
+    try:
+        assert poll_for(lambda: fit.proc.poll() is not None or fit.saw("ITERATION 1"),
+                        180, interval=0.2), fit.lines[-20:]  # fmt: skip
+        _kill_tree(pid)  # the worker process crashes (with its Nanny): the host lives
+        result = fit.result(timeout=BOUND)
+    finally:
+        if fit.proc.poll() is None:
+            fit.proc.kill()
+    assert result["error"] is None, result
+    summary = result["summary"]
+    assert summary["departed"] == [trainer], summary
+    first = summary["departed_at_iterations"][trainer]
+    assert 2 <= first <= iterations, summary
+    (departure,) = summary["departures"]
+    assert departure["stand_ins"] == {trainer: spare}, departure
+    # nothing copied, nothing left out: the rows stayed in their host's vineyardd
+    assert departure["training"]["path"] == "none", departure
+    assert summary["repinned_rows"] == 0 and summary["rows_left_out"] == 0, summary
+    assert result["rows_by_host"] == prepared["rows_by_host"], result["rows_by_host"]
+    # a trainer per host still, the spare one training the victim host's rows
+    (other,) = [w for w in prepared["trainers"] if w != trainer]
+    assert sorted(summary["trainers"]) == sorted([other, spare]), summary
+    assert summary["trainer_partitions"][spare]["rows"] == ROWS // 2, summary
+    rows = dict(summary["rows_per_epoch"])
+    assert rows == {i: ROWS for i in range(1, iterations + 1)}, summary
