@@ -169,7 +169,10 @@ def _greedy(
     took: set[str],
 ) -> list[Move]:
     """One buffer at a time off the trainer that finishes last, while that shortens the
-    iteration; the best move wins (ties: fewer rows, then the lower buffer index)."""
+    iteration; the best move wins (ties: fewer rows, then the lower buffer index). A trainer
+    keeps its last buffer: the job's trainers stay the same at a speed move, and one that
+    holds no row cannot train (a host throttled to a fifteenth of the others' speed gave
+    every buffer away and the next run refused its empty share)."""
     held = {w: [b for b in parsed if b[1] == w] for w in load}
     order = {w: i for i, w in enumerate(load)}
     moves: list[Move] = []
@@ -182,7 +185,7 @@ def _greedy(
         chosen = None
         for b in held[source]:
             for target in load:
-                if target == source or target in gave or b[2] == 0:
+                if target == source or target in gave or b[2] == 0 or len(held[source]) < 2:
                     continue
                 load[source] -= b[2]
                 load[target] += b[2]

@@ -28,7 +28,6 @@ Run it by hand::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ipaddress
 import json
 import os
@@ -44,39 +43,24 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from dvml.exceptions import ArgumentError, ClusterError, ClusterStartError
+from dvml.testing import netns_os
+from dvml.testing.netns_os import (
+    leftovers,
+    listening,
+    make_certificates,
+    mapped_shm_inodes,
+    ns_pids,
+    pid_alive,
+    remove_semaphores,
+    run_cmd,
+    send_signal,
+    unavailable_reason,
+)
 
 __all__ = ["NetnsCluster", "leftovers", "listening", "main", "unavailable_reason"]
 
 PREFIX = "dvml"
 ETCD_PORT, ETCD_PEER_PORT, SCHEDULER_PORT, DASHBOARD_PORT = 2379, 2380, 8786, 8787
-# Python multiprocessing's named semaphores: /dev/shm/sem.mp-* (see kill_host).
-_SHM, _SEMAPHORE_PREFIX = "/dev/shm", "sem.mp-"
-
-
-def _run(argv: Sequence[str], check: bool = True, timeout: float = 30) -> str:
-    out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
-    if check and out.returncode != 0:
-        raise ClusterError(
-            f"Command failed (exit code {out.returncode}): {' '.join(argv)}: "
-            f"{out.stderr.strip() or out.stdout.strip()}"
-        )
-    return out.stdout
-
-
-def unavailable_reason() -> str | None:
-    """Why namespace clusters cannot run here (not root, no ``ip``/``ss``), or None."""
-    if os.geteuid() != 0:
-        return f"network namespaces need root (running as uid {os.geteuid()})"
-    for tool in ("ip", "ss", "bash"):
-        if shutil.which(tool) is None:
-            return f"the `{tool}` command is not installed (iproute2 provides ip and ss)"
-    probe = f"{PREFIX}-probe-{secrets.token_hex(3)}"
-    try:
-        _run(["ip", "netns", "add", probe])
-    except ClusterError as exc:
-        return f"`ip netns add` failed: {exc}"
-    _run(["ip", "netns", "del", probe], check=False)
-    return None
 
 
 def recipes_dir() -> pathlib.Path:
@@ -89,72 +73,6 @@ def recipes_dir() -> pathlib.Path:
             "a source checkout of dvml or set DVML_RECIPES to the recipes' folder."
         )
     return path
-
-
-def listening(namespace: str) -> list[dict[str, Any]]:
-    """The TCP sockets listening inside ``namespace``: ``address``, ``port``, ``process``."""
-    out = _run(["ip", "netns", "exec", namespace, "ss", "-ltnpH"])
-    rows = []
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        local = fields[3]
-        address, _, port = local.rpartition(":")
-        users = fields[5] if len(fields) > 5 else ""
-        process = users.split('"')[1] if '"' in users else ""
-        rows.append({"address": address.strip("[]"), "port": int(port), "process": process})
-    return rows
-
-
-def _ns_pids(namespace: str) -> list[int]:
-    out = _run(["ip", "netns", "pids", namespace], check=False)
-    return [int(p) for p in out.split() if p.isdigit()]
-
-
-def _mapped_shm_inodes(pid: int) -> set[int]:
-    """Inodes of the ``/dev/shm`` files that process ``pid`` maps.
-
-    A named semaphore shows under the temporary name it was created with (glibc links it to
-    its name, then removes the temporary one), so it is told by its inode.
-    """
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            return {int(line.split()[4]) for line in maps if " /dev/shm/" in line}
-    except (OSError, ValueError, IndexError):  # gone already
-        return set()
-
-
-def _remove_semaphores(inodes: set[int]) -> None:
-    """Remove Python multiprocessing's named semaphores (``sem.mp-*``) with these inodes."""
-    try:
-        entries = [e for e in os.scandir(_SHM) if e.name.startswith(_SEMAPHORE_PREFIX)]
-    except OSError:
-        return
-    for entry in entries:
-        with contextlib.suppress(OSError):
-            if entry.inode() in inodes:
-                os.unlink(entry.path)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def leftovers(cluster_id: str, workdir: str | None = None) -> list[str]:
-    """Namespaces, links and files of cluster ``cluster_id`` that still exist (for leak checks)."""
-    found = [f"namespace {n}" for n in _run(["ip", "netns", "list"]).split() if cluster_id in n]
-    for line in _run(["ip", "-o", "link", "show"]).splitlines():
-        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if cluster_id in name:
-            found.append(f"link {name}")
-    if workdir and os.path.exists(workdir):
-        found.append(f"directory {workdir}")
-    return found
 
 
 class NetnsCluster:
@@ -244,7 +162,7 @@ class NetnsCluster:
         self.state["etcd_endpoint"] = f"http://{head}:{ETCD_PORT}"
         self.state["scheduler_address"] = f"{'tls' if tls else 'tcp'}://{head}:{SCHEDULER_PORT}"
         if tls:
-            self.state["tls"] = _certificates(os.path.join(self.workdir, "tls"))
+            self.state["tls"] = make_certificates(os.path.join(self.workdir, "tls"))
         self._save()
 
     # -- the registry --------------------------------------------------------------------------
@@ -324,31 +242,66 @@ class NetnsCluster:
 
     def _network(self) -> None:
         bridge = self.state["bridge"]
-        _run(["ip", "link", "add", bridge, "type", "bridge"])
+        run_cmd(["ip", "link", "add", bridge, "type", "bridge"])
         self._record("links", bridge)
-        _run(["ip", "link", "set", bridge, "up"])
-        prefix = ipaddress.ip_network(self.state["subnet"]).prefixlen
-        roles = [self.state["head"], *self.state["hosts"]]
-        for i, role in enumerate(roles):
-            ns = role["namespace"]
-            _run(["ip", "netns", "add", ns])
-            self._record("namespaces", ns)
-            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-            outer, inner = f"dv{self.id}n{i}", f"dv{self.id}p{i}"
-            _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
-            self._record("links", outer)  # deleting one end deletes its peer
-            role["link"] = outer
-            _run(["ip", "link", "set", inner, "netns", ns])
-            _run(["ip", "-n", ns, "link", "set", inner, "name", "eth0"])
-            _run(["ip", "-n", ns, "addr", "add", f"{role['address']}/{prefix}", "dev", "eth0"])
-            _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-            _run(["ip", "link", "set", outer, "master", bridge, "up"])
-        self._save()
-        self._wait_reachable()
+        run_cmd(["ip", "link", "set", bridge, "up"])
+        for i, role in enumerate([self.state["head"], *self.state["hosts"]]):
+            self._attach(role, i)
+        self._wait_reachable([h["address"] for h in self.state["hosts"]])
 
-    def _wait_reachable(self) -> None:
-        """Each worker host answers the head over the bridge (a refused TCP connection is an
-        answer; no ``ping`` is needed)."""
+    def _attach(self, role: dict[str, Any], index: int) -> None:
+        """Create ``role``'s namespace and its veth to the bridge, with its address."""
+        ns, bridge = role["namespace"], self.state["bridge"]
+        prefix = ipaddress.ip_network(self.state["subnet"]).prefixlen
+        run_cmd(["ip", "netns", "add", ns])
+        self._record("namespaces", ns)
+        run_cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
+        outer, inner = f"dv{self.id}n{index}", f"dv{self.id}p{index}"
+        run_cmd(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
+        self._record("links", outer)  # deleting one end deletes its peer
+        role["link"] = outer
+        run_cmd(["ip", "link", "set", inner, "netns", ns])
+        run_cmd(["ip", "-n", ns, "link", "set", inner, "name", "eth0"])
+        run_cmd(["ip", "-n", ns, "addr", "add", f"{role['address']}/{prefix}", "dev", "eth0"])
+        run_cmd(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        run_cmd(["ip", "link", "set", outer, "master", bridge, "up"])
+        self._save()
+
+    def add_host(self, workers: int | None = None) -> dict[str, Any]:
+        """Add a worker host to the running cluster (a machine that joins); return it.
+
+        Its namespace gets the next address of the subnet and a veth to the bridge, then
+        ``host.sh`` starts its vineyardd (joined to the cluster's etcd) and its Dask workers
+        (``workers``, default: as many as the other hosts), exactly as a new machine is added.
+        Everything is recorded as it is created, so :meth:`down` removes it with the rest, also
+        when the start fails here (which raises :class:`~dvml.exceptions.ClusterError`).
+        """
+        hosts = self.state["hosts"]
+        n = len(hosts) + 1
+        net = ipaddress.ip_network(self.state["subnet"])
+        if net.num_addresses < 16 + n:
+            raise ArgumentError(
+                f"The subnet {net} has no address left for host {n}. Received: a cluster "
+                f"of {n - 1} hosts. Use a larger subnet."
+            )
+        each = int(hosts[0]["workers"]) if hosts else 1
+        if (workers if workers is not None else each) < 1:
+            raise ArgumentError(f"workers must be at least 1. Received: workers={workers}.")
+        host: dict[str, Any] = {
+            "namespace": f"{PREFIX}-{self.id}-h{n}",
+            "address": str(net[10 + n]),
+            "socket_dir": os.path.join(self.workdir, f"h{n}"),
+            "workers": workers if workers is not None else each,
+        }
+        self._record("hosts", host)
+        self._attach(host, n)
+        self._wait_reachable([host["address"]])
+        self.start_host(host["namespace"])
+        return dict(host)
+
+    def _wait_reachable(self, addresses: list[str]) -> None:
+        """Each of these worker hosts answers the head over the bridge (a refused TCP
+        connection is an answer; no ``ping`` is needed)."""
         head = self.state["head"]
         probe = (
             "import socket, sys\n"
@@ -358,7 +311,6 @@ class NetnsCluster:
             "    except ConnectionRefusedError:\n"
             "        pass\n"
         )
-        addresses = [h["address"] for h in self.state["hosts"]]
         deadline = time.monotonic() + 15
         while True:
             out = subprocess.run(
@@ -464,7 +416,7 @@ class NetnsCluster:
         return [
             p["pid"]
             for p in self.state["processes"]
-            if p["namespace"] == namespace and p["name"] != "vineyardd" and _pid_alive(p["pid"])
+            if p["namespace"] == namespace and p["name"] != "vineyardd" and pid_alive(p["pid"])
         ]
 
     # -- use -----------------------------------------------------------------------------------
@@ -509,11 +461,11 @@ class NetnsCluster:
         deadline = time.monotonic() + 10.0
         while True:
             # Zombies count as gone: their parent (outside the host, or dead) reaps them.
-            pids = [p for p in _ns_pids(namespace) if p not in spared and _pid_alive(p)]
+            pids = [p for p in ns_pids(namespace) if p not in spared and pid_alive(p)]
             if not pids or time.monotonic() > deadline:
                 break
             for pid in pids:
-                inodes |= _mapped_shm_inodes(pid)
+                inodes |= mapped_shm_inodes(pid)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -521,19 +473,45 @@ class NetnsCluster:
                 if pid not in killed:
                     killed.append(pid)
             time.sleep(0.05)
-        _remove_semaphores(inodes)
+        remove_semaphores(inodes)
         return killed
 
     def set_link(self, namespace: str, up: bool) -> None:
         """Cut (``up=False``) or restore a host's link to the bridge: a network partition."""
         roles = [self.state["head"], *self.state["hosts"]]
         role = next(r for r in roles if r["namespace"] == namespace)
-        _run(["ip", "link", "set", role["link"], "up" if up else "down"])
+        run_cmd(["ip", "link", "set", role["link"], "up" if up else "down"])
+
+    def throttle_host(self, namespace: str, cpus: float) -> str:
+        """Cap a worker host's CPU at ``cpus`` cores (a cgroup v1 CPU quota); the cgroup's path.
+
+        Every process of the host (its vineyardd, Nanny, worker, zygote and trainers) goes into
+        one cgroup whose quota is ``cpus`` cores; what they start later inherits it, so a job's
+        restarted trainers stay throttled. :meth:`unthrottle_host` (or :meth:`down`) removes it.
+        """
+        if namespace not in [h["namespace"] for h in self.state["hosts"]]:
+            raise ArgumentError(f"Not a worker host of this cluster. Received: {namespace!r}.")
+        name = f"{PREFIX}-{self.id}-{namespace.rsplit('-', 1)[-1]}"
+        path = netns_os.make_cpu_cgroup(name, cpus)
+        if path not in self.state.setdefault("cgroups", []):
+            self._record("cgroups", path)
+        netns_os.move_to_cgroup(path, ns_pids(namespace))
+        return path
+
+    def unthrottle_host(self, namespace: str) -> None:
+        """Give a throttled host its CPU back: its processes leave the cgroup, which is removed."""
+        name = f"{PREFIX}-{self.id}-{namespace.rsplit('-', 1)[-1]}"
+        for path in [c for c in self.state.get("cgroups", []) if os.path.basename(c) == name]:
+            problem = netns_os.remove_cgroup(path)
+            if problem:
+                raise ClusterError(f"Could not remove the CPU quota of {namespace}: {problem}.")
+            self.state["cgroups"].remove(path)
+            self._save()
 
     def status(self) -> dict[str, Any]:
         """Each namespace with its address, live recorded processes and TCP listeners."""
         rows = {}
-        existing = set(_run(["ip", "netns", "list"]).split())
+        existing = set(run_cmd(["ip", "netns", "list"]).split())
         for role in [self.state["head"], *self.state["hosts"]]:
             ns = role["namespace"]
             if ns not in existing:
@@ -542,7 +520,7 @@ class NetnsCluster:
             procs = [
                 f"{p['name']}({p['pid']})"
                 for p in self.state["processes"]
-                if p["namespace"] == ns and _pid_alive(p["pid"])
+                if p["namespace"] == ns and pid_alive(p["pid"])
             ]
             rows[ns] = {
                 "address": role["address"],
@@ -563,21 +541,21 @@ class NetnsCluster:
         too. Only pids found inside this cluster's own namespaces are signalled.
         """
         problems: list[str] = []
-        existing = set(_run(["ip", "netns", "list"], check=False).split())
+        existing = set(run_cmd(["ip", "netns", "list"], check=False).split())
         ours = [n for n in self.state["namespaces"] if n in existing]
-        inside = {pid for ns in ours for pid in _ns_pids(ns)}
+        inside = {pid for ns in ours for pid in ns_pids(ns)}
         recorded = [p["pid"] for p in reversed(self.state["processes"]) if p["pid"] in inside]
         for pid in recorded:
-            _signal(pid, signal.SIGTERM)
+            send_signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in recorded):
+        while time.monotonic() < deadline and any(pid_alive(p) for p in recorded):
             time.sleep(0.1)
         for _ in range(50):
-            left = {pid for ns in ours for pid in _ns_pids(ns) if _pid_alive(pid)}
+            left = {pid for ns in ours for pid in ns_pids(ns) if pid_alive(pid)}
             if not left:
                 break
             for pid in left:
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGKILL)
             time.sleep(0.1)
         else:
             problems.append(f"processes still running in {ours}: {sorted(left)}")
@@ -587,7 +565,7 @@ class NetnsCluster:
             )
             if out.returncode != 0:
                 problems.append(f"ip netns del {ns}: {out.stderr.strip()}")
-        links = set(_run(["ip", "-o", "link", "show"], check=False).split())
+        links = set(run_cmd(["ip", "-o", "link", "show"], check=False).split())
         for link in reversed(self.state["links"]):
             if f"{link}:" in links or any(t.startswith(f"{link}@") for t in links):
                 out = subprocess.run(
@@ -595,6 +573,10 @@ class NetnsCluster:
                 )
                 if out.returncode != 0 and "Cannot find" not in out.stderr:
                     problems.append(f"ip link del {link}: {out.stderr.strip()}")
+        for path in self.state.get("cgroups", []):
+            problem = netns_os.remove_cgroup(path)
+            if problem:
+                problems.append(problem)
         shutil.rmtree(self.workdir, ignore_errors=True)
         if os.path.exists(self.state_path):
             os.remove(self.state_path)
@@ -608,36 +590,6 @@ class NetnsCluster:
         problems = self.down()
         if problems:
             raise ClusterError(f"Removing namespace cluster {self.id} left: {problems}")
-
-
-def _certificates(directory: str) -> dict[str, str]:
-    """A test CA and one certificate signed by it, for every Dask peer (``openssl``).
-
-    Dask checks that a peer's certificate is signed by the CA, not its host name, so one
-    certificate serves the scheduler, the workers and the clients of this test cluster.
-    """
-    if shutil.which("openssl") is None:
-        raise ClusterError("tls=True needs the `openssl` command to generate certificates.")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    ca, ca_key = os.path.join(directory, "ca.pem"), os.path.join(directory, "ca-key.pem")
-    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
-    csr = os.path.join(directory, "cert.csr")
-    _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-          "-subj", "/CN=dvml-netns-ca", "-keyout", ca_key, "-out", ca])  # fmt: skip
-    _run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=dvml-netns",
-          "-keyout", key, "-out", csr])  # fmt: skip
-    _run(["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key,
-          "-CAcreateserial", "-days", "2", "-out", cert])  # fmt: skip
-    for path in (ca_key, key):
-        os.chmod(path, 0o600)
-    return {"ca": ca, "cert": cert, "key": key}
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 # -- command line ------------------------------------------------------------------------------

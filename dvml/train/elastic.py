@@ -57,6 +57,7 @@ from dvml.train.row_map_change import Boundary, RowMapState, apply, summary_fiel
 from dvml.train.runtime import launch
 from dvml.train.runtime.lockstep import BoundaryReached, resume_from, run_lockstep
 from dvml.train.runtime.plan import Job, dataset_key, job_key
+from dvml.train.stand_ins import stand_ins
 from dvml.train.stragglers import timings_of
 
 if TYPE_CHECKING:
@@ -294,10 +295,17 @@ def run_elastic(
         except WorkerDepartedError as exc:
             gone_at = {w.address for w in exc.workers}
             gone = [w for w in workers if w.address in gone_at]
-            survivors = [w for w in workers if w.address not in gone_at]
+            # a live worker of a departed trainer's vineyardd trains its rows in place
+            taken = stand_ins(client, gone, workers, state.left) if gone else {}
+            survivors = [taken.get(w.address, w) for w in workers
+                         if w.address not in gone_at or w.address in taken]  # fmt: skip
             if not gone or not survivors:
                 raise
-            departure = _repin(client, job, gone, survivors)
+            departure = _repin(client, job, [w for w in gone if w.address not in taken],
+                               survivors)  # fmt: skip
+            departure["workers"] = [w.name for w in gone]
+            departure["stand_ins"] = {w.name: taken[w.address].name for w in gone
+                                      if w.address in taken}  # fmt: skip
             state.left |= {w.name for w in gone}
             start, blob, hist = _resumed(client, job, survivors, tally, began, initial)
             departure["at_iteration"] = start
@@ -459,6 +467,8 @@ def elastic_summary(run: ElasticRun) -> dict[str, Any]:
 def _describe(departure: dict[str, Any]) -> str:
     train = departure["training"]
     text = f"{train['repinned_rows']} rows copied onto them in {train['repin_seconds']:.1f}s"
+    if departure.get("stand_ins"):  # dvml.train.stand_ins
+        text = f"{departure['stand_ins']} train their rows in place, {text}"
     if train["rows_left_out"]:
         text += f", {train['rows_left_out']} rows left out ({train['left_out_reason']})"
     return text

@@ -344,6 +344,77 @@ def drop(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
     return {**error, "exists": dvml.datasets.exists(args["name"])}
 
 
+def elastic_prepare(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Pack ``args["rows"]`` digits with all_workers in buffers of ``args["buffer_size"]`` and
+    register the model (the elastic tests' fits); the rows each host holds."""
+    train, _ = _digits()
+    ds = dvml.training_preprocessor(
+        train.iloc[: args["rows"]], y="label", x="pixels", normalizing_const=16.0,
+        buffer_size=args["buffer_size"], distribution_rules="all_workers", name=args["name"],
+        overwrite=True,
+    )  # fmt: skip
+    arch = dvml.load_keras_model(args["model_json"], name="dense")
+    nbytes = sum(int(f["nbytes"]) for b in ds.layout["buffers"] for f in b["fields"].values())
+    return {"arch": arch, "rows": ds.rows, "rows_by_host": _rows_by_host(args["name"]),
+            "bytes_per_row": nbytes / ds.rows,
+            "trainers": _trainers(cluster, ds)}  # fmt: skip
+
+
+def _trainers(cluster: Any, ds: Any) -> list[str]:
+    """The workers a fit of ``ds`` trains on now: one per vineyard instance holding rows."""
+    from dvml.store.datasets import buffer_workers
+
+    return sorted({w.name for w in buffer_workers(cluster.client, ds)})
+
+
+def _rows_by_host(name: str) -> dict[str, int]:
+    rows: dict[str, int] = {}
+    for b in dvml.datasets.describe(name).layout["buffers"]:
+        rows[b["host"]] = rows.get(b["host"], 0) + int(b["rows"])
+    return rows
+
+
+def elastic_fit(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """An elastic ``sync="iteration"`` fit that prints ``ITERATION <i>`` after each iteration;
+    its summary's elastic fields, its per-iteration records and the rows each host holds after.
+    """
+    records: list[dict[str, Any]] = []
+
+    def seen(record: dict[str, Any]) -> None:
+        keep = ("iteration", "stragglers", "fit_seconds", "averaging_seconds", "elapsed_s")
+        records.append({k: record.get(k) for k in keep})
+        print(f"ITERATION {record['iteration']}", flush=True)
+
+    try:
+        model = dvml.fit(
+            args["name"], args["model"], args["arch"],
+            compile_params="loss='categorical_crossentropy', "
+            "optimizer='Adam(learning_rate=0.003)'",
+            fit_params=f"batch_size=32, epochs={args['epochs']}",
+            num_iterations=args["iterations"], sync="iteration", elastic=True,
+            on_iteration=seen, timeout=args.get("timeout", 600),
+        )  # fmt: skip
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "records": records}
+    keep = ("trainers", "departed", "departed_at_iterations", "departures", "rows_left_out",
+            "rows_left_out_from_iteration", "repinned_rows", "joined", "joined_at_iterations",
+            "rebalanced_at_iterations", "moved_rows", "moved_bytes", "row_map_changes",
+            "rows_per_epoch", "trainer_partitions", "trainer_step_seconds", "straggler_worker",
+            "straggler_ratio", "straggler_iterations")  # fmt: skip
+    from dvml.cluster.workers import discover_workers
+
+    summary = model.summary
+    workers = discover_workers(cluster.client)  # now: a host added during the fit, too
+    return {
+        "error": None,
+        "summary": {k: summary.get(k) for k in keep},
+        "records": records,
+        "rows_by_host": _rows_by_host(args["name"]),
+        "host_of": {w.name: w.host for w in workers},
+        "address_host": {w.address: w.host for w in workers},
+    }
+
+
 COMMANDS = {
     "gated_fit": gated_fit,
     "drop": drop,
@@ -355,6 +426,8 @@ COMMANDS = {
     "long_fit": long_fit,
     "long_fit_multiple": long_fit_multiple,
     "run_loop": run_loop,
+    "elastic_prepare": elastic_prepare,
+    "elastic_fit": elastic_fit,
 }
 
 

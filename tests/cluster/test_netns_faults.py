@@ -6,12 +6,9 @@ partitioned host is noticed within a bounded time. Skipped, with the reason, wit
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +18,9 @@ import pytest
 from dvml.cluster.pinned import NANNY_GONE_AFTER
 from dvml.testing import netns
 from tests.helpers import (
-    NETNS_CLIENT,
+    NetnsBackground as Background,
+)
+from tests.helpers import (
     job_trainers,
     netns_client,
     pid_gone,
@@ -108,45 +107,6 @@ def rejoined(cluster: netns.NetnsCluster, timeout: float = 120) -> dict[str, Any
 
     assert poll_for(back, timeout, interval=2), seen
     return seen
-
-
-class Background:
-    """A client command running in the head namespace; its output collected line by line."""
-
-    def __init__(self, cluster: netns.NetnsCluster, command: str, **args: Any) -> None:
-        argv = [
-            sys.executable,
-            str(NETNS_CLIENT),
-            command,
-            cluster.scheduler_address,
-            json.dumps(args),
-        ]
-        self.proc = subprocess.Popen(
-            cluster.exec_argv(cluster.head["namespace"], argv), stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, env=cluster.env(),
-        )  # fmt: skip
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout or ():
-            self.lines.append(line.rstrip())
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
-
-    def result(self, timeout: float) -> dict[str, Any]:
-        try:
-            self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.reader.join(10)
-        found = [x for x in self.lines if x.startswith("DVML-RESULT ")]
-        assert found, "\n".join(self.lines[-40:])
-        return dict(json.loads(found[-1].removeprefix("DVML-RESULT ")))
 
 
 def test_a_host_killed_during_fit_fails_fast_naming_it_and_rejoins(

@@ -45,6 +45,8 @@ from tests.helpers.jobs import (
 from tests.helpers.models import cnn, iris_mlp, keras, tiny_backbone
 from tests.helpers.netns import (
     NETNS_CLIENT,
+    NetnsBackground,
+    host_pids,
     netns_argv,
     netns_client,
     running_netns_cluster,
@@ -85,6 +87,7 @@ __all__ = [
     "REPO",
     "SESSION_CLUSTERS",
     "Background",
+    "NetnsBackground",
     "assert_no_new_processes",
     "batches",
     "child_processes",
@@ -95,6 +98,7 @@ __all__ = [
     "dvml_command",
     "execute_notebook",
     "half_speed",
+    "host_pids",
     "inference_trainers",
     "iris_frame",
     "iris_mlp",

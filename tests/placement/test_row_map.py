@@ -74,6 +74,18 @@ def test_only_whole_buffers_of_the_slowest_move_and_three_trainers() -> None:
     assert moved <= {b["index"] for b in buffers if b["worker"] == "c"}
 
 
+def test_a_trainer_far_slower_than_the_others_keeps_its_last_buffer() -> None:
+    # 15x slower (a host throttled to a fraction of a core, seen on namespace hosts): moving
+    # its last buffer still shortens the iteration, but a trainer without rows cannot train
+    plan = plan_speed(_buffers({"a": 6, "b": 6}), {"a": 1.0, "b": 15.0}, iterations_left=8,
+                      restart_seconds=0.0)  # fmt: skip
+    assert plan.rows_per_worker == {"a": 1100, "b": 100}
+    assert plan.moved_rows == 500 and all(m.source == "b" for m in plan.moves)
+    one = plan_speed(_buffers({"a": 1, "b": 1}), {"a": 1.0, "b": 15.0}, iterations_left=8,
+                     restart_seconds=0.0)  # fmt: skip
+    assert one.moves == () and one.rows_per_worker == {"a": 100, "b": 100}
+
+
 def test_bad_figures_are_refused() -> None:
     with pytest.raises(ArgumentError, match="at least two trainers"):
         plan_speed(_buffers({"a": 2}), {"a": 1.0}, iterations_left=1, restart_seconds=0.0)
