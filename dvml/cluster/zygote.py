@@ -172,16 +172,24 @@ class ForkedProcess:
         self._connection = None
         if message is not None:
             self.returncode = int(message["exit"])
+        elif not _alive(self.pid):  # the zygote died (closed without a status), and so did it
+            self.returncode = EXIT_UNKNOWN
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs. A zombie does not: a fork whose zygote died is the child of
+    whichever process adopted it, which may not reap it soon (a container's first process)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc here: what kill said
+        return True
 
 
 class Zygote:

@@ -196,6 +196,19 @@ def test_a_fork_outliving_its_zygote_still_ends_and_says_its_status_is_lost(
     assert proc.wait(30) == zygote.EXIT_UNKNOWN
 
 
+def test_a_fork_that_died_with_its_zygote_is_seen_dead_at_the_first_poll(
+    machine: Any, tmp_path: Path
+) -> None:
+    # A standby trainer whose machine's zygote was killed with it (a crashed worker host):
+    # take_standby polls it once before handing it a job. That first poll read the zygote's
+    # closed socket, said "still runs", and a job was handed to a dead trainer.
+    proc, pid = _running_fork(machine, tmp_path)
+    os.kill(pid, signal.SIGKILL)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert poll_for(lambda: pid_gone(pid) and pid_gone(proc.pid), 10)
+    assert proc.poll() == zygote.EXIT_UNKNOWN
+
+
 def test_the_socket_directory_must_be_private(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
