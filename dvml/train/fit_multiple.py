@@ -43,6 +43,7 @@ from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import selection_run
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
+from dvml.train.hop_repin import departure_fields, describe_repin, go_on_without, rows_per_epoch
 from dvml.train.hop_schedule import model_histories, resumed_from
 from dvml.train.hop_tables import Trained, build_tables, model_name
 from dvml.train.hop_tables import run_summary as hop_run_summary
@@ -300,7 +301,7 @@ def fit_multiple(
             lease.check()  # a dataset dropped with force=True: fail, register nothing
             registered = _register(reg, run.plan, run.history, run.records, run.evals, weights,
                                    start, end, run.points, name, description, started,
-                                   hop.memory, run.departed)  # fmt: skip
+                                   hop.memory, run.departures)  # fmt: skip
             log_models_saved(client, registered, f"dvml.fit_multiple {model_output}")
             hopper.clear_checkpoints()
     selection = ModelSelection(model_output, reg)
@@ -398,27 +399,29 @@ def _resume(
 @dataclasses.dataclass
 class _Run:
     """What the MOP loop trained: the plan it ended on (its remaining workers), each model's
-    resume point, the history before them, the hops' records and evaluations, and the
-    workers that departed (name -> the first iteration trained without them)."""
+    resume point, the history before them, the hops' records and evaluations, and one
+    record per departure (:func:`dvml.train.hop_repin.go_on_without`'s, with
+    ``at_iteration``: the first iteration trained without the departed workers)."""
 
     plan: _Plan
     points: dict[int, int]
     history: list[dict[str, Any]]
     records: list[dict[str, Any]]
     evals: Evaluations
-    departed: dict[str, int]
+    departures: list[dict[str, Any]]
 
 
 def _run_elastic(hop: HopJob, plan: _Plan, resume: bool, progress: bool, elastic: bool) -> _Run:
-    """Resume, then run the MOP loop; with ``elastic``, a departed worker is left out and the
-    loop runs again on the remaining ones, each model from its own last checkpoint kept
-    there (the rerun rule, :func:`_resume`)."""
-    departed: dict[str, int] = {}
+    """Resume, then run the MOP loop; with ``elastic``, a departed worker is left out, its
+    rows re-pinned onto the remaining workers whose trainers restart on the new layout
+    (:func:`~dvml.train.hop_repin.go_on_without`), and the loop runs again on them, each
+    model from its own last checkpoint kept there (the rerun rule, :func:`_resume`)."""
+    departures: list[dict[str, Any]] = []
     points, states, history = _resume(hop, plan, resume)
     while True:
         try:
             records, evals = _run(hop.hopper, plan, points, states, progress)
-            return _Run(plan, points, history, records, evals, departed)
+            return _Run(plan, points, history, records, evals, departures)
         except TrainerFailedError:
             gone = departed_workers(hop.client, hop.hopper.workers, wait=0.0) if elastic else []
             if not gone:
@@ -426,12 +429,14 @@ def _run_elastic(hop: HopJob, plan: _Plan, resume: bool, progress: bool, elastic
         remaining = [w for w in hop.hopper.workers if w not in gone]
         hop.lose(gone, remaining, "Bring the workers back and run the same call again.")
         hop.hopper.forget(list(hop.hopper.states))  # mid-iteration states: from checkpoints
+        departure = go_on_without(hop, gone, remaining)
         plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job, workers=remaining))
         points, states, history = _resume(hop, plan, True)
-        first = min(points.values()) + 1
-        departed.update({w.name: first for w in gone})
+        first = departure["at_iteration"] = min(points.values()) + 1
+        departures.append(departure)
         line = (f"[dvml.fit_multiple {plan.model_output}] {describe_departure(gone)}: going on "
-                f"without it from iteration {first} (elastic=True)")  # fmt: skip
+                f"without it from iteration {first} (elastic=True): "
+                f"{describe_repin(departure)}")  # fmt: skip
         logger.warning(line)
         if progress:
             print(line, flush=True)
@@ -474,30 +479,33 @@ def _register(
     description: str | None,
     started: float,
     memory: FitMemoryPlan | None,
-    departed: dict[str, int],
+    departures: list[dict[str, Any]],
 ) -> list[tuple[str, dict[str, Any]]]:
     """Build every model's summary and the info/summary tables; register all in one go.
     Returns each model's name and summary."""
     keys = [c.mst_key for c in plan.configs]
     times = {"start": start, "end": end, "name": name, "description": description}
+    per_model = model_histories(keys, history, records, evals)
+    # the rows each model trained per epoch, by iteration (MADlib's rule: all of them)
+    rows = {k: rows_per_epoch(per_model[k]) for k in keys}
     trained = [
         Trained(
             c.mst_key, c.model_id, plan.parsed[c.mst_key], plan.job.args.num_iterations,
-            summary={"resumed_from_iteration": points[c.mst_key] or None},
+            summary={"resumed_from_iteration": points[c.mst_key] or None,
+                     "rows_per_epoch": rows[c.mst_key]},
+            info={"rows_per_epoch": rows[c.mst_key]},
             texts=(params_text(c.compile_params, plan.parsed[c.mst_key]["compile_params"]),
                    params_text(c.fit_params, plan.parsed[c.mst_key]["fit_params"])),
             warm_start=plan.job.args.warm_start,
         )
         for c in plan.configs
     ]  # fmt: skip
-    per_model = model_histories(keys, history, records, evals)
     tables = build_tables(plan.job, plan.model_output, trained, per_model, weights, times)
     names = {k: model_name(plan.model_output, k) for k in keys}
     run_summary = _run_summary(plan, records, names, tables.summaries[keys[0]]["metrics_iters"],
                                times, resumed_from(points), started)  # fmt: skip
     run_summary["resumed_from_iterations"] = [points[k] for k in keys]
-    run_summary["departed"] = sorted(departed)  # elastic=True: went on without them
-    run_summary["departed_at_iterations"] = departed
+    run_summary.update(departure_fields(departures))  # elastic=True: went on without them
     # each trainer's and host's planned resident bytes and their peaks at the hops' ends
     samples = ((r["worker"], r.get("resident_bytes"), r.get("zygote_bytes")) for r in records)
     run_summary.update(memory_summary(memory, samples, float(config.get("memory.margin"))))
