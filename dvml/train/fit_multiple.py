@@ -11,7 +11,9 @@ variables go to the next worker. This module only decides that schedule; its
 :class:`~dvml.train.hop_job.HopJob` (shared with the searches) sets up the trainers, reads the
 checkpoints back and builds MADlib's tables (:mod:`dvml.train.hop_tables`), and the runtime
 moves the states, checkpoints them and watches the trainers. A worker that leaves the cluster
-stops the job (the searches go on without it).
+stops the job (the searches go on without it), unless ``elastic=True``: then its rows are
+re-pinned onto the remaining workers and the job goes on there
+(:mod:`dvml.train.hop_repin`).
 
 After each iteration every model's state (weights and optimizer variables) is checkpointed on
 the worker that holds it, with that iteration's records; a rerun of the same call resumes EACH
@@ -241,13 +243,18 @@ def fit_multiple(
         MADlib's option to keep the training data in memory between iterations; accepted
         and ignored, since dvml always trains from the data kept in the workers' memory.
     elastic : bool
-        Go on without a worker that leaves the cluster (its process or host gone), as the
-        searches do: each model resumes from its own last checkpoint kept on the remaining
-        workers (else from its starting state) and trains the remaining iterations on their
-        partitions only. The departed worker's rows are not trained on from then on (dvml
-        keeps no replica): the summary's ``departed`` and ``departed_at_iterations`` say so.
-        Default False: a departure stops the job and a rerun resumes (every model visits
-        every partition in every iteration, MADlib's rule).
+        Go on without a worker that leaves the cluster (its process or host gone): its
+        buffers of the training and validation sets are copied from its vineyardd (which
+        still runs when only the Dask worker process died) onto the remaining workers, the
+        job's trainers restart there on the new layout, and each model resumes from its own
+        last checkpoint kept there (else from its starting state), so it again trains every
+        row once per iteration. When the vineyardd is gone too, the rows are left out and
+        counted. The summary's ``departed``, ``departed_at_iterations``, ``repinned_rows``,
+        ``repin_seconds``, ``rows_left_out``, ``rows_left_out_from_iteration`` and
+        ``departures`` say what happened; each model's ``rows_per_epoch`` (``.info``) the
+        rows it trained per epoch in each iteration. Default False: a departure stops the
+        job and a rerun resumes (every model visits every partition in every iteration,
+        MADlib's rule).
     registry : Registry or str, optional
         The model registry or its URL (default: config ``dvml.registry.url``).
     client : distributed.Client, optional

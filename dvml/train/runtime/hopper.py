@@ -22,6 +22,8 @@ to worker; the client holds only futures). The verbs:
   that goes on without a departed worker); :meth:`~ModelHopper.lose`: leave departed workers
   out of the job and forget the models whose state went with them;
   :meth:`~ModelHopper.forget`: drop a model, to add it again from another state;
+  :meth:`~ModelHopper.renew`: restart the trainers on the remaining workers (they open the
+  datasets' latest layout, after a re-pin);
 - :meth:`~ModelHopper.alive`: whether a worker's trainer still runs (a search goes on without
   a worker whose trainer died);
 - :meth:`~ModelHopper.stop`: stop the job's trainers (also done by their client lease when
