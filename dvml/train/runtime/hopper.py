@@ -428,10 +428,12 @@ class ModelHopper:
             self.client.run(sessions.stop_session, old, on_error="ignore")
         except OSError:  # a worker that went meanwhile: its trainer went with it
             pass
-        self._log({"kind": "renewed", "job_id": old, "at": time.time()})
+        new = uuid.uuid4().hex[:12]
+        # the dashboard shows the old trainers' job ended and follows the new one's topic
+        self._log({"kind": "ended", "outcome": f"renewed as {new}", "at": time.time()})
         self.workers = list(workers)
         self.job.update(
-            job_id=uuid.uuid4().hex[:12], workers=[w.name for w in workers],
+            job_id=new, workers=[w.name for w in workers],
             trainers_on_host=[sum(1 for o in workers if machine(o) == machine(w))
                               for w in workers],
         )  # fmt: skip
