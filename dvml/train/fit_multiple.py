@@ -43,6 +43,7 @@ from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import selection_run
+from dvml.train.elastic import elastic_key, rows_key
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
 from dvml.train.hop_repin import departure_fields, describe_repin, go_on_without, rows_per_epoch
@@ -291,7 +292,7 @@ def fit_multiple(
             model_output, training_set, validation_set, num_iterations, metrics_compute_frequency,
             use_gpus, warm_start, custom_objects, seed, timeout, augment,
         )  # fmt: skip
-        plan = prepare(reg, client, args, configs)
+        plan = prepare(reg, client, args, configs, elastic)
         # One run per model_output at a time (with automl's): a second would share this one's
         # checkpoints. Held until the models are saved; refused with the running job's name.
         with holding_output(config.state_dir(), model_output,
@@ -316,10 +317,12 @@ def fit_multiple(
     return selection
 
 
-def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
+def prepare(
+    reg: Registry, client: Client, args: JobArgs, configs: Any, elastic: bool = False
+) -> _Plan:
     """Check every argument and configuration up front (no trainer starts before this): the
     placed job and each configuration parsed (``.job``, ``.parsed``), what ``dvml.plan``
-    plans from."""
+    plans from; its key by :func:`selection_key`."""
     # A stored table's name, or rows given here: checked once, against the registry too.
     checked, attrs = checked_configs(configs, reg, args.custom_objects)
     custom = args.custom_objects or list(attrs.get("custom_objects") or [])
@@ -338,19 +341,8 @@ def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan
         )
         parsed[k] = spec.config()
         initial[k] = state_bytes(list(spec.weights) if spec.weights is not None else [])
-    key = job_key(
-        "fit_multiple",
-        args.output,
-        dataset_key(job.train),
-        dataset_key(job.valid),
-        [(c.mst_key, c.model_id, parsed[c.mst_key]) for c in checked],
-        args.num_iterations,
-        job.frequency,
-        job.seed,
-        args.warm_start,
-        [w.name for w in job.workers],
-        *job.augment_key,
-    )
+    models = [(c.mst_key, c.model_id, parsed[c.mst_key]) for c in checked]
+    key = selection_key(job, models, elastic)
     return _Plan(
         job=job,
         model_output=args.output,
@@ -359,6 +351,25 @@ def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan
         initial=initial,
         key=key,
     )
+
+
+def selection_key(job: Job, models: list[Any], elastic: bool) -> str:
+    """A ``fit_multiple``'s key: what a rerun resumes its models' checkpoints by. Pure.
+
+    A fixed job's names its data by version and its workers. An elastic job's names its data
+    by content (:func:`dvml.train.elastic.rows_key`, which a re-pin keeps) and leaves the
+    workers out, so a rerun after a re-pin (the datasets' next versions, fewer workers) still
+    resumes each model from its own last checkpoint; ``models`` are the configurations'
+    ``(mst_key, model_id, parsed)``.
+    """
+    args = job.args
+    if elastic:
+        parts = [args.output, rows_key(job.train), rows_key(job.valid), models,
+                 args.num_iterations, job.frequency, job.seed, args.warm_start]  # fmt: skip
+        return job_key("fit_multiple", *elastic_key(parts), *job.augment_key)
+    return job_key("fit_multiple", args.output, dataset_key(job.train), dataset_key(job.valid),
+                   models, args.num_iterations, job.frequency, job.seed, args.warm_start,
+                   [w.name for w in job.workers], *job.augment_key)  # fmt: skip
 
 
 def _hop_job(client: Client, plan: _Plan, started: float) -> HopJob:

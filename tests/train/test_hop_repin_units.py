@@ -1,11 +1,16 @@
 """The pure parts of an elastic fit_multiple (dvml.train.hop_repin): the rows each model
-trained per epoch from its hop records, and the summary's fields about departures."""
+trained per epoch from its hop records, the summary's fields about departures, and the job
+key rule (dvml.train.fit_multiple.selection_key)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+from dvml.store.datasets import Dataset
+from dvml.train.fit_multiple import selection_key
 from dvml.train.hop_repin import departure_fields, describe_repin, rows_per_epoch
+from dvml.train.runtime.plan import Job, JobArgs, dataset_key, job_key
 
 
 def _hops(*rows: int | None) -> dict[str, Any]:
@@ -53,3 +58,38 @@ def test_departure_fields_of_a_job_nobody_left():
     assert fields["departed"] == [] and fields["departed_at_iterations"] == {}
     assert fields["repinned_rows"] == fields["rows_left_out"] == 0
     assert fields["rows_left_out_from_iteration"] is None and fields["repin_seconds"] == 0
+
+
+def _dataset(placement: list[str], version: int = 1, digest: str = "d") -> Dataset:
+    buffers = [
+        {"index": i, "worker_name": w, "instance_id": int(w[-1]), "rows": 10,
+         "fields": {"x": {"digest": f"{digest}{i}", "nbytes": 40}}}
+        for i, w in enumerate(placement)
+    ]  # fmt: skip
+    return Dataset(
+        name="ds", id=1, kind="dataset", summary={"dataset_id": "abc"},
+        layout={"buffers": buffers, "fields": {}}, version=version,
+    )  # fmt: skip
+
+
+def _job(train: Dataset) -> Job:
+    args = JobArgs("mop", "ds", None, 4, None, False, False, None, 1, 60.0)
+    workers = [SimpleNamespace(name=w) for w in sorted({b["worker_name"] for b in
+                                                        train.layout["buffers"]})]  # fmt: skip
+    return Job(args, train, None, workers, 4, 1, 60.0, {}, None)  # type: ignore[arg-type]
+
+
+def test_an_elastic_fit_multiples_key_survives_a_repin_but_not_new_rows():
+    """A rerun after a re-pin (the next version, fewer workers) resumes; a fixed job's key
+    is unchanged (its workers and the version in it)."""
+    models = [(1, 7, {"fit_params": {"batch_size": 8}})]
+    before = _dataset(["w0", "w1", "w2"])
+    repinned = _dataset(["w0", "w2", "w2"], version=2)  # same buffers, new placement
+    appended = _dataset(["w0", "w1", "w2"], version=2, digest="e")  # other contents
+    key = selection_key(_job(before), models, elastic=True)
+    assert selection_key(_job(repinned), models, elastic=True) == key
+    assert selection_key(_job(appended), models, elastic=True) != key
+    fixed = selection_key(_job(before), models, elastic=False)
+    assert fixed != key and selection_key(_job(repinned), models, elastic=False) != fixed
+    assert fixed == job_key("fit_multiple", "mop", dataset_key(before), None, models, 4, 4, 1,
+                            False, ["w0", "w1", "w2"])  # fmt: skip
