@@ -15,9 +15,11 @@ the history of each configuration gives MADlib's ``metrics_iters`` directly.
 :func:`~dvml.search.outcome.build_outcome`.
 
 A worker that leaves the cluster during a step is named within the runtime watcher's bound
-and left out: the step starts again on the remaining workers from the states its
-configurations began it with (a configuration whose state went with the worker is failed:
-loss None, ranked last), and the search goes on.
+and left out: its rows are re-pinned onto the remaining workers and their trainers restarted
+on the new layout (:func:`dvml.train.hop_repin.go_on_without`, as an elastic
+``fit_multiple`` does; rows whose vineyardd is gone too are left out and counted), the step
+starts again there from the states its configurations began it with (a configuration whose
+state went with the worker is failed: loss None, ranked last), and the search goes on.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dvml.registry.database import Registry
 from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
+from dvml.train.hop_repin import departure_fields, go_on_without
 from dvml.train.hop_schedule import History, model_histories
 from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.checkpoints import resume_iteration
@@ -97,6 +100,7 @@ class HopSearch:
         self.last: dict[int, int] = {}  # mst_key -> the search's iteration of its last state
         self.failed: set[int] = set()  # state lost with a departed worker
         self.departed: list[str] = []
+        self.departures: list[dict[str, Any]] = []  # the re-pins (hop_repin.go_on_without)
         self.history: History = {}
         self.initial: dict[int, bytes] = {}  # the starting state of models new in this step
 
@@ -156,6 +160,9 @@ class HopSearch:
                 if not gone:
                     raise
             keys, first, done_before = self._go_on_without(gone, began, offset, iterations)
+            # the step goes on over every row: the departed rows re-pinned, new trainers
+            departure = go_on_without(self.hop, gone, list(self.hopper.workers))
+            self.departures.append({**departure, "at_iteration": offset + first})
         else:
             return [], {}
         # iterations checkpointed before a departure: their records and evaluations
@@ -246,6 +253,8 @@ class HopSearch:
         outcome = build_outcome(tables, self.job, self.history, times=times, journal=journal,
                                 best=best)  # fmt: skip
         outcome.summary["departed"] = self.departed
+        repins = departure_fields(self.departures)  # its "departed": only the steps' departures
+        outcome.summary.update({k: v for k, v in repins.items() if k != "departed"})
         outcome.summary["failed"] = sorted(self.failed)  # their state went with a departed worker
         self.hopper.clear_checkpoints()
         return outcome

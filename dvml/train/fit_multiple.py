@@ -11,7 +11,9 @@ variables go to the next worker. This module only decides that schedule; its
 :class:`~dvml.train.hop_job.HopJob` (shared with the searches) sets up the trainers, reads the
 checkpoints back and builds MADlib's tables (:mod:`dvml.train.hop_tables`), and the runtime
 moves the states, checkpoints them and watches the trainers. A worker that leaves the cluster
-stops the job (the searches go on without it).
+stops the job (the searches go on without it), unless ``elastic=True``: then its rows are
+re-pinned onto the remaining workers and the job goes on there
+(:mod:`dvml.train.hop_repin`).
 
 After each iteration every model's state (weights and optimizer variables) is checkpointed on
 the worker that holds it, with that iteration's records; a rerun of the same call resumes EACH
@@ -41,8 +43,10 @@ from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import selection_run
+from dvml.train.elastic import elastic_key, rows_key
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
+from dvml.train.hop_repin import departure_fields, describe_repin, go_on_without, rows_per_epoch
 from dvml.train.hop_schedule import model_histories, resumed_from
 from dvml.train.hop_tables import Trained, build_tables, model_name
 from dvml.train.hop_tables import run_summary as hop_run_summary
@@ -240,13 +244,18 @@ def fit_multiple(
         MADlib's option to keep the training data in memory between iterations; accepted
         and ignored, since dvml always trains from the data kept in the workers' memory.
     elastic : bool
-        Go on without a worker that leaves the cluster (its process or host gone), as the
-        searches do: each model resumes from its own last checkpoint kept on the remaining
-        workers (else from its starting state) and trains the remaining iterations on their
-        partitions only. The departed worker's rows are not trained on from then on (dvml
-        keeps no replica): the summary's ``departed`` and ``departed_at_iterations`` say so.
-        Default False: a departure stops the job and a rerun resumes (every model visits
-        every partition in every iteration, MADlib's rule).
+        Go on without a worker that leaves the cluster (its process or host gone): its
+        buffers of the training and validation sets are copied from its vineyardd (which
+        still runs when only the Dask worker process died) onto the remaining workers, the
+        job's trainers restart there on the new layout, and each model resumes from its own
+        last checkpoint kept there (else from its starting state), so it again trains every
+        row once per iteration. When the vineyardd is gone too, the rows are left out and
+        counted. The summary's ``departed``, ``departed_at_iterations``, ``repinned_rows``,
+        ``repin_seconds``, ``rows_left_out``, ``rows_left_out_from_iteration`` and
+        ``departures`` say what happened; each model's ``rows_per_epoch`` (``.info``) the
+        rows it trained per epoch in each iteration. Default False: a departure stops the
+        job and a rerun resumes (every model visits every partition in every iteration,
+        MADlib's rule).
     registry : Registry or str, optional
         The model registry or its URL (default: config ``dvml.registry.url``).
     client : distributed.Client, optional
@@ -283,7 +292,7 @@ def fit_multiple(
             model_output, training_set, validation_set, num_iterations, metrics_compute_frequency,
             use_gpus, warm_start, custom_objects, seed, timeout, augment,
         )  # fmt: skip
-        plan = prepare(reg, client, args, configs)
+        plan = prepare(reg, client, args, configs, elastic)
         # One run per model_output at a time (with automl's): a second would share this one's
         # checkpoints. Held until the models are saved; refused with the running job's name.
         with holding_output(config.state_dir(), model_output,
@@ -300,7 +309,7 @@ def fit_multiple(
             lease.check()  # a dataset dropped with force=True: fail, register nothing
             registered = _register(reg, run.plan, run.history, run.records, run.evals, weights,
                                    start, end, run.points, name, description, started,
-                                   hop.memory, run.departed)  # fmt: skip
+                                   hop.memory, run.departures)  # fmt: skip
             log_models_saved(client, registered, f"dvml.fit_multiple {model_output}")
             hopper.clear_checkpoints()
     selection = ModelSelection(model_output, reg)
@@ -308,10 +317,12 @@ def fit_multiple(
     return selection
 
 
-def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan:
+def prepare(
+    reg: Registry, client: Client, args: JobArgs, configs: Any, elastic: bool = False
+) -> _Plan:
     """Check every argument and configuration up front (no trainer starts before this): the
     placed job and each configuration parsed (``.job``, ``.parsed``), what ``dvml.plan``
-    plans from."""
+    plans from; its key by :func:`selection_key`."""
     # A stored table's name, or rows given here: checked once, against the registry too.
     checked, attrs = checked_configs(configs, reg, args.custom_objects)
     custom = args.custom_objects or list(attrs.get("custom_objects") or [])
@@ -330,19 +341,8 @@ def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan
         )
         parsed[k] = spec.config()
         initial[k] = state_bytes(list(spec.weights) if spec.weights is not None else [])
-    key = job_key(
-        "fit_multiple",
-        args.output,
-        dataset_key(job.train),
-        dataset_key(job.valid),
-        [(c.mst_key, c.model_id, parsed[c.mst_key]) for c in checked],
-        args.num_iterations,
-        job.frequency,
-        job.seed,
-        args.warm_start,
-        [w.name for w in job.workers],
-        *job.augment_key,
-    )
+    models = [(c.mst_key, c.model_id, parsed[c.mst_key]) for c in checked]
+    key = selection_key(job, models, elastic)
     return _Plan(
         job=job,
         model_output=args.output,
@@ -351,6 +351,25 @@ def prepare(reg: Registry, client: Client, args: JobArgs, configs: Any) -> _Plan
         initial=initial,
         key=key,
     )
+
+
+def selection_key(job: Job, models: list[Any], elastic: bool) -> str:
+    """A ``fit_multiple``'s key: what a rerun resumes its models' checkpoints by. Pure.
+
+    A fixed job's names its data by version and its workers. An elastic job's names its data
+    by content (:func:`dvml.train.elastic.rows_key`, which a re-pin keeps) and leaves the
+    workers out, so a rerun after a re-pin (the datasets' next versions, fewer workers) still
+    resumes each model from its own last checkpoint; ``models`` are the configurations'
+    ``(mst_key, model_id, parsed)``.
+    """
+    args = job.args
+    if elastic:
+        parts = [args.output, rows_key(job.train), rows_key(job.valid), models,
+                 args.num_iterations, job.frequency, job.seed, args.warm_start]  # fmt: skip
+        return job_key("fit_multiple", *elastic_key(parts), *job.augment_key)
+    return job_key("fit_multiple", args.output, dataset_key(job.train), dataset_key(job.valid),
+                   models, args.num_iterations, job.frequency, job.seed, args.warm_start,
+                   [w.name for w in job.workers], *job.augment_key)  # fmt: skip
 
 
 def _hop_job(client: Client, plan: _Plan, started: float) -> HopJob:
@@ -398,27 +417,29 @@ def _resume(
 @dataclasses.dataclass
 class _Run:
     """What the MOP loop trained: the plan it ended on (its remaining workers), each model's
-    resume point, the history before them, the hops' records and evaluations, and the
-    workers that departed (name -> the first iteration trained without them)."""
+    resume point, the history before them, the hops' records and evaluations, and one
+    record per departure (:func:`dvml.train.hop_repin.go_on_without`'s, with
+    ``at_iteration``: the first iteration trained without the departed workers)."""
 
     plan: _Plan
     points: dict[int, int]
     history: list[dict[str, Any]]
     records: list[dict[str, Any]]
     evals: Evaluations
-    departed: dict[str, int]
+    departures: list[dict[str, Any]]
 
 
 def _run_elastic(hop: HopJob, plan: _Plan, resume: bool, progress: bool, elastic: bool) -> _Run:
-    """Resume, then run the MOP loop; with ``elastic``, a departed worker is left out and the
-    loop runs again on the remaining ones, each model from its own last checkpoint kept
-    there (the rerun rule, :func:`_resume`)."""
-    departed: dict[str, int] = {}
+    """Resume, then run the MOP loop; with ``elastic``, a departed worker is left out, its
+    rows re-pinned onto the remaining workers whose trainers restart on the new layout
+    (:func:`~dvml.train.hop_repin.go_on_without`), and the loop runs again on them, each
+    model from its own last checkpoint kept there (the rerun rule, :func:`_resume`)."""
+    departures: list[dict[str, Any]] = []
     points, states, history = _resume(hop, plan, resume)
     while True:
         try:
             records, evals = _run(hop.hopper, plan, points, states, progress)
-            return _Run(plan, points, history, records, evals, departed)
+            return _Run(plan, points, history, records, evals, departures)
         except TrainerFailedError:
             gone = departed_workers(hop.client, hop.hopper.workers, wait=0.0) if elastic else []
             if not gone:
@@ -426,12 +447,14 @@ def _run_elastic(hop: HopJob, plan: _Plan, resume: bool, progress: bool, elastic
         remaining = [w for w in hop.hopper.workers if w not in gone]
         hop.lose(gone, remaining, "Bring the workers back and run the same call again.")
         hop.hopper.forget(list(hop.hopper.states))  # mid-iteration states: from checkpoints
+        departure = go_on_without(hop, gone, remaining)
         plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job, workers=remaining))
         points, states, history = _resume(hop, plan, True)
-        first = min(points.values()) + 1
-        departed.update({w.name: first for w in gone})
+        first = departure["at_iteration"] = min(points.values()) + 1
+        departures.append(departure)
         line = (f"[dvml.fit_multiple {plan.model_output}] {describe_departure(gone)}: going on "
-                f"without it from iteration {first} (elastic=True)")  # fmt: skip
+                f"without it from iteration {first} (elastic=True): "
+                f"{describe_repin(departure)}")  # fmt: skip
         logger.warning(line)
         if progress:
             print(line, flush=True)
@@ -474,30 +497,33 @@ def _register(
     description: str | None,
     started: float,
     memory: FitMemoryPlan | None,
-    departed: dict[str, int],
+    departures: list[dict[str, Any]],
 ) -> list[tuple[str, dict[str, Any]]]:
     """Build every model's summary and the info/summary tables; register all in one go.
     Returns each model's name and summary."""
     keys = [c.mst_key for c in plan.configs]
     times = {"start": start, "end": end, "name": name, "description": description}
+    per_model = model_histories(keys, history, records, evals)
+    # the rows each model trained per epoch, by iteration (MADlib's rule: all of them)
+    rows = {k: rows_per_epoch(per_model[k]) for k in keys}
     trained = [
         Trained(
             c.mst_key, c.model_id, plan.parsed[c.mst_key], plan.job.args.num_iterations,
-            summary={"resumed_from_iteration": points[c.mst_key] or None},
+            summary={"resumed_from_iteration": points[c.mst_key] or None,
+                     "rows_per_epoch": rows[c.mst_key]},
+            info={"rows_per_epoch": rows[c.mst_key]},
             texts=(params_text(c.compile_params, plan.parsed[c.mst_key]["compile_params"]),
                    params_text(c.fit_params, plan.parsed[c.mst_key]["fit_params"])),
             warm_start=plan.job.args.warm_start,
         )
         for c in plan.configs
     ]  # fmt: skip
-    per_model = model_histories(keys, history, records, evals)
     tables = build_tables(plan.job, plan.model_output, trained, per_model, weights, times)
     names = {k: model_name(plan.model_output, k) for k in keys}
     run_summary = _run_summary(plan, records, names, tables.summaries[keys[0]]["metrics_iters"],
                                times, resumed_from(points), started)  # fmt: skip
     run_summary["resumed_from_iterations"] = [points[k] for k in keys]
-    run_summary["departed"] = sorted(departed)  # elastic=True: went on without them
-    run_summary["departed_at_iterations"] = departed
+    run_summary.update(departure_fields(departures))  # elastic=True: went on without them
     # each trainer's and host's planned resident bytes and their peaks at the hops' ends
     samples = ((r["worker"], r.get("resident_bytes"), r.get("zygote_bytes")) for r in records)
     run_summary.update(memory_summary(memory, samples, float(config.get("memory.margin"))))

@@ -14,8 +14,9 @@ passes a ``go_on_without`` callback that reloads the lost states from their chec
 again resumes each model from its own last checkpoint. That is a choice: ``fit_multiple``
 promises that every model visits every partition in every iteration (MADlib's rule), which a
 job that went on without a worker's partitions would silently break. With ``elastic=True`` it
-goes on (:meth:`HopJob.lose`, then the rerun rule on the remaining workers), and its summary
-names the departed workers and the iteration from which their rows were left out.
+goes on (:meth:`HopJob.lose`, the departed rows re-pinned and the trainers restarted on the
+remaining workers by :func:`dvml.train.hop_repin.go_on_without`, then the rerun rule there),
+and its summary names the departed workers, the rows copied and the rows left out.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A Dask worker that leaves the cluster during a search or an elastic ``fit_multiple`` (its
 process SIGKILLed) on a real 2-worker LocalCluster of the test's own: the job names it within
 the runtime watcher's bound (scheduler + TCP probe), leaves it out and finishes on the other
-worker. ASHA queues the jobs it interrupted again from their checkpoints; Hyperband goes on
-with the diagonal in flight from its last checkpointed iteration; ``fit_multiple(elastic=True)``
+worker. ASHA queues the jobs it interrupted again from their checkpoints; Hyperband re-pins
+worker-1's rows onto worker-0 and goes on with the diagonal in flight from its last
+checkpointed iteration; ``fit_multiple(elastic=True)``
 resumes each model from its own last checkpoint on the remaining worker. Iris, a small dense
 model."""
 
@@ -162,6 +163,11 @@ def test_hyperband_goes_on_without_a_departed_worker(env: dict[str, Any]) -> Non
     result = search.result(600)
     summary = result.summary
     assert summary["departed"] == ["worker-1"]
+    # worker-1's rows were copied off its vineyardd onto worker-0 for the rest of the search
+    assert summary["repinned_rows"] > 0 and summary["rows_left_out"] == 0, summary
+    assert summary["departed_at_iterations"]["worker-1"] >= 5, summary  # the last diagonal
+    ds = dvml.datasets.describe("dep_iris", client=env["client"])
+    assert {b["worker_name"] for b in ds.layout["buffers"]} == {"worker-0"}, ds.layout
     info = result.info.set_index("mst_key")
     assert list(info.index) == list(range(1, 16))
     # MADlib's schedule as without the departure: bracket 2 (keys 1..9), 1 (10..12), 0 (13..15)

@@ -22,6 +22,8 @@ to worker; the client holds only futures). The verbs:
   that goes on without a departed worker); :meth:`~ModelHopper.lose`: leave departed workers
   out of the job and forget the models whose state went with them;
   :meth:`~ModelHopper.forget`: drop a model, to add it again from another state;
+  :meth:`~ModelHopper.renew`: restart the trainers on the remaining workers (they open the
+  datasets' latest layout, after a re-pin);
 - :meth:`~ModelHopper.alive`: whether a worker's trainer still runs (a search goes on without
   a worker whose trainer died);
 - :meth:`~ModelHopper.stop`: stop the job's trainers (also done by their client lease when
@@ -409,6 +411,36 @@ class ModelHopper:
             k: f for k, f in self._last_checkpoint.items() if f.status == "finished"
         }
         return lost
+
+    def renew(self, workers: list[WorkerInfo]) -> None:
+        """Stop the job's serving trainers and go on with new ones on ``workers``.
+
+        A serving trainer opens its local rows once, when it starts: after a re-pin moved
+        rows onto ``workers`` (a new dataset version), only a new trainer sees them. The job
+        takes a new job id, so the next task on each worker starts a trainer (a standby one
+        when ready) that opens the latest layout; the models, their states and checkpoints
+        (same ``job_key`` and directory) stay. Forget the models' in-flight states first
+        (:meth:`lose`, :meth:`forget`): a task of the old id would be refused.
+        """
+        self.cancel()
+        old = self.job_id
+        try:  # the old trainers: a late task of their job id is refused from now on
+            self.client.run(sessions.stop_session, old, on_error="ignore")
+        except OSError:  # a worker that went meanwhile: its trainer went with it
+            pass
+        new = uuid.uuid4().hex[:12]
+        # the dashboard shows the old trainers' job ended and follows the new one's topic
+        self._log({"kind": "ended", "outcome": f"renewed as {new}", "at": time.time()})
+        self.workers = list(workers)
+        self.job.update(
+            job_id=new, workers=[w.name for w in workers],
+            trainers_on_host=[sum(1 for o in workers if machine(o) == machine(w))
+                              for w in workers],
+        )  # fmt: skip
+        self.topic = f"dvml-hop-{self.job['job_id']}"  # the trainers log their hops there
+        self._log({"kind": "job", "program": "hop", "model": self.name,
+                   "training": self.job["training"], "workers": self.job["workers"],
+                   "started": self.job["started_at"]})  # fmt: skip
 
     def forget(self, keys: list[int]) -> None:
         """Drop models ``keys`` from the job (their configurations stay known to the

@@ -491,7 +491,7 @@ def train_hop(
         "pid": _SESSIONS[job["job_id"]].trainer.proc.pid,
         "fit_loss": answer.fit_loss,
         "train_s": answer.train_s,
-        "steps": answer.steps,  # the straggler rule's unit (dvml.train.stragglers)
+        "steps": answer.steps, "rows": answer.rows,  # stragglers' unit; rows once per epoch
         # moving the model: the Dask transfer here plus loading and saving its state
         "moving_s": moved + answer.load_s + answer.save_s,
         "transfer_s": moved,
