@@ -385,15 +385,20 @@ def elastic_fit(cluster: Any, args: dict[str, Any]) -> dict[str, Any]:
         records.append({k: record.get(k) for k in keep})
         print(f"ITERATION {record['iteration']}", flush=True)
 
+    import dask
+
+    # balance=False: only joins and departures change the row map (a join test on a loaded
+    # machine must not see a speed move as well)
     try:
-        model = dvml.fit(
-            args["name"], args["model"], args["arch"],
-            compile_params="loss='categorical_crossentropy', "
-            "optimizer='Adam(learning_rate=0.003)'",
-            fit_params=f"batch_size=32, epochs={args['epochs']}",
-            num_iterations=args["iterations"], sync="iteration", elastic=True,
-            on_iteration=seen, timeout=args.get("timeout", 600),
-        )  # fmt: skip
+        with dask.config.set({"dvml.train.elastic-balance": args.get("balance", True)}):
+            model = dvml.fit(
+                args["name"], args["model"], args["arch"],
+                compile_params="loss='categorical_crossentropy', "
+                "optimizer='Adam(learning_rate=0.003)'",
+                fit_params=f"batch_size=32, epochs={args['epochs']}",
+                num_iterations=args["iterations"], sync="iteration", elastic=True,
+                on_iteration=seen, timeout=args.get("timeout", 600),
+            )  # fmt: skip
     except Exception as exc:
         return {"error": type(exc).__name__, "message": str(exc), "records": records}
     keep = ("trainers", "departed", "departed_at_iterations", "departures", "rows_left_out",
