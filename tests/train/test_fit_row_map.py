@@ -11,8 +11,11 @@ real 2-worker LocalCluster of each test's own, digits in 16 buffers, the tiny di
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pathlib
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -108,7 +111,18 @@ def test_a_worker_added_during_iteration_1_trains_from_the_next_boundary(
     assert poll_for(lambda: job.done() or len(worker_trainers(cluster, model="rm_join")) == 2,
                     120), job.outcome  # fmt: skip
     assert not job.done(), job.outcome
-    address = cluster.add_worker()
+    # added while the fit's trainers are held (SIGSTOP, then SIGCONT): starting a worker takes
+    # seconds on a loaded machine, and one that registers after the fit's last boundary is for
+    # the next job only
+    held = worker_trainers(cluster, model="rm_join")
+    for pid in held:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        address = cluster.add_worker()
+    finally:
+        for pid in held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     model = job.result(300)
     summary = model.summary
     name = next(w.name for w in discover_workers(env["client"]) if w.address == address)
