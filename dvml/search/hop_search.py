@@ -33,9 +33,10 @@ from dvml.configs import ModelConfig
 from dvml.exceptions import TrainerFailedError
 from dvml.registry.database import Registry
 from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
+from dvml.train.departures import departure_fields
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
-from dvml.train.hop_repin import departure_fields, go_on_without
+from dvml.train.hop_repin import go_on_without
 from dvml.train.hop_schedule import History, model_histories
 from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.checkpoints import resume_iteration

@@ -53,6 +53,7 @@ from dvml.resolve.batches import (
 )
 from dvml.store.datasets import describe
 from dvml.store.versions import buffer_digest, version_digest
+from dvml.train.departures import departure_fields, describe_repin
 from dvml.train.row_map_change import Boundary, RowMapState, apply, summary_fields
 from dvml.train.runtime import launch
 from dvml.train.runtime.lockstep import BoundaryReached, resume_from, run_lockstep
@@ -311,8 +312,8 @@ def run_elastic(
             departure["at_iteration"] = start
             departures.append(departure)
             workers = survivors
-            line = (f"{exc.args[0].split('. ')[0]}; going on with {[w.name for w in workers]} "
-                    f"from iteration {start} (elastic=True): {_describe(departure)}")  # fmt: skip
+            line = (f"{exc.args[0].split('. ')[0]}; going on with {[w.name for w in workers]}"
+                    f" from iteration {start}: {describe_repin(departure)}")  # fmt: skip
         except BoundaryReached:
             start, blob, hist = _resumed(client, job, workers, tally, began, initial)
             change = boundary.decide()
@@ -437,38 +438,10 @@ def elastic_summary(run: ElasticRun) -> dict[str, Any]:
     ``moved_rows``, ``moved_bytes``, ``joined``, ``joined_at_iterations``,
     ``row_map_changes``).
     """
-    at: dict[str, int] = {}
-    repinned = left_out = 0
-    seconds = 0.0
-    left_from = None
-    for d in run.departures:
-        at.update({name: int(d["at_iteration"]) for name in d["workers"]})
-        train = d["training"]
-        repinned += int(train["repinned_rows"])
-        left_out += int(train["rows_left_out"])
-        if train["rows_left_out"] and left_from is None:
-            left_from = int(d["at_iteration"])
-        seconds += sum(float(d[k]["repin_seconds"]) for k in ("training", "validation") if d[k])
     return {
         "elastic": True,
         "trainers": [w.name for w in run.workers],  # the last run's, joins and departures in
-        "departed": sorted(at),
-        "departed_at_iterations": at,
-        "repinned_rows": repinned,
-        "repin_seconds": round(seconds, 3),
-        "rows_left_out": left_out,
-        "rows_left_out_from_iteration": left_from,
+        **departure_fields(run.departures),
         "rows_per_epoch": [[i, run.rows_per_epoch[i]] for i in sorted(run.rows_per_epoch)],
-        "departures": run.departures,
         **summary_fields(run.changes),
     }
-
-
-def _describe(departure: dict[str, Any]) -> str:
-    train = departure["training"]
-    text = f"{train['repinned_rows']} rows copied onto them in {train['repin_seconds']:.1f}s"
-    if departure.get("stand_ins"):  # dvml.train.stand_ins
-        text = f"{departure['stand_ins']} train their rows in place, {text}"
-    if train["rows_left_out"]:
-        text += f", {train['rows_left_out']} rows left out ({train['left_out_reason']})"
-    return text

@@ -43,10 +43,11 @@ from dvml.store.leases import holding
 from dvml.tracking.mlflow_client import log_run, tracking_uri
 from dvml.tracking.model_events import log_models_saved
 from dvml.tracking.runs import selection_run
+from dvml.train.departures import departure_fields, describe_repin
 from dvml.train.elastic import elastic_key, rows_key
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
-from dvml.train.hop_repin import departure_fields, describe_repin, go_on_without, rows_per_epoch
+from dvml.train.hop_repin import go_on_without, rows_per_epoch
 from dvml.train.hop_schedule import model_histories, resumed_from
 from dvml.train.hop_tables import Trained, build_tables, model_name
 from dvml.train.hop_tables import run_summary as hop_run_summary

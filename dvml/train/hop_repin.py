@@ -12,13 +12,13 @@ ready), once per departure. The scheduler then resumes each model from its own l
 checkpoint, so from the next iteration every model again visits every row once per
 iteration (MADlib's rule).
 
-:func:`rows_per_epoch` and :func:`departure_fields` are pure: they turn the hop records and
-the departures into the summary's fields.
+:func:`rows_per_epoch` is pure: it turns the hop records into the summary's rows per
+iteration; the departures' fields are :mod:`dvml.train.departures`'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dvml.exceptions import TrainerFailedError
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from dvml.cluster.workers import WorkerInfo
     from dvml.train.hop_job import HopJob
 
-__all__ = ["departure_fields", "describe_repin", "go_on_without", "rows_per_epoch"]
+__all__ = ["go_on_without", "rows_per_epoch"]
 
 
 def go_on_without(
@@ -89,45 +89,3 @@ def rows_per_epoch(history: Mapping[int, Mapping[str, Any]]) -> list[list[int | 
         known = bool(rows) and all(r is not None for r in rows)
         out.append([int(iteration), sum(int(r) for r in rows if r is not None) if known else None])
     return out
-
-
-def departure_fields(departures: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The run summary's fields about workers that left an elastic ``fit_multiple``. Pure.
-
-    Each departure has ``workers``, ``at_iteration`` (the first iteration any model trained
-    without them) and the ``training`` and ``validation`` re-pin records. Returns
-    ``departed`` (names), ``departed_at_iterations`` (name -> iteration), ``repinned_rows``
-    (training rows copied onto the remaining workers), ``repin_seconds`` (both datasets'
-    copies and publications), ``rows_left_out`` (training rows no copy could be made of),
-    ``rows_left_out_from_iteration`` (None when none) and ``departures`` (the records).
-    """
-    at: dict[str, int] = {}
-    repinned = left_out = 0
-    seconds = 0.0
-    left_from = None
-    for d in departures:
-        at.update({name: int(d["at_iteration"]) for name in d["workers"]})
-        train = d["training"]
-        repinned += int(train["repinned_rows"])
-        left_out += int(train["rows_left_out"])
-        if train["rows_left_out"] and left_from is None:
-            left_from = int(d["at_iteration"])
-        seconds += sum(float(d[k]["repin_seconds"]) for k in ("training", "validation") if d[k])
-    return {
-        "departed": sorted(at),
-        "departed_at_iterations": at,
-        "repinned_rows": repinned,
-        "repin_seconds": round(seconds, 3),
-        "rows_left_out": left_out,
-        "rows_left_out_from_iteration": left_from,
-        "departures": [dict(d) for d in departures],
-    }
-
-
-def describe_repin(departure: Mapping[str, Any]) -> str:
-    """One line on what a departure's re-pin of the training set did (for the log). Pure."""
-    train = departure["training"]
-    text = f"{train['repinned_rows']} rows copied onto them in {train['repin_seconds']:.1f}s"
-    if train["rows_left_out"]:
-        text += f", {train['rows_left_out']} rows left out ({train['left_out_reason']})"
-    return text

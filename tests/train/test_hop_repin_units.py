@@ -8,8 +8,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from dvml.store.datasets import Dataset
+from dvml.train.departures import departure_fields, describe_repin
 from dvml.train.fit_multiple import selection_key
-from dvml.train.hop_repin import departure_fields, describe_repin, rows_per_epoch
+from dvml.train.hop_repin import rows_per_epoch
 from dvml.train.runtime.plan import Job, JobArgs, dataset_key, job_key
 
 
