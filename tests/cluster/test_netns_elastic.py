@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -41,6 +40,7 @@ from tests.helpers import (
     poll_for,
     running_netns_cluster,
 )
+from tests.helpers.trainers import slowed
 
 pytestmark = [
     pytest.mark.cluster,
@@ -116,21 +116,19 @@ def _moves(summary: dict[str, Any], host_of: dict[str, str]) -> set[tuple[str, s
     return {(host_of[m["from"]], host_of[m["to"]]) for m in moves}
 
 
-def _add_host_while_held(cluster: netns.NetnsCluster, name: str) -> dict[str, Any]:
-    """Add a host while the fit's trainers are stopped (SIGSTOP, then SIGCONT), so that it
-    joins during the fit whatever the load: a machine starts in about as long as this
-    small fit takes on an idle machine, and a host that registers after the fit's last
-    boundary is for the next job only."""
-    held = [p for h in cluster.hosts for p in job_trainers(host_pids(h["namespace"]),
-                                                            training=name)]  # fmt: skip
-    for pid in held:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+def _add_host_while_slowed(cluster: netns.NetnsCluster, name: str) -> dict[str, Any]:
+    """Add a host while the fit's trainers run at a quarter speed, so that it joins during
+    the fit whatever the load: a machine starts in about as long as this small fit takes on an
+    idle machine, and a host that registers after the fit's last boundary is for the next job
+    only. Slowed, not stopped: a trainer stopped for seconds misses the collective's
+    heartbeats, and its peers fail (a full run under load failed that way)."""
+
+    def trainers() -> list[int]:
+        return [p for h in cluster.hosts for p in job_trainers(host_pids(h["namespace"]),
+                                                               training=name)]  # fmt: skip
+
+    with slowed(trainers, stopped=0.075):
         return cluster.add_host()
-    finally:
-        for pid in held:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
 
 
 def test_a_throttled_host_is_named_and_rows_move_off_it_with_every_row_once_per_epoch(
@@ -193,7 +191,7 @@ def test_a_host_added_during_the_fit_trains_from_the_next_boundary(
         assert poll_for(lambda: fit.proc.poll() is not None or _trainers_run(cluster, name),
                         180, interval=0.5), fit.lines[-20:]  # fmt: skip
         assert fit.proc.poll() is None, fit.lines[-20:]
-        new = _add_host_while_held(cluster, name)
+        new = _add_host_while_slowed(cluster, name)
         result = fit.result(timeout=BOUND)
     finally:
         if fit.proc.poll() is None:

@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psutil
@@ -35,6 +35,7 @@ __all__ = [
     "half_speed",
     "inference_trainers",
     "job_trainers",
+    "slowed",
     "standby_trainers",
     "worker_descendants",
     "worker_trainers",
@@ -172,36 +173,44 @@ def worker_trainers(cluster: Any, worker: str | None = None, **fields: Any) -> l
     return job_trainers(worker_descendants(cluster, worker), **fields)
 
 
-def _duty_cycle(cluster: Any, worker: str, fields: dict[str, Any], stop: threading.Event) -> None:
+def _duty_cycle(find: Callable[[], list[int]], stopped: float, stop: threading.Event) -> None:
     pids: list[int] = []
     found_at = 0.0
     while not stop.is_set():
         if time.monotonic() - found_at >= REFRESH_S or not pids:
             # found again every second: a job that restarts its trainers (an elastic fit going
             # on from a checkpoint) is slowed on its new ones too
-            pids, found_at = worker_trainers(cluster, worker, **fields), time.monotonic()
+            pids, found_at = find(), time.monotonic()
         if not pids:
             stop.wait(0.02)
             continue
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
-        stop.wait(0.05)
+        stop.wait(stopped)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        stop.wait(0.05)
+        stop.wait(0.1 - stopped)
 
 
 @contextlib.contextmanager
-def half_speed(cluster: Any, worker: str, **fields: Any) -> Iterator[None]:
-    """Slow ``worker``'s trainers of the job with ``fields`` (:func:`job_trainers`) to about
-    half speed for the ``with`` block: stopped 50 ms of every 100 (found again every second)."""
+def slowed(find: Callable[[], list[int]], stopped: float = 0.05) -> Iterator[None]:
+    """Slow the processes ``find()`` lists (found again every second) for the ``with`` block:
+    stopped ``stopped`` s of every 0.1 s. Never stopped for long: a trainer still answers its
+    peers' heartbeats (a TensorFlow collective's coordination service fails a job whose task
+    is silent for seconds)."""
     stop = threading.Event()
-    slower = threading.Thread(target=_duty_cycle, args=(cluster, worker, fields, stop))
+    slower = threading.Thread(target=_duty_cycle, args=(find, stopped, stop))
     slower.start()
     try:
         yield
     finally:
         stop.set()
         slower.join()
+
+
+def half_speed(cluster: Any, worker: str, **fields: Any) -> contextlib.AbstractContextManager[None]:
+    """Slow ``worker``'s trainers of the job with ``fields`` (:func:`job_trainers`) to about
+    half speed for the ``with`` block: stopped 50 ms of every 100 (found again every second)."""
+    return slowed(lambda: worker_trainers(cluster, worker, **fields))
