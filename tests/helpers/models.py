@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["cnn", "iris_mlp", "keras", "tiny_backbone"]
+__all__ = ["cnn", "digits_dense", "iris_mlp", "keras", "tiny_backbone"]
 
 
 def keras() -> Any:
@@ -26,6 +26,18 @@ def cnn(n_classes: int = 10, input_shape: tuple[int, ...] = (8, 8, 1)) -> Any:
             k.layers.Flatten(),
             k.layers.Dense(32, activation="relu", name="hidden"),
             k.layers.Dense(n_classes, activation="softmax", name="out"),
+        ]
+    )
+
+
+def digits_dense() -> Any:
+    """The smallest digits model: 8x8x1 images, flattened, one softmax layer of 10."""
+    k = keras()
+    return k.Sequential(
+        [
+            k.layers.InputLayer(input_shape=(8, 8, 1)),
+            k.layers.Flatten(),
+            k.layers.Dense(10, activation="softmax"),
         ]
     )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -18,6 +18,7 @@ __all__ = [
     "SESSION_PIDS",
     "assert_no_new_processes",
     "child_processes",
+    "outputs_of",
     "pid_gone",
 ]
 
@@ -100,3 +101,18 @@ def assert_no_new_processes(before: dict[int, str], timeout: float = 10.0) -> No
     if not poll_for(none_new, timeout, interval=0.1):
         lines = "\n".join(f"  pid {p}: {c[:200]}" for p, c in sorted(new.items()))
         pytest.fail(f"{len(new)} child process(es) started by this test still run:\n{lines}")
+
+
+def outputs_of(procs: list[Any], timeout: float = 240) -> list[str]:
+    """Each process's whole output (``stdout=PIPE``, text), in order; any still running
+    after it is killed, by its handle (only processes the test started)."""
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return outputs

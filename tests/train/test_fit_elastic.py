@@ -24,7 +24,7 @@ import pytest
 import dvml
 from tests.helpers import Background, poll_for
 from tests.helpers.clusters import digits_elastic_env
-from tests.helpers.models import keras
+from tests.helpers.models import digits_dense
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -33,23 +33,12 @@ FIT = "batch_size=32, epochs=3"
 ITERATIONS = 5
 
 
-def _dense() -> Any:
-    k = keras()
-    return k.Sequential(
-        [
-            k.layers.InputLayer(input_shape=(8, 8, 1)),
-            k.layers.Flatten(),
-            k.layers.Dense(10, activation="softmax"),
-        ]
-    )
-
-
 @pytest.fixture
 def env(local_cluster: Any, tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
     """A 2-worker LocalCluster of the test's own (a killed worker's Nanny starts a new worker
     process: it must be closed with the test), digits packed on it in 8 buffers, a registry."""
     cluster = local_cluster(n_workers=2, vineyard_memory="128MiB")
-    with digits_elastic_env(cluster, tmp_path, "el", 1500, 200, _dense().to_json()) as env:
+    with digits_elastic_env(cluster, tmp_path, "el", 1500, 200, digits_dense().to_json()) as env:
         yield env
 
 

@@ -21,7 +21,7 @@ import pytest
 import dvml
 from tests.helpers import Background, poll_for
 from tests.helpers.clusters import digits_elastic_env
-from tests.helpers.models import keras
+from tests.helpers.models import digits_dense
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -34,23 +34,12 @@ CONFIGS = [
 ]  # fmt: skip
 
 
-def _dense() -> Any:
-    k = keras()
-    return k.Sequential(
-        [
-            k.layers.InputLayer(input_shape=(8, 8, 1)),
-            k.layers.Flatten(),
-            k.layers.Dense(10, activation="softmax"),
-        ]
-    )
-
-
 @pytest.fixture
 def env(local_cluster: Any, tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
     """3 workers (a killed worker's Nanny starts a new process: closed with the test), 900
     digits in 9 buffers of 100 rows (3 per worker), the rest as the validation set."""
     cluster = local_cluster(n_workers=3, vineyard_memory="128MiB")
-    with digits_elastic_env(cluster, tmp_path, "hr", 900, 100, _dense().to_json()) as env:
+    with digits_elastic_env(cluster, tmp_path, "hr", 900, 100, digits_dense().to_json()) as env:
         yield env
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from dvml.train.runtime.step_collectives import STEPS_PER_EXECUTION, steps_per_execution
 from tests.helpers import REPO
+from tests.helpers.processes import outputs_of
 
 pytestmark = pytest.mark.tf
 
@@ -69,15 +70,7 @@ def _run_trainers(steps: int) -> list[dict[str, Any]]:
                 text=True,
             )
         )
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=240)[0])
-    finally:
-        for proc in procs:  # only ours, by handle
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    outputs = outputs_of(procs)
     found = []
     for proc, out in zip(procs, outputs, strict=True):
         lines = [x for x in out.splitlines() if x.startswith("PROBE ")]

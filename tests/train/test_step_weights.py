@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers.processes import outputs_of
 from tests.train.test_step_collectives import _free_ports
 
 pytestmark = pytest.mark.tf
@@ -58,15 +59,7 @@ def _run(mode: str, weighted: bool) -> list[str]:
             [sys.executable, "-m", "tests.helpers.step_weights", mode, str(int(weighted))],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))  # fmt: skip
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=240)[0])
-    finally:
-        for proc in procs:  # only ours, by handle
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    outputs = outputs_of(procs)
     return outputs
 
 
