@@ -62,6 +62,7 @@ from tests.helpers.processes import (
     pid_gone,
 )
 from tests.helpers.trainers import (
+    cpu_capped,
     half_speed,
     inference_trainers,
     job_trainers,
@@ -93,6 +94,7 @@ __all__ = [
     "child_processes",
     "cnn",
     "color_images",
+    "cpu_capped",
     "dataset_names",
     "digits_job",
     "dvml_command",

@@ -31,6 +31,7 @@ import psutil
 __all__ = [
     "STANDBY",
     "TRAINER_MODULES",
+    "cpu_capped",
     "forked_trainers",
     "half_speed",
     "inference_trainers",
@@ -214,3 +215,33 @@ def half_speed(cluster: Any, worker: str, **fields: Any) -> contextlib.AbstractC
     """Slow ``worker``'s trainers of the job with ``fields`` (:func:`job_trainers`) to about
     half speed for the ``with`` block: stopped 50 ms of every 100 (found again every second)."""
     return slowed(lambda: worker_trainers(cluster, worker, **fields))
+
+
+@contextlib.contextmanager
+def cpu_capped(find: Callable[[], list[int]], cpus: float) -> Iterator[None]:
+    """Cap the processes ``find()`` lists (found again every second) at ``cpus`` cores for the
+    ``with`` block: a cgroup v1 CPU quota (:mod:`dvml.testing.netns_os`), removed after it.
+
+    Unlike :func:`slowed`'s stops, a quota is spent by the work a trainer does: one waiting in
+    a collective spends little, so its slowness is its compute's, as on a slower machine.
+    """
+    from dvml.testing.netns_os import make_cpu_cgroup, move_to_cgroup, remove_cgroup
+
+    path = make_cpu_cgroup(f"dvml-test-capped-{os.getpid()}-{time.monotonic_ns()}", cpus)
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.is_set():
+            move_to_cgroup(path, find())
+            stop.wait(REFRESH_S)
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        follower.join()
+        problem = remove_cgroup(path)
+        if problem:
+            raise RuntimeError(f"the test's CPU cgroup was not removed: {problem}")

@@ -116,6 +116,11 @@ def test_the_global_batch_split_by_rows_trains_every_row_once_per_epoch() -> Non
     left_out = sum(r - steps * b for r, b in zip([800, 400], sizes, strict=True))
     assert left_out == 48 and left_out <= 0.05 * 1200
     assert batch_sizes_by_rows(3, [5, 1, 1]) == [1, 1, 1]
+    # the split runs the most full steps any split can: 52 and 12 train all 1,600 rows in 25
+    # steps (largest remainders gave 51 and 13: 23 steps, 128 rows left out per epoch)
+    for rows in ([1300, 300], [1400, 200], [1100, 500]):
+        sizes = batch_sizes_by_rows(64, rows)
+        assert sum(sizes) == 64 and steps_per_epoch(rows, sizes) == 25, (rows, sizes)
 
 
 def test_seconds_per_row_is_each_trainers_own_work_per_row_it_holds() -> None:

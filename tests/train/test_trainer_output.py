@@ -61,6 +61,9 @@ def test_a_failing_trainer_quotes_its_tensorflow_output(env: dict[str, Any]) -> 
         )
     message = str(info.value)
     assert "the loss exploded" in message
-    # The tail of what the trainer wrote to fd 2: TensorFlow's C++ start-up lines among it.
+    # The tail of what the trainer wrote to fd 2: TensorFlow's C++ start-up lines, or, when
+    # later lines fill the tail (CI), TensorFlow's Python warnings: here AutoGraph's, that it
+    # could not read the registered function's source.
     tail = message.split("Its TensorFlow output ended with:\n", 1)[1]
-    assert "absl::InitializeLog" in tail or "oneDNN" in tail or ".cc:" in tail, message
+    marks = ("absl::InitializeLog", "oneDNN", ".cc:", "WARNING:tensorflow:")
+    assert any(mark in tail for mark in marks), message
