@@ -2,8 +2,8 @@
 
 :class:`dvml.search.asha.Asha` decides; this module carries its decisions out on the trainer
 runtime's :class:`~dvml.train.runtime.hopper.ModelHopper` (one serving trainer per worker that
-holds the training set, started once, never restarted: each opens its local partitions once for
-the whole search):
+holds the training set, started once and restarted only when a worker leaves: each opens its
+local partitions once):
 
 - ``Start``: the configuration's model joins the running job (:meth:`ModelHopper.add`) on the
   worker that asked, and trains up to the first rung;
@@ -28,7 +28,9 @@ the training loss.
 
 A configuration whose loss is not a finite number (NaN, inf), or whose task fails (an error, out
 of memory), is failed and ranked last; the search goes on. A worker whose trainer died is left
-out of the rest of the search.
+out of the rest of the search. So is one that leaves the cluster, its rows re-pinned first
+(:func:`dvml.train.hop_repin.go_on_without`, the trainers restarted): an iteration is then one
+sub-epoch per remaining worker, still the training set's rows.
 
 Every decision goes to the search's journal, saved in the registry (the summary of the run
 ``model_output``, ``status="running"``) before it is carried out and after every result.
@@ -54,7 +56,9 @@ from dvml.search import journal as j
 from dvml.search.asha import Asha
 from dvml.search.hyperband import rank_key
 from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
+from dvml.train.departures import departure_fields
 from dvml.train.hop_job import HopJob
+from dvml.train.hop_repin import go_on_without
 from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
@@ -171,7 +175,9 @@ class AshaDriver:
         self.model_output, self.save_journal, self.progress = model_output, save_journal, progress
         self.resumed, self.name, self.description = resumed, name, description
         self.workers = list(job.workers)
-        self.width = len(self.workers)
+        self.width = len(self.workers)  # hops are numbered by it (a seed each)
+        self.sub_epochs = self.width  # per iteration: one per worker holding rows
+        self.departures: list[dict[str, Any]] = []  # the re-pins (hop_repin.go_on_without)
         self.loss_part = "validation" if job.valid is not None else "training"
         # keyed by what the datasets hold, not by their dataset_id: a `cluster: local` job
         # resumed after its cluster died with it preprocesses the same source again (a new
@@ -306,7 +312,7 @@ class AshaDriver:
         for t in range(first + 1, last + 1):
             records[t] = [
                 self.hopper.train(key, worker, (t - 1) * self.width + s + 1)[1]
-                for s in range(self.width)
+                for s in range(self.sub_epochs)
             ]
             due = t == last or t % self.job.frequency == 0
             evals[t] = self.hopper.evaluate(key, self.workers) if due else []
@@ -420,6 +426,9 @@ class AshaDriver:
                                  "last decision."))  # fmt: skip
         # the state of an interrupted job is some hop of it: start again from a checkpoint
         self.hopper.forget(sorted(interrupted - lost))
+        # every row re-pinned, new trainers, before any state loads (a restart cancels tasks)
+        departure = go_on_without(self.hop, gone, list(self.workers))
+        self.sub_epochs = len(self.workers)
         latest = self._checkpoints()
         requeue, failed = [], []
         for trial in self.search.trials.values():
@@ -441,6 +450,10 @@ class AshaDriver:
                 self.hopper.add(k, self._spec(trial), self.hopper.load(k, trial.iterations, holder),
                                 holder)  # fmt: skip
                 self.hopper.park(k)
+        # the first iteration trained without them: the earliest a requeued model goes on at
+        reached = max((t.iterations for t in self.search.trials.values()), default=0)
+        at = min((kept[k][0] if k in kept else 0 for k in requeue), default=reached) + 1
+        self.departures.append({**departure, "at_iteration": at})
         self.search.apply(j.Departed(names, requeue, failed, self.now()))
         self.save_journal(self.search.journal.dumps())
         self.idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
@@ -458,8 +471,6 @@ class AshaDriver:
                 f"{[w.name for w in self.job.workers]}. Run dvml.automl(..., resume=True) "
                 "again: it resumes from the journal's last decision."
             )
-
-    # ------------------------------------------------------------------ resume
 
     def _restore(self) -> dict[int, tuple[int, WorkerInfo]]:
         """Queue the jobs in flight; add every parked or finished model from its checkpoint.
@@ -513,8 +524,6 @@ class AshaDriver:
                                                   "evals": meta["evals"]}  # fmt: skip
         return found.holders
 
-    # ------------------------------------------------------------------ outputs
-
     def _outcome(self, weights: dict[int, bytes]) -> SearchOutcome:
         """MADlib's info rows and every model to register (one per configuration)."""
         configurations = [
@@ -541,8 +550,10 @@ class AshaDriver:
             stopped=self.search.stopped,
             trained_iterations=self.trained,
             resumed_from={str(k): t for k, t in sorted(self.resumed_from.items())},
-            departed=self.departed,
         )
+        repins = departure_fields(self.departures)  # "departed": ours, in order
+        outcome.summary.update({k: v for k, v in repins.items() if k != "departed"})
+        outcome.summary["departed"] = self.departed
         return outcome
 
     def _spec(self, trial: Any) -> dict[str, Any]:
@@ -550,8 +561,6 @@ class AshaDriver:
             self.reg, trial.model_id, trial.compile_params, trial.fit_params, self.job.train,
             list(self.job.custom_sources),
         ).config()  # fmt: skip
-
-    # ------------------------------------------------------------------ progress
 
     def _said(self, decision: Any) -> str:
         if isinstance(decision, j.Park):

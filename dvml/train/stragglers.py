@@ -170,9 +170,14 @@ def timings_of(messages: Iterable[dict[str, Any]]) -> list[TrainerTiming]:
     timings = []
     for m, batch in zip(messages, batches, strict=True):
         steps = int(m.get("steps") or 1)
+        fit, wait = float(m.get("fit_seconds") or 0.0), float(m.get("averaging_seconds") or 0.0)
+        warmup = m.get("warmup")  # sync="step": the fit's first call, left out when others follow
+        if warmup and int(warmup["steps"]) < steps:
+            steps -= int(warmup["steps"])
+            fit -= float(warmup["seconds"])
+            wait -= float(warmup["averaging_seconds"])
         if batched:
             steps = max(1, round(steps * batch / mean))
-        fit, wait = float(m.get("fit_seconds") or 0.0), float(m.get("averaging_seconds") or 0.0)
         timings.append(TrainerTiming(m["worker"], steps, fit, wait))
     return timings
 

@@ -1,11 +1,10 @@
 """A Dask worker that leaves the cluster during a search or an elastic ``fit_multiple`` (its
 process SIGKILLed) on a real 2-worker LocalCluster of the test's own: the job names it within
 the runtime watcher's bound (scheduler + TCP probe), leaves it out and finishes on the other
-worker. ASHA queues the jobs it interrupted again from their checkpoints; Hyperband re-pins
-worker-1's rows onto worker-0 and goes on with the diagonal in flight from its last
-checkpointed iteration; ``fit_multiple(elastic=True)``
-resumes each model from its own last checkpoint on the remaining worker. Iris, a small dense
-model."""
+worker. ASHA and Hyperband re-pin worker-1's rows onto worker-0; ASHA queues the jobs it
+interrupted again from their checkpoints, Hyperband goes on with the diagonal in flight from
+its last checkpointed iteration, and ``fit_multiple(elastic=True)`` resumes each model from its
+own last checkpoint on the remaining worker. Iris, a small dense model."""
 
 from __future__ import annotations
 
@@ -115,6 +114,11 @@ def test_asha_goes_on_without_a_departed_worker(env: dict[str, Any]) -> None:
     info = result.info.set_index("mst_key")
     context = (summary["journal"][-3000:], info[["status", "rung", "iterations"]])
     assert summary["status"] == "finished" and summary["departed"] == ["worker-1"], context
+    # worker-1's rows were copied off its vineyardd onto worker-0 for the rest of the search
+    # (main went on with worker-0's own rows only)
+    assert summary["repinned_rows"] == 60 and summary["rows_left_out"] == 0, summary
+    ds = dvml.datasets.describe("dep_iris", client=env["client"])
+    assert {b["worker_name"] for b in ds.layout["buffers"]} == {"worker-0"}, ds.layout
     journal = j.Journal.loads(summary["journal"])
     pairs = list(journal.pairs())
     at = next(n for n, (e, _) in enumerate(pairs) if isinstance(e, j.Departed))

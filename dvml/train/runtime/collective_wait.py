@@ -44,6 +44,7 @@ class CollectiveTimer:
         self.variable = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.tf = tf
         self.eager = 0.0
+        self.warmup: tuple[float, float, int] | None = None  # first_execution_callback's
 
     def seconds(self) -> float:
         return float(self.variable.numpy()) + self.eager
@@ -63,6 +64,26 @@ class CollectiveTimer:
                 self.eager += time.monotonic() - began
 
         return timed
+
+    def first_execution_callback(self, keras: Any) -> Any:
+        """A callback that marks, in each ``fit``, the end of its first call of the train
+        function: :attr:`warmup` holds ``(monotonic time, seconds() then, steps done)``.
+
+        That first call traces the step (the first fit's) and opens the collectives, and a
+        trainer slowed at large does it slowly while its peer waits in places the timestamps
+        do not see; the straggler rule leaves it out (:mod:`dvml.train.stragglers`).
+        """
+        timer = self
+
+        class FirstExecution(keras.callbacks.Callback):
+            def on_train_begin(self, logs: Any = None) -> None:
+                timer.warmup = None
+
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if timer.warmup is None:  # batch: the last step of the call, from 0
+                    timer.warmup = (time.monotonic(), timer.seconds(), int(batch) + 1)
+
+        return FirstExecution()
 
     def wrap(self, aggregate: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """``aggregate`` (grads_and_vars -> grads_and_vars), timed."""
