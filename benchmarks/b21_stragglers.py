@@ -13,11 +13,7 @@ buffers, the demo CNN (:func:`dvml.examples.digits_cnn_json`), Adam(0.003), glob
 - B21b: the same with ``sync="step"`` (target <= 1.6): the slow trainer is named from its
   wait in the step's all-reduce (dvml.train.runtime.collective_wait), whole buffers move off
   it and the global batch is split by rows, rows weighted so that a step's gradient stays
-  the mean over the global batch. Its trainers are capped at half a core (:data:`STEP_CPUS`,
-  a cgroup v1 CPU quota, :func:`tests.helpers.trainers.cpu_capped`) instead of stopped: a
-  stop also lands inside the slow trainer's own all-reduce, where both trainers then wait, so
-  the stops slow both sides of a lock-step and name no one reliably, where a quota, spent by
-  the work a trainer does, slows its compute as a slower machine would;
+  the mean over the global batch;
 - B21c: ``dvml.fit_multiple`` of 8 configurations (4 learning rates x 2 batch sizes, one epoch
   per hop), 2 iterations (target <= 1.45);
 - B21d: the iterations of B21a's slowed fit until worker-1 was named in its progress records,
@@ -38,7 +34,7 @@ import pandas as pd
 
 from benchmarks import _training as t
 from benchmarks.b4_end_to_end import digits_frames
-from benchmarks.harness import Benchmark, Skipped, register
+from benchmarks.harness import Benchmark, register
 
 COPIES = {False: 60, True: 2}
 ITERATIONS = {False: 5, True: 2}
@@ -48,7 +44,6 @@ COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate={lr})'
     "metrics=['accuracy']"  # fmt: skip
 SLOW = "worker-1"
 BUFFERS = 16  # of the training set, over both workers
-STEP_CPUS = 0.5  # B21b's slow trainer: half of the core each trainer has undisturbed
 # What a fit is given to move work off a slow trainer (issue 37 item 2).
 MITIGATION: dict[str, Any] = {"elastic": True}
 STRAGGLER_FIELDS = ("straggler_worker", "straggler_ratio", "straggler_iterations",
@@ -94,27 +89,12 @@ def _pack(context: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-def _slowed(context: dict[str, Any], slow: bool, sync: str = "iteration", **fields: Any) -> Any:
-    """worker-1's trainers of the job at half speed: stopped 50 ms of every 100, or for
-    ``sync="step"`` capped at half a core (a cgroup CPU quota: module docstring)."""
+def _slowed(context: dict[str, Any], slow: bool, **fields: Any) -> Any:
     import contextlib
 
-    from tests.helpers.trainers import cpu_capped, half_speed, worker_trainers
+    from tests.helpers.trainers import half_speed
 
-    if not slow:
-        return contextlib.nullcontext()
-    if sync == "step":
-        from dvml.testing.netns_os import cpu_cgroup_reason
-
-        reason = cpu_cgroup_reason()
-        if reason:
-            raise Skipped(
-                f"B21b caps a trainer with a CPU quota, which cannot be set here: "
-                f"{reason}. Run it as root on a host with cgroup v1's cpu controller."
-            )
-        cluster = context["cluster"]
-        return cpu_capped(lambda: worker_trainers(cluster, SLOW, **fields), STEP_CPUS)
-    return half_speed(context["cluster"], SLOW, **fields)
+    return half_speed(context["cluster"], SLOW, **fields) if slow else contextlib.nullcontext()
 
 
 def _fit(context: dict[str, Any], sync: str, slow: bool) -> float:
@@ -122,7 +102,7 @@ def _fit(context: dict[str, Any], sync: str, slow: bool) -> float:
 
     _pack(context)
     records: list[dict[str, Any]] = []
-    with _slowed(context, slow, sync, model=MODEL):
+    with _slowed(context, slow, model=MODEL):
         start = time.perf_counter()
         model = dvml.fit(
             TRAIN, MODEL, context["arch_id"], COMPILE.format(lr=0.003),
