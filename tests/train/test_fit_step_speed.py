@@ -67,11 +67,9 @@ def test_a_slow_step_trainer_is_named_and_rows_move_only_off_it(
     # equal step times named no one with sync="step", and this assertion failed)
     assert seen[0]["stragglers"], seen[0]
     assert seen[0]["stragglers"][0]["worker"] == "worker-1", seen[0]
-    # over the whole run: never the fast one, and the slow one's own time per row is longer
-    # (the run's ratio is lower than the first iteration's: see collective_wait's docstring)
+    # over the whole run: never the fast one (after rows moved off it, the slow trainer's own
+    # time per row may come close to the other's: CI's final check saw 0.0081 s and 0.0083 s)
     assert summary["straggler_worker"] in (None, "worker-1"), summary
-    steps = summary["trainer_step_seconds"]
-    assert steps["worker-1"] > steps["worker-0"], steps
     out = capsys.readouterr().out
     assert "worker-1 is" in out and "s/step in the all-reduce" in out, out[-2000:]
     # rows moved only off the slow trainer, when they moved at all (a move must pay its
