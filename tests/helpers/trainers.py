@@ -49,7 +49,7 @@ STANDBY = (
     "dvml.train.runtime.trainer --standby"  # a standby's command line, also once it runs a job
 )
 ZYGOTE = "dvml.train.runtime.trainer --zygote"  # the zygote's, and so its forked trainers'
-REFRESH_S = 1.0  # how often half_speed looks for the job's trainers again
+REFRESH_S = 1.0  # how often slowed and cpu_capped look for the job's trainers again
 
 
 def _forked(proc: psutil.Process) -> bool:
