@@ -186,11 +186,12 @@ class Asha:
         return [len(ranked) for ranked in self._ranked]
 
     def best(self) -> int | None:
-        """The trial with the lowest loss at the highest rung reached (None before a result)."""
+        """The trial with the lowest loss at the highest rung reached (None before a result).
+        A failed trial is never the best, whatever loss it reported at a lower rung."""
         for k in range(len(self.levels) - 1, -1, -1):
-            ranked = self._ranked[k]
-            if ranked and ranked[0][0][0] == 0:
-                return ranked[0][1]
+            for rank, trial_id in self._ranked[k]:
+                if rank[0] == 0 and self.trials[trial_id].status != "failed":
+                    return trial_id
         return None
 
     # ------------------------------------------------------------------ decisions

@@ -361,7 +361,7 @@ class AshaDriver:
                   if _broken(f)]  # fmt: skip
         decision: Any
         if failed:
-            self.hopper.states[key] = done.previous  # the last state that trained
+            self.hopper.rewind(key, done.previous)
             self._drop_dead()
             if worker in self.workers and set(done.evaluated_on) - set(self.workers):
                 # another worker's trainer died under one of its evaluations: the model is

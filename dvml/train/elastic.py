@@ -56,8 +56,10 @@ from dvml.store.versions import buffer_digest, version_digest
 from dvml.train.departures import departure_fields, describe_repin
 from dvml.train.row_map_change import Boundary, RowMapState, apply, summary_fields
 from dvml.train.runtime import launch
+from dvml.train.runtime.exits import KILLED_BY
 from dvml.train.runtime.lockstep import BoundaryReached, resume_from, run_lockstep
 from dvml.train.runtime.plan import Job, dataset_key, job_key
+from dvml.train.runtime.watcher import looks_like_peer_failure
 from dvml.train.stand_ins import stand_ins
 from dvml.train.stragglers import timings_of
 
@@ -150,6 +152,7 @@ class ElasticJob:
     sync: str | int = "step"  # the fit's sync mode
     last_iteration: int = 0  # num_iterations: no row map changes after it
     balance: bool = True  # move rows off stragglers (dvml.train.elastic-balance)
+    max_failures: int = 2  # trainer failures gone on from (dvml.train.elastic-max-failures)
 
 
 @dataclasses.dataclass
@@ -174,6 +177,9 @@ class ElasticRun:
     changes : list of dict
         One per row-map change for a worker that joined or a straggler
         (:func:`dvml.train.row_map_change.apply`'s records).
+    failures : list of dict
+        One per trainer failure the job went on from with the same workers (no worker
+        left): ``at_iteration`` (where it went on from) and ``error``.
     """
 
     results: list[dict[str, Any]]
@@ -182,6 +188,7 @@ class ElasticRun:
     departures: list[dict[str, Any]]
     rows_per_epoch: dict[int, int]
     changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class _Tally:
@@ -284,6 +291,7 @@ def run_elastic(
     start, blob, hist = initial
     tally = _Tally(on_event)
     departures: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []  # trainer failures gone on from (no worker left)
     state = RowMapState(known=_present(client, workers))
     while True:
         tally.begin(len(workers))
@@ -294,26 +302,21 @@ def run_elastic(
             results = run_lockstep(client, workers, base, batch, blob, tally, job.timeout,
                                    until=boundary.due, per_worker_steps=own_steps)  # fmt: skip
         except WorkerDepartedError as exc:
-            gone_at = {w.address for w in exc.workers}
-            gone = [w for w in workers if w.address in gone_at]
-            # a live worker of a departed trainer's vineyardd trains its rows in place
-            taken = stand_ins(client, gone, workers, state.left) if gone else {}
-            survivors = [taken.get(w.address, w) for w in workers
-                         if w.address not in gone_at or w.address in taken]  # fmt: skip
-            if not gone or not survivors:
-                raise
-            departure = _repin(client, job, [w for w in gone if w.address not in taken],
-                               survivors)  # fmt: skip
-            departure["workers"] = [w.name for w in gone]
-            departure["stand_ins"] = {w.name: taken[w.address].name for w in gone
-                                      if w.address in taken}  # fmt: skip
-            state.left |= {w.name for w in gone}
-            start, blob, hist = _resumed(client, job, survivors, tally, began, initial)
-            departure["at_iteration"] = start
-            departures.append(departure)
-            workers = survivors
+            workers = _go_on_without(client, job, exc, workers, state, departures)
+            start, blob, hist = _resumed(client, job, workers, tally, began, initial)
+            departures[-1]["at_iteration"] = start
             line = (f"{exc.args[0].split('. ')[0]}; going on with {[w.name for w in workers]}"
-                    f" from iteration {start}: {describe_repin(departure)}")  # fmt: skip
+                    f" from iteration {start}: {describe_repin(departures[-1])}")  # fmt: skip
+        except TrainerFailedError as exc:
+            # no worker left: a trainer was killed or a collective broke (Ray Train's
+            # max_failures); an error of the trainer's own (the model's) would come again
+            if len(failures) >= job.max_failures or not _transient(exc):
+                raise
+            start, blob, hist = _resumed(client, job, workers, tally, began, initial)
+            failures.append({"at_iteration": start, "error": str(exc)[:500]})
+            line = (f"a trainer failed ({str(exc)[:200]}); going on with the same workers from "
+                    f"iteration {start} (failure {len(failures)}, at most {job.max_failures}: "
+                    "dvml.train.elastic-max-failures)")  # fmt: skip
         except BoundaryReached:
             start, blob, hist = _resumed(client, job, workers, tally, began, initial)
             change = boundary.decide()
@@ -326,10 +329,45 @@ def run_elastic(
             trained = dict(tally.trained)
             for i, rows in _rows_of(results).items():
                 trained[i] = rows
-            return ElasticRun(results, hist, workers, departures, trained, state.changes)
+            return ElasticRun(results, hist, workers, departures, trained, state.changes,
+                              failures)  # fmt: skip
         batch, steps, own_steps = _split(client, job, workers)
         logger.warning(line)
         regroup(workers, line)
+
+
+def _transient(exc: TrainerFailedError) -> bool:
+    """Whether a trainer failure may not come again: the trainer was killed by a signal, or
+    a collective broke under it (not an error its own program raised)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return KILLED_BY in text or looks_like_peer_failure(text)
+
+
+def _go_on_without(
+    client: Client,
+    job: ElasticJob,
+    exc: WorkerDepartedError,
+    workers: list[WorkerInfo],
+    state: RowMapState,
+    departures: list[dict[str, Any]],
+) -> list[WorkerInfo]:
+    """Workers left: the survivors (a live worker of a departed trainer's vineyardd stands in
+    for it and trains its rows in place), after the others' rows were re-pinned onto them
+    (appended to ``departures``); re-raises ``exc`` when no one is left to go on with."""
+    gone_at = {w.address for w in exc.workers}
+    gone = [w for w in workers if w.address in gone_at]
+    taken = stand_ins(client, gone, workers, state.left) if gone else {}
+    survivors = [taken.get(w.address, w) for w in workers
+                 if w.address not in gone_at or w.address in taken]  # fmt: skip
+    if not gone or not survivors:
+        raise exc
+    departure = _repin(client, job, [w for w in gone if w.address not in taken], survivors)
+    departure["workers"] = [w.name for w in gone]
+    departure["stand_ins"] = {w.name: taken[w.address].name for w in gone
+                              if w.address in taken}  # fmt: skip
+    state.left |= {w.name for w in gone}
+    departures.append(departure)
+    return survivors
 
 
 def _present(client: Client, workers: list[WorkerInfo]) -> set[str]:
@@ -436,7 +474,7 @@ def elastic_summary(run: ElasticRun) -> dict[str, Any]:
     (:attr:`ElasticRun.departures`), and the row-map changes for joins and stragglers
     (:func:`dvml.train.row_map_change.summary_fields`: ``rebalanced_at_iterations``,
     ``moved_rows``, ``moved_bytes``, ``joined``, ``joined_at_iterations``,
-    ``row_map_changes``).
+    ``row_map_changes``), and ``trainer_failures`` (:attr:`ElasticRun.failures`).
     """
     return {
         "elastic": True,
@@ -444,4 +482,5 @@ def elastic_summary(run: ElasticRun) -> dict[str, Any]:
         **departure_fields(run.departures),
         "rows_per_epoch": [[i, run.rows_per_epoch[i]] for i in sorted(run.rows_per_epoch)],
         **summary_fields(run.changes),
+        "trainer_failures": run.failures,
     }

@@ -155,8 +155,11 @@ def fit(
         ``departures``. Workers that join are trained on from the next iteration, and rows
         move off a straggler when it pays (``sync="iteration"``/``k``; config
         ``dvml.train.elastic-balance``): :mod:`dvml.train.row_map_change`, ``joined``,
-        ``rebalanced_at_iterations``, ``moved_rows``. Default False: the fit fails naming
-        the worker, and the same call resumes from its last iteration.
+        ``rebalanced_at_iterations``, ``moved_rows``. A trainer that fails while no worker
+        left (killed, a collective broken) is gone on from too, from the last checkpoint
+        with the same workers, up to ``dvml.train.elastic-max-failures`` times (2):
+        ``trainer_failures``. Default False: the fit fails naming the worker, and the same
+        call resumes from its last iteration.
     resume : bool
         Resume from the checkpoint of an interrupted run of the same job, if there is one.
     seed : int, optional
@@ -280,6 +283,7 @@ def _run(
         sync=plan.sync,
         last_iteration=plan.job.args.num_iterations,
         balance=bool(config.get("train.elastic-balance")),
+        max_failures=int(config.get("train.elastic-max-failures")),
     )
     return run_elastic(
         client, job, start_iteration, weights_blob, history, collector, collector.regroup

@@ -84,6 +84,17 @@ def test_nan_and_failed_configurations_rank_last_and_the_search_goes_on() -> Non
         a.report(1, 1, 0.1)
 
 
+def test_a_promoted_trial_that_fails_is_not_the_best_for_its_lower_rung_loss() -> None:
+    a = asha()
+    for w in ("w0", "w1", "w2"):
+        a.ask(w)
+    for t, loss in ((1, 0.2), (2, 0.5), (3, 0.9)):
+        a.report(t, 1, loss)
+    assert a.ask("w0") == j.Promote(1, "w0", 1, 2, None) and a.best() == 1
+    a.apply(j.Failure(1, "the trainer was killed"))  # at rung 1: ranked last there
+    assert a.best() == 2  # the best of rung 0 that did not fail
+
+
 def test_max_configs_wait_and_stop() -> None:
     a = asha(max_configs=2, max_t=3)
     assert [kind(a.ask(w)) for w in ("w0", "w1", "w2")] == ["start", "start", "wait"]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from dvml.exceptions import TrainerFailedError
 from dvml.store.datasets import Dataset
 from dvml.train.elastic import (
     ElasticRun,
     _rows_of,
     _Tally,
+    _transient,
     elastic_resume_from,
     elastic_summary,
     fit_key,
@@ -162,3 +164,14 @@ def test_the_summary_says_what_each_row_map_change_moved_and_who_joined():
     quiet = elastic_summary(ElasticRun([], [], [], [], {}))
     assert quiet["rebalanced_at_iterations"] == [] and quiet["moved_rows"] == 0
     assert quiet["joined"] == [] and quiet["joined_at_iterations"] == {}
+
+
+def test_only_a_killed_trainer_or_a_broken_collective_is_gone_on_from() -> None:
+    """An elastic fit goes on after a trainer failure that may not come again; an error the
+    trainer's own program raised (the model's) would, and fails the fit at once."""
+    head = "The trainer on worker worker-0 failed: exit code 70, "
+    killed = "The trainer on worker worker-1 (pid 7) failed: it was killed by SIGKILL (signal 9)"
+    broken = head + "AbortedError: Collective ops is aborted by: task 1 restarted"
+    own = head + "ValueError: Shapes (8, 3) and (8, 10) are incompatible"
+    assert _transient(TrainerFailedError(killed)) and _transient(TrainerFailedError(broken))
+    assert not _transient(TrainerFailedError(own))

@@ -51,9 +51,9 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _checkpointed(state: pathlib.Path, iteration: int) -> bool:
-    """Whether a trainer of the fit has checkpointed ``iteration`` (or a later one)."""
-    for meta in state.glob("checkpoints/el_model-*/*.npz.json"):
+def _checkpointed(state: pathlib.Path, iteration: int, model: str = "el_model") -> bool:
+    """Whether a trainer of fit ``model`` has checkpointed ``iteration`` (or a later one)."""
+    for meta in state.glob(f"checkpoints/{model}-*/*.npz.json"):
         try:
             if json.loads(meta.read_text())["iteration"] >= iteration:
                 return True
@@ -167,3 +167,42 @@ def test_an_elastic_fit_whose_departed_host_took_its_rows_says_how_many_were_lef
 def _rows_on(env: dict[str, Any], worker: str) -> int:
     ds = dvml.datasets.describe("el_digits", client=env["client"])
     return sum(b["rows"] for b in ds.layout["buffers"] if b["worker_name"] == worker)
+
+
+def test_an_elastic_fit_goes_on_from_its_checkpoint_after_a_trainer_is_killed(
+    env: dict[str, Any],
+) -> None:
+    """worker-1's trainer (not its worker) is SIGKILLed once iteration 1 is checkpointed: no
+    worker left, so the fit goes on with the same two workers from the last checkpoint
+    (``dvml.train.elastic-max-failures``), trains every iteration and every row, and lists
+    the failure in ``trainer_failures``; with the budget at 0 the same kill fails the fit."""
+    from tests.helpers import worker_trainers
+
+    def run(seen: Any, name: str, failures: int) -> Any:
+        settings = {**env["settings"], "dvml.train.elastic-max-failures": failures}
+        with dask.config.set(settings):
+            return dvml.fit(
+                "el_digits", name, env["arch"], COMPILE, FIT, num_iterations=ITERATIONS,
+                sync="iteration", elastic=True, on_iteration=seen, registry=env["registry"],
+                client=env["client"],
+            )  # fmt: skip
+
+    def kill_a_trainer(name: str, failures: int) -> Any:
+        job = Background(lambda seen: run(seen, name, failures))
+        assert poll_for(lambda: job.done() or _checkpointed(env["state"], 1, name), 300), (
+            job.outcome
+        )
+        victims = worker_trainers(env["cluster"], "worker-1", model=name)
+        assert len(victims) == 1 and not job.done(), (victims, job.outcome)
+        os.kill(victims[0], signal.SIGKILL)
+        return job
+
+    summary = kill_a_trainer("el_retried", 2).result(300).summary
+    (failure,) = summary["trainer_failures"]
+    assert "SIGKILL" in failure["error"] and 2 <= failure["at_iteration"] <= ITERATIONS, failure
+    assert summary["departed"] == [] and summary["trainers"] == ["worker-0", "worker-1"]
+    rows = dict(summary["rows_per_epoch"])
+    assert all(rows[i] == env["rows"] for i in range(1, ITERATIONS + 1)), rows
+
+    with pytest.raises(dvml.exceptions.TrainerFailedError, match="SIGKILL"):
+        kill_a_trainer("el_failed", 0).result(300)

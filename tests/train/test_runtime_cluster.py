@@ -235,3 +235,61 @@ def test_a_scheduler_parks_adds_and_resumes_models_without_restarting_trainers(
         assert {r["worker"] for r in records} == {w0.name, w1.name}
     # stopped with the hopper: no serving trainer of the job is left
     assert poll_for(lambda: not worker_trainers(cluster2, model_output="rt_search"), 30)
+
+
+def test_a_model_whose_evaluation_died_with_another_trainer_trains_and_checkpoints_again(
+    env: dict[str, Any], cluster2: Any
+) -> None:
+    """Model 1 trains on worker-0 and is evaluated on both workers; worker-1's trainer is
+    killed first, so the evaluation there fails, and the iteration's checkpoint with it. The
+    scheduler rewinds the model to its state before the job (what ASHA does when another
+    worker's trainer died under an evaluation): the job goes again on worker-0 and its new
+    checkpoint is written (it waits for no checkpoint of the failed job)."""
+    from dvml.configs import parse_compile_params, parse_fit_params
+    from dvml.train.runtime.hopper import ModelHopper
+    from dvml.train.runtime.model_state import state_bytes
+    from dvml.train.runtime.plan import training_workers
+    from dvml.train.runtime.sessions import list_checkpoints
+
+    client = env["client"]
+    ds = dvml.datasets.describe("rt_digits", client=client)
+    w0, w1 = training_workers(client, ds, None, use_gpus=False)
+    arch = env["registry"].get_architecture(env["arch"])
+    model = {
+        "model_json": arch["model_json"],
+        "compile_params": parse_compile_params(COMPILE),
+        "fit_params": parse_fit_params(FIT),
+    }
+    directory = str(env["home"] / "state" / "rt-rewind")
+    with dask.config.set(env["settings"]), ModelHopper(
+        client, name="rt_rewind", training="rt_digits", validation=None, workers=[w0, w1],
+        seed=7, job_key="rt-rewind", checkpoint_dir=directory, custom_sources={},
+        use_gpus=False, timeout=600,
+    ) as hopper:  # fmt: skip
+        hopper.add(1, model, state_bytes([]), w0)
+        hopper.add(2, model, state_bytes([]), w1)
+        _, started = hopper.train(2, w1, iteration=1)  # worker-1's trainer is up
+        hopper.wait([started])
+        victims = worker_trainers(cluster2, w1.name, model_output="rt_rewind")
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        assert poll_for(lambda: pid_gone(victims[0]), 30)
+
+        before = hopper.states[1]
+        _, record = hopper.train(1, w0, iteration=2)
+        evals = hopper.evaluate(1, [w0, w1])
+        failed = hopper.checkpoint(1, 1, [record], evals, w0)
+        outcome = hopper.watch([failed])
+        assert outcome.failed is not None and not outcome.gone, outcome
+        assert "SIGKILL" in str(evals[1].exception()), evals[1].exception()
+
+        hopper.rewind(1, before)
+        _, again = hopper.train(1, w0, iteration=3)
+        written = hopper.checkpoint(1, 1, [again], hopper.evaluate(1, [w0]), w0)
+        # watched alone: hopper.wait would raise the job's earlier failure
+        outcome = hopper.watch([written])
+        assert outcome.failed is None and not outcome.gone, written.exception()
+        listing = client.submit(list_checkpoints, directory, "rt-rewind", workers=[w0.address],
+                                allow_other_workers=False, pure=False).result()  # fmt: skip
+        assert [(m["mst_key"], m["iteration"]) for m in listing] == [(1, 1)], listing
+        assert listing[0]["records"][0]["loaded_sha256"] == client.gather(again)["loaded_sha256"]

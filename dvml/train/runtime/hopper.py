@@ -250,6 +250,16 @@ class ModelHopper:
         self._state(mst_key)
         self.parked.discard(mst_key)
 
+    def rewind(self, mst_key: int, state: Future) -> None:
+        """A job of model ``mst_key`` failed: it goes on from ``state`` (its last state that
+        trained), and its next checkpoint waits only for one that was written (a checkpoint
+        of the failed job failed with it, and would fail every later one)."""
+        self._state(mst_key)
+        self.states[mst_key] = state
+        last = self._last_checkpoint.get(mst_key)
+        if last is not None and last.status != "finished":
+            del self._last_checkpoint[mst_key]
+
     def _state(self, mst_key: int) -> Future:
         if mst_key not in self.states:
             raise ArgumentError(
