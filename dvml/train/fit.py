@@ -44,6 +44,7 @@ from dvml.train.runtime.plan import (
     model_spec,
     now,
     place_job,
+    runtime_settings,
     trainer_steps,
 )
 from dvml.train.stragglers import (
@@ -403,12 +404,7 @@ def _job(plan: _Plan, start_iteration: int, history: list[dict[str, Any]]) -> di
         "use_gpus": plan.job.args.use_gpus,
         "sync": plan.sync,
         "augment": plan.job.augment,
-        "peer_timeout": config.get("train.peer-timeout"),
-        # Trainers stop when this client is gone this long (the runtime's ClientLease).
-        "client_timeout": config.get("train.client-timeout"),
-        # Thread budget (dvml.tf_runtime.thread_budget): None = share of the host's cores.
-        "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
-        "standby": bool(config.get("train.standby-trainer")),
+        **runtime_settings(),
     }
 
 

@@ -46,6 +46,7 @@ from dvml.train.runtime.plan import (
     dataset_key,
     job_key,
     now,
+    runtime_settings,
     training_workers,
 )
 from dvml.train.runtime.shipped import pickle_by_value, source_texts
@@ -356,11 +357,7 @@ def _job(
         "global_batch_size": batch_size, "steps_per_epoch": steps,
         "checkpoint_dir": directory, "use_gpus": use_gpus,
         "resume": {"step": resumed[0] - 1, "history": resumed[2]} if resumed else None,
-        "peer_timeout": settings.get("train.peer-timeout", None),
-        "client_timeout": settings.get("train.client-timeout", None),
-        "threads": [settings.get("train.intra-op-threads", None),
-                    settings.get("train.inter-op-threads", None)],
-        "standby": bool(settings.get("train.standby-trainer", None)),
+        **runtime_settings(),
     }  # fmt: skip
 
 

@@ -42,11 +42,10 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dvml import config
 from dvml.cluster.workers import WorkerInfo
 from dvml.exceptions import ArgumentError, TrainerFailedError
 from dvml.train.runtime import launch, sessions
-from dvml.train.runtime.plan import machine
+from dvml.train.runtime.plan import machine, runtime_settings
 from dvml.train.runtime.watcher import Outcome, departed_workers, describe_departure, watch
 
 if TYPE_CHECKING:
@@ -115,10 +114,8 @@ class ModelHopper:
             "trainers_on_host": [
                 sum(1 for o in workers if machine(o) == machine(w)) for w in workers
             ],
-            "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
-            "standby": bool(config.get("train.standby-trainer")),
+            **runtime_settings(),
             "client_id": client.id,
-            "client_timeout": config.get("train.client-timeout"),
             "started_at": time.time() if started_at is None else started_at,
         }
         # dvml's dashboard page follows the job on its topic (the hops log there themselves)

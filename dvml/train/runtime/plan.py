@@ -55,6 +55,7 @@ __all__ = [
     "now",
     "place_job",
     "rows_per_worker",
+    "runtime_settings",
     "trainer_workers",
     "training_workers",
     "utc_text",
@@ -372,3 +373,17 @@ def weight_shapes(model_json: str) -> list[list[int]]:
 
     model = tf_runtime.keras().models.model_from_json(model_json)
     return [list(w.shape) for w in model.get_weights()]
+
+
+def runtime_settings() -> dict[str, Any]:
+    """(Client side.) The runtime's settings every trainer job carries, read from dvml's
+    configuration once per job: ``peer_timeout`` (``dvml.train.peer-timeout``),
+    ``client_timeout`` (its ClientLease), ``threads`` (intra- and inter-op: None is the
+    trainer's share of the host's cores, :func:`dvml.tf_runtime.thread_budget`) and
+    ``standby`` (whether a standby trainer may take the job)."""
+    return {
+        "peer_timeout": config.get("train.peer-timeout"),
+        "client_timeout": config.get("train.client-timeout"),
+        "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
+        "standby": bool(config.get("train.standby-trainer")),
+    }

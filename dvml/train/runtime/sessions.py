@@ -46,6 +46,7 @@ from dvml.cluster.standby import add_busy_probe, start_standby_when_idle
 from dvml.exceptions import TrainerFailedError, TrainingError
 from dvml.train.runtime.checkpoints import CheckpointStore
 from dvml.train.runtime.model_state import read_state
+from dvml.train.runtime.plan import runtime_settings
 from dvml.train.runtime.protocol import Evaluate, Evaluated, Failed, Line, Ready, Train, Trained
 from dvml.train.runtime.served import write_spec
 from dvml.train.runtime.supervisor import ClientLease, TrainerProcess, private_workdir
@@ -297,10 +298,8 @@ def inference_settings(client_id: str) -> dict[str, Any]:
     return {
         "client_id": client_id,
         "timeout": config.get("train.trainer-timeout"),
-        "client_timeout": config.get("train.client-timeout"),
         "idle_timeout": config.get("train.inference-idle-timeout"),
-        "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
-        "standby": bool(config.get("train.standby-trainer")),
+        **runtime_settings(),
     }
 
 
