@@ -421,13 +421,13 @@ class AshaDriver:
         interrupted = set(self.search.running)
         self.running.clear()
         self.workers = [w for w in self.workers if w not in gone]
-        lost = set(self.hop.lose(gone, self.workers, "Bring the workers back and run "
-                                 "dvml.automl(..., resume=True): it resumes from the journal's "
-                                 "last decision."))  # fmt: skip
+        rerun = ("Bring the workers back and run dvml.automl(..., resume=True): it resumes "
+                 "from the journal's last decision.")  # fmt: skip
+        lost = set(self.hop.lose(gone, self.workers, rerun))
         # the state of an interrupted job is some hop of it: start again from a checkpoint
         self.hopper.forget(sorted(interrupted - lost))
         # every row re-pinned, new trainers, before any state loads (a restart cancels tasks)
-        departure = go_on_without(self.hop, gone, list(self.workers))
+        departure = go_on_without(self.hop, gone, list(self.workers), rerun)
         self.sub_epochs = len(self.workers)
         latest = self._checkpoints()
         requeue, failed = [], []

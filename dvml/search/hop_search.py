@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 __all__ = ["HopSearch"]
 
 logger = logging.getLogger("dvml.search")
+RERUN = (
+    "Bring the workers back and run the search again: Hyperband and hyperopt start "
+    "again from the beginning (only ASHA resumes, with resume=True)."
+)
 
 
 class HopSearch:
@@ -162,7 +166,7 @@ class HopSearch:
                     raise
             keys, first, done_before = self._go_on_without(gone, began, offset, iterations)
             # the step goes on over every row: the departed rows re-pinned, new trainers
-            departure = go_on_without(self.hop, gone, list(self.hopper.workers))
+            departure = go_on_without(self.hop, gone, list(self.hopper.workers), RERUN)
             self.departures.append({**departure, "at_iteration": offset + first})
         else:
             return [], {}
@@ -185,7 +189,7 @@ class HopSearch:
         line = f"{describe_departure(gone)}: the search goes on without it"
         logger.warning("[dvml.automl %s] %s", self.model_output, line)
         remaining = [w for w in self.hopper.workers if w not in gone]
-        lost = self.hop.lose(gone, remaining, "Bring the workers back and run the search again.")
+        lost = self.hop.lose(gone, remaining, RERUN)
         step = sorted(k for k in began if k not in self.failed)
         self.hopper.forget([k for k in step if k in self.hopper.states])  # mid-step states
         found = self.hop.checkpoints()

@@ -32,7 +32,7 @@ __all__ = ["go_on_without", "rows_per_epoch"]
 
 
 def go_on_without(
-    hop: HopJob, gone: list[WorkerInfo], remaining: list[WorkerInfo]
+    hop: HopJob, gone: list[WorkerInfo], remaining: list[WorkerInfo], rerun: str
 ) -> dict[str, Any]:
     """Re-pin the rows ``gone`` held onto ``remaining`` and restart the job's trainers there.
 
@@ -42,6 +42,9 @@ def go_on_without(
         The job, its departed workers already left out (:meth:`HopJob.lose`).
     gone, remaining : list of WorkerInfo
         The departed workers and the ones the job goes on with.
+    rerun : str
+        What the user runs to go on when a copy fails (the caller's rerun: the same call,
+        or ``dvml.automl(..., resume=True)``).
 
     Returns
     -------
@@ -65,8 +68,7 @@ def go_on_without(
             raise TrainerFailedError(
                 f"Workers {departure['workers']} left job {hop.model_output!r} and copying "
                 f"their rows of {dataset.name!r} onto {[w.name for w in remaining]} failed: "
-                f"{type(exc).__name__}: {exc}. Run the same call again: it resumes from the "
-                "models' checkpoints."
+                f"{type(exc).__name__}: {exc}. {rerun}"
             ) from exc
     hop.hopper.renew(remaining)
     return departure
