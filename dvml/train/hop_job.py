@@ -26,13 +26,12 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dvml import config
 from dvml.exceptions import TrainerFailedError
 from dvml.placement.fit_memory import FitMemoryPlan
 from dvml.train.fit_admission import reserved
 from dvml.train.hop_admission import check_hop_fits, hop_memory_plan
 from dvml.train.runtime.hopper import ModelHopper
-from dvml.train.runtime.plan import Job
+from dvml.train.runtime.plan import Job, checkpoint_dir
 from dvml.train.runtime.watcher import describe_departure
 
 if TYPE_CHECKING:
@@ -89,11 +88,6 @@ def fold_checkpoints(entries: Iterable[tuple[Any, dict[str, Any]]]) -> Checkpoin
         if meta["has_state"]:
             holders.setdefault(k, {}).setdefault(t, worker)
     return Checkpoints(holders, records)
-
-
-def checkpoint_dir(model_output: str, kind: str, key: str) -> str:
-    """Where a job's checkpoints are kept on each worker: one folder per run and key."""
-    return str(config.state_dir() / "checkpoints" / f"{model_output}-{kind}-{key}")
 
 
 class HopJob:

@@ -43,6 +43,7 @@ from dvml.train.runtime.lockstep import clear_checkpoints, find_checkpoint, run_
 from dvml.train.runtime.plan import (
     batch_split,
     check_colocated,
+    checkpoint_dir,
     dataset_key,
     job_key,
     now,
@@ -200,7 +201,7 @@ def run(
     setup = place_run(client, name, datasets, sync, use_gpus, batch_size, seed, memory)
     seed, named, workers, key = setup.seed, setup.named, setup.workers, setup.key
     timeout = float(settings.get("train.trainer-timeout", timeout))
-    directory = str(settings.state_dir() / "checkpoints" / f"run-{name}-{key}")
+    directory = checkpoint_dir(f"run-{name}", key)
     payload = pickle_by_value(train_fn)
     job_name = f"dvml.run {name!r}"
     with (

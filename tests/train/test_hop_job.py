@@ -11,9 +11,10 @@ import pytest
 
 from dvml.configs import format_params
 from dvml.registry.weights import weights_to_bytes
-from dvml.train.hop_job import checkpoint_dir, fold_checkpoints
+from dvml.train.hop_job import fold_checkpoints
 from dvml.train.hop_tables import Trained, build_tables, run_summary
 from dvml.train.runtime.checkpoints import resume_points
+from dvml.train.runtime.plan import checkpoint_dir
 
 
 def _meta(k: int, t: int, has_state: bool, loss: float = 1.0) -> dict[str, Any]:

@@ -48,6 +48,7 @@ __all__ = [
     "batch_split",
     "check_colocated",
     "check_fit_args",
+    "checkpoint_dir",
     "dataset_key",
     "job_key",
     "machine",
@@ -387,3 +388,10 @@ def runtime_settings() -> dict[str, Any]:
         "threads": [config.get("train.intra-op-threads"), config.get("train.inter-op-threads")],
         "standby": bool(config.get("train.standby-trainer")),
     }
+
+
+def checkpoint_dir(*parts: str) -> str:
+    """Where a job's checkpoints are kept on each worker, under dvml's state directory: one
+    folder per job, named by ``parts`` joined with ``-`` (its output, its kind where the
+    output's name does not say it, its key)."""
+    return str(config.state_dir() / "checkpoints" / "-".join(parts))
