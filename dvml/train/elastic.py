@@ -59,7 +59,7 @@ from dvml.train.runtime import launch
 from dvml.train.runtime.exits import KILLED_BY
 from dvml.train.runtime.lockstep import BoundaryReached, resume_from, run_lockstep
 from dvml.train.runtime.plan import Job, dataset_key, job_key
-from dvml.train.runtime.watcher import looks_like_peer_failure
+from dvml.train.runtime.watcher import departed_workers, describe_departure, looks_like_peer_failure
 from dvml.train.stand_ins import stand_ins
 from dvml.train.stragglers import timings_of
 
@@ -299,8 +299,8 @@ def run_elastic(
         boundary = Boundary(client, job, workers, tally, state)
         began = start
         try:
-            results = run_lockstep(client, workers, base, batch, blob, tally, job.timeout,
-                                   until=boundary.due, per_worker_steps=own_steps)  # fmt: skip
+            results = _lockstep(client, workers, base, batch, blob, tally, job, boundary.due,
+                                own_steps)  # fmt: skip
         except WorkerDepartedError as exc:
             workers = _go_on_without(client, job, exc, workers, state, departures)
             start, blob, hist = _resumed(client, job, workers, tally, began, initial)
@@ -334,6 +334,32 @@ def run_elastic(
         batch, steps, own_steps = _split(client, job, workers)
         logger.warning(line)
         regroup(workers, line)
+
+
+def _lockstep(
+    client: Client,
+    workers: list[WorkerInfo],
+    base: dict[str, Any],
+    batch: list[int],
+    blob: bytes | None,
+    tally: _Tally,
+    job: ElasticJob,
+    until: Callable[[], bool],
+    own_steps: list[int] | None,
+) -> list[dict[str, Any]]:
+    """One :func:`run_lockstep` run, whose trainer failure is a departure when a worker is
+    gone by the time it is raised (a trainer's error can come before the scheduler drops
+    the worker): going on with the same workers would wait on the departed one."""
+    try:
+        return run_lockstep(client, workers, base, batch, blob, tally, job.timeout,
+                            until=until, per_worker_steps=own_steps)  # fmt: skip
+    except WorkerDepartedError:
+        raise
+    except TrainerFailedError as exc:
+        gone = departed_workers(client, workers, wait=0.0)
+        if gone:
+            raise WorkerDepartedError(f"{describe_departure(gone)}. {exc}", gone) from exc
+        raise
 
 
 def _transient(exc: TrainerFailedError) -> bool:
