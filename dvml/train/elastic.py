@@ -126,12 +126,18 @@ def find_elastic_checkpoint(
     client: Client, workers: list[WorkerInfo], directory: str, key: str
 ) -> tuple[int, bytes, list[dict[str, Any]]] | None:
     """:func:`elastic_resume_from` over ``workers``' checkpoints of job ``key``."""
-    states = client.gather([
+    return elastic_resume_from(_checkpoint_states(client, workers, directory), key)
+
+
+def _checkpoint_states(
+    client: Client, workers: list[WorkerInfo], directory: str
+) -> list[dict[str, Any] | None]:
+    """Each of ``workers``' last checkpoint (:func:`launch.checkpoint_state`), in order."""
+    return client.gather([
         client.submit(launch.checkpoint_state, directory, w.name, workers=[w.address],
                       allow_other_workers=False, pure=False)
         for w in workers
     ])  # fmt: skip
-    return elastic_resume_from(states, key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +242,16 @@ class _Tally:
             return {str(m["worker"]): int(m.get("rows") or 0)
                     for ms in self.messages.values() for m in ms}  # fmt: skip
 
+    def replay(self, worker: str, history: list[dict[str, Any]], first: int, last: int) -> None:
+        """Give the records of iterations ``first`` to ``last`` in ``worker``'s checkpointed
+        ``history`` whose report did not come, as their events (:meth:`__call__`)."""
+        for record in history:
+            i = int(record.get("iteration") or 0)
+            with self.lock:
+                came = worker in self.reported.get(i, {})
+            if first <= i <= last and not came:
+                self((time.time(), {**record, "kind": "iteration", "worker": worker}))
+
     def settle(self, first: int, last: int) -> None:
         """Iterations ``first`` to ``last`` of this run were trained by all its trainers."""
         with self.lock:
@@ -255,6 +271,8 @@ class _Tally:
             elif kind == "iteration" and message.get("rows") is not None:
                 iteration = int(message["iteration"])
                 rows = self.reported.setdefault(iteration, {})
+                if worker in rows:  # came twice: read back from its checkpoint, then late
+                    return
                 rows[worker] = int(message["rows"])
                 self.messages.setdefault(iteration, []).append(message)
                 if len(rows) == self.n:
@@ -417,9 +435,19 @@ def _resumed(
     initial: tuple[int, bytes | None, list[dict[str, Any]]],
 ) -> tuple[int, bytes | None, list[dict[str, Any]]]:
     """Where the next run starts: the last iteration every one of ``workers`` checkpointed
-    (the iterations before it counted by ``tally``), else where this call began."""
-    resumed = find_elastic_checkpoint(client, workers, job.checkpoint_dir, job.key)
+    (the iterations before it counted by ``tally``), else where this call began.
+
+    The trainers of a stopped run can finish iterations whose reports never reach the client
+    (their launcher stopped reading, or the topic was left first): those reports are read
+    back from the trainers' checkpoints and given to ``tally`` as they would have come, so
+    that the progress lines and ``on_iteration`` see every iteration trained.
+    """
+    states = _checkpoint_states(client, workers, job.checkpoint_dir)
+    resumed = elastic_resume_from(states, job.key)
     start, blob, hist = resumed if resumed is not None else initial
+    for w, state in zip(workers, states, strict=True):
+        if state is not None and state.get("job_key") == job.key:
+            tally.replay(w.address, state.get("history") or [], began, start - 1)
     tally.settle(began, start - 1)
     return start, blob, hist
 

@@ -103,6 +103,23 @@ def test_the_tally_sums_each_iterations_reported_rows_and_settles_unreported_one
     assert tally.trained == {1: 100, 2: 100, 3: 100}
 
 
+def test_reports_that_never_came_are_read_back_from_the_checkpoints_once():
+    """A stopped run's trainers finished iteration 2, but only a's report came: b's is given
+    from its checkpointed history (a's is not given twice), iteration 3 (after the resume
+    point) is not, and a late copy of a report is dropped."""
+    forwarded: list[Any] = []
+    tally = _Tally(forwarded.append)
+    tally.begin(2)
+    tally(_event("iteration", "a", iteration=2, rows=60))
+    history = [{"iteration": i, "rows": 40, "fit_loss": 0.5} for i in (1, 2, 3)]
+    tally.replay("b", history, 2, 2)
+    tally.replay("a", [{"iteration": 2, "rows": 60, "fit_loss": 0.4}], 2, 2)
+    assert [(m["worker"], m["iteration"]) for _, m in forwarded] == [("a", 2), ("b", 2)]
+    assert forwarded[1][1]["kind"] == "iteration" and tally.trained == {2: 100}
+    tally(_event("iteration", "b", iteration=2, rows=40))  # late: after its read-back
+    assert len(forwarded) == 2
+
+
 def test_rows_of_the_last_run_come_from_its_trainers_records():
     results = [
         {"iterations": [{"iteration": 3, "rows": 70}, {"iteration": 4, "rows": 70}]},

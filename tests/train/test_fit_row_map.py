@@ -104,8 +104,17 @@ def test_a_worker_added_during_iteration_1_trains_from_the_next_boundary(
     # the speed moves off: this test is about the join (on a loaded machine a trainer could
     # also be named slow, and a second change would follow it)
     env = {**env, "settings": {**env["settings"], "dvml.train.elastic-balance": False}}
+    reported: list[int] = []
+
+    def kept(seen: Any) -> Any:
+        def on_iteration(record: dict[str, Any]) -> None:
+            reported.append(record["iteration"])
+            seen(record)
+
+        return on_iteration
+
     job = Background(lambda seen: _fit(env, "rm_join", "batch_size=32, epochs=12", iterations,
-                                       on_iteration=seen, progress=True))  # fmt: skip
+                                       on_iteration=kept(seen), progress=True))  # fmt: skip
     cluster = env["cluster"]
     # the fit's trainers run (iteration 1 has begun): a third worker joins the cluster
     assert poll_for(lambda: job.done() or len(worker_trainers(cluster, model="rm_join")) == 2,
@@ -134,3 +143,6 @@ def test_a_worker_added_during_iteration_1_trains_from_the_next_boundary(
     assert summary["trainers"] == ["worker-0", "worker-1", name]
     assert summary["rows_per_epoch"] == [[i, env["rows"]] for i in range(1, iterations + 1)]
     assert summary["rebalanced_at_iterations"] == [joined_at]
+    # on_iteration saw every iteration once, those the stopped trainers finished before the
+    # stop took effect too (read back from their checkpoints)
+    assert reported == list(range(1, iterations + 1)), reported
