@@ -31,6 +31,11 @@ Every sync mode goes on this way: ``"iteration"`` and ``k`` average the survivor
 their rows, and ``"step"`` starts a new MultiWorkerMirroredStrategy on the survivors from the
 checkpoint; what the schedule promises holds (every row once per epoch, the same global batch,
 the same averaging rule).
+
+A trainer that fails while every worker stays (killed by a signal, a collective broken under
+it) is gone on from too, from the last checkpoint with the same workers and row map, up to
+``dvml.train.elastic-max-failures`` times (``trainer_failures`` in the summary); an error the
+trainer's own program raised fails the job at once, as it would come again.
 """
 
 from __future__ import annotations
@@ -301,7 +306,8 @@ def run_elastic(
 
     ``regroup`` is told the trainers of each new run and why (the progress collector's).
     Raises what :func:`run_lockstep` raises, except a departure that leaves a worker to go
-    on with.
+    on with, and up to ``job.max_failures`` trainer failures in which no worker left and the
+    trainer was killed or a collective broke (gone on from with the same workers).
     """
     workers, batch, steps = list(job.workers), list(job.per_worker_batch), job.steps_per_epoch
     own_steps = job.trainer_steps  # each trainer's own steps (sync="iteration")
