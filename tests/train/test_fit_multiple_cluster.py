@@ -4,6 +4,7 @@ predict on a result, warm start, a killed trainer and the resume."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import signal
@@ -21,6 +22,7 @@ from dvml.placement.memory import format_size
 from tests.helpers import Background, cnn, half_speed, pid_gone, poll_for, worker_trainers
 from tests.helpers.clusters import tls_environment
 from tests.helpers.jobs import dvml_command
+from tests.helpers.trainers import slowed
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -263,10 +265,15 @@ def test_a_running_fit_multiple_holds_its_reservation_against_a_fit(
                                   client=env["client"])  # fmt: skip
     cap = int(plan.hosts[0].with_margin * 1.5)
     compile_params = table.loc[0, "compile_params"]
-    with dask.config.set({"dvml.memory.host-memory": cap}):
+    with dask.config.set({"dvml.memory.host-memory": cap}), contextlib.ExitStack() as stack:
         first = Background(lambda seen: run(env, "mop_held", table, num_iterations=3))
         try:
             assert poll_for(lambda: first.done() or read_reservations(env["client"]) != [], 120)
+            # its trainers at a tenth of their speed while the checks run: on a fast machine
+            # the small job could end (and give its reservation back) before the fit is asked
+            stack.enter_context(
+                slowed(lambda: worker_trainers(cluster2, model_output="mop_held"), 0.09)
+            )
             held = read_reservations(env["client"])
             assert [r["job"] for r in held] == ["dvml.fit_multiple 'mop_held'"], first.outcome
             # `dvml cluster status` shows it beside each worker's vineyardd, and on its own
@@ -279,6 +286,7 @@ def test_a_running_fit_multiple_holds_its_reservation_against_a_fit(
                          registry=env["registry"], client=env["client"])  # fmt: skip
             assert worker_trainers(cluster2, model="fit_beside_mop") == []
         finally:
+            stack.close()  # full speed again
             selection = first.result()
     message = str(info.value)
     assert "dvml.fit_multiple 'mop_held'" in message and "No trainer was started" in message
