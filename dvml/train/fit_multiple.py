@@ -446,10 +446,10 @@ def _run_elastic(hop: HopJob, plan: _Plan, resume: bool, progress: bool, elastic
             if not gone:
                 raise
         remaining = [w for w in hop.hopper.workers if w not in gone]
-        hop.lose(gone, remaining, "Bring the workers back and run the same call again.")
+        rerun = "Bring the workers back and run the same call again."
+        hop.lose(gone, remaining, rerun)
         hop.hopper.forget(list(hop.hopper.states))  # mid-iteration states: from checkpoints
-        departure = go_on_without(hop, gone, remaining, "Run the same call again: it resumes "
-                                  "each model from its checkpoints.")  # fmt: skip
+        departure = go_on_without(hop, gone, remaining, rerun)
         plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job, workers=remaining))
         points, states, history = _resume(hop, plan, True)
         first = departure["at_iteration"] = min(points.values()) + 1
