@@ -54,7 +54,10 @@ trainer's step lasts as long as the slowest one's and ``fit_seconds`` alone cann
 apart. Each trainer times its steps' wait in that all-reduce inside the step
 (:mod:`dvml.train.runtime.collective_wait`) and reports it as its ``averaging_seconds``: the
 fast trainers wait there for the slow one, so the same rule names the slow one after its
-first iteration, from the whole iteration's figures.
+first iteration. It reads the iteration's steps in lock-step only (``steady``): from the end
+of the fit's first call of the train function (tracing, the collectives' set-up) to the end
+of its last. Before and after them each trainer works on its own while its peer waits in
+places the timer does not see.
 """
 
 from __future__ import annotations
@@ -161,7 +164,8 @@ def timings_of(messages: Iterable[dict[str, Any]]) -> list[TrainerTiming]:
     iteration that all carry their local ``batch`` (``sync="step"``), unequal once an elastic
     fit split the batch by rows, count their steps in steps of the mean batch
     (``steps * batch / mean``): a trainer given fewer rows for its speed runs smaller steps,
-    and is compared per row, not per (smaller) step. Its seconds are unchanged.
+    and is compared per row, not per (smaller) step. Its seconds are unchanged. A message with
+    a ``steady`` stretch (``sync="step"``) is timed over that stretch only.
     """
     messages = list(messages)
     batched = bool(messages) and all(m.get("batch") for m in messages)
@@ -171,11 +175,10 @@ def timings_of(messages: Iterable[dict[str, Any]]) -> list[TrainerTiming]:
     for m, batch in zip(messages, batches, strict=True):
         steps = int(m.get("steps") or 1)
         fit, wait = float(m.get("fit_seconds") or 0.0), float(m.get("averaging_seconds") or 0.0)
-        warmup = m.get("warmup")  # sync="step": the fit's first call, left out when others follow
-        if warmup and int(warmup["steps"]) < steps:
-            steps -= int(warmup["steps"])
-            fit -= float(warmup["seconds"])
-            wait -= float(warmup["averaging_seconds"])
+        steady = m.get("steady")  # sync="step": the steps in lock-step only
+        if steady:
+            steps = int(steady["steps"])
+            fit, wait = float(steady["seconds"]), float(steady["averaging_seconds"])
         if batched:
             steps = max(1, round(steps * batch / mean))
         timings.append(TrainerTiming(m["worker"], steps, fit, wait))

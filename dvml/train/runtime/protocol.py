@@ -118,10 +118,10 @@ class Iteration(Line):
     # its local batch (sync="step": unequal once an elastic fit moved rows for speed; its
     # averaging_seconds are then its steps' wait in the all-reduce, train.runtime.collective_wait)
     batch: int | None = None
-    # sync="step": the fit's first call of the train function (tracing, the collectives'
-    # set-up): its seconds, its wait in the all-reduce and its steps, which the straggler
-    # rule leaves out (train.stragglers)
-    warmup: dict[str, float] | None = None
+    # sync="step": the fit's steps in lock-step, after its first call of the train function
+    # (tracing, the collectives' set-up) and up to its last: their seconds, their wait in the
+    # all-reduce and their count, which the straggler rule reads (train.stragglers)
+    steady: dict[str, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

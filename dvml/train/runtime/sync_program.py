@@ -170,7 +170,7 @@ def _build(job: dict[str, Any], keras: Any, strategy: Any, train: Any, startup: 
         from dvml.train.runtime.collective_wait import time_collective
 
         timer = time_collective(model, tf_runtime.tensorflow())
-        callbacks.append(timer.first_execution_callback(keras))
+        callbacks.append(timer.steady_callback(keras))
     return _Setup(model, evaluator, averager, every_k, data, callbacks, augment, timer)
 
 
@@ -209,10 +209,7 @@ def _iterations(job: dict[str, Any], setup: _Setup, train: Any, valid: Any) -> l
         if setup.timer is not None:  # sync="step": the steps' wait in the all-reduce
             record["averaging_seconds"] = setup.timer.seconds() - waited
             record["batch"] = per_worker_batch
-            if setup.timer.warmup is not None:  # the fit's first call of the train function
-                at, timed, steps_done = setup.timer.warmup
-                record["warmup"] = {"seconds": at - t0, "averaging_seconds": timed - waited,
-                                    "steps": steps_done}  # fmt: skip
+            record["steady"] = setup.timer.steady()  # the stretch the straggler rule reads
         if averager is not None:
             record["averages"] = averager.count - averaged[0]
             record["averaging_seconds"] = averager.seconds - averaged[1]
