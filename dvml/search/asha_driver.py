@@ -28,9 +28,9 @@ the training loss.
 
 A configuration whose loss is not a finite number (NaN, inf), or whose task fails (an error, out
 of memory), is failed and ranked last; the search goes on. A worker whose trainer died is left
-out of the rest of the search. So is one that leaves the cluster, its rows re-pinned first
-(:func:`dvml.train.hop_repin.go_on_without`, the trainers restarted): an iteration is then one
-sub-epoch per remaining worker, still the training set's rows.
+out of the rest of the search, and so is one that leaves the cluster; either way its rows are
+re-pinned first (:func:`dvml.train.hop_repin.go_on_without`, the trainers restarted): an
+iteration is then one sub-epoch per remaining worker, still the training set's rows.
 
 Every decision goes to the search's journal, saved in the registry (the summary of the run
 ``model_output``, ``status="running"``) before it is carried out and after every result.
@@ -227,9 +227,9 @@ class AshaDriver:
                     if not self.running:
                         break
                     for done in self._next_done(kept):
-                        gone = self._finish(done)
+                        gone, why = self._finish(done)
                         if gone:  # this job and the rest of the batch were interrupted too
-                            self._departed(gone, kept)
+                            self._departed(gone, kept, why)
                             break
                         if done.trial_id not in self.running:  # not sent again
                             self.idle.append(done.worker)
@@ -352,24 +352,26 @@ class AshaDriver:
                 self._departed(outcome.gone, kept)
                 return []
 
-    def _finish(self, done: Running) -> list[WorkerInfo]:
+    def _finish(self, done: Running) -> tuple[list[WorkerInfo], str]:
         """Report a job's result (or failure) to the scheduler; journal it; a progress line.
-        Returns the workers that departed while its results were fetched (then nothing is
-        reported: the job was interrupted)."""
+        Returns the workers the search must go on without, and why ("": they departed): the
+        workers that departed while its results were fetched (then nothing is reported: the
+        job was interrupted), or those whose trainer died with one of its tasks."""
         key, worker = done.trial_id, done.worker
         failed = [f for f in [*done.terminal, *(x for v in done.records.values() for x in v)]
                   if _broken(f)]  # fmt: skip
         decision: Any
+        dead, why = list[WorkerInfo](), ""
         if failed:
             self.hopper.rewind(key, done.previous)
-            self._drop_dead()
-            if worker in self.workers and set(done.evaluated_on) - set(self.workers):
+            dead = self._dead()
+            why = f"the trainer on {', '.join(w.name for w in dead)} is gone"
+            if worker not in dead and set(done.evaluated_on) & set(dead):
                 # another worker's trainer died under one of its evaluations: the model is
-                # not at fault; the job goes again on its own worker, evaluated on the rest
-                self._submit(key, worker, done.first, done.last)
-                self._line(f"trial {key} goes again on {worker.name}: an evaluation of it "
-                           "ran on a trainer that is gone")  # fmt: skip
-                return []
+                # not at fault; it goes again from its last checkpoint (_departed)
+                self._line(f"trial {key} goes again: an evaluation of it ran on a trainer "
+                           "that is gone")  # fmt: skip
+                return dead, why
             exc = failed[0].exception() if failed[0].status == "error" else None
             reason = f"{type(exc).__name__}: {exc}"[:500] if exc else "its task was cancelled"
             self.hopper.park(key)
@@ -377,7 +379,7 @@ class AshaDriver:
         else:
             loss, gone = self._collect(done)
             if gone:
-                return gone
+                return gone, ""
             decision = self.search.apply(
                 j.Result(key, done.last, loss, worker.name, self.now(), time.time() - done.began,
                          checkpoint=f"{worker.name}:{key}-{done.last}")
@@ -386,7 +388,7 @@ class AshaDriver:
         self.save_journal(self.search.journal.dumps())
         self._line(f"trial {key} {self._said(decision)}; {self._best_line()}")
         self.check()
-        return []
+        return dead, why
 
     def _collect(self, done: Running) -> tuple[float | None, list[WorkerInfo]]:
         """Gather a job's records and evaluations into the history: the ranking loss (or the
@@ -407,13 +409,16 @@ class AshaDriver:
         found = [e[self.loss_part] for e in evals[done.last] if self.loss_part in e]
         return (aggregate(found).get("loss") if found else None), []
 
-    def _departed(self, gone: list[WorkerInfo], kept: dict[int, tuple[int, WorkerInfo]]) -> None:
-        """Workers left the cluster: every job in flight is interrupted; each of its models
-        is queued again from its last checkpoint on the remaining workers (or from scratch
-        when it had trained nothing), else failed; a parked or finished model whose state
-        went with them is added again from its rung's checkpoint, else failed."""
+    def _departed(
+        self, gone: list[WorkerInfo], kept: dict[int, tuple[int, WorkerInfo]], why: str = ""
+    ) -> None:
+        """Workers left the cluster (or their trainer died: ``why`` says so): every job in
+        flight is interrupted; each of its models is queued again from its last checkpoint
+        on the remaining workers (or from scratch when it had trained nothing), else failed;
+        a parked or finished model whose state went with them is added again from its rung's
+        checkpoint, else failed. Their rows are copied onto the remaining workers first."""
         names = [w.name for w in gone]
-        self._line(f"{describe_departure(gone)}: the search goes on without it")
+        self._line(f"{why or describe_departure(gone)}: the search goes on without it")
         self.departed.extend(names)
         # the search's own view: every model given out and not reported yet (in flight, in
         # the batch being reported, or given out while the job was being sent); a model
@@ -459,18 +464,18 @@ class AshaDriver:
         self.idle = [w for _ in range(JOBS_PER_WORKER) for w in self.workers]
         self._line(f"queued again: {requeue}; failed with the departed worker(s): {failed}")
 
-    def _drop_dead(self) -> None:
-        """Leave out every worker whose trainer died (a failed task may have run on another
-        worker than its model's: its evaluation runs on every worker)."""
-        for worker in [w for w in self.workers if not self.hopper.alive(w)]:
-            self.workers.remove(worker)
-            self._line(f"the trainer on {worker.name} is gone: the search goes on without it")
-        if not self.workers:
+    def _dead(self) -> list[WorkerInfo]:
+        """The workers whose trainer died (a failed task may have run on another worker than
+        its model's: its evaluation runs on every worker); the search leaves them out
+        (:meth:`_departed`), their rows copied onto the others."""
+        dead = [w for w in self.workers if not self.hopper.alive(w)]
+        if dead and len(dead) == len(self.workers):
             raise TrainerFailedError(
                 f"Every trainer of search {self.model_output!r} is gone. Received: workers "
                 f"{[w.name for w in self.job.workers]}. Run dvml.automl(..., resume=True) "
                 "again: it resumes from the journal's last decision."
             )
+        return dead
 
     def _restore(self) -> dict[int, tuple[int, WorkerInfo]]:
         """Queue the jobs in flight; add every parked or finished model from its checkpoint.

@@ -282,8 +282,8 @@ def test_a_killed_trainer_fails_its_configuration_and_the_search_goes_on(
     env: dict[str, Any], cluster2: Any
 ) -> None:
     """SIGKILL the search's trainer on worker-1 once a model is parked: the configuration it
-    was training is failed (ranked last), the worker is left out, and the search finishes on
-    worker-0 with every other configuration."""
+    was training is failed (ranked last), the worker is left out, its rows copied onto
+    worker-0, and the search finishes on worker-0 with every other configuration."""
     from tests.helpers import Background
 
     def run(seen: Any) -> Any:
@@ -320,6 +320,13 @@ def test_a_killed_trainer_fails_its_configuration_and_the_search_goes_on(
              if n > killed_at and isinstance(d, j.Start | j.Promote)]  # fmt: skip
     assert all(d.worker == "worker-0" for d in later), later
     assert len(info) == 5 and result.summary["status"] == "finished"
+    # worker-1's rows were copied onto worker-0, not left out: every iteration after the kill
+    # still trains on the whole training set (main trained on worker-0's rows only, unsaid)
+    summary = result.summary
+    assert summary["departed"] == ["worker-1"], summary
+    assert summary["rows_left_out"] == 0 and summary["repinned_rows"] > 0, summary
+    layout = dvml.datasets.describe("asha_iris", client=env["client"]).layout
+    assert {b["worker_name"] for b in layout["buffers"]} == {"worker-0"}, layout
     failed = set(info.index[info["status"] == "failed"])
     assert result.summary["best_mst_key"] not in failed
     assert set(info["status"]) - {"failed"} <= {"parked", "finished"}
