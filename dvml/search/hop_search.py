@@ -19,7 +19,9 @@ and left out: its rows are re-pinned onto the remaining workers and their traine
 on the new layout (:func:`dvml.train.hop_repin.go_on_without`, as an elastic
 ``fit_multiple`` does; rows whose vineyardd is gone too are left out and counted), the step
 starts again there from the states its configurations began it with (a configuration whose
-state went with the worker is failed: loss None, ranked last), and the search goes on.
+state went with the worker is failed: loss None, ranked last), and the search goes on. So is a
+worker whose trainer died (killed, out of memory) while the worker stays, as ASHA does; the
+search stops only when every trainer died.
 """
 
 from __future__ import annotations
@@ -161,10 +163,13 @@ class HopSearch:
                 )  # fmt: skip
                 break
             except TrainerFailedError:
-                gone = departed_workers(self.client, self.hopper.workers, wait=0.0)
-                if not gone:
+                gone, why = departed_workers(self.client, self.hopper.workers, wait=0.0), ""
+                if not gone:  # a trainer that died while its worker stays is left out too
+                    gone = [w for w in self.hopper.workers if not self.hopper.alive(w)]
+                    why = f"the trainer on {', '.join(w.name for w in gone)} is gone"
+                if not gone or len(gone) == len(self.hopper.workers):
                     raise
-            keys, first, done_before = self._go_on_without(gone, began, offset, iterations)
+            keys, first, done_before = self._go_on_without(gone, began, offset, iterations, why)
             # the step goes on over every row: the departed rows re-pinned, new trainers
             departure = go_on_without(self.hop, gone, list(self.hopper.workers), RERUN)
             self.departures.append({**departure, "at_iteration": offset + first})
@@ -177,16 +182,22 @@ class HopSearch:
         return records, evals
 
     def _go_on_without(
-        self, gone: list[Any], began: dict[int, Future], offset: int, iterations: int
+        self,
+        gone: list[Any],
+        began: dict[int, Future],
+        offset: int,
+        iterations: int,
+        why: str = "",
     ) -> tuple[list[int], int, list[dict[str, Any]]]:
         """Leave ``gone`` out. The step's models go on from the last iteration every one of
         them checkpointed on the remaining workers, or else from the states they began it
         with (kept in memory, or checkpointed); a model outside the step whose state went with
         ``gone`` is added again from its last checkpoint (for its weights). A model with
         neither is failed. Returns the step's models, its first iteration to run and the
-        checkpoint records of the iterations before it."""
+        checkpoint records of the iterations before it. ``why``: their trainer died (they
+        stay in the cluster); else they departed."""
         self.departed.extend(w.name for w in gone)
-        line = f"{describe_departure(gone)}: the search goes on without it"
+        line = f"{why or describe_departure(gone)}: the search goes on without it"
         logger.warning("[dvml.automl %s] %s", self.model_output, line)
         remaining = [w for w in self.hopper.workers if w not in gone]
         lost = self.hop.lose(gone, remaining, RERUN)

@@ -20,7 +20,7 @@ import pytest
 
 import dvml
 from dvml.search import journal as j
-from tests.helpers import Background, iris_frame, iris_mlp, poll_for
+from tests.helpers import Background, iris_frame, iris_mlp, poll_for, worker_trainers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf]
 
@@ -193,6 +193,44 @@ def test_hyperband_goes_on_without_a_departed_worker(env: dict[str, Any]) -> Non
     assert dropped == [1] * 11 + [2] * 2, dropped  # bracket 2: 6 + 2, bracket 1: 2, bracket 0: 3
     models = set(env["registry"].list_models()["name"])
     assert {f"dep_hb_{k}" for k in range(1, 16)} <= models
+
+
+def test_hyperband_goes_on_without_a_worker_whose_trainer_died(env: dict[str, Any]) -> None:
+    """worker-1's trainer SIGKILLed during the second diagonal while the worker stays: the
+    search leaves worker-1 out as it would a departed worker, its rows copied onto worker-0,
+    and finishes with every configuration (main: the search stopped with a
+    TrainerFailedError)."""
+
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.automl(
+                "dep_iris", "dep_hbk", env["arch"], COMPILE_RANGE, FIT, method="hyperband",
+                params="R=9, eta=3, skip_last=0", seed=4, validation_set="dep_iris_val",
+                progress=True, registry=env["registry"], client=env["client"],
+            )  # fmt: skip
+
+    def in_second_diagonal() -> bool:  # R=9: diagonals train iterations 1, 2..4 and 5..13
+        found = pathlib.Path(env["state"]).glob("checkpoints/dep_hbk-hop-*/*-2.npz.json")
+        return any(True for _ in found)
+
+    search = Background(run)
+    assert poll_for(lambda: search.done() or in_second_diagonal(), 300), search.outcome
+    victims = worker_trainers(env["cluster"], "worker-1", model_output="dep_hbk")
+    assert len(victims) == 1 and not search.done(), (victims, search.outcome)
+    os.kill(victims[0], signal.SIGKILL)
+    result = search.result(600)
+    summary = result.summary
+    assert summary["departed"] == ["worker-1"], summary
+    assert summary["repinned_rows"] > 0 and summary["rows_left_out"] == 0, summary
+    ds = dvml.datasets.describe("dep_iris", client=env["client"])
+    assert {b["worker_name"] for b in ds.layout["buffers"]} == {"worker-0"}, ds.layout
+    info = result.info.set_index("mst_key")
+    assert list(info.index) == list(range(1, 16))
+    assert list(info["s"]) == [2] * 9 + [1] * 3 + [0] * 3
+    for k in range(13, 16):  # bracket 0, after the kill: trained whole on worker-0
+        assert info.loc[k, "metrics_iters"] == [13], k
+    models = set(env["registry"].list_models()["name"])
+    assert {f"dep_hbk_{k}" for k in range(1, 16) if k not in summary["failed"]} <= models
 
 
 def test_an_elastic_fit_multiple_goes_on_without_a_departed_worker(env: dict[str, Any]) -> None:
