@@ -38,13 +38,13 @@ from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
 from dvml.train.departures import departure_fields
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
-from dvml.train.hop_repin import go_on_without
+from dvml.train.hop_repin import go_on_without, workers_to_leave
 from dvml.train.hop_schedule import History, model_histories
 from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.checkpoints import resume_iteration
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, dataset_key, job_key, model_spec, now
-from dvml.train.runtime.watcher import departed_workers, describe_departure
+from dvml.train.runtime.watcher import describe_departure
 from dvml.train.summary import aggregate
 
 if TYPE_CHECKING:
@@ -163,11 +163,8 @@ class HopSearch:
                 )  # fmt: skip
                 break
             except TrainerFailedError:
-                gone, why = departed_workers(self.client, self.hopper.workers, wait=0.0), ""
-                if not gone:  # a trainer that died while its worker stays is left out too
-                    gone = [w for w in self.hopper.workers if not self.hopper.alive(w)]
-                    why = f"the trainer on {', '.join(w.name for w in gone)} is gone"
-                if not gone or len(gone) == len(self.hopper.workers):
+                gone, why = workers_to_leave(self.hop)
+                if not gone:
                     raise
             keys, first, done_before = self._go_on_without(gone, began, offset, iterations, why)
             # the step goes on over every row: the departed rows re-pinned, new trainers

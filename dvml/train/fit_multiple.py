@@ -47,7 +47,7 @@ from dvml.train.departures import departure_fields, describe_repin
 from dvml.train.elastic import elastic_key, rows_key
 from dvml.train.hop_job import HopJob
 from dvml.train.hop_loop import Evaluations, first_workers, run_iterations
-from dvml.train.hop_repin import go_on_without, rows_per_epoch
+from dvml.train.hop_repin import go_on_without, rows_per_epoch, workers_to_leave
 from dvml.train.hop_schedule import model_histories, resumed_from
 from dvml.train.hop_tables import Trained, build_tables, model_name
 from dvml.train.hop_tables import run_summary as hop_run_summary
@@ -60,7 +60,7 @@ from dvml.train.runtime.checkpoints import resume_points
 from dvml.train.runtime.hopper import ModelHopper
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, JobArgs, dataset_key, job_key, model_spec, now, place_job
-from dvml.train.runtime.watcher import departed_workers, describe_departure
+from dvml.train.runtime.watcher import describe_departure
 from dvml.train.stragglers import hop_timings
 from dvml.train.stragglers import run_summary as straggler_summary
 
@@ -245,7 +245,8 @@ def fit_multiple(
         MADlib's option to keep the training data in memory between iterations; accepted
         and ignored, since dvml always trains from the data kept in the workers' memory.
     elastic : bool
-        Go on without a worker that leaves the cluster (its process or host gone): its
+        Go on without a worker that leaves the cluster (its process or host gone), or
+        whose trainer died while the worker stays (killed, out of memory): its
         buffers of the training and validation sets are copied from its vineyardd (which
         still runs when only the Dask worker process died) onto the remaining workers, the
         job's trainers restart there on the new layout, and each model resumes from its own
@@ -431,8 +432,9 @@ class _Run:
 
 
 def _run_elastic(hop: HopJob, plan: _Plan, resume: bool, progress: bool, elastic: bool) -> _Run:
-    """Resume, then run the MOP loop; with ``elastic``, a departed worker is left out, its
-    rows re-pinned onto the remaining workers whose trainers restart on the new layout
+    """Resume, then run the MOP loop; with ``elastic``, a departed worker (or one whose
+    trainer died: :func:`~dvml.train.hop_repin.workers_to_leave`) is left out, its rows
+    re-pinned onto the remaining workers whose trainers restart on the new layout
     (:func:`~dvml.train.hop_repin.go_on_without`), and the loop runs again on them, each
     model from its own last checkpoint kept there (the rerun rule, :func:`_resume`)."""
     departures: list[dict[str, Any]] = []
@@ -442,7 +444,7 @@ def _run_elastic(hop: HopJob, plan: _Plan, resume: bool, progress: bool, elastic
             records, evals = _run(hop.hopper, plan, points, states, progress)
             return _Run(plan, points, history, records, evals, departures)
         except TrainerFailedError:
-            gone = departed_workers(hop.client, hop.hopper.workers, wait=0.0) if elastic else []
+            gone, why = workers_to_leave(hop) if elastic else ([], "")
             if not gone:
                 raise
         remaining = [w for w in hop.hopper.workers if w not in gone]
@@ -454,8 +456,8 @@ def _run_elastic(hop: HopJob, plan: _Plan, resume: bool, progress: bool, elastic
         points, states, history = _resume(hop, plan, True)
         first = departure["at_iteration"] = min(points.values()) + 1
         departures.append(departure)
-        line = (f"[dvml.fit_multiple {plan.model_output}] {describe_departure(gone)}: going on "
-                f"without it from iteration {first} (elastic=True): "
+        line = (f"[dvml.fit_multiple {plan.model_output}] {why or describe_departure(gone)}: "
+                f"going on without it from iteration {first} (elastic=True): "
                 f"{describe_repin(departure)}")  # fmt: skip
         logger.warning(line)
         if progress:

@@ -10,7 +10,9 @@ start, and a new one opens the latest layout by the code path every job uses, wi
 command in the protocol; the cost is one trainer start per survivor (a standby one when
 ready), once per departure. The scheduler then resumes each model from its own last
 checkpoint, so from the next iteration every model again visits every row once per
-iteration (MADlib's rule).
+iteration (MADlib's rule). :func:`workers_to_leave` says which workers a job goes on without
+after a failed hop: those that departed, else those whose trainer died while the worker stays
+(killed, out of memory), which are left out the same way.
 
 :func:`rows_per_epoch` is pure: it turns the hop records into the summary's rows per
 iteration; the departures' fields are :mod:`dvml.train.departures`'.
@@ -23,12 +25,33 @@ from typing import TYPE_CHECKING, Any
 
 from dvml.exceptions import TrainerFailedError
 from dvml.preprocess.repin import repin
+from dvml.train.runtime.watcher import departed_workers
 
 if TYPE_CHECKING:
     from dvml.cluster.workers import WorkerInfo
     from dvml.train.hop_job import HopJob
 
-__all__ = ["go_on_without", "rows_per_epoch"]
+__all__ = ["go_on_without", "rows_per_epoch", "workers_to_leave"]
+
+
+def workers_to_leave(hop: HopJob) -> tuple[list[WorkerInfo], str]:
+    """After a hop of ``hop`` failed: the workers to go on without, and why.
+
+    Returns
+    -------
+    tuple of (list of WorkerInfo, str)
+        The workers that left the cluster (and ""), else those whose trainer died while
+        the worker stays (and a phrase saying so); no worker when none did, or when every
+        trainer died (nothing is left to go on with: the caller raises its error).
+    """
+    workers = list(hop.hopper.workers)
+    gone = departed_workers(hop.client, workers, wait=0.0)
+    if gone:
+        return gone, ""
+    dead = [w for w in workers if not hop.hopper.alive(w)]
+    if len(dead) == len(workers):
+        return [], ""
+    return dead, f"the trainer on {', '.join(w.name for w in dead)} is gone (its worker stays)"
 
 
 def go_on_without(

@@ -277,3 +277,48 @@ def test_an_elastic_fit_multiple_goes_on_without_a_departed_worker(env: dict[str
     assert all(list(m) == [6] for m in info["metrics_iters"]), info["metrics_iters"]
     models = set(env["registry"].list_models()["name"])
     assert {"dep_mop_1", "dep_mop_2", "dep_mop_3"} <= models
+
+
+def test_an_elastic_fit_multiple_goes_on_without_a_worker_whose_trainer_died(
+    env: dict[str, Any],
+) -> None:
+    """worker-1's trainer SIGKILLed once a model has checkpointed iteration 2, the worker
+    staying: the job leaves worker-1 out as it would a departed worker, its rows copied onto
+    worker-0, and every model trains every iteration on every row (main: the job stopped
+    with a TrainerFailedError)."""
+    configs = [
+        {"mst_key": k, "model_id": env["arch"], "fit_params": "batch_size=8, epochs=2",
+         "compile_params": f"loss='categorical_crossentropy', optimizer='Adam(learning_rate="
+                           f"{lr})', metrics=['accuracy']"}
+        for k, lr in ((1, 0.003), (2, 0.01))
+    ]  # fmt: skip
+
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.fit_multiple(
+                "dep_iris", "dep_mopk", configs, num_iterations=6,
+                validation_set="dep_iris_val", elastic=True, progress=True,
+                registry=env["registry"], client=env["client"],
+            )  # fmt: skip
+
+    def checkpointed() -> bool:
+        found = pathlib.Path(env["state"]).glob("checkpoints/dep_mopk-mop-*/*-2.npz.json")
+        return any(True for _ in found)
+
+    job = Background(run)
+    assert poll_for(lambda: job.done() or checkpointed(), 300), job.outcome
+    victims = worker_trainers(env["cluster"], "worker-1", model_output="dep_mopk")
+    assert len(victims) == 1 and not job.done(), (victims, job.outcome)
+    os.kill(victims[0], signal.SIGKILL)
+    selection = job.result(600)
+    summary = selection.summary
+    assert summary["departed"] == ["worker-1"], summary
+    assert summary["repinned_rows"] > 0 and summary["rows_left_out"] == 0, summary
+    first = summary["departed_at_iterations"]["worker-1"]
+    after = [(k, it, w) for k, it, w in summary["hop_workers"] if it >= first]
+    assert after and all(w == "worker-0" for _, _, w in after), summary["hop_workers"]
+    info = selection.info.set_index("mst_key")
+    assert all(list(m) == [6] for m in info["metrics_iters"]), info["metrics_iters"]
+    # every model trained all 120 rows in every iteration, before the kill and after it
+    for k, rows in info["rows_per_epoch"].items():
+        assert [r for _, r in rows] == [120] * 6, (k, rows)
