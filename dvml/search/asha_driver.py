@@ -227,9 +227,9 @@ class AshaDriver:
                     if not self.running:
                         break
                     for done in self._next_done(kept):
-                        gone, why = self._finish(done)
+                        gone, died = self._finish(done)
                         if gone:  # this job and the rest of the batch were interrupted too
-                            self._departed(gone, kept, why)
+                            self._departed(gone, kept, died)
                             break
                         if done.trial_id not in self.running:  # not sent again
                             self.idle.append(done.worker)
@@ -354,26 +354,20 @@ class AshaDriver:
 
     def _finish(self, done: Running) -> tuple[list[WorkerInfo], str]:
         """Report a job's result (or failure) to the scheduler; journal it; a progress line.
-        Returns the workers the search must go on without, and why ("": they departed): the
-        workers that departed while its results were fetched (then nothing is reported: the
-        job was interrupted), or those whose trainer died with one of its tasks."""
+        Returns the workers the search must go on without, and why ("": they departed, then
+        nothing is reported: the job was interrupted; else how a trainer of theirs died, the
+        failure of the trials it was training, :meth:`_departed`)."""
         key, worker = done.trial_id, done.worker
         failed = [f for f in [*done.terminal, *(x for v in done.records.values() for x in v)]
                   if _broken(f)]  # fmt: skip
         decision: Any
-        dead, why = list[WorkerInfo](), ""
         if failed:
             self.hopper.rewind(key, done.previous)
-            dead = self._dead()
-            why = f"the trainer on {', '.join(w.name for w in dead)} is gone"
-            if worker not in dead and set(done.evaluated_on) & set(dead):
-                # another worker's trainer died under one of its evaluations: the model is
-                # not at fault; it goes again from its last checkpoint (_departed)
-                self._line(f"trial {key} goes again: an evaluation of it ran on a trainer "
-                           "that is gone")  # fmt: skip
-                return dead, why
             exc = failed[0].exception() if failed[0].status == "error" else None
             reason = f"{type(exc).__name__}: {exc}"[:500] if exc else "its task was cancelled"
+            dead = self._dead()
+            if dead:  # its own trainer, or one that ran an evaluation of it (on every worker)
+                return dead, reason
             self.hopper.park(key)
             decision = self.search.apply(j.Failure(key, reason, worker.name, self.now()))
         else:
@@ -388,7 +382,7 @@ class AshaDriver:
         self.save_journal(self.search.journal.dumps())
         self._line(f"trial {key} {self._said(decision)}; {self._best_line()}")
         self.check()
-        return dead, why
+        return [], ""
 
     def _collect(self, done: Running) -> tuple[float | None, list[WorkerInfo]]:
         """Gather a job's records and evaluations into the history: the ranking loss (or the
@@ -410,16 +404,23 @@ class AshaDriver:
         return (aggregate(found).get("loss") if found else None), []
 
     def _departed(
-        self, gone: list[WorkerInfo], kept: dict[int, tuple[int, WorkerInfo]], why: str = ""
+        self, gone: list[WorkerInfo], kept: dict[int, tuple[int, WorkerInfo]], died: str = ""
     ) -> None:
-        """Workers left the cluster (or their trainer died: ``why`` says so): every job in
-        flight is interrupted; each of its models is queued again from its last checkpoint
-        on the remaining workers (or from scratch when it had trained nothing), else failed;
-        a parked or finished model whose state went with them is added again from its rung's
-        checkpoint, else failed. Their rows are copied onto the remaining workers first."""
+        """Workers left the cluster: every job in flight is interrupted; each of its models
+        is queued again from its last checkpoint on the remaining workers (or from scratch
+        when it had trained nothing), else failed; a parked or finished model whose state
+        went with them is added again from its rung's checkpoint, else failed. Their rows
+        are copied onto the remaining workers first. ``died``: they stay, but their trainers
+        died so (the failure of the trials those trainers were training)."""
         names = [w.name for w in gone]
-        self._line(f"{why or describe_departure(gone)}: the search goes on without it")
+        why = f"the trainer on {', '.join(names)} is gone" if died else describe_departure(gone)
+        self._line(f"{why}: the search goes on without it")
         self.departed.extend(names)
+        for trial in [self.search.trials[k] for k in self.search.running if died]:
+            if trial.worker in names:  # the trial its trainer was training fails with it
+                decision = self.search.apply(j.Failure(trial.trial_id, died, trial.worker,
+                                                       self.now()))  # fmt: skip
+                self._line(f"trial {trial.trial_id} {self._said(decision)}")
         # the search's own view: every model given out and not reported yet (in flight, in
         # the batch being reported, or given out while the job was being sent); a model
         # already reported (parked, finished, failed) is not interrupted
