@@ -410,8 +410,7 @@ class AshaDriver:
         is queued again from its last checkpoint on the remaining workers (or from scratch
         when it had trained nothing), else failed; a parked or finished model whose state
         went with them is added again from its rung's checkpoint, else failed. Their rows
-        are copied onto the remaining workers first. ``died``: they stay, but their trainers
-        died so (the failure of the trials those trainers were training)."""
+        are copied onto the others first. ``died``: how their trainers died (they stay)."""
         names = [w.name for w in gone]
         why = f"the trainer on {', '.join(names)} is gone" if died else describe_departure(gone)
         self._line(f"{why}: the search goes on without it")
