@@ -58,7 +58,7 @@ from dvml.search.hyperband import rank_key
 from dvml.search.outcome import Configuration, SearchOutcome, build_outcome
 from dvml.train.departures import departure_fields
 from dvml.train.hop_job import HopJob
-from dvml.train.hop_repin import go_on_without
+from dvml.train.hop_repin import dead_trainers, go_on_without, trainers_gone
 from dvml.train.hop_tables import build_tables
 from dvml.train.runtime.model_state import state_bytes
 from dvml.train.runtime.plan import Job, job_key, model_spec, now
@@ -412,7 +412,7 @@ class AshaDriver:
         went with them is added again from its rung's checkpoint, else failed. Their rows
         are copied onto the others first. ``died``: how their trainers died (they stay)."""
         names = [w.name for w in gone]
-        why = f"the trainer on {', '.join(names)} is gone" if died else describe_departure(gone)
+        why = trainers_gone(gone) if died else describe_departure(gone)
         self._line(f"{why}: the search goes on without it")
         self.departed.extend(names)
         for trial in [self.search.trials[k] for k in self.search.running if died]:
@@ -468,7 +468,7 @@ class AshaDriver:
         """The workers whose trainer died (a failed task may have run on another worker than
         its model's: its evaluation runs on every worker); the search leaves them out
         (:meth:`_departed`), their rows copied onto the others."""
-        dead = [w for w in self.workers if not self.hopper.alive(w)]
+        dead = dead_trainers(self.hop, self.workers)
         if dead and len(dead) == len(self.workers):
             raise TrainerFailedError(
                 f"Every trainer of search {self.model_output!r} is gone. Received: workers "

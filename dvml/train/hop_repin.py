@@ -31,7 +31,17 @@ if TYPE_CHECKING:
     from dvml.cluster.workers import WorkerInfo
     from dvml.train.hop_job import HopJob
 
-__all__ = ["go_on_without", "rows_per_epoch", "workers_to_leave"]
+__all__ = ["dead_trainers", "go_on_without", "rows_per_epoch", "trainers_gone", "workers_to_leave"]
+
+
+def dead_trainers(hop: HopJob, workers: list[WorkerInfo]) -> list[WorkerInfo]:
+    """The ``workers`` whose trainer of ``hop`` died (the worker itself may stay)."""
+    return [w for w in workers if not hop.hopper.alive(w)]
+
+
+def trainers_gone(workers: list[WorkerInfo]) -> str:
+    """What a job's line says of ``workers`` whose trainer died."""
+    return f"the trainer on {', '.join(w.name for w in workers)} is gone (its worker stays)"
 
 
 def workers_to_leave(hop: HopJob) -> tuple[list[WorkerInfo], str]:
@@ -48,10 +58,10 @@ def workers_to_leave(hop: HopJob) -> tuple[list[WorkerInfo], str]:
     gone = departed_workers(hop.client, workers, wait=0.0)
     if gone:
         return gone, ""
-    dead = [w for w in workers if not hop.hopper.alive(w)]
+    dead = dead_trainers(hop, workers)
     if len(dead) == len(workers):
         return [], ""
-    return dead, f"the trainer on {', '.join(w.name for w in dead)} is gone (its worker stays)"
+    return dead, trainers_gone(dead)
 
 
 def go_on_without(

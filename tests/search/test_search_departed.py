@@ -12,7 +12,7 @@ import os
 import pathlib
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import dask
@@ -63,6 +63,58 @@ def _kill_worker_1(env: dict[str, Any]) -> float:
     """SIGKILL the Dask worker process worker-1 (its Nanny brings a new one up later)."""
     os.kill(env["cluster"].processes()["dask worker worker-1"], signal.SIGKILL)
     return time.monotonic()
+
+
+def _kill_trainer_of_worker_1(env: dict[str, Any], output: str, job: Background) -> None:
+    """SIGKILL the trainer of job ``output`` on worker-1 (the worker stays)."""
+    victims = worker_trainers(env["cluster"], "worker-1", model_output=output)
+    assert len(victims) == 1 and not job.done(), (victims, job.outcome)
+    os.kill(victims[0], signal.SIGKILL)
+
+
+def _checkpointed(env: dict[str, Any], pattern: str) -> Callable[[], bool]:
+    """Whether a checkpoint file matching ``pattern`` (under the state directory) exists."""
+    return lambda: any(True for _ in pathlib.Path(env["state"]).glob(f"checkpoints/{pattern}"))
+
+
+def _holders(env: dict[str, Any]) -> set[str]:
+    """The workers that hold a buffer of the training set now."""
+    ds = dvml.datasets.describe("dep_iris", client=env["client"])
+    return {b["worker_name"] for b in ds.layout["buffers"]}
+
+
+def _hyperband(env: dict[str, Any], output: str) -> Callable[[Any], Any]:
+    """A Background body: Hyperband R=9 (diagonals train iterations 1, 2..4 and 5..13)."""
+
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.automl(
+                "dep_iris", output, env["arch"], COMPILE_RANGE, FIT, method="hyperband",
+                params="R=9, eta=3, skip_last=0", seed=4, validation_set="dep_iris_val",
+                progress=True, registry=env["registry"], client=env["client"],
+            )  # fmt: skip
+
+    return run
+
+
+def _fit_multiple(env: dict[str, Any], output: str, rates: Sequence[float]) -> Callable[[Any], Any]:
+    """A Background body: an elastic fit_multiple of 6 iterations, one configuration per
+    learning rate in ``rates`` (mst_key 1, 2, ...)."""
+    configs = [
+        {"mst_key": k, "model_id": env["arch"], "fit_params": "batch_size=8, epochs=2",
+         "compile_params": f"loss='categorical_crossentropy', optimizer='Adam(learning_rate="
+                           f"{lr})', metrics=['accuracy']"}
+        for k, lr in enumerate(rates, start=1)
+    ]  # fmt: skip
+
+    def run(seen: Any) -> Any:
+        with dask.config.set(env["settings"]):
+            return dvml.fit_multiple(
+                "dep_iris", output, configs, num_iterations=6, validation_set="dep_iris_val",
+                elastic=True, progress=True, registry=env["registry"], client=env["client"],
+            )  # fmt: skip
+
+    return run
 
 
 def _journal(env: dict[str, Any], output: str) -> j.Journal | None:
@@ -117,8 +169,7 @@ def test_asha_goes_on_without_a_departed_worker(env: dict[str, Any]) -> None:
     # worker-1's rows were copied off its vineyardd onto worker-0 for the rest of the search
     # (main went on with worker-0's own rows only)
     assert summary["repinned_rows"] == 60 and summary["rows_left_out"] == 0, summary
-    ds = dvml.datasets.describe("dep_iris", client=env["client"])
-    assert {b["worker_name"] for b in ds.layout["buffers"]} == {"worker-0"}, ds.layout
+    assert _holders(env) == {"worker-0"}
     journal = j.Journal.loads(summary["journal"])
     pairs = list(journal.pairs())
     at = next(n for n, (e, _) in enumerate(pairs) if isinstance(e, j.Departed))
@@ -146,22 +197,9 @@ def test_hyperband_goes_on_without_a_departed_worker(env: dict[str, Any]) -> Non
     diagonal whose state and checkpoints were all on worker-1 is failed (summary["failed"]);
     whether Dask still held a copy of its state on worker-0 at the kill varies from run to run
     (its evaluation copied it there; the active memory manager drops such copies)."""
-
-    def run(seen: Any) -> Any:
-        with dask.config.set(env["settings"]):
-            return dvml.automl(
-                "dep_iris", "dep_hb", env["arch"], COMPILE_RANGE, FIT, method="hyperband",
-                params="R=9, eta=3, skip_last=0", seed=4, validation_set="dep_iris_val",
-                progress=True, registry=env["registry"], client=env["client"],
-            )  # fmt: skip
-
-    def in_last_diagonal() -> bool:
-        # R=9: diagonals train iterations 1, 2..4 and 5..13 of the search
-        found = pathlib.Path(env["state"]).glob("checkpoints/dep_hb-hop-*/*-5.npz.json")
-        return any(True for _ in found)
-
-    search = Background(run)
-    assert poll_for(lambda: search.done() or in_last_diagonal(), 300), search.outcome
+    search = Background(_hyperband(env, "dep_hb"))
+    last_diagonal = _checkpointed(env, "dep_hb-hop-*/*-5.npz.json")
+    assert poll_for(lambda: search.done() or last_diagonal(), 300), search.outcome
     assert not search.done(), search.outcome
     _kill_worker_1(env)
     result = search.result(600)
@@ -170,8 +208,7 @@ def test_hyperband_goes_on_without_a_departed_worker(env: dict[str, Any]) -> Non
     # worker-1's rows were copied off its vineyardd onto worker-0 for the rest of the search
     assert summary["repinned_rows"] > 0 and summary["rows_left_out"] == 0, summary
     assert summary["departed_at_iterations"]["worker-1"] >= 5, summary  # the last diagonal
-    ds = dvml.datasets.describe("dep_iris", client=env["client"])
-    assert {b["worker_name"] for b in ds.layout["buffers"]} == {"worker-0"}, ds.layout
+    assert _holders(env) == {"worker-0"}
     info = result.info.set_index("mst_key")
     assert list(info.index) == list(range(1, 16))
     # MADlib's schedule as without the departure: bracket 2 (keys 1..9), 1 (10..12), 0 (13..15)
@@ -200,30 +237,15 @@ def test_hyperband_goes_on_without_a_worker_whose_trainer_died(env: dict[str, An
     search leaves worker-1 out as it would a departed worker, its rows copied onto worker-0,
     and finishes with every configuration (main: the search stopped with a
     TrainerFailedError)."""
-
-    def run(seen: Any) -> Any:
-        with dask.config.set(env["settings"]):
-            return dvml.automl(
-                "dep_iris", "dep_hbk", env["arch"], COMPILE_RANGE, FIT, method="hyperband",
-                params="R=9, eta=3, skip_last=0", seed=4, validation_set="dep_iris_val",
-                progress=True, registry=env["registry"], client=env["client"],
-            )  # fmt: skip
-
-    def in_second_diagonal() -> bool:  # R=9: diagonals train iterations 1, 2..4 and 5..13
-        found = pathlib.Path(env["state"]).glob("checkpoints/dep_hbk-hop-*/*-2.npz.json")
-        return any(True for _ in found)
-
-    search = Background(run)
-    assert poll_for(lambda: search.done() or in_second_diagonal(), 300), search.outcome
-    victims = worker_trainers(env["cluster"], "worker-1", model_output="dep_hbk")
-    assert len(victims) == 1 and not search.done(), (victims, search.outcome)
-    os.kill(victims[0], signal.SIGKILL)
+    search = Background(_hyperband(env, "dep_hbk"))
+    second_diagonal = _checkpointed(env, "dep_hbk-hop-*/*-2.npz.json")
+    assert poll_for(lambda: search.done() or second_diagonal(), 300), search.outcome
+    _kill_trainer_of_worker_1(env, "dep_hbk", search)
     result = search.result(600)
     summary = result.summary
     assert summary["departed"] == ["worker-1"], summary
     assert summary["repinned_rows"] > 0 and summary["rows_left_out"] == 0, summary
-    ds = dvml.datasets.describe("dep_iris", client=env["client"])
-    assert {b["worker_name"] for b in ds.layout["buffers"]} == {"worker-0"}, ds.layout
+    assert _holders(env) == {"worker-0"}
     info = result.info.set_index("mst_key")
     assert list(info.index) == list(range(1, 16))
     assert list(info["s"]) == [2] * 9 + [1] * 3 + [0] * 3
@@ -238,25 +260,8 @@ def test_an_elastic_fit_multiple_goes_on_without_a_departed_worker(env: dict[str
     checkpoint kept on worker-0 (or from its start) and trains every remaining iteration there;
     the summary names worker-1 and the first iteration trained without it, and every
     configuration is registered with MADlib's metrics at the last iteration."""
-    configs = [
-        {"mst_key": k, "model_id": env["arch"], "fit_params": "batch_size=8, epochs=2",
-         "compile_params": f"loss='categorical_crossentropy', optimizer='Adam(learning_rate="
-                           f"{lr})', metrics=['accuracy']"}
-        for k, lr in ((1, 0.003), (2, 0.01), (3, 0.03))
-    ]  # fmt: skip
-
-    def run(seen: Any) -> Any:
-        with dask.config.set(env["settings"]):
-            return dvml.fit_multiple(
-                "dep_iris", "dep_mop", configs, num_iterations=6, validation_set="dep_iris_val",
-                elastic=True, progress=True, registry=env["registry"], client=env["client"],
-            )  # fmt: skip
-
-    def checkpointed() -> bool:
-        found = pathlib.Path(env["state"]).glob("checkpoints/dep_mop-mop-*/*-2.npz.json")
-        return any(True for _ in found)
-
-    job = Background(run)
+    job = Background(_fit_multiple(env, "dep_mop", (0.003, 0.01, 0.03)))
+    checkpointed = _checkpointed(env, "dep_mop-mop-*/*-2.npz.json")
     assert poll_for(lambda: job.done() or checkpointed(), 300), job.outcome
     assert not job.done(), job.outcome
     _kill_worker_1(env)
@@ -286,30 +291,10 @@ def test_an_elastic_fit_multiple_goes_on_without_a_worker_whose_trainer_died(
     staying: the job leaves worker-1 out as it would a departed worker, its rows copied onto
     worker-0, and every model trains every iteration on every row (main: the job stopped
     with a TrainerFailedError)."""
-    configs = [
-        {"mst_key": k, "model_id": env["arch"], "fit_params": "batch_size=8, epochs=2",
-         "compile_params": f"loss='categorical_crossentropy', optimizer='Adam(learning_rate="
-                           f"{lr})', metrics=['accuracy']"}
-        for k, lr in ((1, 0.003), (2, 0.01))
-    ]  # fmt: skip
-
-    def run(seen: Any) -> Any:
-        with dask.config.set(env["settings"]):
-            return dvml.fit_multiple(
-                "dep_iris", "dep_mopk", configs, num_iterations=6,
-                validation_set="dep_iris_val", elastic=True, progress=True,
-                registry=env["registry"], client=env["client"],
-            )  # fmt: skip
-
-    def checkpointed() -> bool:
-        found = pathlib.Path(env["state"]).glob("checkpoints/dep_mopk-mop-*/*-2.npz.json")
-        return any(True for _ in found)
-
-    job = Background(run)
+    job = Background(_fit_multiple(env, "dep_mopk", (0.003, 0.01)))
+    checkpointed = _checkpointed(env, "dep_mopk-mop-*/*-2.npz.json")
     assert poll_for(lambda: job.done() or checkpointed(), 300), job.outcome
-    victims = worker_trainers(env["cluster"], "worker-1", model_output="dep_mopk")
-    assert len(victims) == 1 and not job.done(), (victims, job.outcome)
-    os.kill(victims[0], signal.SIGKILL)
+    _kill_trainer_of_worker_1(env, "dep_mopk", job)
     selection = job.result(600)
     summary = selection.summary
     assert summary["departed"] == ["worker-1"], summary
